@@ -1,0 +1,65 @@
+# Entry points. Every target bootstraps .venv itself; nothing is installed by hand.
+#   make demo   train → export → verify the default model, print the parity table
+#   make test   the test suite (what CI runs, with make lint)
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+MODEL ?= digits_lenet
+ARTIFACTS ?= artifacts
+PIPELINE := $(BIN)/pipeline --artifacts-dir $(ARTIFACTS)
+CHECKPOINT := $(ARTIFACTS)/$(MODEL)/checkpoint.pt
+MANIFEST := $(ARTIFACTS)/$(MODEL)/export/manifest.json
+PYTEST_ARGS ?=
+
+# torch/torchvision first, with pip, exactly as ../shared/DESIGN.md says: pip
+# takes these builds from this machine's disk (uv/poetry would download GBs).
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=/path/to/python3.11" >&2; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+.PHONY: help venv train export verify demo test lint format clean
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+venv: $(STAMP)  ## create .venv with the pinned dependencies
+
+$(CHECKPOINT): | $(STAMP)
+	$(PIPELINE) train --model $(MODEL)
+
+$(MANIFEST): $(CHECKPOINT)
+	$(PIPELINE) export --model $(MODEL)
+
+train: | $(STAMP)  ## train MODEL (default digits_lenet) and write its checkpoint
+	$(PIPELINE) train --model $(MODEL)
+
+export: $(MANIFEST)  ## export MODEL's checkpoint to TorchScript + ONNX (trains first if needed)
+
+verify: $(MANIFEST)  ## compare TorchScript and ONNX Runtime with eager; fails on any mismatch
+	$(PIPELINE) verify --model $(MODEL)
+
+demo: | $(STAMP)  ## train, export and verify the default model from scratch
+	$(PIPELINE) train --model $(MODEL)
+	$(PIPELINE) export --model $(MODEL)
+	$(PIPELINE) verify --model $(MODEL)
+
+test: | $(STAMP)  ## run the test suite
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: | $(STAMP)  ## ruff lint and format check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: | $(STAMP)  ## apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+clean:  ## remove generated artifacts (keeps .venv)
+	rm -rf $(ARTIFACTS) build .pytest_cache .ruff_cache

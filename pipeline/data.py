@@ -1,0 +1,73 @@
+"""The built-in data: scikit-learn's handwritten digits, brought to 1×28×28.
+
+The 1,797 8×8 images ship inside scikit-learn, so nothing is downloaded. They
+are scaled to [0, 1] and resized to the 28×28 that LeNet-style models expect;
+the same `preprocess_digits` is what serving uses on incoming images.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import TensorDataset
+
+DIGITS_SIZE = 28
+DIGITS_CLASSES = 10
+# The validation split is fixed by its own seed so that every training seed is
+# scored on the same images.
+SPLIT_SEED = 20240601
+VAL_FRACTION = 0.2
+_DIGITS_MAX = 16.0  # sklearn's digits are integer intensities 0..16
+
+
+@dataclass(frozen=True)
+class DigitsSplit:
+    train: TensorDataset
+    val: TensorDataset
+
+
+def preprocess_digits(
+    images: torch.Tensor | np.ndarray, max_value: float = _DIGITS_MAX
+) -> torch.Tensor:
+    """Turn a batch of (N, H, W) intensity images into float32 (N, 1, 28, 28) in [0, 1]."""
+    x = torch.as_tensor(np.asarray(images), dtype=torch.float32)
+    if x.ndim == 2:
+        x = x.unsqueeze(0)
+    if x.ndim != 3:
+        raise ValueError(f"expected images shaped (N, H, W), got {tuple(x.shape)}")
+    x = (x / max_value).clamp_(0.0, 1.0).unsqueeze(1)
+    if x.shape[-2:] != (DIGITS_SIZE, DIGITS_SIZE):
+        x = F.interpolate(x, size=(DIGITS_SIZE, DIGITS_SIZE), mode="bilinear", align_corners=False)
+    return x.contiguous()
+
+
+def load_digits_split() -> DigitsSplit:
+    """The fixed, stratified train/validation split of the digits data."""
+    from sklearn.datasets import load_digits  # imported lazily: sklearn is slow to import
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    images = np.asarray(bunch.images, dtype=np.float32)
+    labels = np.asarray(bunch.target, dtype=np.int64)
+    train_idx, val_idx = train_test_split(
+        np.arange(len(labels)),
+        test_size=VAL_FRACTION,
+        random_state=SPLIT_SEED,
+        stratify=labels,
+    )
+    x = preprocess_digits(images)
+    y = torch.from_numpy(labels)
+    return DigitsSplit(
+        train=TensorDataset(x[train_idx], y[train_idx]),
+        val=TensorDataset(x[val_idx], y[val_idx]),
+    )
+
+
+def digits_sample(count: int, offset: int = 0) -> torch.Tensor:
+    """`count` real validation images (N, 1, 28, 28): golden inputs and probes use them."""
+    val = load_digits_split().val
+    images = val.tensors[0]
+    return images[offset : offset + count].clone()

@@ -1,0 +1,210 @@
+"""The export stage: checkpoint → TorchScript + ONNX + golden I/O + manifest."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import logging
+import os
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline import paths
+from pipeline.checkpoint import load_checkpoint
+from pipeline.compare import DEFAULT_ATOL, DEFAULT_RTOL, flatten_outputs
+from pipeline.errors import CheckpointError, ExportError
+from pipeline.export.onnx_export import DEFAULT_OPSET, OPSET_REASON, to_onnx
+from pipeline.export.torchscript import METHODS, Method, to_torchscript
+from pipeline.fileio import sha256_file, write_json
+from pipeline.manifest import MANIFEST_FORMAT, MANIFEST_NAME, tool_versions
+from pipeline.zoo import DEFAULT_MODEL, get_entry
+from pipeline.zoo.spec import Inputs, ZooEntry, dtype_name
+
+log = logging.getLogger(__name__)
+
+TORCHSCRIPT_FILE = "model.torchscript.pt"
+ONNX_FILE = "model.onnx"
+GOLDEN_FILE = "golden.pt"
+EXPORT_SEED = 1234  # seeds the random example/golden inputs of models without data
+
+
+@dataclass
+class ExportConfig:
+    model: str = DEFAULT_MODEL
+    checkpoint: Path | None = None  # default: artifacts/<model>/checkpoint.pt
+    out_dir: Path | None = None  # default: artifacts/<model>/export
+    method: Method = "auto"
+    allow_unsafe_trace: bool = False
+    opset: int = DEFAULT_OPSET
+    atol: float = DEFAULT_ATOL
+    rtol: float = DEFAULT_RTOL
+    # Export the model in train() mode. Only for demonstrating that verify
+    # catches the classic forgotten-eval() bug; never what a user wants.
+    train_mode: bool = False
+
+    def validate(self) -> None:
+        if self.method not in METHODS:
+            raise ExportError(f"Unknown --method {self.method!r}; use one of {', '.join(METHODS)}.")
+        if not 7 <= self.opset <= 23:
+            raise ExportError(f"--opset must be between 7 and 23, got {self.opset}.")
+        if self.atol < 0 or self.rtol < 0:
+            raise ExportError("--atol and --rtol must be non-negative.")
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    out_dir: Path
+    manifest: dict[str, Any]
+
+
+def _save_tensors(target: Path, payload: dict[str, Any]) -> None:
+    buffer = io.BytesIO()  # in memory first: see checkpoint.state_dict_bytes
+    torch.save(payload, buffer)
+    target.write_bytes(buffer.getvalue())
+
+
+def _output_shapes(entry: ZooEntry, outputs: list[torch.Tensor], batch: int) -> dict[str, tuple]:
+    if len(outputs) != len(entry.outputs):
+        raise ExportError(
+            f"Model {entry.name!r} returned {len(outputs)} outputs but its zoo entry names "
+            f"{len(entry.outputs)}: {list(entry.outputs)}."
+        )
+    return {
+        name: tuple("batch" if i == 0 and n == batch else n for i, n in enumerate(t.shape))
+        for name, t in zip(entry.outputs, outputs, strict=True)
+    }
+
+
+def _swap_in(staging: Path, out_dir: Path) -> None:
+    """Replace `out_dir` with `staging` so readers see the old export or the new one."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        out_dir.rename(old)
+    staging.rename(out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def export(config: ExportConfig) -> ExportResult:
+    """Export a trained checkpoint; every file is checked before the folder appears."""
+    config.validate()
+    entry = get_entry(config.model)
+    ckpt_path = Path(config.checkpoint) if config.checkpoint else paths.checkpoint_path(entry.name)
+    checkpoint = load_checkpoint(ckpt_path)
+    if checkpoint.model_name != entry.name:
+        raise CheckpointError(
+            f"Checkpoint {ckpt_path} holds model {checkpoint.model_name!r}, not {entry.name!r}. "
+            f"Pass --model {checkpoint.model_name} or the checkpoint of {entry.name}."
+        )
+    model = entry.build(**checkpoint.model_kwargs)
+    try:
+        model.load_state_dict(checkpoint.state_dict, strict=True)
+    except RuntimeError as err:
+        raise CheckpointError(
+            f"Checkpoint {ckpt_path} does not fit model {entry.name!r}: {str(err).splitlines()[0]} "
+            "Train it again with `pipeline train`."
+        ) from None
+    model.train(config.train_mode)
+
+    generator = torch.Generator().manual_seed(EXPORT_SEED)
+    golden_inputs: Inputs = entry.golden_inputs(generator)
+    entry.check_inputs(golden_inputs)
+    probes = entry.probe_inputs(generator)
+    with torch.no_grad():
+        golden_outputs = flatten_outputs(model(*golden_inputs.values()))
+    batch = next(iter(golden_inputs.values())).shape[0]
+    output_shapes = _output_shapes(entry, golden_outputs, batch)
+
+    out_dir = Path(config.out_dir) if config.out_dir else paths.export_dir(entry.name)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
+    try:
+        log.info("TorchScript (%s)…", config.method)
+        ts = to_torchscript(
+            model,
+            golden_inputs,
+            probes,
+            method=config.method,
+            allow_unsafe_trace=config.allow_unsafe_trace,
+            atol=config.atol,
+            rtol=config.rtol,
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # jit deprecation: see DESIGN.md
+            torch.jit.save(ts.module, str(staging / TORCHSCRIPT_FILE))
+        log.info("ONNX (opset %d)…", config.opset)
+        onnx_result = to_onnx(
+            model,
+            ts.module,
+            ts.method,
+            golden_inputs,
+            entry,
+            staging / ONNX_FILE,
+            output_shapes,
+            opset=config.opset,
+        )
+        _save_tensors(
+            staging / GOLDEN_FILE,
+            {
+                "inputs": golden_inputs,
+                "outputs": dict(zip(entry.outputs, golden_outputs, strict=True)),
+            },
+        )
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "model": {"name": entry.name, "kwargs": checkpoint.model_kwargs, "task": entry.task},
+            "mode": "train" if config.train_mode else "eval",
+            "checkpoint": {
+                "path": os.path.relpath(ckpt_path.resolve(), out_dir.resolve()),
+                "sha256": checkpoint.meta["weights_sha256"],
+                "metrics": {
+                    k: v for k, v in checkpoint.meta.get("metrics", {}).items() if k != "history"
+                },
+            },
+            "inputs": [s.to_json() for s in entry.inputs],
+            "outputs": [
+                {"name": n, "shape": list(output_shapes[n]), "dtype": dtype_name(t.dtype)}
+                for n, t in zip(entry.outputs, golden_outputs, strict=True)
+            ],
+            "tolerance": {"atol": config.atol, "rtol": config.rtol},
+            "artifacts": {
+                "torchscript": {
+                    "file": TORCHSCRIPT_FILE,
+                    "format": "torchscript",
+                    "method": ts.method,
+                    "reason": ts.reason,
+                    "sha256": sha256_file(staging / TORCHSCRIPT_FILE),
+                },
+                "onnx": {
+                    "file": ONNX_FILE,
+                    "format": "onnx",
+                    "exporter": onnx_result.exporter,
+                    "reason": onnx_result.reason,
+                    "opset": onnx_result.opset,
+                    "opset_reason": OPSET_REASON
+                    if config.opset == DEFAULT_OPSET
+                    else "set by --opset",
+                    "sha256": sha256_file(staging / ONNX_FILE),
+                },
+                "golden": {
+                    "file": GOLDEN_FILE,
+                    "format": "torch.save (weights_only)",
+                    "batch": batch,
+                    "sha256": sha256_file(staging / GOLDEN_FILE),
+                },
+            },
+            "versions": tool_versions(),
+        }
+        write_json(staging / MANIFEST_NAME, manifest)
+        _swap_in(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return ExportResult(out_dir=out_dir, manifest=manifest)

@@ -1,0 +1,145 @@
+"""ONNX export with a dynamic batch axis and a deliberately chosen opset.
+
+The `torch.export`-based exporter (`dynamo=True`) runs first. It cannot follow
+data-dependent Python control flow; for such models the TorchScript-based
+exporter (`dynamo=False`) is run on the *scripted* module, which turns
+`prim::If`/`prim::Loop` into ONNX `If`/`Loop` (it warns that it is deprecated).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+import torch
+from torch import nn
+
+from pipeline.errors import ExportError
+from pipeline.zoo.spec import Inputs, ZooEntry
+
+# Opset 18, not the exporter's default 20: ONNX Runtime's AveragePool ran
+# several times slower at opset 20 than at 18 on this project's reference CPU
+# (../shared/DESIGN.md, "Performance traps"), and 18 covers every op the zoo uses.
+DEFAULT_OPSET = 18
+OPSET_REASON = (
+    "opset 18 rather than the exporter default 20: ONNX Runtime's AveragePool ran several "
+    "times slower at opset 20 on the reference CPU, and 18 covers every op used"
+)
+
+
+@dataclass(frozen=True)
+class OnnxResult:
+    exporter: str  # "torch.export (dynamo=True)" or "torchscript (dynamo=False)"
+    opset: int
+    reason: str
+
+
+def _dynamic_shapes(entry: ZooEntry) -> tuple[dict[int, torch.export.Dim], ...]:
+    # One Dim object per axis name, so inputs sharing "batch" share its size.
+    dims: dict[str, torch.export.Dim] = {}
+    shapes = []
+    for spec in entry.inputs:
+        axes = {}
+        for axis, name in spec.dynamic_axes().items():
+            dims.setdefault(name, torch.export.Dim(name))
+            axes[axis] = dims[name]
+        shapes.append(axes)
+    return tuple(shapes)
+
+
+def _dynamic_axes_legacy(
+    entry: ZooEntry, output_shapes: dict[str, tuple]
+) -> dict[str, dict[int, str]]:
+    axes = {spec.name: spec.dynamic_axes() for spec in entry.inputs}
+    for name, shape in output_shapes.items():
+        axes[name] = {i: d for i, d in enumerate(shape) if isinstance(d, str)}
+    return axes
+
+
+def _export_dynamo(
+    model: nn.Module, example: Inputs, entry: ZooEntry, path: Path, opset: int
+) -> None:
+    # The exporter prints progress lines on stdout; keep the CLI's output ours.
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            model,
+            tuple(example.values()),
+            dynamo=True,
+            opset_version=opset,
+            input_names=[s.name for s in entry.inputs],
+            output_names=list(entry.outputs),
+            dynamic_shapes=_dynamic_shapes(entry),
+            verbose=False,
+        )
+    if program is None:  # pragma: no cover - dynamo=True always returns a program
+        raise ExportError("torch.onnx.export returned no program")
+    program.save(str(path))
+
+
+def _export_legacy(
+    scripted: torch.jit.ScriptModule,
+    example: Inputs,
+    entry: ZooEntry,
+    path: Path,
+    opset: int,
+    output_shapes: dict[str, tuple],
+) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            scripted,
+            tuple(example.values()),
+            str(path),
+            dynamo=False,
+            opset_version=opset,
+            input_names=[s.name for s in entry.inputs],
+            output_names=list(entry.outputs),
+            dynamic_axes=_dynamic_axes_legacy(entry, output_shapes),
+        )
+
+
+def to_onnx(
+    model: nn.Module,
+    scripted: torch.jit.ScriptModule,
+    script_method: str,
+    example: Inputs,
+    entry: ZooEntry,
+    path: Path,
+    output_shapes: dict[str, tuple],
+    opset: int = DEFAULT_OPSET,
+) -> OnnxResult:
+    """Write `path` as ONNX; returns which exporter ran and why."""
+    try:
+        _export_dynamo(model, example, entry, path, opset)
+        result = OnnxResult("torch.export (dynamo=True)", opset, "default exporter succeeded")
+    except Exception as err:
+        first = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        if script_method != "script":
+            raise ExportError(
+                f"ONNX export failed with the torch.export-based exporter: {first}. "
+                "If the model has data-dependent control flow, export with --method script "
+                "so the TorchScript-based exporter can emit ONNX If/Loop."
+            ) from err
+        try:
+            _export_legacy(scripted, example, entry, path, opset, output_shapes)
+        except Exception as legacy_err:
+            raise ExportError(
+                f"ONNX export failed with both exporters: torch.export: {first}; "
+                f"TorchScript-based: {legacy_err}"
+            ) from legacy_err
+        result = OnnxResult(
+            "torchscript (dynamo=False)",
+            opset,
+            f"torch.export-based exporter failed ({first}); exported the scripted module, "
+            "which keeps control flow as ONNX If/Loop",
+        )
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except onnx.checker.ValidationError as err:
+        raise ExportError(f"The exported ONNX file {path} failed onnx.checker: {err}") from err
+    return result

@@ -1,0 +1,172 @@
+"""The verify stage: every backend against eager PyTorch on the same inputs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline import paths
+from pipeline.checkpoint import load_checkpoint
+from pipeline.compare import compare_tensor
+from pipeline.errors import ArtifactError, PipelineError
+from pipeline.export import EXPORT_SEED
+from pipeline.fileio import write_json
+from pipeline.manifest import artifact_path, read_manifest
+from pipeline.verify.backends import BACKENDS, EagerBackend, load_backend
+from pipeline.verify.report import ParityReport, Row
+from pipeline.zoo import DEFAULT_MODEL, get_entry
+from pipeline.zoo.spec import Inputs
+
+__all__ = ["BACKENDS", "ParityReport", "VerifyConfig", "verify"]
+
+
+@dataclass
+class VerifyConfig:
+    model: str = DEFAULT_MODEL
+    export_dir: Path | None = None  # default: artifacts/<model>/export
+    checkpoint: Path | None = None  # default: the one recorded in the manifest
+    backends: tuple[str, ...] = BACKENDS
+    atol: float | None = None  # default: the manifest's tolerance
+    rtol: float | None = None
+    batch_sizes: tuple[int, ...] = (1, 7)
+    seed: int = 0
+    report: Path | None = None  # default: artifacts/<model>/parity.json
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        unknown = [b for b in self.backends if b not in BACKENDS]
+        if unknown:
+            raise PipelineError(
+                f"Unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKENDS)}."
+            )
+        if any(b < 1 for b in self.batch_sizes):
+            raise PipelineError("--batch-sizes must all be at least 1.")
+        for name in ("atol", "rtol"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise PipelineError(f"--{name} must be non-negative, got {value}.")
+
+
+def _cases(
+    entry: Any, export_dir: Path, manifest: dict[str, Any], config: VerifyConfig
+) -> list[tuple[str, Inputs, dict[str, torch.Tensor] | None]]:
+    """(label, inputs, stored golden outputs or None) for every input set."""
+    golden_path = artifact_path(export_dir, manifest, "golden")
+    try:
+        golden = torch.load(golden_path, map_location="cpu", weights_only=True)
+        golden_inputs, golden_outputs = dict(golden["inputs"]), dict(golden["outputs"])
+    except Exception as err:  # noqa: BLE001 - report any unreadable golden file the same way
+        raise ArtifactError(
+            f"Golden file {golden_path} cannot be read ({err}); re-run `pipeline export`."
+        ) from None
+    cases: list[tuple[str, Inputs, dict[str, torch.Tensor] | None]] = [
+        ("golden", golden_inputs, golden_outputs)
+    ]
+    probe_gen = torch.Generator().manual_seed(EXPORT_SEED)
+    cases += [(f"probe {label}", inputs, None) for label, inputs in entry.probe_inputs(probe_gen)]
+    fresh_gen = torch.Generator().manual_seed(config.seed)
+    for batch in config.batch_sizes:
+        cases.append((f"random b={batch}", entry.sample_inputs({"batch": batch}, fresh_gen), None))
+    return cases
+
+
+def verify(config: VerifyConfig) -> ParityReport:
+    """Compare every backend with eager on every case; write the JSON report.
+
+    Returns the report; the caller decides what a failure does (the CLI exits 1).
+    """
+    config.validate()
+    entry = get_entry(config.model)
+    export_dir = Path(config.export_dir) if config.export_dir else paths.export_dir(entry.name)
+    manifest = read_manifest(export_dir)
+    if manifest["model"]["name"] != entry.name:
+        raise ArtifactError(
+            f"{export_dir} holds an export of {manifest['model']['name']!r}, not {entry.name!r}."
+        )
+    atol = config.atol if config.atol is not None else float(manifest["tolerance"]["atol"])
+    rtol = config.rtol if config.rtol is not None else float(manifest["tolerance"]["rtol"])
+
+    ckpt_path = (
+        Path(config.checkpoint)
+        if config.checkpoint
+        else (export_dir / manifest["checkpoint"]["path"])
+    )
+    checkpoint = load_checkpoint(ckpt_path)
+    if checkpoint.meta["weights_sha256"] != manifest["checkpoint"]["sha256"]:
+        raise ArtifactError(
+            f"Checkpoint {ckpt_path} is not the one {export_dir} was exported from (sha256 "
+            f"{checkpoint.meta['weights_sha256'][:12]}… vs {manifest['checkpoint']['sha256'][:12]}…). "
+            "Re-run `pipeline export` for this checkpoint."
+        )
+    model = entry.build(**checkpoint.model_kwargs)
+    model.load_state_dict(checkpoint.state_dict)
+    eager = EagerBackend(model)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        backends = [load_backend(name, export_dir, manifest) for name in config.backends]
+
+    output_names = [o["name"] for o in manifest["outputs"]]
+    rows: list[Row] = []
+    for label, inputs, stored in _cases(entry, export_dir, manifest, config):
+        entry.check_inputs(inputs)
+        expected = eager.run(inputs)
+        if stored is not None:
+            for name, ref in zip(output_names, expected, strict=True):
+                rows.append(
+                    Row.of(
+                        "golden file",
+                        label,
+                        name,
+                        compare_tensor(ref, stored[name], atol, rtol),
+                        atol,
+                        rtol,
+                    )
+                )
+        for backend in backends:
+            try:
+                actual = backend.run(inputs)
+            except Exception as err:  # noqa: BLE001 - a crashing backend is a failed check
+                rows += [Row.crashed(backend.name, label, n, err, atol, rtol) for n in output_names]
+                continue
+            if len(actual) != len(expected):
+                rows.append(
+                    Row.crashed(
+                        backend.name,
+                        label,
+                        "*",
+                        RuntimeError(f"returned {len(actual)} outputs, expected {len(expected)}"),
+                        atol,
+                        rtol,
+                    )
+                )
+                continue
+            for name, ref, got in zip(output_names, expected, actual, strict=True):
+                rows.append(
+                    Row.of(
+                        backend.name, label, name, compare_tensor(ref, got, atol, rtol), atol, rtol
+                    )
+                )
+
+    report = ParityReport(
+        model=entry.name,
+        export_dir=str(export_dir),
+        created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        tolerance={"atol": atol, "rtol": rtol},
+        artifacts={
+            k: {
+                kk: v.get(kk) for kk in ("file", "method", "exporter", "opset", "reason") if kk in v
+            }
+            for k, v in manifest["artifacts"].items()
+        },
+        rows=rows,
+    )
+    report_path = Path(config.report) if config.report else paths.report_path(entry.name)
+    write_json(report_path, report.to_json())
+    report.path = report_path
+    return report

@@ -1,0 +1,134 @@
+"""What the pipeline knows about a model: its inputs, outputs and probes.
+
+A `ZooEntry` is declarative (as Optimum's per-architecture configs are): the
+export and verify stages read it and never special-case a model by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipeline.errors import InputSpecError
+
+# One set of named input tensors, in the order the model's forward takes them.
+Inputs = dict[str, torch.Tensor]
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "bool": torch.bool,
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.float32` -> "float32" (the spelling manifests use)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise InputSpecError(
+            f"Unknown dtype {name!r}. Use one of: {', '.join(sorted(_DTYPES))}."
+        ) from None
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input tensor. A `str` in `shape` names a dynamic axis (e.g. "batch")."""
+
+    name: str
+    shape: tuple[int | str, ...]
+    dtype: torch.dtype = torch.float32
+    low: float = 0.0  # range of the random values `sample` draws
+    high: float = 1.0
+
+    def dynamic_axes(self) -> dict[int, str]:
+        return {i: d for i, d in enumerate(self.shape) if isinstance(d, str)}
+
+    def concrete_shape(self, sizes: Mapping[str, int]) -> tuple[int, ...]:
+        try:
+            return tuple(sizes[d] if isinstance(d, str) else d for d in self.shape)
+        except KeyError as err:
+            raise InputSpecError(
+                f"Input {self.name!r} has dynamic axis {err.args[0]!r} but no size was given for it."
+            ) from None
+
+    def sample(self, sizes: Mapping[str, int], generator: torch.Generator) -> torch.Tensor:
+        shape = self.concrete_shape(sizes)
+        if self.dtype.is_floating_point:
+            x = torch.rand(shape, generator=generator, dtype=torch.float32)
+            return (self.low + (self.high - self.low) * x).to(self.dtype)
+        return torch.randint(int(self.low), int(self.high) + 1, shape, generator=generator).to(
+            self.dtype
+        )
+
+    def check(self, tensor: torch.Tensor) -> None:
+        """Raise `InputSpecError` naming what is wrong when `tensor` does not fit."""
+        if tensor.dtype != self.dtype:
+            raise InputSpecError(
+                f"Input {self.name!r} must be {dtype_name(self.dtype)}, got {dtype_name(tensor.dtype)}."
+            )
+        if tensor.ndim != len(self.shape) or any(
+            isinstance(d, int) and d != n for d, n in zip(self.shape, tensor.shape, strict=True)
+        ):
+            raise InputSpecError(
+                f"Input {self.name!r} must have shape {self.describe_shape()}, "
+                f"got {tuple(tensor.shape)}."
+            )
+
+    def describe_shape(self) -> str:
+        return "(" + ", ".join(str(d) for d in self.shape) + ")"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": dtype_name(self.dtype)}
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    """A model the pipeline can train, export and verify by name."""
+
+    name: str
+    description: str
+    builder: Callable[..., nn.Module]
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[str, ...]
+    task: str  # key into pipeline.tasks: how to train it
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    # Real-data golden inputs, if the model has data; else random ones are drawn.
+    golden: Callable[[], Inputs] | None = None
+    # Inputs chosen to drive every branch of the model's control flow.
+    probes: Callable[[torch.Generator], Sequence[tuple[str, Inputs]]] | None = None
+
+    def build(self, **overrides: Any) -> nn.Module:
+        return self.builder(**{**self.kwargs, **overrides})
+
+    def sample_inputs(self, sizes: Mapping[str, int], generator: torch.Generator) -> Inputs:
+        return {spec.name: spec.sample(sizes, generator) for spec in self.inputs}
+
+    def golden_inputs(self, generator: torch.Generator) -> Inputs:
+        if self.golden is not None:
+            return self.golden()
+        return self.sample_inputs({"batch": 4}, generator)
+
+    def probe_inputs(self, generator: torch.Generator) -> list[tuple[str, Inputs]]:
+        return list(self.probes(generator)) if self.probes is not None else []
+
+    def check_inputs(self, inputs: Mapping[str, torch.Tensor]) -> None:
+        expected = [s.name for s in self.inputs]
+        if list(inputs) != expected:
+            raise InputSpecError(
+                f"Model {self.name!r} takes inputs {expected}, got {list(inputs)}."
+            )
+        for spec in self.inputs:
+            spec.check(inputs[spec.name])

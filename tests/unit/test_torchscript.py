@@ -1,0 +1,54 @@
+"""The trace/script choice on a tiny gate, the hazard the export stage exists for."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from pipeline.errors import ExportError
+from pipeline.export.torchscript import to_torchscript
+
+
+class SignGate(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # data-dependent branch: a trace keeps only one side
+            return x
+        return -x
+
+
+POS = torch.ones(2, 3)
+NEG = -torch.ones(2, 3)
+PROBES = [("positive", {"x": POS}), ("negative", {"x": NEG})]
+
+
+def test_plain_trace_is_silently_wrong_on_the_other_branch() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(SignGate(), (POS,))
+    assert torch.equal(SignGate()(NEG), POS)  # eager: -x of a negative input
+    assert torch.equal(traced(NEG), NEG)  # trace: returns x, the wrong sign
+
+
+def test_auto_rejects_the_trace_names_the_line_and_scripts() -> None:
+    result = to_torchscript(SignGate(), {"x": POS}, PROBES, method="auto")
+    assert result.method == "script"
+    assert "TracerWarning at" in result.reason and "test_torchscript.py" in result.reason
+    assert "if x.sum() > 0" in result.reason
+    assert torch.equal(result.module(NEG), POS) and torch.equal(result.module(POS), POS)
+
+
+def test_method_trace_refuses_unless_allowed() -> None:
+    with pytest.raises(ExportError, match=r"--method trace refused: .*test_torchscript\.py:\d+"):
+        to_torchscript(SignGate(), {"x": POS}, PROBES, method="trace")
+    unsafe = to_torchscript(SignGate(), {"x": POS}, PROBES, method="trace", allow_unsafe_trace=True)
+    assert unsafe.method == "trace" and "UNSAFE" in unsafe.reason
+
+
+def test_control_flow_free_model_is_traced() -> None:
+    model = nn.Sequential(nn.Linear(3, 2), nn.ReLU()).eval()
+    result = to_torchscript(model, {"x": POS}, PROBES, method="auto")
+    assert result.method == "trace"
+    assert torch.allclose(result.module(NEG), model(NEG))
