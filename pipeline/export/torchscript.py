@@ -89,7 +89,7 @@ def try_trace(
         more = f" (and {len(tracer_warnings) - 1} more)" if len(tracer_warnings) > 1 else ""
         return (
             None,
-            f"trace rejected: TracerWarning at {_where(first)}, {_first_line(first.message)!r}{more}",
+            f"trace rejected: TracerWarning at {_where(first)}, {_first_line(first.message).split('. ')[0]!r}{more}",
         )
     if traced is None:
         return None, f"trace rejected: {failure}"

@@ -1,0 +1,143 @@
+"""The `pipeline` command as a user runs it: help, the happy path, every error."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.checkpoint import sidecar_path
+from pipeline.fileio import sha256_file
+from pipeline.train import TrainResult
+
+
+def run(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+
+
+def assert_clean_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    """Non-zero exit, one readable message naming the problem, no traceback."""
+    assert proc.returncode != 0, proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("error: "), proc.stderr
+    for fragment in fragments:
+        assert fragment in proc.stderr, proc.stderr
+
+
+def test_help_lists_every_stage() -> None:
+    proc = run("--help")
+    assert proc.returncode == 0
+    for stage in ("train", "export", "verify", "models"):
+        assert stage in proc.stdout
+    script = Path(sys.executable).parent / "pipeline"  # the console script beside python
+    console = subprocess.run([script, "--help"], capture_output=True, text=True, check=False)
+    assert console.returncode == 0 and console.stdout == proc.stdout
+
+
+@pytest.mark.parametrize("stage", ["train", "export", "verify", "models"])
+def test_every_stage_has_help(stage: str) -> None:
+    proc = run(stage, "--help")
+    assert proc.returncode == 0 and "usage: pipeline " + stage in proc.stdout
+
+
+def test_train_export_verify_from_the_command_line(tmp_path: Path) -> None:
+    art = tmp_path / "art"
+    proc = run("--artifacts-dir", art, "train", "--epochs", "3", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert "val_accuracy" in proc.stdout and (art / "digits_lenet" / "checkpoint.json").is_file()
+    proc = run("--artifacts-dir", art, "export")
+    assert proc.returncode == 0, proc.stderr
+    assert "model.torchscript.pt" in proc.stdout and "model.onnx" in proc.stdout
+    proc = run("--artifacts-dir", art, "verify")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Parity vs eager PyTorch" in proc.stdout and "PASS" in proc.stdout
+    assert json.loads((art / "digits_lenet" / "parity.json").read_text())["passed"] is True
+
+    # A verify that fails exits non-zero and names the backend and its error.
+    proc = run("--artifacts-dir", art, "verify", "--atol", "0", "--rtol", "0")
+    assert_clean_error(proc, "Parity FAILED for digits_lenet", "onnxruntime / ", "max abs err")
+
+
+def test_unknown_model(tmp_path: Path) -> None:
+    assert_clean_error(
+        run("--artifacts-dir", tmp_path, "export", "--model", "nope"),
+        "Unknown model 'nope'",
+        "digits_lenet",
+    )
+    assert_clean_error(
+        run("--artifacts-dir", tmp_path, "train", "--model", "nope"), "Unknown model 'nope'"
+    )
+
+
+def test_missing_checkpoint(tmp_path: Path) -> None:
+    proc = run("--artifacts-dir", tmp_path, "export")
+    assert_clean_error(
+        proc, str(tmp_path / "digits_lenet" / "checkpoint.pt"), "does not exist", "pipeline train"
+    )
+
+
+def _copy_checkpoint(trained: TrainResult, tmp_path: Path) -> Path:
+    dst = tmp_path / "checkpoint.pt"
+    dst.write_bytes(trained.checkpoint.path.read_bytes())
+    sidecar_path(dst).write_bytes(sidecar_path(trained.checkpoint.path).read_bytes())
+    return dst
+
+
+def test_checkpoint_with_wrong_sha256(trained: TrainResult, tmp_path: Path) -> None:
+    ckpt = _copy_checkpoint(trained, tmp_path)
+    data = bytearray(ckpt.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    ckpt.write_bytes(bytes(data))
+    proc = run("export", "--checkpoint", ckpt, "--out-dir", tmp_path / "out")
+    assert_clean_error(proc, str(ckpt), "sha256", "changed or truncated")
+    assert not (tmp_path / "out").exists()
+
+
+def _with_matching_sidecar(trained: TrainResult, path: Path) -> None:
+    meta = json.loads(sidecar_path(trained.checkpoint.path).read_text())
+    meta["weights_sha256"] = sha256_file(path)
+    sidecar_path(path).write_text(json.dumps(meta))
+
+
+def test_file_that_is_not_a_checkpoint(trained: TrainResult, tmp_path: Path) -> None:
+    path = tmp_path / "readme.pt"
+    path.write_text("these are not the weights you are looking for\n")
+    _with_matching_sidecar(trained, path)
+    assert_clean_error(run("export", "--checkpoint", path), str(path), "not a PyTorch checkpoint")
+    # Without a sidecar it is refused before anything is read.
+    other = tmp_path / "other.pt"
+    other.write_bytes(os.urandom(512))
+    assert_clean_error(run("export", "--checkpoint", other), "metadata file", "is missing")
+
+
+class Payload:
+    def __reduce__(self) -> tuple:
+        return (os.system, (f"touch {MARKER}",))
+
+
+MARKER = Path("/nonexistent")
+
+
+def test_checkpoint_with_pickled_objects(trained: TrainResult, tmp_path: Path) -> None:
+    global MARKER
+    MARKER = tmp_path / "code-ran"
+    state = dict(torch.load(trained.checkpoint.path, weights_only=True))
+    state["extra"] = Payload()
+    path = tmp_path / "poisoned.pt"
+    torch.save(state, path)
+    _with_matching_sidecar(trained, path)
+    proc = run("export", "--checkpoint", path, "--out-dir", tmp_path / "out")
+    assert_clean_error(proc, str(path), "pickled objects beyond tensors", "was not unpickled")
+    assert not MARKER.exists()
