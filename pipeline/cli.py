@@ -154,9 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out", type=Path, help="checkpoint path (default: <artifacts>/<model>/checkpoint.pt)"
     )
-    p.add_argument("--epochs", type=int, default=12, help="epochs (default: 12)")
-    p.add_argument("--batch-size", type=int, default=64, help="batch size (default: 64)")
-    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default: 3e-3)")
+    p.add_argument("--epochs", type=int, help="epochs (default: the model's, else 12)")
+    p.add_argument("--batch-size", type=int, help="batch size (default: the model's, else 64)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default: the model's, else 3e-3)")
     p.add_argument("--seed", type=int, default=0, help="seed for every RNG (default: 0)")
     p.add_argument(
         "--workers", type=int, default=0, help="DataLoader worker processes (default: 0)"

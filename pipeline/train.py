@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,18 +24,27 @@ from pipeline.zoo import DEFAULT_MODEL, get_entry
 log = logging.getLogger(__name__)
 
 
+DEFAULTS: dict[str, Any] = {"epochs": 12, "batch_size": 64, "lr": 3e-3}
+
+
 @dataclass
 class TrainConfig:
     model: str = DEFAULT_MODEL
     out: Path | None = None  # default: artifacts/<model>/checkpoint.pt
-    epochs: int = 12
-    batch_size: int = 64
-    lr: float = 3e-3
+    # None: the zoo entry's train_defaults, else DEFAULTS below.
+    epochs: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
     weight_decay: float = 1e-4
     seed: int = 0
     workers: int = 0
     device: str = "auto"
     progress: bool = True
+
+    def resolved(self, defaults: dict[str, Any]) -> TrainConfig:
+        """A copy with every None filled from the model's defaults, then ours."""
+        merged = {**DEFAULTS, **defaults}
+        return replace(self, **{k: merged[k] for k in DEFAULTS if getattr(self, k) is None})
 
     def validate(self) -> None:
         for name in ("epochs", "batch_size"):
@@ -56,17 +65,44 @@ class TrainResult:
     seconds: float
 
 
+def _initial_checkpoint(
+    config: TrainConfig,
+    name: str,
+    kwargs: dict[str, Any],
+    model: torch.nn.Module,
+    out: Path,
+    device: torch.device,
+) -> TrainResult:
+    """Models with nothing to learn (e.g. the parameter-free gate) get their
+    seeded initial weights as a checkpoint, so export and verify treat every
+    model the same way."""
+    tqdm.write(f"{name} has no training task; writing its seeded initial weights")
+    meta: dict[str, Any] = {
+        "model": {"name": name, "kwargs": kwargs},
+        "task": None,
+        "init": "random",
+        "seed": config.seed,
+        "epochs": 0,
+        "metrics": {"history": []},
+        "device": str(device),
+    }
+    return TrainResult(save_checkpoint(out, model.state_dict(), meta), [], 0.0)
+
+
 def train(config: TrainConfig) -> TrainResult:
     """Train `config.model` from scratch and write its checkpoint atomically."""
-    config.validate()
     entry = get_entry(config.model)
-    task = get_task(entry.task)
+    config = config.resolved(dict(entry.train_defaults))
+    config.validate()
+    task = get_task(entry.task) if entry.task else None
     out = Path(config.out) if config.out else paths.checkpoint_path(entry.name)
     device = resolve_device(config.device)
 
     generator = seed_everything(config.seed)
-    train_set, val_set = task.datasets()
     model = entry.build().to(device)
+    if task is None:
+        return _initial_checkpoint(config, entry.name, dict(entry.kwargs), model, out, device)
+    train_set, val_set = task.datasets(entry.name)
     train_loader = DataLoader(
         train_set,
         batch_size=config.batch_size,
@@ -98,10 +134,10 @@ def train(config: TrainConfig) -> TrainResult:
             leave=False,
             disable=not config.progress,
         )
-        for inputs, targets in bar:
-            inputs, targets = inputs.to(device), targets.to(device)
+        for batch in bar:
+            inputs, targets = task.prepare([t.to(device) for t in batch])
             optimizer.zero_grad(set_to_none=True)
-            loss = task.loss(model(inputs), targets)
+            loss = task.loss(model(*inputs), targets)
             loss.backward()
             optimizer.step()
             scheduler.step()

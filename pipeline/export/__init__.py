@@ -116,7 +116,7 @@ def export(config: ExportConfig) -> ExportResult:
     generator = torch.Generator().manual_seed(EXPORT_SEED)
     golden_inputs: Inputs = entry.golden_inputs(generator)
     entry.check_inputs(golden_inputs)
-    probes = entry.probe_inputs(generator)
+    probes = entry.probe_inputs(generator, model)
     with torch.no_grad():
         golden_outputs = flatten_outputs(model(*golden_inputs.values()))
     batch = next(iter(golden_inputs.values())).shape[0]
@@ -135,6 +135,8 @@ def export(config: ExportConfig) -> ExportResult:
             allow_unsafe_trace=config.allow_unsafe_trace,
             atol=config.atol,
             rtol=config.rtol,
+            # A train-mode export is wrong on purpose (see ExportConfig.train_mode).
+            check=not config.train_mode,
         )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # jit deprecation: see DESIGN.md

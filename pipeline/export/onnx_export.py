@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +104,22 @@ def _export_legacy(
         )
 
 
+def _summary(err: BaseException) -> str:
+    """The line of the exporter's long report that says what went wrong."""
+    return re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", _summary_line(err)).strip()
+
+
+def _summary_line(err: BaseException) -> str:
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    for i, line in enumerate(lines):
+        if line.startswith("## Exception summary") and i + 1 < len(lines):
+            return lines[i + 1][:300]
+    for line in lines:
+        if line.startswith("<class '"):
+            return line[:300]
+    return lines[0][:300] if lines else type(err).__name__
+
+
 def to_onnx(
     model: nn.Module,
     scripted: torch.jit.ScriptModule,
@@ -117,14 +134,8 @@ def to_onnx(
     try:
         _export_dynamo(model, example, entry, path, opset)
         result = OnnxResult("torch.export (dynamo=True)", opset, "default exporter succeeded")
-    except Exception as err:
-        first = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
-        if script_method != "script":
-            raise ExportError(
-                f"ONNX export failed with the torch.export-based exporter: {first}. "
-                "If the model has data-dependent control flow, export with --method script "
-                "so the TorchScript-based exporter can emit ONNX If/Loop."
-            ) from err
+    except Exception as err:  # noqa: BLE001 - the exporter wraps many error types
+        first = _summary(err)
         try:
             _export_legacy(scripted, example, entry, path, opset, output_shapes)
         except Exception as legacy_err:
@@ -132,11 +143,16 @@ def to_onnx(
                 f"ONNX export failed with both exporters: torch.export: {first}; "
                 f"TorchScript-based: {legacy_err}"
             ) from legacy_err
+        kept = (
+            "which keeps its control flow as ONNX If/Loop"
+            if script_method in ("script", "hybrid")
+            else "a trace: control flow is NOT kept"
+        )
         result = OnnxResult(
             "torchscript (dynamo=False)",
             opset,
-            f"torch.export-based exporter failed ({first}); exported the scripted module, "
-            "which keeps control flow as ONNX If/Loop",
+            f"torch.export-based exporter failed ({first}); exported the {script_method} "
+            f"TorchScript module instead, {kept}",
         )
     try:
         onnx.checker.check_model(str(path), full_check=True)

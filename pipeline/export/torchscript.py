@@ -11,7 +11,10 @@ reason, and `auto` scripts the model instead.
 
 from __future__ import annotations
 
+import copy
 import linecache
+import os
+import re
 import warnings
 from dataclasses import dataclass
 from typing import Literal
@@ -23,14 +26,14 @@ from pipeline.compare import compare_outputs, flatten_outputs
 from pipeline.errors import ExportError
 from pipeline.zoo.spec import Inputs
 
-Method = Literal["auto", "trace", "script"]
+Method = Literal["auto", "trace", "script"]  # "hybrid" is a result of auto, not a choice
 METHODS: tuple[str, ...] = ("auto", "trace", "script")
 
 
 @dataclass(frozen=True)
 class ScriptResult:
     module: torch.jit.ScriptModule
-    method: str  # "trace" or "script"
+    method: str  # "trace", "script" or "hybrid"
     reason: str  # why this method, in words a user can act on
 
 
@@ -38,7 +41,10 @@ def _where(w: warnings.WarningMessage) -> str:
     """'file.py:LINE (source)' of a recorded warning: the model's own line, since
     the tracer warns from inside the Python frame that converted the tensor."""
     line = linecache.getline(w.filename, w.lineno).strip()
-    return f"{w.filename}:{w.lineno}" + (f" ({line})" if line else "")
+    name = (
+        os.path.relpath(w.filename) if w.filename.startswith(os.getcwd() + os.sep) else w.filename
+    )
+    return f"{name}:{w.lineno}" + (f" ({line})" if line else "")
 
 
 def _first_line(err: BaseException | Warning | str) -> str:
@@ -116,6 +122,96 @@ def try_script(model: nn.Module) -> tuple[torch.jit.ScriptModule | None, str]:
         return None, f"script failed: {type(err).__name__}: {_first_line(err)}"
 
 
+def _brief(reason: str) -> str:
+    """A rejection reason without the long quoted warning text."""
+    reason = reason.removeprefix("trace rejected: ")
+    reason = re.sub(r", '[^']*'( \(and \d+ more\))?", "", reason)
+    return reason.split(":  ")[0].rstrip(":")
+
+
+def _record_child_calls(model: nn.Module, calls: list[tuple]) -> dict[str, list[tuple]]:
+    """Positional inputs each direct child received while `model` ran on `calls`."""
+    seen: dict[str, list[tuple]] = {}
+    hooks = []
+    for name, child in model.named_children():
+
+        def hook(mod: nn.Module, args: tuple, kwargs: dict, _name: str = name) -> None:
+            # Keyword calls cannot be traced positionally: scripting handles those.
+            seen.setdefault(_name, []).append(None if kwargs else tuple(args))
+
+        hooks.append(child.register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            for args in calls:
+                model(*args)
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+def _compile_part(
+    module: nn.Module, calls: list[tuple], path: str, atol: float, rtol: float, notes: list[str]
+) -> torch.jit.ScriptModule | None:
+    """Trace, else script, else hybrid, for one (sub)module; notes say what ran."""
+    usable = [c for c in calls if c is not None]
+    if usable and len(usable) == len(calls):
+        example = {f"arg{i}": t for i, t in enumerate(usable[0])}
+        probes = [
+            (f"call {i}", {f"arg{j}": t for j, t in enumerate(c)}) for i, c in enumerate(usable[1:])
+        ]
+        traced, rejected = try_trace(module, example, probes, atol, rtol)
+        if traced is not None:
+            notes.append(f"{path} traced")
+            return traced
+    else:
+        rejected = "called with keyword arguments"
+    scripted, script_failed = try_script(module)
+    if scripted is not None:
+        notes.append(f"{path} scripted ({_brief(rejected)})")
+        return scripted
+    children = _record_child_calls(module, calls) if usable else {}
+    if not children:
+        notes.append(f"{path}: {rejected}; {script_failed}")
+        return None
+    hybrid = copy.deepcopy(module)
+    for name, child_calls in children.items():
+        part = _compile_part(
+            getattr(module, name), child_calls, f"{path}.{name}", atol, rtol, notes
+        )
+        if part is None:
+            return None
+        setattr(hybrid, name, part)
+    outer: list[str] = []
+    again = _compile_part(hybrid, calls, path, atol, rtol, outer)
+    if again is None:
+        notes.append(f"{path}: no method works even with compiled submodules ({script_failed})")
+        return None
+    how = outer[-1].removeprefix(path).split(" (")[0].strip() if outer else "compiled"
+    notes.append(f"{path} {how} around them ({_brief(rejected)}; {_brief(script_failed)})")
+    return again
+
+
+def _check_against_eager(
+    model: nn.Module,
+    module: torch.jit.ScriptModule,
+    probes: list[tuple[str, Inputs]],
+    atol: float,
+    rtol: float,
+) -> str | None:
+    with torch.no_grad():
+        for label, probe in probes:
+            worst = compare_outputs(
+                flatten_outputs(model(*probe.values())),
+                flatten_outputs(module(*probe.values())),
+                atol,
+                rtol,
+            )
+            if worst is not None:
+                return f"probe {label!r}: {worst}"
+    return None
+
+
 def to_torchscript(
     model: nn.Module,
     example: Inputs,
@@ -125,41 +221,66 @@ def to_torchscript(
     allow_unsafe_trace: bool = False,
     atol: float = 1e-5,
     rtol: float = 1e-4,
+    check: bool = True,
 ) -> ScriptResult:
-    """Convert an eval-mode model to TorchScript with the safest method that works."""
+    """Convert an eval-mode model to TorchScript with the safest method that works.
+
+    auto: a strict trace (no TracerWarning, re-traces on the probes agree, the
+    trace matches eager on every probe); else `torch.jit.script`; else a
+    hybrid as in PyTorch's TorchScript tutorial: compile each submodule the
+    same way (trace, else script, else recurse), then trace or script the
+    parent around the compiled parts.
+    """
     if method not in METHODS:
         raise ExportError(f"Unknown method {method!r}; use one of {', '.join(METHODS)}.")
     if method == "script":
         scripted, why = try_script(model)
         if scripted is None:
             raise ExportError(f"--method script failed: {why}. Try --method auto.")
-        return ScriptResult(scripted, "script", "scripted because --method script was given")
-
-    traced, rejected = try_trace(model, example, probes, atol, rtol)
-    if traced is not None:
-        return ScriptResult(
-            traced,
-            "trace",
-            f"traced: no TracerWarning, and the trace matched eager on all {len(probes)} probe inputs",
-        )
-    if method == "trace":
-        if not allow_unsafe_trace:
-            raise ExportError(
-                f"--method trace refused: {rejected}. The model has data-dependent behaviour "
-                "that a trace would bake in. Use --method auto or --method script, or pass "
-                "--allow-unsafe-trace to keep the trace anyway (verify will show the mismatch)."
+        result = ScriptResult(scripted, "script", "scripted because --method script was given")
+    else:
+        traced, rejected = try_trace(model, example, probes, atol, rtol)
+        if traced is not None:
+            return ScriptResult(
+                traced,
+                "trace",
+                f"traced: no TracerWarning, and the trace matched eager on all {len(probes)} probe inputs",
             )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            unsafe = torch.jit.trace(model, tuple(example.values()), check_trace=False)
-        return ScriptResult(
-            unsafe, "trace", f"UNSAFE trace kept by --allow-unsafe-trace; {rejected}"
-        )
+        if method == "trace":
+            if not allow_unsafe_trace:
+                raise ExportError(
+                    f"--method trace refused: {rejected}. The model has data-dependent behaviour "
+                    "that a trace would bake in. Use --method auto or --method script, or pass "
+                    "--allow-unsafe-trace to keep the trace anyway (verify will show the mismatch)."
+                )
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                unsafe = torch.jit.trace(model, tuple(example.values()), check_trace=False)
+            return ScriptResult(
+                unsafe, "trace", f"UNSAFE trace kept by --allow-unsafe-trace; {rejected}"
+            )
 
-    scripted, script_failed = try_script(model)
-    if scripted is None:
+        scripted, script_failed = try_script(model)
+        if scripted is not None:
+            result = ScriptResult(scripted, "script", f"{rejected}; scripted")
+        else:
+            notes: list[str] = []
+            calls = [tuple(example.values())] + [tuple(p.values()) for _, p in probes]
+            hybrid = _compile_part(model, calls, type(model).__name__, atol, rtol, notes)
+            if hybrid is None:
+                raise ExportError(
+                    f"No faithful TorchScript for this model: {rejected}; {script_failed}; "
+                    f"hybrid failed: {'; '.join(notes)}. Make the model scriptable (type-annotate "
+                    "forward, move Python-only code out of it) or wrap its control flow in a "
+                    "submodule that can be scripted."
+                )
+            result = ScriptResult(
+                hybrid, "hybrid", f"{rejected}; {script_failed}; hybrid: {'; '.join(notes)}"
+            )
+    mismatch = _check_against_eager(model, result.module, probes, atol, rtol) if check else None
+    if mismatch is not None:
         raise ExportError(
-            f"No faithful TorchScript for this model: {rejected}; {script_failed}. "
-            "Make the model scriptable (type-annotate or move Python-only code out of forward)."
+            f"The {result.method}ed TorchScript module differs from eager on {mismatch}. "
+            "This is a TorchScript compiler problem, not a tracing one; please report it with the model."
         )
-    return ScriptResult(scripted, "script", f"{rejected}; scripted")
+    return result

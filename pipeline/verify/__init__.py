@@ -53,7 +53,11 @@ class VerifyConfig:
 
 
 def _cases(
-    entry: Any, export_dir: Path, manifest: dict[str, Any], config: VerifyConfig
+    entry: Any,
+    model: torch.nn.Module,
+    export_dir: Path,
+    manifest: dict[str, Any],
+    config: VerifyConfig,
 ) -> list[tuple[str, Inputs, dict[str, torch.Tensor] | None]]:
     """(label, inputs, stored golden outputs or None) for every input set."""
     golden_path = artifact_path(export_dir, manifest, "golden")
@@ -68,10 +72,14 @@ def _cases(
         ("golden", golden_inputs, golden_outputs)
     ]
     probe_gen = torch.Generator().manual_seed(EXPORT_SEED)
-    cases += [(f"probe {label}", inputs, None) for label, inputs in entry.probe_inputs(probe_gen)]
+    cases += [
+        (f"probe {label}", inputs, None) for label, inputs in entry.probe_inputs(probe_gen, model)
+    ]
     fresh_gen = torch.Generator().manual_seed(config.seed)
     for batch in config.batch_sizes:
-        cases.append((f"random b={batch}", entry.sample_inputs({"batch": batch}, fresh_gen), None))
+        cases.append(
+            (f"random b={batch}", entry.sample_inputs(entry.sizes(batch=batch), fresh_gen), None)
+        )
     return cases
 
 
@@ -113,7 +121,7 @@ def verify(config: VerifyConfig) -> ParityReport:
 
     output_names = [o["name"] for o in manifest["outputs"]]
     rows: list[Row] = []
-    for label, inputs, stored in _cases(entry, export_dir, manifest, config):
+    for label, inputs, stored in _cases(entry, eager.model, export_dir, manifest, config):
         entry.check_inputs(inputs)
         expected = eager.run(inputs)
         if stored is not None:

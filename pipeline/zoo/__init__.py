@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from pipeline.data import DIGITS_CLASSES, DIGITS_SIZE, digits_sample
 from pipeline.errors import UnknownModelError
+from pipeline.zoo import rnn
 from pipeline.zoo.lenet import DigitsLeNet
 from pipeline.zoo.spec import Inputs, TensorSpec, ZooEntry
 
-__all__ = ["Inputs", "TensorSpec", "ZooEntry", "get_entry", "zoo_names"]
+__all__ = ["DEFAULT_MODEL", "Inputs", "TensorSpec", "ZooEntry", "get_entry", "zoo_names"]
 
 
 def _digits_golden() -> Inputs:
     return {"image": digits_sample(8)}
 
 
-def _digits_probes(generator: torch.Generator) -> list[tuple[str, Inputs]]:
+def _digits_probes(generator: torch.Generator, model: nn.Module) -> list[tuple[str, Inputs]]:
     # No control flow to drive; probes cover batch sizes 1 and >1 on real
     # images and the extremes of the input range.
     return [
@@ -26,6 +28,73 @@ def _digits_probes(generator: torch.Generator) -> list[tuple[str, Inputs]]:
         ("ones b=3", {"image": torch.ones(3, 1, DIGITS_SIZE, DIGITS_SIZE)}),
     ]
 
+
+def _gate_probes(generator: torch.Generator, model: nn.Module) -> list[tuple[str, Inputs]]:
+    r = torch.rand(3, 4, generator=generator)
+    mixed = torch.randn(3, 4, generator=generator)
+    mixed_pos = mixed - mixed.mean() + 0.25  # mixed signs, positive sum
+    return [
+        ("sum>0 b=1", {"x": r[:1] + 0.1}),
+        ("sum<0 b=1", {"x": -(r[:1] + 0.1)}),
+        ("sum>0 b=3", {"x": r + 0.1}),
+        ("sum<0 b=3", {"x": -(r + 0.1)}),
+        ("mixed sum>0 b=3", {"x": mixed_pos}),
+        ("mixed sum<0 b=3", {"x": -mixed_pos}),
+        ("zeros b=2", {"x": torch.zeros(2, 4)}),
+    ]
+
+
+def _steps(
+    linear: nn.Linear, signs: list[int], batch: int, generator: torch.Generator
+) -> torch.Tensor:
+    """(len(signs), batch, 4) inputs whose step t drives the gate to sign signs[t].
+
+    Each step is ±k·u (u, k from `rnn.gate_direction`/`gate_scale`) times a
+    per-sample factor in [1, 1.5), plus noise orthogonal to u, which leaves
+    the gate's input sum unchanged.
+    """
+    u, k = rnn.gate_direction(linear), rnn.gate_scale(linear)
+    t = len(signs)
+    scale = 1.0 + 0.5 * torch.rand(t, batch, 1, generator=generator)
+    noise = torch.randn(t, batch, u.numel(), generator=generator)
+    noise = noise - (noise @ u).unsqueeze(-1) * u  # remove the component along u
+    sign = torch.tensor(signs, dtype=torch.float32).view(t, 1, 1)
+    return sign * k * scale * u + noise
+
+
+def _cell_of(model: nn.Module) -> rnn.MyCell:
+    for module in model.modules():
+        if isinstance(module, rnn.MyCell):
+            return module
+    raise TypeError(f"{type(model).__name__} holds no MyCell")
+
+
+def _cell_probes(generator: torch.Generator, model: nn.Module) -> list[tuple[str, Inputs]]:
+    linear = _cell_of(model).linear
+    probes = []
+    for batch in (1, 3):
+        h = torch.tanh(torch.randn(batch, 4, generator=generator))
+        for sign, label in ((1, "gate+"), (-1, "gate-")):
+            x = _steps(linear, [sign], batch, generator)[0]
+            probes.append((f"{label} b={batch}", {"x": x, "h": h}))
+    return probes
+
+
+def _sequence_probes(generator: torch.Generator, model: nn.Module) -> list[tuple[str, Inputs]]:
+    # Sequence lengths 1, 3 and 13 are not the length golden/export inputs use (6).
+    linear = _cell_of(model).linear
+    cases = [
+        ("all gate+ seq=3 b=1", [1, 1, 1], 1),
+        ("all gate- seq=3 b=4", [-1, -1, -1], 4),
+        ("alternating seq=13 b=2", [1 if i % 2 else -1 for i in range(13)], 2),
+        ("gate- seq=1 b=1", [-1], 1),
+        ("gate+ seq=1 b=3", [1], 3),
+    ]
+    return [(label, {"xs": _steps(linear, signs, b, generator)}) for label, signs, b in cases]
+
+
+_VEC = (TensorSpec("x", ("batch", rnn.HIDDEN), low=-1.0, high=1.0),)
+_SEQ = (TensorSpec("xs", ("seq", "batch", rnn.HIDDEN), low=-1.0, high=1.0),)
 
 _ENTRIES: dict[str, ZooEntry] = {
     e.name: e
@@ -41,6 +110,47 @@ _ENTRIES: dict[str, ZooEntry] = {
             golden=_digits_golden,
             probes=_digits_probes,
         ),
+        ZooEntry(
+            name="my_decision_gate",
+            description="TorchScript tutorial gate: x if x.sum() > 0 else -x (no parameters)",
+            builder=rnn.MyDecisionGate,
+            inputs=_VEC,
+            outputs=("y",),
+            task=None,
+            probes=_gate_probes,
+        ),
+        ZooEntry(
+            name="my_cell",
+            description="TorchScript tutorial cell: tanh(gate(Linear(4, 4)(x)) + h), returns (h, h)",
+            builder=rnn.MyCell,
+            inputs=(*_VEC, TensorSpec("h", ("batch", rnn.HIDDEN), low=-1.0, high=1.0)),
+            outputs=("y", "h_next"),
+            task="rnn_teacher_step",
+            train_defaults={"lr": 3e-2},
+            probes=_cell_probes,
+        ),
+        ZooEntry(
+            name="my_rnn_loop",
+            description="TorchScript tutorial loop: the cell over a (seq, batch, 4) sequence",
+            builder=rnn.MyRNNLoop,
+            inputs=_SEQ,
+            outputs=("y", "h"),
+            task="rnn_teacher_seq",
+            train_defaults={"lr": 3e-2},
+            default_sizes={"seq": 6, "batch": 3},
+            probes=_sequence_probes,
+        ),
+        ZooEntry(
+            name="wrap_rnn",
+            description="TorchScript tutorial WrapRNN: the loop, then ReLU",
+            builder=rnn.WrapRNN,
+            inputs=_SEQ,
+            outputs=("y",),
+            task="rnn_teacher_seq",
+            train_defaults={"lr": 3e-2},
+            default_sizes={"seq": 6, "batch": 3},
+            probes=_sequence_probes,
+        ),
     ]
 }
 
@@ -48,7 +158,7 @@ DEFAULT_MODEL = "digits_lenet"
 
 
 def zoo_names() -> list[str]:
-    return sorted(_ENTRIES)
+    return list(_ENTRIES)
 
 
 def get_entry(name: str) -> ZooEntry:
@@ -58,5 +168,7 @@ def get_entry(name: str) -> ZooEntry:
     except KeyError:
         raise UnknownModelError(
             f"Unknown model {name!r}. Known models: {', '.join(zoo_names())}. "
-            "Run `pipeline models` to see what each one is."
+            "Run `pipeline models` to see what each one is; your own model can be given as "
+            "package.module:ClassName or path/to/file.py:ClassName, and torchvision "
+            "classifiers as torchvision:NAME."
         ) from None

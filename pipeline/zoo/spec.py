@@ -103,12 +103,19 @@ class ZooEntry:
     builder: Callable[..., nn.Module]
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[str, ...]
-    task: str  # key into pipeline.tasks: how to train it
+    task: str | None  # key into pipeline.tasks; None: nothing to train
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+    # Sizes of the dynamic axes for golden and random inputs.
+    default_sizes: Mapping[str, int] = field(default_factory=lambda: {"batch": 4})
     # Real-data golden inputs, if the model has data; else random ones are drawn.
     golden: Callable[[], Inputs] | None = None
-    # Inputs chosen to drive every branch of the model's control flow.
-    probes: Callable[[torch.Generator], Sequence[tuple[str, Inputs]]] | None = None
+    # Inputs chosen to drive every branch of the model's control flow. Given
+    # the (eval-mode) model so they can aim at its learned gate.
+    probes: Callable[[torch.Generator, nn.Module], Sequence[tuple[str, Inputs]]] | None = None
+    source: str = "zoo"  # "zoo", "torchvision" or "user"
+    # Per-model training defaults (epochs, lr, batch_size) that the CLI's own
+    # defaults fall back to.
+    train_defaults: Mapping[str, Any] = field(default_factory=dict)
 
     def build(self, **overrides: Any) -> nn.Module:
         return self.builder(**{**self.kwargs, **overrides})
@@ -116,13 +123,18 @@ class ZooEntry:
     def sample_inputs(self, sizes: Mapping[str, int], generator: torch.Generator) -> Inputs:
         return {spec.name: spec.sample(sizes, generator) for spec in self.inputs}
 
+    def sizes(self, **overrides: int) -> dict[str, int]:
+        return {**self.default_sizes, **overrides}
+
     def golden_inputs(self, generator: torch.Generator) -> Inputs:
         if self.golden is not None:
             return self.golden()
-        return self.sample_inputs({"batch": 4}, generator)
+        return self.sample_inputs(self.sizes(), generator)
 
-    def probe_inputs(self, generator: torch.Generator) -> list[tuple[str, Inputs]]:
-        return list(self.probes(generator)) if self.probes is not None else []
+    def probe_inputs(
+        self, generator: torch.Generator, model: nn.Module
+    ) -> list[tuple[str, Inputs]]:
+        return list(self.probes(generator, model)) if self.probes is not None else []
 
     def check_inputs(self, inputs: Mapping[str, torch.Tensor]) -> None:
         expected = [s.name for s in self.inputs]

@@ -10,6 +10,7 @@ from torch import nn
 
 from pipeline.errors import ExportError
 from pipeline.export.torchscript import to_torchscript
+from pipeline.zoo.rnn import MyDecisionGate
 
 
 class SignGate(nn.Module):
@@ -52,3 +53,51 @@ def test_control_flow_free_model_is_traced() -> None:
     result = to_torchscript(model, {"x": POS}, PROBES, method="auto")
     assert result.method == "trace"
     assert torch.allclose(result.module(NEG), model(NEG))
+
+
+class VarargsCell(nn.Module):
+    """Not scriptable (varargs forward), and untraceable because of its gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dg = MyDecisionGate()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, *xh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, h = xh
+        new_h = torch.tanh(self.dg(self.linear(x)) + h)
+        return new_h, new_h
+
+
+class Loop(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = VarargsCell()
+
+    def forward(self, xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.zeros(xs.size(1), 4)
+        y = h
+        for i in range(xs.size(0)):
+            y, h = self.cell(xs[i], h)
+        return y, h
+
+
+def test_hybrid_scripts_the_gate_traces_the_cell_scripts_the_loop() -> None:
+    """The tutorial's composition, found automatically when whole-model scripting fails."""
+    torch.manual_seed(0)
+    model = Loop().eval()
+    probes = [
+        (f"p{i}", {"xs": sign * (torch.rand(steps, 2, 4) + 0.5) * 5})
+        for i, (sign, steps) in enumerate([(1, 3), (-1, 7), (1, 1), (-1, 2)])
+    ]
+    result = to_torchscript(model, {"xs": torch.randn(5, 2, 4)}, probes)
+    assert result.method == "hybrid"
+    assert "script failed" in result.reason
+    assert "Loop.cell.dg scripted" in result.reason
+    assert "Loop.cell traced around them" in result.reason
+    assert "Loop scripted around them" in result.reason
+    assert isinstance(result.module.cell.dg, torch.jit.RecursiveScriptModule)
+    assert "prim::If" in str(result.module.cell.dg.graph)
+    for _, probe in probes:
+        for expected, got in zip(model(probe["xs"]), result.module(probe["xs"]), strict=True):
+            torch.testing.assert_close(got, expected)

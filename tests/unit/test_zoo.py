@@ -3,26 +3,65 @@ import torch
 
 from pipeline.errors import InputSpecError, UnknownModelError
 from pipeline.zoo import get_entry, zoo_names
+from pipeline.zoo.rnn import MyDecisionGate
+
+GATED = ["my_decision_gate", "my_cell", "my_rnn_loop", "wrap_rnn"]
 
 
 def test_unknown_model_lists_known_names() -> None:
-    with pytest.raises(UnknownModelError, match=r"Unknown model 'resnet9000'.*digits_lenet"):
+    with pytest.raises(
+        UnknownModelError, match=r"Unknown model 'resnet9000'.*digits_lenet.*module:ClassName"
+    ):
         get_entry("resnet9000")
 
 
-def test_digits_entry_builds_and_runs_on_its_spec() -> None:
-    entry = get_entry("digits_lenet")
-    assert "digits_lenet" in zoo_names()
+@pytest.mark.parametrize("name", zoo_names())
+def test_entry_builds_and_runs_on_its_spec(name: str) -> None:
+    entry = get_entry(name)
     model = entry.build().eval()
-    inputs = entry.sample_inputs({"batch": 3}, torch.Generator().manual_seed(0))
+    inputs = entry.sample_inputs(entry.sizes(batch=3), torch.Generator().manual_seed(0))
     entry.check_inputs(inputs)
-    assert model(*inputs.values()).shape == (3, 10)
+    out = model(*inputs.values())
+    n_out = len(out) if isinstance(out, tuple) else 1
+    assert n_out == len(entry.outputs)
 
 
-def test_probes_cover_batch_one_and_more() -> None:
-    entry = get_entry("digits_lenet")
-    batches = {next(iter(p.values())).shape[0] for _, p in entry.probe_inputs(torch.Generator())}
-    assert 1 in batches and max(batches) > 1
+@pytest.mark.parametrize("name", zoo_names())
+def test_probes_cover_batch_one_and_more(name: str) -> None:
+    entry = get_entry(name)
+    probes = entry.probe_inputs(torch.Generator().manual_seed(0), entry.build().eval())
+    batch_axis = {s.name: s.shape.index("batch") for s in entry.inputs}
+    batches = {t.shape[batch_axis[k]] for _, p in probes for k, t in p.items()}
+    assert 1 in batches
+    assert max(batches) > 1
+    for _, p in probes:
+        entry.check_inputs(p)
+
+
+@pytest.mark.parametrize("name", GATED)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_probes_drive_both_branches_of_every_gate(name: str, seed: int) -> None:
+    """Whatever the weights (three seeds), the probes reach x.sum() > 0 and <= 0."""
+    torch.manual_seed(seed)
+    entry = get_entry(name)
+    model = entry.build().eval()
+    taken: set[bool] = set()
+    for module in model.modules():
+        if isinstance(module, MyDecisionGate):
+            module.register_forward_pre_hook(lambda m, args: taken.add(bool(args[0].sum() > 0)))
+    with torch.no_grad():
+        for _, probe in entry.probe_inputs(torch.Generator().manual_seed(seed), model):
+            model(*probe.values())
+    assert taken == {True, False}
+
+
+def test_sequence_probes_use_lengths_not_seen_at_export() -> None:
+    entry = get_entry("wrap_rnn")
+    lengths = {
+        p["xs"].shape[0] for _, p in entry.probe_inputs(torch.Generator(), entry.build().eval())
+    }
+    assert entry.default_sizes["seq"] not in lengths
+    assert {1, 13} <= lengths
 
 
 @pytest.mark.parametrize(
