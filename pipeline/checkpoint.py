@@ -131,23 +131,14 @@ def _blocked_global(err: Exception) -> str:
     return "torch.load(weights_only=True) refused it"
 
 
-def load_checkpoint(path: Path) -> Checkpoint:
-    """Load and check a checkpoint; every failure is a `CheckpointError`."""
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """Unpickle a state_dict with `weights_only=True`; refuse anything else."""
     path = Path(path)
-    meta = read_sidecar(path)
-    actual = sha256_file(path)
-    if actual != meta["weights_sha256"]:
-        raise _refuse(
-            path,
-            f"its sha256 is {actual} but its metadata records {meta['weights_sha256']}; "
-            "the weights were changed or truncated after training.",
-            "Restore the original file or train again with `pipeline train`.",
-        )
     if not zipfile.is_zipfile(path):
         raise _refuse(
             path,
             "it is not a PyTorch checkpoint (torch.save writes a zip archive; this file is not one).",
-            "Pass the .pt file written by `pipeline train`.",
+            "Pass a .pt file written by `pipeline train` or `torch.save(model.state_dict(), path)`.",
         )
     try:
         # weights_only=True: only tensors and plain containers are unpickled;
@@ -167,12 +158,62 @@ def load_checkpoint(path: Path) -> Checkpoint:
             f"{str(err).strip().splitlines()[0][:200]}).",
             "Pass the .pt file written by `pipeline train`, or train again.",
         ) from None
-    if not isinstance(state, dict) or not all(
-        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
-    ):
+    if isinstance(state, dict) and not _is_state_dict(state):
+        # Common wrappers: {"state_dict": ...} (Lightning-style) or {"model_state_dict": ...}.
+        for key in ("state_dict", "model_state_dict", "model"):
+            if _is_state_dict(state.get(key)):
+                return state[key]
+    if not _is_state_dict(state):
         raise _refuse(
             path,
             f"it holds a {type(state).__name__}, not a state_dict mapping names to tensors.",
             "Save `model.state_dict()`, not the model or a training state.",
         )
+    return state
+
+
+def _is_state_dict(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in value.items()
+    )
+
+
+def import_state_dict(src: Path, out: Path, meta: dict[str, Any]) -> Checkpoint:
+    """Bring a state_dict saved elsewhere (no sidecar) into a checked checkpoint.
+
+    The file is read with `weights_only=True`, exactly like our own
+    checkpoints, then written with a sidecar recording where it came from.
+    """
+    src = Path(src)
+    if not src.is_file():
+        raise _refuse(
+            src, "the file does not exist.", "Pass --weights with the path of a saved state_dict."
+        )
+    state = read_state_dict(src)
+    checkpoint = save_checkpoint(
+        out,
+        state,
+        {
+            **meta,
+            "init": "imported",
+            "imported_from": str(src),
+            "imported_sha256": sha256_file(src),
+        },
+    )
+    return checkpoint
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Load and check a checkpoint; every failure is a `CheckpointError`."""
+    path = Path(path)
+    meta = read_sidecar(path)
+    actual = sha256_file(path)
+    if actual != meta["weights_sha256"]:
+        raise _refuse(
+            path,
+            f"its sha256 is {actual} but its metadata records {meta['weights_sha256']}; "
+            "the weights were changed or truncated after training.",
+            "Restore the original file or train again with `pipeline train`.",
+        )
+    state = read_state_dict(path)
     return Checkpoint(path=path, state_dict=state, meta=meta)

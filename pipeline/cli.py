@@ -33,8 +33,30 @@ def _model_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         default=DEFAULT_MODEL,
-        help=f"zoo model name (default: {DEFAULT_MODEL}; see `pipeline models`)",
+        help=f"a zoo model (default: {DEFAULT_MODEL}; see `pipeline models`), "
+        "package.module:ClassName, path/to/file.py:ClassName or torchvision:NAME",
     )
+
+
+def _kwargs_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model-kwargs",
+        metavar="JSON",
+        help="constructor keyword arguments as a JSON object, e.g. '{\"num_classes\": 10}'",
+    )
+
+
+def _input_specs(args: argparse.Namespace) -> tuple[list | None, list[str] | None]:
+    from pipeline.zoo.user import load_spec_file, parse_input
+
+    inputs = [parse_input(text) for text in args.input or []]
+    outputs = list(args.output or [])
+    if args.input_spec:
+        if inputs:
+            raise PipelineError("Give inputs either with --input or with --input-spec, not both.")
+        inputs, file_outputs = load_spec_file(args.input_spec)
+        outputs = outputs or file_outputs
+    return inputs or None, outputs or None
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -54,6 +76,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from pipeline.train import TrainConfig, train
+    from pipeline.zoo.user import parse_kwargs
 
     config = TrainConfig(
         model=args.model,
@@ -65,6 +88,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         workers=args.workers,
         device=args.device,
         progress=not args.no_progress,
+        model_kwargs=parse_kwargs(args.model_kwargs),
     )
     result = train(config)
     meta = result.checkpoint.meta
@@ -77,9 +101,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from pipeline.export import ExportConfig, export
+    from pipeline.zoo.user import parse_kwargs
 
+    inputs, outputs = _input_specs(args)
     config = ExportConfig(
         model=args.model,
+        model_kwargs=parse_kwargs(args.model_kwargs),
+        inputs=inputs,
+        outputs=outputs,
+        probes_file=args.probes,
+        weights=args.weights,
+        random_init=args.random_init,
+        seed=args.seed,
         checkpoint=args.checkpoint or paths.checkpoint_path(args.model, args.artifacts_dir),
         out_dir=args.out_dir or paths.export_dir(args.model, args.artifacts_dir),
         method=args.method,
@@ -163,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _kwargs_arg(p)
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser(
@@ -196,6 +230,39 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"tolerance recorded for verify (default: {DEFAULT_ATOL:g})",
     )
     p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help=f"(default: {DEFAULT_RTOL:g})")
+    g = p.add_argument_group(
+        "models outside the zoo (module:Class, file.py:Class, torchvision:NAME)"
+    )
+    _kwargs_arg(g)
+    g.add_argument(
+        "--input",
+        action="append",
+        metavar="NAME:DTYPE:SHAPE",
+        help="an input, in forward() order; repeat for several. A name in SHAPE is a dynamic "
+        "axis: --input image:float32:batch,3,32,32",
+    )
+    g.add_argument(
+        "--input-spec", type=Path, metavar="FILE", help="inputs (and outputs) from YAML or TOML"
+    )
+    g.add_argument("--output", action="append", metavar="NAME", help="output names, in order")
+    g.add_argument(
+        "--probes",
+        type=Path,
+        metavar="FILE",
+        help="probe inputs chosen to drive every branch: torch.save'd list of {name: tensor} "
+        "dicts, or {label: {name: tensor}}",
+    )
+    w = g.add_mutually_exclusive_group()
+    w.add_argument(
+        "--weights",
+        type=Path,
+        metavar="FILE",
+        help="a state_dict saved with torch.save; imported (weights_only) as the checkpoint",
+    )
+    w.add_argument(
+        "--random-init", action="store_true", help="export with seeded random weights (see --seed)"
+    )
+    g.add_argument("--seed", type=int, default=0, help="seed for --random-init (default: 0)")
     p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser(

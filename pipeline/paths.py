@@ -23,7 +23,9 @@ def artifacts_root(override: Path | None = None) -> Path:
 
 
 def model_dir(model: str, root: Path | None = None) -> Path:
-    return artifacts_root(root) / model
+    from pipeline.zoo.user import model_slug  # 'torchvision:resnet18' → 'torchvision_resnet18'
+
+    return artifacts_root(root) / model_slug(model)
 
 
 def checkpoint_path(model: str, root: Path | None = None) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,8 @@ from pipeline.device import resolve_device
 from pipeline.errors import PipelineError
 from pipeline.seeding import seed_everything, seed_worker
 from pipeline.tasks import evaluate, get_task
-from pipeline.zoo import DEFAULT_MODEL, get_entry
+from pipeline.zoo import DEFAULT_MODEL, resolve_entry
+from pipeline.zoo.user import is_external
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ class TrainConfig:
     workers: int = 0
     device: str = "auto"
     progress: bool = True
+    model_kwargs: dict[str, Any] = field(default_factory=dict)  # override the zoo's
 
     def resolved(self, defaults: dict[str, Any]) -> TrainConfig:
         """A copy with every None filled from the model's defaults, then ours."""
@@ -91,7 +93,13 @@ def _initial_checkpoint(
 
 def train(config: TrainConfig) -> TrainResult:
     """Train `config.model` from scratch and write its checkpoint atomically."""
-    entry = get_entry(config.model)
+    if is_external(config.model):
+        raise PipelineError(
+            f"{config.model!r} is not a zoo model, so `pipeline train` has no task for it. Train it "
+            "in your own code, save `model.state_dict()` with torch.save, and export it with "
+            f"`pipeline export --model {config.model} --weights FILE` (or --random-init)."
+        )
+    entry = resolve_entry(config.model, kwargs=config.model_kwargs)
     config = config.resolved(dict(entry.train_defaults))
     config.validate()
     task = get_task(entry.task) if entry.task else None

@@ -9,28 +9,29 @@ import os
 import shutil
 import tempfile
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from pipeline import paths
-from pipeline.checkpoint import load_checkpoint
+from pipeline.checkpoint import Checkpoint, import_state_dict, load_checkpoint, save_checkpoint
 from pipeline.compare import DEFAULT_ATOL, DEFAULT_RTOL, flatten_outputs
 from pipeline.errors import CheckpointError, ExportError
 from pipeline.export.onnx_export import DEFAULT_OPSET, OPSET_REASON, to_onnx
 from pipeline.export.torchscript import METHODS, Method, to_torchscript
 from pipeline.fileio import sha256_file, write_json
 from pipeline.manifest import MANIFEST_FORMAT, MANIFEST_NAME, tool_versions
-from pipeline.zoo import DEFAULT_MODEL, get_entry
-from pipeline.zoo.spec import Inputs, ZooEntry, dtype_name
+from pipeline.zoo import DEFAULT_MODEL, resolve_entry
+from pipeline.zoo.spec import Inputs, TensorSpec, ZooEntry, dtype_name
 
 log = logging.getLogger(__name__)
 
 TORCHSCRIPT_FILE = "model.torchscript.pt"
 ONNX_FILE = "model.onnx"
 GOLDEN_FILE = "golden.pt"
+PROBES_FILE = "probes.pt"
 EXPORT_SEED = 1234  # seeds the random example/golden inputs of models without data
 
 
@@ -47,6 +48,15 @@ class ExportConfig:
     # Export the model in train() mode. Only for demonstrating that verify
     # catches the classic forgotten-eval() bug; never what a user wants.
     train_mode: bool = False
+    # Models outside the zoo (module:Class, file.py:Class, torchvision:NAME).
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+    inputs: list[TensorSpec] | None = None
+    outputs: list[str] | None = None
+    probes_file: Path | None = None  # extra probe inputs (torch.save'd dicts)
+    # Where the weights come from when there is no checkpoint of ours yet:
+    weights: Path | None = None  # a state_dict saved elsewhere; imported (weights_only)
+    random_init: bool = False  # seeded random initialisation
+    seed: int = 0
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -55,6 +65,8 @@ class ExportConfig:
             raise ExportError(f"--opset must be between 7 and 23, got {self.opset}.")
         if self.atol < 0 or self.rtol < 0:
             raise ExportError("--atol and --rtol must be non-negative.")
+        if self.weights is not None and self.random_init:
+            raise ExportError("Give either --weights or --random-init, not both.")
 
 
 @dataclass(frozen=True)
@@ -92,12 +104,40 @@ def _swap_in(staging: Path, out_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _checkpoint_for(entry: ZooEntry, ckpt_path: Path, config: ExportConfig) -> Checkpoint:
+    """Our checkpoint at `ckpt_path`, first imported or initialised when asked."""
+    meta = {
+        "model": {"name": entry.name, "kwargs": dict(entry.kwargs)},
+        "seed": config.seed,
+        "epochs": 0,
+    }
+    if config.weights is not None:
+        return import_state_dict(config.weights, ckpt_path, meta)
+    if config.random_init:
+        torch.manual_seed(config.seed)
+        model = entry.build()
+        return save_checkpoint(ckpt_path, model.state_dict(), {**meta, "init": "random"})
+    if not ckpt_path.exists() and entry.source != "zoo":
+        raise CheckpointError(
+            f"Cannot use checkpoint {ckpt_path}: the file does not exist. {entry.name!r} is not "
+            "trained by this pipeline: pass --weights FILE (a state_dict saved with torch.save) "
+            "or --random-init to export it with seeded random weights."
+        )
+    return load_checkpoint(ckpt_path)
+
+
 def export(config: ExportConfig) -> ExportResult:
     """Export a trained checkpoint; every file is checked before the folder appears."""
     config.validate()
-    entry = get_entry(config.model)
+    entry = resolve_entry(
+        config.model,
+        kwargs=config.model_kwargs,
+        inputs=config.inputs,
+        outputs=config.outputs,
+        probes_file=config.probes_file,
+    )
     ckpt_path = Path(config.checkpoint) if config.checkpoint else paths.checkpoint_path(entry.name)
-    checkpoint = load_checkpoint(ckpt_path)
+    checkpoint = _checkpoint_for(entry, ckpt_path, config)
     if checkpoint.model_name != entry.name:
         raise CheckpointError(
             f"Checkpoint {ckpt_path} holds model {checkpoint.model_name!r}, not {entry.name!r}. "
@@ -108,8 +148,9 @@ def export(config: ExportConfig) -> ExportResult:
         model.load_state_dict(checkpoint.state_dict, strict=True)
     except RuntimeError as err:
         raise CheckpointError(
-            f"Checkpoint {ckpt_path} does not fit model {entry.name!r}: {str(err).splitlines()[0]} "
-            "Train it again with `pipeline train`."
+            f"Checkpoint {ckpt_path} does not fit model {entry.name!r}: "
+            f"{' '.join(str(err).split())[:400]} Train it again with `pipeline train`, or check "
+            "--model-kwargs."
         ) from None
     model.train(config.train_mode)
 
@@ -117,8 +158,12 @@ def export(config: ExportConfig) -> ExportResult:
     golden_inputs: Inputs = entry.golden_inputs(generator)
     entry.check_inputs(golden_inputs)
     probes = entry.probe_inputs(generator, model)
+    for _, probe in probes:
+        entry.check_inputs(probe)
     with torch.no_grad():
         golden_outputs = flatten_outputs(model(*golden_inputs.values()))
+    if not entry.outputs:  # a user model without output names: number them
+        entry = replace(entry, outputs=tuple(f"output_{i}" for i in range(len(golden_outputs))))
     batch = next(iter(golden_inputs.values())).shape[0]
     output_shapes = _output_shapes(entry, golden_outputs, batch)
 
@@ -159,10 +204,17 @@ def export(config: ExportConfig) -> ExportResult:
                 "outputs": dict(zip(entry.outputs, golden_outputs, strict=True)),
             },
         )
+        _save_tensors(staging / PROBES_FILE, {"probes": [[label, p] for label, p in probes]})
         manifest = {
             "format": MANIFEST_FORMAT,
             "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "model": {"name": entry.name, "kwargs": checkpoint.model_kwargs, "task": entry.task},
+            "model": {
+                "name": entry.name,
+                "kwargs": checkpoint.model_kwargs,
+                "task": entry.task,
+                "source": entry.source,
+                "init": checkpoint.meta.get("init", "trained"),
+            },
             "mode": "train" if config.train_mode else "eval",
             "checkpoint": {
                 "path": os.path.relpath(ckpt_path.resolve(), out_dir.resolve()),
@@ -195,6 +247,12 @@ def export(config: ExportConfig) -> ExportResult:
                     if config.opset == DEFAULT_OPSET
                     else "set by --opset",
                     "sha256": sha256_file(staging / ONNX_FILE),
+                },
+                "probes": {
+                    "file": PROBES_FILE,
+                    "format": "torch.save (weights_only)",
+                    "count": len(probes),
+                    "sha256": sha256_file(staging / PROBES_FILE),
                 },
                 "golden": {
                     "file": GOLDEN_FILE,

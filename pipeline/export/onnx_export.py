@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import re
 import warnings
 from dataclasses import dataclass
@@ -64,19 +65,37 @@ def _dynamic_axes_legacy(
 def _export_dynamo(
     model: nn.Module, example: Inputs, entry: ZooEntry, path: Path, opset: int
 ) -> None:
-    # The exporter prints progress lines on stdout; keep the CLI's output ours.
-    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            model,
-            tuple(example.values()),
-            dynamo=True,
-            opset_version=opset,
-            input_names=[s.name for s in entry.inputs],
-            output_names=list(entry.outputs),
-            dynamic_shapes=_dynamic_shapes(entry),
-            verbose=False,
-        )
+    # The exporter prints progress on stdout and, when torch.export fails, the
+    # traced graph on stderr and torch's loggers; the failure's summary reaches
+    # the user through the manifest and the CLI instead.
+    torch_log = logging.getLogger("torch")
+    level = torch_log.level
+    torch_log.setLevel(logging.ERROR)
+    try:
+        with (
+            contextlib.redirect_stdout(io.StringIO()),
+            contextlib.redirect_stderr(io.StringIO()),
+            warnings.catch_warnings(),
+        ):
+            _export_dynamo_quiet(model, example, entry, path, opset)
+    finally:
+        torch_log.setLevel(level)
+
+
+def _export_dynamo_quiet(
+    model: nn.Module, example: Inputs, entry: ZooEntry, path: Path, opset: int
+) -> None:
+    warnings.simplefilter("ignore")
+    program = torch.onnx.export(
+        model,
+        tuple(example.values()),
+        dynamo=True,
+        opset_version=opset,
+        input_names=[s.name for s in entry.inputs],
+        output_names=list(entry.outputs),
+        dynamic_shapes=_dynamic_shapes(entry),
+        verbose=False,
+    )
     if program is None:  # pragma: no cover - dynamo=True always returns a program
         raise ExportError("torch.onnx.export returned no program")
     program.save(str(path))

@@ -14,13 +14,13 @@ from pipeline import paths
 from pipeline.checkpoint import load_checkpoint
 from pipeline.compare import compare_tensor
 from pipeline.errors import ArtifactError, PipelineError
-from pipeline.export import EXPORT_SEED
 from pipeline.fileio import write_json
 from pipeline.manifest import artifact_path, read_manifest
 from pipeline.verify.backends import BACKENDS, EagerBackend, load_backend
 from pipeline.verify.report import ParityReport, Row
 from pipeline.zoo import DEFAULT_MODEL, get_entry
-from pipeline.zoo.spec import Inputs
+from pipeline.zoo.spec import Inputs, ZooEntry
+from pipeline.zoo.user import entry_from_manifest
 
 __all__ = ["BACKENDS", "ParityReport", "VerifyConfig", "verify"]
 
@@ -52,29 +52,30 @@ class VerifyConfig:
                 raise PipelineError(f"--{name} must be non-negative, got {value}.")
 
 
-def _cases(
-    entry: Any,
-    model: torch.nn.Module,
-    export_dir: Path,
-    manifest: dict[str, Any],
-    config: VerifyConfig,
-) -> list[tuple[str, Inputs, dict[str, torch.Tensor] | None]]:
-    """(label, inputs, stored golden outputs or None) for every input set."""
-    golden_path = artifact_path(export_dir, manifest, "golden")
+def _load_tensors(export_dir: Path, manifest: dict[str, Any], key: str) -> Any:
+    path = artifact_path(export_dir, manifest, key)
     try:
-        golden = torch.load(golden_path, map_location="cpu", weights_only=True)
-        golden_inputs, golden_outputs = dict(golden["inputs"]), dict(golden["outputs"])
-    except Exception as err:  # noqa: BLE001 - report any unreadable golden file the same way
-        raise ArtifactError(
-            f"Golden file {golden_path} cannot be read ({err}); re-run `pipeline export`."
-        ) from None
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - report any unreadable file the same way
+        raise ArtifactError(f"{path} cannot be read ({err}); re-run `pipeline export`.") from None
+
+
+def _cases(
+    entry: ZooEntry, export_dir: Path, manifest: dict[str, Any], config: VerifyConfig
+) -> list[tuple[str, Inputs, dict[str, torch.Tensor] | None]]:
+    """(label, inputs, stored golden outputs or None) for every input set.
+
+    Golden and probe inputs are the ones export stored (so every backend, the
+    C++ client included, sees the same tensors); fresh random batches are
+    drawn here from the input spec.
+    """
+    golden = _load_tensors(export_dir, manifest, "golden")
     cases: list[tuple[str, Inputs, dict[str, torch.Tensor] | None]] = [
-        ("golden", golden_inputs, golden_outputs)
+        ("golden", dict(golden["inputs"]), dict(golden["outputs"]))
     ]
-    probe_gen = torch.Generator().manual_seed(EXPORT_SEED)
-    cases += [
-        (f"probe {label}", inputs, None) for label, inputs in entry.probe_inputs(probe_gen, model)
-    ]
+    if "probes" in manifest["artifacts"]:
+        stored = _load_tensors(export_dir, manifest, "probes")["probes"]
+        cases += [(f"probe {label}", dict(inputs), None) for label, inputs in stored]
     fresh_gen = torch.Generator().manual_seed(config.seed)
     for batch in config.batch_sizes:
         cases.append(
@@ -89,13 +90,18 @@ def verify(config: VerifyConfig) -> ParityReport:
     Returns the report; the caller decides what a failure does (the CLI exits 1).
     """
     config.validate()
-    entry = get_entry(config.model)
-    export_dir = Path(config.export_dir) if config.export_dir else paths.export_dir(entry.name)
+    export_dir = Path(config.export_dir) if config.export_dir else paths.export_dir(config.model)
     manifest = read_manifest(export_dir)
-    if manifest["model"]["name"] != entry.name:
+    if manifest["model"]["name"] != config.model:
         raise ArtifactError(
-            f"{export_dir} holds an export of {manifest['model']['name']!r}, not {entry.name!r}."
+            f"{export_dir} holds an export of {manifest['model']['name']!r}, not {config.model!r}. "
+            f"Pass --model {manifest['model']['name']!r} or another --export-dir."
         )
+    entry = (
+        entry_from_manifest(manifest)
+        if manifest["model"].get("source", "zoo") != "zoo"
+        else get_entry(config.model)
+    )
     atol = config.atol if config.atol is not None else float(manifest["tolerance"]["atol"])
     rtol = config.rtol if config.rtol is not None else float(manifest["tolerance"]["rtol"])
 
@@ -121,7 +127,7 @@ def verify(config: VerifyConfig) -> ParityReport:
 
     output_names = [o["name"] for o in manifest["outputs"]]
     rows: list[Row] = []
-    for label, inputs, stored in _cases(entry, eager.model, export_dir, manifest, config):
+    for label, inputs, stored in _cases(entry, export_dir, manifest, config):
         entry.check_inputs(inputs)
         expected = eager.run(inputs)
         if stored is not None:

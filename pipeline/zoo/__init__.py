@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
 import torch
 from torch import nn
 
 from pipeline.data import DIGITS_CLASSES, DIGITS_SIZE, digits_sample
-from pipeline.errors import UnknownModelError
+from pipeline.errors import InputSpecError, UnknownModelError
 from pipeline.zoo import rnn
 from pipeline.zoo.lenet import DigitsLeNet
 from pipeline.zoo.spec import Inputs, TensorSpec, ZooEntry
+from pipeline.zoo.user import _file_probes, external_entry, is_external
 
-__all__ = ["DEFAULT_MODEL", "Inputs", "TensorSpec", "ZooEntry", "get_entry", "zoo_names"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "Inputs",
+    "TensorSpec",
+    "ZooEntry",
+    "get_entry",
+    "resolve_entry",
+    "zoo_names",
+]
 
 
 def _digits_golden() -> Inputs:
@@ -172,3 +186,30 @@ def get_entry(name: str) -> ZooEntry:
             "package.module:ClassName or path/to/file.py:ClassName, and torchvision "
             "classifiers as torchvision:NAME."
         ) from None
+
+
+def resolve_entry(
+    name: str,
+    *,
+    kwargs: dict[str, Any] | None = None,
+    inputs: Sequence[TensorSpec] | None = None,
+    outputs: Sequence[str] | None = None,
+    probes_file: Path | None = None,
+) -> ZooEntry:
+    """A zoo name, `module:Class`, `file.py:Class` or `torchvision:NAME` → its entry."""
+    if is_external(name):
+        return external_entry(
+            name, kwargs=kwargs, inputs=inputs, outputs=outputs, probes_file=probes_file
+        )
+    entry = get_entry(name)
+    if inputs or outputs:
+        raise InputSpecError(
+            f"{name!r} is a zoo model with a fixed input spec; --input/--input-spec/--output "
+            "are for models given as module:Class."
+        )
+    changes: dict[str, Any] = {}
+    if kwargs:
+        changes["kwargs"] = {**entry.kwargs, **kwargs}
+    if probes_file:
+        changes["probes"] = _file_probes(probes_file)
+    return replace(entry, **changes) if changes else entry

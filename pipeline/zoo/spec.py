@@ -91,7 +91,13 @@ class TensorSpec:
         return "(" + ", ".join(str(d) for d in self.shape) + ")"
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "dtype": dtype_name(self.dtype)}
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "dtype": dtype_name(self.dtype),
+            "low": self.low,
+            "high": self.high,
+        }
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ def assert_clean_error(proc: subprocess.CompletedProcess[str], *fragments: str) 
     """Non-zero exit, one readable message naming the problem, no traceback."""
     assert proc.returncode != 0, proc.stdout
     assert "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.startswith("error: "), proc.stderr
+    assert "\nerror: " in "\n" + proc.stderr, proc.stderr
     for fragment in fragments:
         assert fragment in proc.stderr, proc.stderr
 
@@ -141,3 +141,39 @@ def test_checkpoint_with_pickled_objects(trained: TrainResult, tmp_path: Path) -
     proc = run("export", "--checkpoint", path, "--out-dir", tmp_path / "out")
     assert_clean_error(proc, str(path), "pickled objects beyond tensors", "was not unpickled")
     assert not MARKER.exists()
+
+
+def test_method_trace_on_the_gate_fails_naming_the_branch_line(tmp_path: Path) -> None:
+    art = tmp_path / "art"
+    assert run("--artifacts-dir", art, "train", "--model", "my_decision_gate").returncode == 0
+    proc = run("--artifacts-dir", art, "export", "--model", "my_decision_gate", "--method", "trace")
+    assert_clean_error(
+        proc, "--method trace refused", "rnn.py:", "if x.sum() > 0", "--allow-unsafe-trace"
+    )
+    assert not (art / "my_decision_gate" / "export").exists()
+
+    proc = run(
+        "--artifacts-dir",
+        art,
+        "export",
+        "--model",
+        "my_decision_gate",
+        "--method",
+        "trace",
+        "--allow-unsafe-trace",
+    )
+    assert proc.returncode == 0, proc.stderr
+    proc = run("--artifacts-dir", art, "verify", "--model", "my_decision_gate")
+    assert_clean_error(proc, "Parity FAILED for my_decision_gate", "torchscript / probe sum", "max rel err 2")
+
+
+def test_train_then_auto_export_scripts_the_rnn(tmp_path: Path) -> None:
+    art = tmp_path / "art"
+    proc = run("--artifacts-dir", art, "train", "--model", "wrap_rnn", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    proc = run("--artifacts-dir", art, "export", "--model", "wrap_rnn")
+    assert proc.returncode == 0, proc.stderr
+    assert "script: trace rejected" in proc.stdout
+    proc = run("--artifacts-dir", art, "verify", "--model", "wrap_rnn")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "seq=13" in proc.stdout

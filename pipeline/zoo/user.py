@@ -1,0 +1,295 @@
+"""Models that are not in the zoo: users' own classes and torchvision classifiers.
+
+`--model` accepts, besides a zoo name:
+
+* ``package.module:ClassName``: imported from the Python path;
+* ``path/to/file.py:ClassName``: imported from that file;
+* ``torchvision:NAME``: ``torchvision.models.get_model(NAME, weights=None)``
+  (random initialisation: weights are never downloaded; give a checkpoint with
+  ``--weights``).
+
+The input spec comes from ``--input NAME:DTYPE:SHAPE`` (repeatable; a name in
+SHAPE marks a dynamic axis: ``image:float32:batch,3,32,32``) or from a YAML or
+TOML file (``--input-spec``). Everything needed to rebuild the entry is
+written into the export's manifest, so `verify` needs only ``--model``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import re
+import sys
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from torch import nn
+
+from pipeline.errors import InputSpecError, UnknownModelError
+from pipeline.zoo.spec import Inputs, TensorSpec, ZooEntry, parse_dtype
+
+TORCHVISION_PREFIX = "torchvision:"
+TORCHVISION_INPUT = TensorSpec("image", ("batch", 3, 224, 224), low=-2.0, high=2.0)
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def is_external(name: str) -> bool:
+    """True for `module:Class`, `file.py:Class` and `torchvision:NAME` specs."""
+    return ":" in name
+
+
+def model_slug(name: str) -> str:
+    """A directory name for a model spec: 'torchvision:resnet18' → 'torchvision_resnet18'."""
+    if not is_external(name):
+        return name
+    where, _, cls = name.rpartition(":")
+    stem = Path(where).stem if where.endswith(".py") else where
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{stem}_{cls}").strip("_")
+
+
+def parse_input(text: str) -> TensorSpec:
+    """'image:float32:batch,3,32,32' → TensorSpec (names in the shape are dynamic axes)."""
+    parts = text.split(":")
+    if len(parts) != 3 or not all(parts):
+        raise InputSpecError(
+            f"Bad --input {text!r}: expected NAME:DTYPE:SHAPE, for example "
+            "'image:float32:batch,3,32,32' (a name in SHAPE marks a dynamic axis)."
+        )
+    name, dtype, shape = parts
+    return _spec(name, dtype, shape.split(","), source=f"--input {text!r}")
+
+
+def _spec(
+    name: Any, dtype: Any, shape: Sequence[Any], source: str, low: float = -1.0, high: float = 1.0
+) -> TensorSpec:
+    if not isinstance(name, str) or not _IDENT.match(name):
+        raise InputSpecError(f"{source}: input name {name!r} must be a Python identifier.")
+    dims: list[int | str] = []
+    for d in shape:
+        d = d.strip() if isinstance(d, str) else d
+        if isinstance(d, str) and d.lstrip("-").isdigit():
+            d = int(d)
+        if isinstance(d, bool) or not isinstance(d, int | str):
+            raise InputSpecError(f"{source}: shape entry {d!r} must be an integer or an axis name.")
+        if isinstance(d, int) and d < 1:
+            raise InputSpecError(f"{source}: dimension {d} must be at least 1.")
+        if isinstance(d, str) and not _IDENT.match(d):
+            raise InputSpecError(
+                f"{source}: axis name {d!r} must be an identifier such as 'batch'."
+            )
+        dims.append(d)
+    if not dims:
+        raise InputSpecError(f"{source}: the shape of {name!r} is empty.")
+    return TensorSpec(name, tuple(dims), parse_dtype(str(dtype)), low=float(low), high=float(high))
+
+
+def load_spec_file(path: Path) -> tuple[list[TensorSpec], list[str]]:
+    """Inputs (and optional output names) from a YAML or TOML file.
+
+    inputs:
+      - {name: image, dtype: float32, shape: [batch, 3, 32, 32], low: 0, high: 1}
+    outputs: [logits]
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputSpecError(f"Input spec file {path} does not exist.")
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError, UnicodeDecodeError) as err:
+        raise InputSpecError(f"Input spec file {path} cannot be parsed: {err}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("inputs"), list) or not data["inputs"]:
+        raise InputSpecError(
+            f"Input spec file {path} needs a non-empty 'inputs' list, for example\n"
+            "inputs:\n  - {name: image, dtype: float32, shape: [batch, 3, 32, 32]}"
+        )
+    specs = []
+    for i, item in enumerate(data["inputs"]):
+        if not isinstance(item, dict) or not {"name", "shape"} <= set(item):
+            raise InputSpecError(
+                f"{path}: inputs[{i}] needs 'name' and 'shape' (and optionally 'dtype')."
+            )
+        specs.append(
+            _spec(
+                item["name"],
+                item.get("dtype", "float32"),
+                item["shape"],
+                f"{path}: inputs[{i}]",
+                item.get("low", -1.0),
+                item.get("high", 1.0),
+            )
+        )
+    outputs = data.get("outputs", [])
+    if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
+        raise InputSpecError(f"{path}: 'outputs' must be a list of names.")
+    return specs, outputs
+
+
+def _import_class(name: str) -> type[nn.Module]:
+    where, _, cls_name = name.rpartition(":")
+    if not where or not cls_name:
+        raise UnknownModelError(
+            f"Bad model {name!r}: expected package.module:ClassName or file.py:ClassName."
+        )
+    if where.endswith(".py"):
+        path = Path(where)
+        if not path.is_file():
+            raise UnknownModelError(f"Model file {path} (from --model {name!r}) does not exist.")
+        module_name = f"pipeline_user_{model_slug(name)}"
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:  # pragma: no cover - only for odd file types
+            raise UnknownModelError(f"Cannot import {path} as Python.")
+        module = importlib.util.module_from_spec(spec)
+        # Registered so that torch.jit.script can find the class's source.
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as err:
+            raise UnknownModelError(
+                f"Cannot import module {where!r} for --model {name!r}: {err}. Make it importable "
+                "(install it or add its folder to PYTHONPATH) or pass path/to/file.py:ClassName."
+            ) from None
+    cls = getattr(module, cls_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise UnknownModelError(f"{where} has no torch.nn.Module subclass named {cls_name!r}.")
+    return cls
+
+
+def _random_probes(specs: tuple[TensorSpec, ...], sizes: Mapping[str, int]) -> Any:
+    def probes(generator: torch.Generator, model: nn.Module) -> list[tuple[str, Inputs]]:
+        out = []
+        for batch in (1, 3):
+            out.append(
+                (
+                    f"random b={batch}",
+                    {s.name: s.sample({**sizes, "batch": batch}, generator) for s in specs},
+                )
+            )
+        return out
+
+    return probes
+
+
+def _file_probes(path: Path) -> Any:
+    def probes(generator: torch.Generator, model: nn.Module) -> list[tuple[str, Inputs]]:
+        return load_probes(path)
+
+    return probes
+
+
+def load_probes(path: Path) -> list[tuple[str, Inputs]]:
+    """User probes: a `torch.save`d list of {name: tensor} dicts, or {label: {name: tensor}}."""
+    path = Path(path)
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise InputSpecError(f"Probe file {path} does not exist.") from None
+    except Exception as err:  # noqa: BLE001 - any unreadable file gets the same advice
+        raise InputSpecError(
+            f"Probe file {path} cannot be read with torch.load(weights_only=True): {str(err).splitlines()[0]}"
+        ) from None
+    items = (
+        list(data.items())
+        if isinstance(data, dict)
+        else [(f"user {i}", d) for i, d in enumerate(data)]
+    )
+    probes = []
+    for label, inputs in items:
+        if not isinstance(inputs, dict) or not all(
+            isinstance(v, torch.Tensor) for v in inputs.values()
+        ):
+            raise InputSpecError(
+                f"Probe file {path}: each probe must be a dict of input name → tensor."
+            )
+        probes.append((str(label), dict(inputs)))
+    return probes
+
+
+def external_entry(
+    name: str,
+    *,
+    kwargs: Mapping[str, Any] | None = None,
+    inputs: Sequence[TensorSpec] | None = None,
+    outputs: Sequence[str] | None = None,
+    probes_file: Path | None = None,
+) -> ZooEntry:
+    """A ZooEntry for a user class or a torchvision model."""
+    kwargs = dict(kwargs or {})
+    if name.startswith(TORCHVISION_PREFIX):
+        arch = name.removeprefix(TORCHVISION_PREFIX)
+        import torchvision
+
+        known = torchvision.models.list_models(module=torchvision.models)
+        if arch not in known:
+            raise UnknownModelError(
+                f"Unknown torchvision classifier {arch!r}. Known: {', '.join(known[:12])}, … "
+                "(torchvision.models.list_models())."
+            )
+
+        def builder(**kw: Any) -> nn.Module:
+            return torchvision.models.get_model(arch, weights=None, **kw)
+
+        specs = tuple(inputs or (TORCHVISION_INPUT,))
+        outputs = outputs or ("logits",)
+        source = "torchvision"
+        description = f"torchvision {arch} (random init unless --weights)"
+    else:
+        builder = _import_class(name)
+        if not inputs:
+            raise InputSpecError(
+                f"Model {name!r} is not in the zoo, so its inputs must be given: "
+                "--input NAME:DTYPE:SHAPE (for example --input x:float32:batch,16) "
+                "or --input-spec spec.yaml."
+            )
+        specs = tuple(inputs)
+        source = "user"
+        description = f"user model {name}"
+    sizes = {d: (2 if d == "batch" else 5) for s in specs for d in s.shape if isinstance(d, str)}
+    return ZooEntry(
+        name=name,
+        description=description,
+        builder=builder,
+        kwargs=kwargs,
+        inputs=specs,
+        outputs=tuple(outputs or ()),
+        task=None,
+        default_sizes=sizes,
+        probes=_file_probes(probes_file) if probes_file else _random_probes(specs, sizes),
+        source=source,
+    )
+
+
+def entry_from_manifest(manifest: Mapping[str, Any]) -> ZooEntry:
+    """Rebuild an external model's entry from what export recorded."""
+    model = manifest["model"]
+    specs = [
+        _spec(i["name"], i["dtype"], i["shape"], "manifest", i.get("low", -1.0), i.get("high", 1.0))
+        for i in manifest["inputs"]
+    ]
+    return external_entry(
+        model["name"],
+        kwargs=model.get("kwargs", {}),
+        inputs=specs,
+        outputs=[o["name"] for o in manifest["outputs"]],
+    )
+
+
+def parse_kwargs(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputSpecError(
+            f"--model-kwargs must be a JSON object, e.g. '{{\"width\": 32}}': {err}"
+        ) from None
+    if not isinstance(value, dict):
+        raise InputSpecError("--model-kwargs must be a JSON object, e.g. '{\"width\": 32}'.")
+    return value
