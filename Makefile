@@ -1,5 +1,5 @@
 # Entry points. Every target bootstraps .venv itself; nothing is installed by hand.
-#   make demo   train → export → verify the default model, print the parity table
+#   make demo   train → export → verify every built-in model, print the parity tables
 #   make test   the test suite (what CI runs, with make lint)
 
 SHELL := /bin/bash
@@ -10,6 +10,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 MODEL ?= digits_lenet
+# The built-in models `make demo` runs end to end.
+DEMO_MODELS ?= digits_lenet my_decision_gate my_cell my_rnn_loop wrap_rnn
 ARTIFACTS ?= artifacts
 PIPELINE := $(BIN)/pipeline --artifacts-dir $(ARTIFACTS)
 CHECKPOINT := $(ARTIFACTS)/$(MODEL)/checkpoint.pt
@@ -45,10 +47,13 @@ export: $(MANIFEST)  ## export MODEL's checkpoint to TorchScript + ONNX (trains 
 verify: $(MANIFEST)  ## compare TorchScript and ONNX Runtime with eager; fails on any mismatch
 	$(PIPELINE) verify --model $(MODEL)
 
-demo: | $(STAMP)  ## train, export and verify the default model from scratch
-	$(PIPELINE) train --model $(MODEL)
-	$(PIPELINE) export --model $(MODEL)
-	$(PIPELINE) verify --model $(MODEL)
+demo: | $(STAMP)  ## train, export and verify every built-in model from scratch
+	@set -e; for m in $(DEMO_MODELS); do \
+		echo "==> $$m"; \
+		$(PIPELINE) train --model $$m --no-progress; \
+		$(PIPELINE) export --model $$m; \
+		$(PIPELINE) verify --model $$m; \
+	done
 
 test: | $(STAMP)  ## run the test suite
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

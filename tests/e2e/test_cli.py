@@ -164,7 +164,9 @@ def test_method_trace_on_the_gate_fails_naming_the_branch_line(tmp_path: Path) -
     )
     assert proc.returncode == 0, proc.stderr
     proc = run("--artifacts-dir", art, "verify", "--model", "my_decision_gate")
-    assert_clean_error(proc, "Parity FAILED for my_decision_gate", "torchscript / probe sum", "max rel err 2")
+    assert_clean_error(
+        proc, "Parity FAILED for my_decision_gate", "torchscript / probe sum", "max rel err 2"
+    )
 
 
 def test_train_then_auto_export_scripts_the_rnn(tmp_path: Path) -> None:

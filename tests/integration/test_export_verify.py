@@ -40,7 +40,15 @@ def test_manifest_records_how_and_why(exported: ExportResult) -> None:
     assert ts["method"] == "trace" and "probe inputs" in ts["reason"]
     assert ox["opset"] == 18 and "AveragePool" in ox["opset_reason"]
     assert ox["exporter"].startswith("torch.export")
-    assert m["inputs"] == [{"name": "image", "shape": ["batch", 1, 28, 28], "dtype": "float32"}]
+    assert m["inputs"] == [
+        {
+            "name": "image",
+            "shape": ["batch", 1, 28, 28],
+            "dtype": "float32",
+            "low": 0.0,
+            "high": 1.0,
+        }
+    ]
     assert m["outputs"] == [{"name": "logits", "shape": ["batch", 10], "dtype": "float32"}]
     assert m["tolerance"] == {"atol": 1e-5, "rtol": 1e-4}
     for key in ("torch", "onnx", "onnxruntime", "onnxscript", "python"):
