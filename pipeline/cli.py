@@ -137,7 +137,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         model=args.model,
         export_dir=args.export_dir or paths.export_dir(args.model, args.artifacts_dir),
         checkpoint=args.checkpoint,
-        backends=tuple(args.backend),
+        backends=tuple(args.backend) if args.backend else None,
+        run_dir=_serve_run_dir(args),
         atol=args.atol,
         rtol=args.rtol,
         batch_sizes=tuple(args.batch_sizes),
@@ -282,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         choices=BACKENDS,
         default=None,
-        help="backend to check; repeat for several (default: all)",
+        help="backend to check; repeat for several (default: torchscript and onnxruntime, "
+        "plus torchserve when a server started by `pipeline serve` serves the model)",
     )
     p.add_argument("--atol", type=float, help="absolute tolerance (default: the manifest's)")
     p.add_argument("--rtol", type=float, help="relative tolerance (default: the manifest's)")
@@ -299,17 +301,156 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--report", type=Path, help="JSON report path (default: <artifacts>/<model>/parity.json)"
     )
+    _run_dir_arg(p)
     p.set_defaults(func=_cmd_verify)
+
+    _add_serving_commands(sub)
     return parser
+
+
+def _run_dir_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        help="where `pipeline serve` keeps its config, logs, token file and pid (default: <artifacts>/serve)",
+    )
+
+
+def _add_serving_commands(sub: argparse._SubParsersAction) -> None:
+    from pipeline.archive import DEFAULT_STORE, FORMATS
+
+    p = sub.add_parser(
+        "archive",
+        help="package an export as TorchServe .mar files in model_store/",
+        description="Write model_store/<model>_ts.mar and <model>_onnx.mar (artifact, handler, manifest, "
+        "golden inputs for warm-up, model-config.yaml).",
+    )
+    _model_arg(p)
+    p.add_argument("--export-dir", type=Path, help="default: <artifacts>/<model>/export")
+    p.add_argument("--store", type=Path, default=DEFAULT_STORE, help="default: model_store")
+    p.add_argument("--format", action="append", choices=list(FORMATS), help="default: all formats")
+    p.add_argument("--batch-size", type=int, default=8, help="TorchServe batch size (default: 8)")
+    p.add_argument("--max-batch-delay-ms", type=int, default=10, help="default: 10")
+    p.add_argument("--min-workers", type=int, default=1, help="default: 1")
+    p.add_argument("--max-workers", type=int, default=1, help="default: 1")
+    p.add_argument("--response-timeout", type=int, default=30, help="seconds (default: 30)")
+    p.add_argument("--startup-timeout", type=int, default=120, help="seconds (default: 120)")
+    p.add_argument(
+        "--device", choices=["cpu", "gpu"], default="cpu", help="worker device (default: cpu)"
+    )
+    p.set_defaults(func=_cmd_archive)
+
+    p = sub.add_parser(
+        "serve",
+        help="start TorchServe over model_store/ with secure defaults",
+        description="Start TorchServe on 127.0.0.1 with token authorization on and the model API off; "
+        "return once every model is READY (or fail with the worker's log).",
+    )
+    p.add_argument("--store", type=Path, default=DEFAULT_STORE, help="default: model_store")
+    p.add_argument(
+        "--models", nargs="+", metavar="NAME", help="archives to serve (default: all in the store)"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="inference port (default: 8080)")
+    p.add_argument("--management-port", type=int, default=8081, help="default: 8081")
+    p.add_argument("--metrics-port", type=int, default=8082, help="default: 8082")
+    p.add_argument("--threads-per-worker", type=int, default=1, help="default: 1")
+    p.add_argument(
+        "--max-request-size", type=int, default=4 * 1024 * 1024, help="bytes (default: 4 MiB)"
+    )
+    p.add_argument("--gpu", action="store_true", help="give workers a GPU when CUDA is present")
+    _run_dir_arg(p)
+    p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("stop", help="stop the TorchServe started by `pipeline serve`")
+    _run_dir_arg(p)
+    p.set_defaults(func=_cmd_stop)
+
+    p = sub.add_parser(
+        "infer",
+        help="send an image or tensors to a served model and print the answer",
+        description="POST a .png/.jpg image, a .json body or a torch.save'd .pt of tensors to "
+        "/predictions/<model> with the inference token.",
+    )
+    p.add_argument(
+        "--model", required=True, help="served model (archive) name, e.g. digits_lenet_ts"
+    )
+    p.add_argument("input", type=Path, help="the file to send")
+    _run_dir_arg(p)
+    p.set_defaults(func=_cmd_infer)
+
+
+def _cmd_archive(args: argparse.Namespace) -> int:
+    from pipeline.archive import ArchiveConfig, archive
+
+    config = ArchiveConfig(
+        model=args.model,
+        export_dir=args.export_dir or paths.export_dir(args.model, args.artifacts_dir),
+        store=args.store,
+        formats=tuple(args.format) if args.format else ("torchscript", "onnx"),
+        batch_size=args.batch_size,
+        max_batch_delay_ms=args.max_batch_delay_ms,
+        min_workers=args.min_workers,
+        max_workers=args.max_workers,
+        response_timeout_s=args.response_timeout,
+        startup_timeout_s=args.startup_timeout,
+        device=args.device,
+    )
+    for path in archive(config):
+        print(f"wrote {path}")
+    return 0
+
+
+def _serve_run_dir(args: argparse.Namespace) -> Path:
+    return args.run_dir or paths.artifacts_root(args.artifacts_dir) / "serve"
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from pipeline.serve import ServeConfig, start
+
+    server = start(
+        ServeConfig(
+            store=args.store,
+            run_dir=_serve_run_dir(args),
+            models=args.models,
+            host=args.host,
+            inference_port=args.port,
+            management_port=args.management_port,
+            metrics_port=args.metrics_port,
+            threads_per_worker=args.threads_per_worker,
+            max_request_size=args.max_request_size,
+            gpu=args.gpu,
+        )
+    )
+    print(f"TorchServe is up (pid {server.pid}), serving: {', '.join(server.models)}")
+    print(f"  inference:  {server.inference_url}/predictions/<model>")
+    print(f"  management: {server.management_url} (register/delete disabled)")
+    print(f"  metrics:    {server.metrics_url}/metrics")
+    print(
+        f"  tokens:     {Path(server.run_dir) / 'key_file.json'} (send 'Authorization: Bearer <inference key>')"
+    )
+    print(f"  logs:       {Path(server.run_dir) / 'logs'}")
+    print("stop it with `pipeline stop` (or `make stop`)")
+    return 0
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    from pipeline.serve import stop
+
+    print("stopped TorchServe" if stop(_serve_run_dir(args)) else "no TorchServe was running")
+    return 0
+
+
+def _cmd_infer(args: argparse.Namespace) -> int:
+    from pipeline.client import infer
+
+    print(json.dumps(infer(args.model, args.input, _serve_run_dir(args)), indent=2))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "backend", "unset") is None:
-        from pipeline.verify.backends import BACKENDS
-
-        args.backend = list(BACKENDS)
     # Our own progress at INFO; third-party chatter (the ONNX exporter's
     # optimiser passes log at INFO) only with --verbose.
     logging.basicConfig(
@@ -325,3 +466,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `pipeline ... | head`: the reader left; not an error
+        sys.stderr.close()
+        return 0

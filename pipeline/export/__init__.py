@@ -229,6 +229,7 @@ def export(config: ExportConfig) -> ExportResult:
                 for n, t in zip(entry.outputs, golden_outputs, strict=True)
             ],
             "tolerance": {"atol": config.atol, "rtol": config.rtol},
+            "serving": dict(entry.serving),
             "artifacts": {
                 "torchscript": {
                     "file": TORCHSCRIPT_FILE,

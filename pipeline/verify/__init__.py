@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import warnings
 from dataclasses import dataclass, field
@@ -16,7 +17,14 @@ from pipeline.compare import compare_tensor
 from pipeline.errors import ArtifactError, PipelineError
 from pipeline.fileio import write_json
 from pipeline.manifest import artifact_path, read_manifest
-from pipeline.verify.backends import BACKENDS, EagerBackend, load_backend
+from pipeline.verify.backends import (
+    BACKENDS,
+    LOCAL_BACKENDS,
+    Backend,
+    EagerBackend,
+    load_backend,
+    served_backends,
+)
 from pipeline.verify.report import ParityReport, Row
 from pipeline.zoo import DEFAULT_MODEL, get_entry
 from pipeline.zoo.spec import Inputs, ZooEntry
@@ -30,7 +38,10 @@ class VerifyConfig:
     model: str = DEFAULT_MODEL
     export_dir: Path | None = None  # default: artifacts/<model>/export
     checkpoint: Path | None = None  # default: the one recorded in the manifest
-    backends: tuple[str, ...] = BACKENDS
+    # None: the local backends, plus TorchServe when a server from run_dir is
+    # running and serves this model.
+    backends: tuple[str, ...] | None = None
+    run_dir: Path | None = None  # where `pipeline serve` recorded its server
     atol: float | None = None  # default: the manifest's tolerance
     rtol: float | None = None
     batch_sizes: tuple[int, ...] = (1, 7)
@@ -39,7 +50,7 @@ class VerifyConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
-        unknown = [b for b in self.backends if b not in BACKENDS]
+        unknown = [b for b in self.backends or () if b not in BACKENDS]
         if unknown:
             raise PipelineError(
                 f"Unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKENDS)}."
@@ -123,7 +134,16 @@ def verify(config: VerifyConfig) -> ParityReport:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        backends = [load_backend(name, export_dir, manifest) for name in config.backends]
+        wanted = config.backends or LOCAL_BACKENDS
+        backends: list[Backend] = [
+            load_backend(name, export_dir, manifest) for name in wanted if name in LOCAL_BACKENDS
+        ]
+    if "torchserve" in (config.backends or ()):
+        backends += served_backends(config.model, manifest, config.run_dir)
+    elif config.backends is None:
+        # No server running for this model: verify the local backends only.
+        with contextlib.suppress(PipelineError):
+            backends += served_backends(config.model, manifest, config.run_dir)
 
     output_names = [o["name"] for o in manifest["outputs"]]
     rows: list[Row] = []

@@ -84,9 +84,59 @@ class OnnxRuntimeBackend:
         return [torch.from_numpy(a) for a in self.session.run(None, feed)]
 
 
-BACKENDS: tuple[str, ...] = ("torchscript", "onnxruntime")
+class TorchServeBackend:
+    """A model served by a running TorchServe, reached over REST with its token."""
+
+    def __init__(self, server: Any, archive: str, fmt: str, output_dtypes: list[str]) -> None:
+        self.server = server
+        self.archive = archive
+        self.name = f"torchserve/{fmt}"
+        self.dtypes = [getattr(torch, d) for d in output_dtypes]
+
+    def run(self, inputs: Inputs) -> list[torch.Tensor]:
+        from pipeline.client import post, tensors_body
+
+        resp = post(self.server, self.archive, tensors_body(inputs))
+        if resp.status_code != 200:
+            raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
+        outputs = resp.json()["outputs"]
+        return [
+            torch.tensor(v, dtype=d) for v, d in zip(outputs.values(), self.dtypes, strict=True)
+        ]
+
+
+BACKENDS: tuple[str, ...] = ("torchscript", "onnxruntime", "torchserve")
+LOCAL_BACKENDS: tuple[str, ...] = ("torchscript", "onnxruntime")
 _FACTORIES = {"torchscript": TorchScriptBackend, "onnxruntime": OnnxRuntimeBackend}
 
 
 def load_backend(name: str, export_dir: Path, manifest: dict[str, Any]) -> Backend:
     return _FACTORIES[name](export_dir, manifest)
+
+
+def served_backends(model: str, manifest: dict[str, Any], run_dir: Path | None) -> list[Backend]:
+    """One backend per archive of `model` that the server in `run_dir` serves."""
+    from pipeline.archive import FORMATS, archive_name
+    from pipeline.serve import Server, default_run_dir
+
+    server = Server.load(Path(run_dir or default_run_dir()))
+    if not server.alive():
+        from pipeline.serve import ServeError
+
+        raise ServeError(
+            f"The server recorded in {server.run_dir} is not running; start it with `pipeline serve`."
+        )
+    dtypes = [o["dtype"] for o in manifest["outputs"]]
+    found = [
+        TorchServeBackend(server, archive_name(model, fmt), fmt, dtypes)
+        for fmt in FORMATS
+        if archive_name(model, fmt) in server.models
+    ]
+    if not found:
+        from pipeline.serve import ServeError
+
+        raise ServeError(
+            f"The running server does not serve {model}; archive it (`pipeline archive --model {model}`) "
+            "and restart the server."
+        )
+    return found

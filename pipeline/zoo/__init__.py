@@ -123,6 +123,7 @@ _ENTRIES: dict[str, ZooEntry] = {
             task="digits",
             golden=_digits_golden,
             probes=_digits_probes,
+            serving={"image": {"size": DIGITS_SIZE}, "topk": 3},
         ),
         ZooEntry(
             name="my_decision_gate",

@@ -122,6 +122,9 @@ class ZooEntry:
     # Per-model training defaults (epochs, lr, batch_size) that the CLI's own
     # defaults fall back to.
     train_defaults: Mapping[str, Any] = field(default_factory=dict)
+    # What serving needs beyond tensors: {"image": {"size": 28}} when PNG/JPEG
+    # requests are accepted, {"topk": k} for classifiers.
+    serving: Mapping[str, Any] = field(default_factory=dict)
 
     def build(self, **overrides: Any) -> nn.Module:
         return self.builder(**{**self.kwargs, **overrides})

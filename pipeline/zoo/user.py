@@ -263,6 +263,7 @@ def external_entry(
         default_sizes=sizes,
         probes=_file_probes(probes_file) if probes_file else _random_probes(specs, sizes),
         source=source,
+        serving={"topk": 5} if source == "torchvision" else {},
     )
 
 

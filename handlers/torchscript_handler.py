@@ -1,0 +1,31 @@
+"""TorchServe handler for the pipeline's TorchScript artifacts (CPU or CUDA)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pl_base_handler import PipelineHandler
+
+
+def _flatten(value: object) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in _flatten(v)]
+    raise TypeError(f"unexpected model output {type(value).__name__}")
+
+
+class TorchScriptHandler(PipelineHandler):
+    artifact_key = "torchscript"
+
+    def _load(self, path: Path) -> None:
+        self.model = torch.jit.load(str(path), map_location=self.device)
+        self.model.eval()
+
+    def _forward(self, batch: dict[str, np.ndarray]) -> list[np.ndarray]:
+        with torch.inference_mode():
+            inputs = [torch.from_numpy(batch[s.name]).to(self.device) for s in self.specs]
+            return [t.detach().cpu().numpy() for t in _flatten(self.model(*inputs))]

@@ -1,0 +1,100 @@
+"""A small client for the served models: token, JSON tensors, bounded retries."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from pipeline.errors import PipelineError
+from pipeline.serve import Server, default_run_dir
+
+# Safe to retry: the request never reached a worker (connection refused/reset)
+# or TorchServe said it is temporarily unable (503, e.g. a worker restarting).
+RETRY_STATUS = {503}
+RETRIES = 4
+BACKOFF_S = 0.25
+
+
+class ClientError(PipelineError):
+    """The server refused a request or could not be reached."""
+
+
+def tensors_body(inputs: dict[str, torch.Tensor]) -> bytes:
+    """Named tensors as the handlers' JSON format (exact for float32: repr round-trips)."""
+    return json.dumps(
+        {"inputs": {k: v.detach().cpu().tolist() for k, v in inputs.items()}}
+    ).encode()
+
+
+def post(
+    server: Server,
+    model: str,
+    body: bytes,
+    content_type: str = "application/json",
+    *,
+    token: str | None = None,
+    timeout: float = 60.0,
+    retries: int = RETRIES,
+) -> httpx.Response:
+    """POST /predictions/<model> with the inference token; retries what is safe to retry."""
+    headers = {"Content-Type": content_type}
+    token = token if token is not None else server.keys()["inference"]
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    url = f"{server.inference_url}/predictions/{model}"
+    for attempt in range(retries + 1):
+        try:
+            resp = httpx.post(url, content=body, headers=headers, timeout=timeout)
+        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as err:
+            if attempt == retries:
+                raise ClientError(f"Cannot reach {url} after {retries + 1} tries: {err}") from None
+        else:
+            if resp.status_code not in RETRY_STATUS or attempt == retries:
+                return resp
+        time.sleep(BACKOFF_S * 2**attempt)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def read_request_file(path: Path) -> tuple[bytes, str]:
+    """A file to send: an image, a JSON body, or tensors saved with torch.save."""
+    path = Path(path)
+    if not path.is_file():
+        raise ClientError(f"Input file {path} does not exist.")
+    suffix = path.suffix.lower()
+    if suffix in (".png", ".jpg", ".jpeg"):
+        return path.read_bytes(), "image/png" if suffix == ".png" else "image/jpeg"
+    if suffix == ".json":
+        return path.read_bytes(), "application/json"
+    if suffix in (".pt", ".pth"):
+        data = torch.load(path, map_location="cpu", weights_only=True)
+        if isinstance(data, dict) and "inputs" in data:  # a golden file
+            data = data["inputs"]
+        if isinstance(data, torch.Tensor):
+            return json.dumps({"inputs": data.tolist()}).encode(), "application/json"
+        if isinstance(data, dict) and all(isinstance(v, torch.Tensor) for v in data.values()):
+            return tensors_body(data), "application/json"
+        raise ClientError(f"{path} must hold a tensor or a dict of named tensors.")
+    raise ClientError(
+        f"Don't know how to send {path}: use .png/.jpg, .json, or a torch.save'd .pt."
+    )
+
+
+def infer(model: str, input_path: Path, run_dir: Path | None = None) -> Any:
+    """Send one file to a served model; return the decoded JSON answer."""
+    server = Server.load(Path(run_dir or default_run_dir()))
+    body, content_type = read_request_file(input_path)
+    resp = post(server, model, body, content_type)
+    try:
+        answer = resp.json()
+    except ValueError:
+        answer = resp.text
+    if resp.status_code != 200:
+        raise ClientError(
+            f"{model} answered {resp.status_code}: {json.dumps(answer, indent=2) if not isinstance(answer, str) else answer}"
+        )
+    return answer

@@ -1,0 +1,342 @@
+"""Start and stop a real TorchServe over model_store/, with secure defaults.
+
+`start()` writes `config.properties` into a run folder, starts TorchServe in
+its own process group with that folder as working directory (so its token
+key file lands there and nowhere else), waits until every model has a READY
+worker, and records the process in `server.json`. When a model does not load,
+it raises with the worker's own log lines (TorchServe's API only says the
+model failed; the reason is in `model_log.log`) and stops the server.
+
+Secure defaults: every address on 127.0.0.1, token authorization on, the
+model-management API (register/delete) off, `allowed_urls` limited to the
+local model store, explicit request/response size limits, one thread per
+worker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from pipeline import paths
+from pipeline.archive import DEFAULT_STORE
+from pipeline.errors import PipelineError
+
+log = logging.getLogger(__name__)
+
+SERVER_FILE = "server.json"
+KEY_FILE = "key_file.json"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class ServeError(PipelineError):
+    """TorchServe could not be started, reached or stopped."""
+
+
+@dataclass
+class ServeConfig:
+    store: Path = DEFAULT_STORE
+    run_dir: Path | None = None  # default: <artifacts>/serve
+    models: list[str] | None = None  # archive names (without .mar); default: all in the store
+    host: str = "127.0.0.1"
+    inference_port: int = 8080
+    management_port: int = 8081
+    metrics_port: int = 8082
+    max_request_size: int = 4 * 1024 * 1024  # bytes
+    max_response_size: int = 16 * 1024 * 1024
+    threads_per_worker: int = 1
+    token_expiration_min: int = 24 * 60
+    startup_timeout_s: float = 240.0
+    gpu: bool = False  # let TorchServe hand workers GPUs (number_of_gpu)
+    extra_properties: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Server:
+    """A running TorchServe, as recorded in server.json."""
+
+    pid: int
+    run_dir: str
+    inference_url: str
+    management_url: str
+    metrics_url: str
+    models: list[str]
+
+    @classmethod
+    def load(cls, run_dir: Path) -> Server:
+        path = Path(run_dir) / SERVER_FILE
+        if not path.is_file():
+            raise ServeError(
+                f"No server is running from {run_dir} ({path} is missing). Start one with `pipeline serve`."
+            )
+        return cls(**json.loads(path.read_text()))
+
+    def keys(self) -> dict[str, str]:
+        """The tokens TorchServe wrote: {'inference': ..., 'management': ...}."""
+        path = Path(self.run_dir) / KEY_FILE
+        try:
+            data = json.loads(path.read_text())
+            return {"inference": data["inference"]["key"], "management": data["management"]["key"]}
+        except (OSError, ValueError, KeyError) as err:
+            raise ServeError(f"Cannot read TorchServe's token file {path}: {err}") from None
+
+    def alive(self) -> bool:
+        try:
+            os.kill(self.pid, 0)
+        except OSError:
+            return False
+        return True
+
+
+def default_run_dir() -> Path:
+    return paths.artifacts_root() / "serve"
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _properties(config: ServeConfig, store: Path, models: list[str]) -> str:
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    props = {
+        "inference_address": f"http://{host}:{config.inference_port}",
+        "management_address": f"http://{host}:{config.management_port}",
+        "metrics_address": f"http://{host}:{config.metrics_port}",
+        "model_store": str(store),
+        "load_models": ",".join(f"{m}.mar" for m in models),
+        # ShellTorch (2023) came from an open management API and unrestricted
+        # model URLs: registration stays off and only the local store is allowed.
+        "enable_model_api": "false",
+        "disable_token_authorization": "false",
+        "token_expiration_min": str(config.token_expiration_min),
+        "allowed_urls": f"file://{store}/.*",
+        "enable_envvars_config": "false",
+        "max_request_size": str(config.max_request_size),
+        "max_response_size": str(config.max_response_size),
+        "default_workers_per_model": "1",
+        "install_py_dep_per_model": "false",
+        "metrics_mode": "prometheus",
+        "number_of_gpu": "1" if config.gpu else "0",
+        **config.extra_properties,
+    }
+    return "".join(f"{k}={v}\n" for k, v in props.items())
+
+
+def _model_errors(run_dir: Path, limit: int = 30) -> str:
+    log_file = run_dir / "logs" / "model_log.log"
+    if not log_file.is_file():
+        return "(no model_log.log was written)"
+    lines = log_file.read_text(errors="replace").splitlines()
+    picked = [
+        ln
+        for ln in lines
+        if any(w in ln for w in ("Error", "ERROR", "Traceback", "Refusing", "raise"))
+    ]
+    return "\n".join((picked or lines)[-limit:])
+
+
+def start(config: ServeConfig) -> Server:
+    """Start TorchServe and return once every model is READY."""
+    store = Path(config.store).resolve()
+    run_dir = Path(config.run_dir or default_run_dir()).resolve()
+    if config.host not in LOOPBACK:
+        log.warning(
+            "TorchServe will listen on %s, not loopback: anyone who can reach this machine can "
+            "try the API. Keep the token file private.",
+            config.host,
+        )
+    archives = sorted(p.stem for p in store.glob("*.mar")) if store.is_dir() else []
+    models = config.models or archives
+    missing = [m for m in models if m not in archives]
+    if not models or missing:
+        raise ServeError(
+            f"No archive(s) {missing or ''} in {store}. Run `pipeline archive` (or `make archive`) first."
+        )
+    existing = run_dir / SERVER_FILE
+    if existing.is_file():
+        old = Server.load(run_dir)
+        if old.alive():
+            raise ServeError(
+                f"TorchServe is already running from {run_dir} (pid {old.pid}); stop it with `pipeline stop`."
+            )
+        existing.unlink()
+    for port in (config.inference_port, config.management_port, config.metrics_port):
+        if not _port_free(config.host, port):
+            raise ServeError(
+                f"Port {port} on {config.host} is in use; pick others with --port/--management-port/--metrics-port."
+            )
+
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "tmp").mkdir(exist_ok=True)
+    (run_dir / KEY_FILE).unlink(missing_ok=True)
+    conf = run_dir / "config.properties"
+    conf.write_text(_properties(config, store, models))
+    env = {
+        **os.environ,
+        # TorchServe keeps a pid file in the temp dir; a private one lets
+        # several servers (tests, users) run side by side.
+        "TMPDIR": str(run_dir / "tmp"),
+        "LOG_LOCATION": str(run_dir / "logs"),
+        "METRICS_LOCATION": str(run_dir / "logs"),
+        "OMP_NUM_THREADS": str(config.threads_per_worker),
+        "MKL_NUM_THREADS": str(config.threads_per_worker),
+        "PIPELINE_WORKER_THREADS": str(config.threads_per_worker),
+        "PYTHONWARNINGS": "ignore::FutureWarning",
+    }
+    exe = Path(sys.executable).parent / "torchserve"
+    if not exe.exists():
+        raise ServeError(f"torchserve is not installed next to {sys.executable}; run `make venv`.")
+    cmd = [
+        str(exe),
+        "--start",
+        "--foreground",
+        "--ts-config",
+        str(conf),
+        "--model-store",
+        str(store),
+        "--ncs",
+    ]
+    with (run_dir / "logs" / "torchserve.out").open("ab") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=run_dir, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    server = Server(
+        pid=proc.pid,
+        run_dir=str(run_dir),
+        inference_url=f"http://{host}:{config.inference_port}",
+        management_url=f"http://{host}:{config.management_port}",
+        metrics_url=f"http://{host}:{config.metrics_port}",
+        models=models,
+    )
+    (run_dir / SERVER_FILE).write_text(json.dumps(asdict(server), indent=2))
+    try:
+        _wait_ready(server, proc, config.startup_timeout_s)
+    except BaseException:
+        stop(run_dir)
+        raise
+    return server
+
+
+def _wait_ready(server: Server, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    pending = set(server.models)
+    while pending:
+        if proc.poll() is not None:
+            raise ServeError(
+                f"TorchServe exited with status {proc.returncode} while starting. Its output is in "
+                f"{server.run_dir}/logs/torchserve.out; model errors:\n{_model_errors(Path(server.run_dir))}"
+            )
+        if time.monotonic() > deadline:
+            raise ServeError(
+                f"Model(s) {sorted(pending)} not READY after {timeout:.0f} s. The worker log says:\n"
+                f"{_model_errors(Path(server.run_dir))}"
+            )
+        time.sleep(0.5)
+        if not (Path(server.run_dir) / KEY_FILE).is_file():
+            continue
+        headers = {"Authorization": f"Bearer {server.keys()['management']}"}
+        for name in sorted(pending):
+            try:
+                resp = httpx.get(
+                    f"{server.management_url}/models/{name}", headers=headers, timeout=5
+                )
+            except httpx.HTTPError:
+                break  # not listening yet
+            if resp.status_code == 200:
+                workers = resp.json()[0].get("workers", [])
+                if any(w.get("status") == "READY" for w in workers):
+                    pending.discard(name)
+                    log.info("%s is READY", name)
+                elif _failed_to_load(server, name):
+                    raise ServeError(
+                        f"Model {name} failed to load. The worker log says:\n{_model_errors(Path(server.run_dir))}"
+                    )
+
+
+def _failed_to_load(server: Server, name: str) -> bool:
+    log_file = Path(server.run_dir) / "logs" / "model_log.log"
+    if not log_file.is_file():
+        return False
+    text = log_file.read_text(errors="replace")
+    return f"{name}_1.0" in text and "Traceback" in text and "Backend worker process died" in text
+
+
+def stop(run_dir: Path | None = None, timeout: float = 30.0) -> bool:
+    """Stop the server started from `run_dir`; True if one was running."""
+    run_dir = Path(run_dir or default_run_dir())
+    path = run_dir / SERVER_FILE
+    if not path.is_file():
+        return False
+    server = Server.load(run_dir)
+    was_running = server.alive()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(server.pid, sig)  # the launcher, java and every worker share the group
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _group_alive(server.pid):
+            time.sleep(0.2)
+        if not _group_alive(server.pid):
+            break
+    path.unlink(missing_ok=True)
+    (run_dir / KEY_FILE).unlink(missing_ok=True)
+    return was_running
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover
+        return True
+    # Zombies of our own children still count as a group: reap what we can.
+    try:
+        while os.waitpid(-pgid, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def status(run_dir: Path | None = None) -> dict[str, Any]:
+    """Models and worker states of the running server."""
+    server = Server.load(Path(run_dir or default_run_dir()))
+    headers = {"Authorization": f"Bearer {server.keys()['management']}"}
+    out = {}
+    for name in server.models:
+        resp = httpx.get(f"{server.management_url}/models/{name}", headers=headers, timeout=5)
+        out[name] = (
+            [w.get("status") for w in resp.json()[0].get("workers", [])]
+            if resp.status_code == 200
+            else resp.status_code
+        )
+    return out
