@@ -137,6 +137,8 @@ class PipelineHandler(BaseHandler):
                 spec.name: np.concatenate([decoded[i].arrays[spec.name] for i in members], axis=self._batch_axis(spec))
                 for spec in self.specs
             }
+            if len(members) > 1:
+                logger.info("dynamic batching: %d requests in one forward pass", len(members))
             try:
                 outputs = self._forward(batch)
             except Exception as err:  # a runtime failure of this group only

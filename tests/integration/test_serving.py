@@ -1,0 +1,350 @@
+"""A real TorchServe serving the digits CNN and the RNN family, both formats.
+
+One module-scoped server on free loopback ports, always stopped; its logs are
+printed at teardown (pytest shows them when something failed).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from pipeline.archive import ArchiveConfig, archive, archive_name
+from pipeline.client import post, tensors_body
+from pipeline.data import digits_sample, preprocess_digits
+from pipeline.export import ExportConfig, ExportResult, export
+from pipeline.serve import ServeConfig, ServeError, Server, free_port, start, stop
+from pipeline.train import TrainConfig, TrainResult, train
+from pipeline.verify import VerifyConfig, verify
+
+SERVED = ["digits_lenet", "my_decision_gate", "my_cell", "my_rnn_loop", "wrap_rnn"]
+
+
+def _ports() -> dict[str, int]:
+    return {
+        "inference_port": free_port(),
+        "management_port": free_port(),
+        "metrics_port": free_port(),
+    }
+
+
+@pytest.fixture(scope="module")
+def exports(
+    trained: TrainResult, exported: ExportResult, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, ExportResult]:
+    root = tmp_path_factory.mktemp("serve_exports")
+    out = {"digits_lenet": exported}
+    for name in SERVED[1:]:
+        ckpt = train(
+            TrainConfig(model=name, out=root / name / "checkpoint.pt", progress=False, device="cpu")
+        )
+        out[name] = export(
+            ExportConfig(
+                model=name, checkpoint=ckpt.checkpoint.path, out_dir=root / name / "export"
+            )
+        )
+    return out
+
+
+@pytest.fixture(scope="module")
+def store(exports: dict[str, ExportResult], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    store = tmp_path_factory.mktemp("model_store")
+    for name, result in exports.items():
+        # A longer batch delay makes concurrent requests land in one batch.
+        archive(
+            ArchiveConfig(model=name, export_dir=result.out_dir, store=store, max_batch_delay_ms=50)
+        )
+    return store
+
+
+@pytest.fixture(scope="module")
+def server(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    run_dir = tmp_path_factory.mktemp("serve_run")
+    srv = start(ServeConfig(store=store, run_dir=run_dir, startup_timeout_s=420, **_ports()))
+    try:
+        yield srv
+    finally:
+        stop(run_dir)
+        log = run_dir / "logs" / "model_log.log"
+        if log.is_file():
+            print(
+                "---- model_log.log (tail) ----\n" + "\n".join(log.read_text().splitlines()[-60:])
+            )
+
+
+def _pids(server: Server) -> dict[str, list[int]]:
+    headers = {"Authorization": f"Bearer {server.keys()['management']}"}
+    out = {}
+    for name in server.models:
+        body = httpx.get(
+            f"{server.management_url}/models/{name}", headers=headers, timeout=10
+        ).json()
+        out[name] = sorted(w["pid"] for w in body[0]["workers"])
+    return out
+
+
+def test_secure_config(server: Server, store: Path) -> None:
+    props = (Path(server.run_dir) / "config.properties").read_text()
+    for line in (
+        "inference_address=http://127.0.0.1:",
+        "management_address=http://127.0.0.1:",
+        "metrics_address=http://127.0.0.1:",
+        "enable_model_api=false",
+        "disable_token_authorization=false",
+        "max_request_size=",
+    ):
+        assert line in props
+    assert f"allowed_urls=file://{store.resolve()}/.*\n" in props  # the local store only
+
+
+@pytest.mark.parametrize("name", SERVED)
+def test_served_parity_both_formats(
+    server: Server, exports: dict[str, ExportResult], name: str, tmp_path: Path
+) -> None:
+    report = verify(
+        VerifyConfig(
+            model=name,
+            export_dir=exports[name].out_dir,
+            backends=("torchserve",),
+            run_dir=Path(server.run_dir),
+            report=tmp_path / "p.json",
+        )
+    )
+    assert report.passed, report.failure_message()
+    assert {r.backend for r in report.rows} == {
+        "golden file",
+        "torchserve/torchscript",
+        "torchserve/onnx",
+    }
+    if name != "digits_lenet":
+        labels = {r.inputs for r in report.rows}
+        assert any("+" in label or ">0" in label for label in labels)
+        assert any("-" in label or "<0" in label for label in labels)
+
+
+def test_concurrent_requests_are_batched_and_answered_correctly(
+    server: Server, exports: dict[str, ExportResult]
+) -> None:
+    model = torch.jit.load(str(exports["digits_lenet"].out_dir / "model.torchscript.pt"))
+    images = digits_sample(24)
+    sizes = [1, 2, 3] * 4  # 12 requests, 24 images
+
+    def call(i: int) -> tuple[int, list]:
+        start = sum(sizes[:i])
+        body = tensors_body({"image": images[start : start + sizes[i]]})
+        resp = post(server, archive_name("digits_lenet", "torchscript"), body)
+        assert resp.status_code == 200, resp.text
+        return i, resp.json()["outputs"]["logits"]
+
+    barrier = threading.Barrier(len(sizes))
+
+    def synced(i: int) -> tuple[int, list]:
+        barrier.wait(timeout=30)
+        return call(i)
+
+    with ThreadPoolExecutor(max_workers=len(sizes)) as pool:
+        results = dict(pool.map(synced, range(len(sizes))))
+    for i, logits in results.items():
+        start = sum(sizes[:i])
+        expected = model(images[start : start + sizes[i]])
+        torch.testing.assert_close(torch.tensor(logits), expected, atol=1e-5, rtol=1e-4)
+    log = (Path(server.run_dir) / "logs" / "model_log.log").read_text()
+    assert "dynamic batching:" in log
+
+
+def _png(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
+def test_image_request_matches_training_preprocessing(
+    server: Server, exports: dict[str, ExportResult], fmt: str
+) -> None:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    pixels = (digits.images[5] * 255 / 16).round().astype(np.uint8)
+    resp = post(server, archive_name("digits_lenet", fmt), _png(pixels), "image/png")
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    model = torch.jit.load(str(exports["digits_lenet"].out_dir / "model.torchscript.pt"))
+    expected = model(preprocess_digits(pixels[None].astype(np.float32), max_value=255.0))
+    torch.testing.assert_close(
+        torch.tensor(body["outputs"]["logits"]), expected, atol=1e-4, rtol=1e-4
+    )
+    assert body["topk"][0][0]["class"] == int(expected.argmax())
+    assert len(body["topk"][0]) == 3
+
+
+def test_named_inputs_and_open_inference_protocol(
+    server: Server, exports: dict[str, ExportResult]
+) -> None:
+    x, h = torch.randn(2, 4), torch.tanh(torch.randn(2, 4))
+    named = post(server, "my_cell_ts", tensors_body({"x": x, "h": h}))
+    assert named.status_code == 200, named.text
+    assert set(named.json()["outputs"]) == {"y", "h_next"}
+    v2 = {
+        "inputs": [
+            {"name": "x", "shape": [2, 4], "datatype": "FP32", "data": x.reshape(-1).tolist()},
+            {"name": "h", "shape": [2, 4], "datatype": "FP32", "data": h.reshape(-1).tolist()},
+        ]
+    }
+    resp = post(server, "my_cell_onnx", json.dumps(v2).encode())
+    assert resp.status_code == 200, resp.text
+    out = {o["name"]: o for o in resp.json()["outputs"]}
+    assert out["y"]["shape"] == [2, 4]
+    assert out["y"]["datatype"] == "FP32"
+    torch.testing.assert_close(
+        torch.tensor(out["y"]["data"]).reshape(2, 4), torch.tensor(named.json()["outputs"]["y"])
+    )
+    # One sample without its batch axis comes back without it too.
+    single = post(
+        server, "my_decision_gate_ts", json.dumps({"inputs": [-1.0, -2.0, 0.5, 0.1]}).encode()
+    )
+    assert single.json()["outputs"]["y"] == pytest.approx([1.0, 2.0, -0.5, -0.1])
+
+
+BAD_REQUESTS = [
+    ("malformed json", b'{"inputs": [[1, 2', "application/json", 400, "Malformed JSON"),
+    ("missing inputs field", b'{"instances": []}', "application/json", 400, "'inputs' field"),
+    ("wrong shape", b'{"inputs": [[1, 2, 3]]}', "application/json", 400, "must have shape"),
+    ("wrong dtype", b'{"inputs": [[["a"]]]}', "application/json", 400, "float32"),
+    ("v2 wrong datatype", json.dumps({"inputs": [{"name": "image", "shape": [1, 1, 28, 28], "datatype": "INT64", "data": [0] * 784}]}).encode(), "application/json", 400, "datatype must be FP32"),
+    ("not an image", b"\x89PNG\r\n\x1a\n" + b"\x00garbage" * 20, "image/png", 400, "cannot be decoded"),
+    ("random bytes", bytes(range(256)) * 4, "application/octet-stream", 415, ""),
+    ("empty body", b"", "application/json", 400, "Empty request body"),
+    ("NaN values", json.dumps({"inputs": [[[float("nan")] * 28] * 28]}).encode(), "application/json", 400, "NaN"),
+    ("Inf values", json.dumps({"inputs": [[[float("inf")] * 28] * 28]}).encode(), "application/json", 400, "Inf"),
+    ("wrong input name", b'{"inputs": {"x": [1.0]}}', "application/json", 400, "must be named"),
+]  # fmt: skip
+
+
+def test_bad_requests_get_4xx_json_and_the_worker_survives(server: Server) -> None:
+    before = _pids(server)
+    name = archive_name("digits_lenet", "torchscript")
+    for label, body, content_type, status, fragment in BAD_REQUESTS:
+        resp = post(server, name, body, content_type)
+        assert resp.status_code == status, (label, resp.status_code, resp.text)
+        message = resp.json()
+        assert message.get("error") or message.get("message"), label
+        assert fragment in json.dumps(message), (label, message)
+    # Over max_request_size: TorchServe's frontend refuses it before any
+    # handler runs, with a bare 413 (its body is empty: not ours to shape).
+    big = b'{"inputs": [' + b"0.0," * (2 * 1024 * 1024) + b"0.0]}"
+    resp = post(server, name, big)
+    assert resp.status_code == 413, resp.text
+    good = post(server, name, tensors_body({"image": digits_sample(1)}))
+    assert good.status_code == 200
+    assert _pids(server) == before  # no worker died
+
+
+def test_a_bad_request_fails_alone_in_its_batch(server: Server) -> None:
+    name = archive_name("digits_lenet", "onnx")
+    bodies = [tensors_body({"image": digits_sample(1, offset=i)}) for i in range(7)]
+    bodies.insert(3, b'{"inputs": [[1.0]]}')
+    barrier = threading.Barrier(len(bodies))
+
+    def call(body: bytes) -> int:
+        barrier.wait(timeout=30)
+        return post(server, name, body).status_code
+
+    with ThreadPoolExecutor(max_workers=len(bodies)) as pool:
+        codes = list(pool.map(call, bodies))
+    assert codes == [200, 200, 200, 400, 200, 200, 200, 200]
+
+
+def test_token_is_enforced(server: Server) -> None:
+    body = tensors_body({"image": digits_sample(1)})
+    name = archive_name("digits_lenet", "torchscript")
+    for token in ("", "wrong-token"):
+        resp = post(server, name, body, token=token, retries=0)
+        # TorchServe 0.12 answers a missing or wrong token with 400 InvalidKeyException
+        # (not 401); either way nothing is served.
+        assert resp.status_code in (400, 401), resp.text
+        assert "Token Authorization failed" in resp.text
+    key = server.keys()["inference"]
+    logs = Path(server.run_dir) / "logs"
+    assert not any(key in p.read_text(errors="replace") for p in logs.glob("*.log"))
+
+
+def test_management_api_refuses_registration(server: Server) -> None:
+    headers = {"Authorization": f"Bearer {server.keys()['management']}"}
+    resp = httpx.post(
+        f"{server.management_url}/models?url=digits_lenet_ts.mar", headers=headers, timeout=10
+    )
+    assert resp.status_code == 405
+    resp = httpx.delete(
+        f"{server.management_url}/models/digits_lenet_ts", headers=headers, timeout=10
+    )
+    assert resp.status_code == 405
+    assert httpx.get(f"{server.management_url}/models", timeout=10).status_code in (400, 401)
+
+
+def test_tampered_artifact_is_refused_at_load(
+    exports: dict[str, ExportResult], tmp_path: Path
+) -> None:
+    import shutil
+    import zipfile
+
+    export_dir = tmp_path / "export"
+    shutil.copytree(exports["my_decision_gate"].out_dir, export_dir)
+    store = tmp_path / "store"
+    (mar,) = archive(
+        ArchiveConfig(
+            model="my_decision_gate", export_dir=export_dir, store=store, formats=("onnx",)
+        )
+    )
+    # Swap in a different ONNX file inside the archive, keeping the manifest.
+    tampered = tmp_path / "tampered.mar"
+    with zipfile.ZipFile(mar) as src, zipfile.ZipFile(tampered, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item.filename)
+            if item.filename == "model.onnx":
+                data = data.replace(b"pipeline", b"pipelinX") + b"\x00"
+            dst.writestr(item, data)
+    tampered.replace(mar)
+    run_dir = tmp_path / "run"
+    with pytest.raises(ServeError, match=r"Refusing to serve model\.onnx"):
+        start(ServeConfig(store=store, run_dir=run_dir, startup_timeout_s=120, **_ports()))
+    assert not (run_dir / "server.json").exists()  # and the server was stopped
+
+
+@pytest.mark.gpu
+def test_gpu_serving_parity(exports: dict[str, ExportResult], store: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    srv = start(
+        ServeConfig(
+            store=store,
+            run_dir=run_dir,
+            models=["digits_lenet_ts", "digits_lenet_onnx"],
+            gpu=True,
+            **_ports(),
+        )
+    )
+    try:
+        headers = {"Authorization": f"Bearer {srv.keys()['management']}"}
+        body = httpx.get(
+            f"{srv.management_url}/models/digits_lenet_ts", headers=headers, timeout=10
+        ).json()
+        assert body[0]["workers"][0]["gpu"] is True
+        report = verify(
+            VerifyConfig(
+                export_dir=exports["digits_lenet"].out_dir, backends=("torchserve",), run_dir=run_dir,
+                report=tmp_path / "p.json", atol=1e-4, rtol=1e-3,
+            )
+        )  # fmt: skip
+        assert report.passed, report.failure_message()
+    finally:
+        stop(run_dir)
