@@ -27,7 +27,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
-.PHONY: help venv train export verify demo test lint format clean
+STORE ?= model_store
+RUN_DIR ?= $(ARTIFACTS)/serve
+# Archives `make serve` serves: both formats of every built-in model.
+SERVE_MODELS ?= $(DEMO_MODELS)
+INFER_MODEL ?= $(MODEL)_ts
+INFER_INPUT ?= $(ARTIFACTS)/$(MODEL)/export/golden.pt
+
+.PHONY: help venv train export verify demo test lint format clean archive serve stop infer
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
@@ -55,6 +62,23 @@ demo: | $(STAMP)  ## train, export and verify every built-in model from scratch
 		$(PIPELINE) verify --model $$m; \
 	done
 
+archive: | $(STAMP)  ## export (if needed) and archive SERVE_MODELS into model_store/ (.mar)
+	@set -e; for m in $(SERVE_MODELS); do \
+		test -f $(ARTIFACTS)/$$m/export/manifest.json || { \
+			test -f $(ARTIFACTS)/$$m/checkpoint.pt || $(PIPELINE) train --model $$m --no-progress; \
+			$(PIPELINE) export --model $$m; }; \
+		$(PIPELINE) archive --model $$m --store $(STORE); \
+	done
+
+serve: | $(STAMP)  ## start TorchServe on 127.0.0.1 over model_store/ (token auth on)
+	$(PIPELINE) serve --store $(STORE) --run-dir $(RUN_DIR)
+
+stop: | $(STAMP)  ## stop the TorchServe started by make serve
+	$(PIPELINE) stop --run-dir $(RUN_DIR)
+
+infer: | $(STAMP)  ## send INFER_INPUT (default: MODEL's golden batch) to INFER_MODEL
+	$(PIPELINE) infer --run-dir $(RUN_DIR) --model $(INFER_MODEL) $(INFER_INPUT)
+
 test: | $(STAMP)  ## run the test suite
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -66,5 +90,7 @@ format: | $(STAMP)  ## apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-clean:  ## remove generated artifacts (keeps .venv)
+clean:  ## remove generated artifacts and archives (keeps .venv); stops a running server first
+	-test -x $(BIN)/pipeline && $(PIPELINE) stop --run-dir $(RUN_DIR)
 	rm -rf $(ARTIFACTS) build .pytest_cache .ruff_cache
+	rm -f $(STORE)/*.mar

@@ -24,7 +24,9 @@ class OnnxHandler(PipelineHandler):
 
     def _load(self, path: Path) -> None:
         options = ort.SessionOptions()
-        threads = int(os.environ.get("PIPELINE_WORKER_THREADS", os.environ.get("OMP_NUM_THREADS", "1")))
+        threads = int(
+            os.environ.get("PIPELINE_WORKER_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+        )
         options.intra_op_num_threads = max(1, threads)
         options.inter_op_num_threads = 1
         # No spin-waiting: it steals the CPU from everything else in the worker.
@@ -33,7 +35,10 @@ class OnnxHandler(PipelineHandler):
         providers: list = ["CPUExecutionProvider"]
         if self.device.type == "cuda":
             if "CUDAExecutionProvider" in ort.get_available_providers():
-                providers = [("CUDAExecutionProvider", {"device_id": self.device.index or 0}), "CPUExecutionProvider"]
+                providers = [
+                    ("CUDAExecutionProvider", {"device_id": self.device.index or 0}),
+                    "CPUExecutionProvider",
+                ]
             else:
                 logger.info("CUDA worker but onnxruntime has no CUDAExecutionProvider; using CPU")
         self.session = ort.InferenceSession(str(path), options, providers=providers)

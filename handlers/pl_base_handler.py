@@ -63,7 +63,9 @@ class PipelineHandler(BaseHandler):
         self.topk = int(serving.get("topk", 0))
         # One thread per worker unless told otherwise: several workers each
         # spinning several threads on a small machine collapse throughput.
-        threads = int(os.environ.get("PIPELINE_WORKER_THREADS", os.environ.get("OMP_NUM_THREADS", "1")))
+        threads = int(
+            os.environ.get("PIPELINE_WORKER_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+        )
         torch.set_num_threads(max(1, threads))
         self.device = self._pick_device(props.get("gpu_id"))
         self._load(path)
@@ -95,7 +97,9 @@ class PipelineHandler(BaseHandler):
         results = self.inference(decoded)
         return self.postprocess(results)
 
-    def preprocess(self, data: list[dict[str, Any]]) -> list[pl_codec.Decoded | pl_codec.RequestError]:
+    def preprocess(
+        self, data: list[dict[str, Any]]
+    ) -> list[pl_codec.Decoded | pl_codec.RequestError]:
         out: list[pl_codec.Decoded | pl_codec.RequestError] = []
         for row in data:
             body = row.get("data") if row.get("data") is not None else row.get("body")
@@ -107,7 +111,9 @@ class PipelineHandler(BaseHandler):
                         "as the raw request body (Content-Type: application/json, image/png or image/jpeg).",
                         status=415,
                     )
-                decoded = pl_codec.decode_request(body, self.specs, accepts_images=self.image is not None)
+                decoded = pl_codec.decode_request(
+                    body, self.specs, accepts_images=self.image is not None
+                )
                 if decoded.protocol == "image":
                     decoded = self._image_inputs(decoded)
                 out.append(decoded)
@@ -134,7 +140,9 @@ class PipelineHandler(BaseHandler):
                 groups.setdefault(key, []).append(i)
         for members in groups.values():
             batch = {
-                spec.name: np.concatenate([decoded[i].arrays[spec.name] for i in members], axis=self._batch_axis(spec))
+                spec.name: np.concatenate(
+                    [decoded[i].arrays[spec.name] for i in members], axis=self._batch_axis(spec)
+                )
                 for spec in self.specs
             }
             if len(members) > 1:
@@ -167,7 +175,12 @@ class PipelineHandler(BaseHandler):
             decoded, outputs = item
             answers.append(
                 pl_codec.encode_outputs(
-                    self.output_names, outputs, decoded.protocol, self.model_name, decoded.unbatched, self.topk
+                    self.output_names,
+                    outputs,
+                    decoded.protocol,
+                    self.model_name,
+                    decoded.unbatched,
+                    self.topk,
                 )
             )
         return answers

@@ -92,7 +92,12 @@ def _depth(value: Any, limit: int) -> int:
         depth += 1
         if depth > limit:
             return depth
-        level = [v for item in level if isinstance(item, list | dict) for v in (item.values() if isinstance(item, dict) else item)]
+        level = [
+            v
+            for item in level
+            if isinstance(item, list | dict)
+            for v in (item.values() if isinstance(item, dict) else item)
+        ]
     return depth
 
 
@@ -103,7 +108,7 @@ def parse_body(body: Any) -> tuple[Any, str]:
     if isinstance(body, bytearray | memoryview):
         body = bytes(body)
     if body is None or (isinstance(body, bytes | str) and len(body) == 0):
-        raise RequestError("Empty request body. Send JSON like {\"inputs\": [...]} or an image.")
+        raise RequestError('Empty request body. Send JSON like {"inputs": [...]} or an image.')
     if isinstance(body, bytes):
         if body[:8] == b"\x89PNG\r\n\x1a\n" or body[:3] == b"\xff\xd8\xff":
             return body, "image"
@@ -117,7 +122,7 @@ def parse_body(body: Any) -> tuple[Any, str]:
         text = body.strip()
         if not text.startswith(("{", "[")):
             raise RequestError(
-                "The body is not JSON. Send {\"inputs\": ...} with Content-Type: application/json, "
+                'The body is not JSON. Send {"inputs": ...} with Content-Type: application/json, '
                 "or a PNG/JPEG image.",
                 status=415,
             )
@@ -148,7 +153,9 @@ def _to_array(value: Any, spec: InputSpec) -> np.ndarray:
     try:
         array = np.array(value, dtype=_NUMPY_DTYPES[spec.dtype])
     except KeyError:
-        raise RequestError(f"The model's input dtype {spec.dtype} is not supported over JSON.") from None
+        raise RequestError(
+            f"The model's input dtype {spec.dtype} is not supported over JSON."
+        ) from None
     except (ValueError, TypeError, OverflowError):
         raise RequestError(
             f"Input {spec.name!r} must be a rectangular nested list of {spec.dtype} numbers.",
@@ -159,14 +166,22 @@ def _to_array(value: Any, spec: InputSpec) -> np.ndarray:
 
 def _v2_array(item: Mapping[str, Any], spec: InputSpec) -> np.ndarray:
     shape, datatype, data = item.get("shape"), item.get("datatype"), item.get("data")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
-        raise RequestError(f"V2 input {spec.name!r}: 'shape' must be a list of integers.", expected=spec.describe())
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) for d in shape
+    ):
+        raise RequestError(
+            f"V2 input {spec.name!r}: 'shape' must be a list of integers.", expected=spec.describe()
+        )
     if any(d < 0 for d in shape) or math.prod(shape) > MAX_ELEMENTS:
-        raise RequestError(f"V2 input {spec.name!r}: shape {shape} is negative or too large.", expected=spec.describe())
+        raise RequestError(
+            f"V2 input {spec.name!r}: shape {shape} is negative or too large.",
+            expected=spec.describe(),
+        )
     wanted = _V2_NAMES.get(spec.dtype)
     if datatype != wanted:
         raise RequestError(
-            f"V2 input {spec.name!r}: datatype must be {wanted}, got {datatype!r}.", expected=spec.describe()
+            f"V2 input {spec.name!r}: datatype must be {wanted}, got {datatype!r}.",
+            expected=spec.describe(),
         )
     flat = _to_array(data, spec).reshape(-1) if isinstance(data, list) else None
     if flat is None or flat.size != math.prod(shape):
@@ -186,12 +201,20 @@ def _collect(body: Any, specs: Sequence[InputSpec]) -> tuple[dict[str, np.ndarra
     inputs = body["inputs"]
     names = [s.name for s in specs]
     by_name = {s.name: s for s in specs}
-    if isinstance(inputs, list) and inputs and all(isinstance(i, dict) for i in inputs):
-        if any("datatype" in i for i in inputs):  # Open Inference Protocol
-            got = [i.get("name") for i in inputs]
-            if sorted(map(str, got)) != sorted(names):
-                raise RequestError(f"V2 inputs must be named {names}, got {got}.", expected=[s.describe() for s in specs])
-            return {str(i["name"]): _v2_array(i, by_name[str(i["name"])]) for i in inputs}, "v2"
+    is_v2 = (
+        isinstance(inputs, list)
+        and bool(inputs)
+        and all(isinstance(i, dict) for i in inputs)
+        and any("datatype" in i for i in inputs)
+    )
+    if is_v2:  # Open Inference Protocol
+        got = [i.get("name") for i in inputs]
+        if sorted(map(str, got)) != sorted(names):
+            raise RequestError(
+                f"V2 inputs must be named {names}, got {got}.",
+                expected=[s.describe() for s in specs],
+            )
+        return {str(i["name"]): _v2_array(i, by_name[str(i["name"])]) for i in inputs}, "v2"
     if isinstance(inputs, dict):
         if sorted(inputs) != sorted(names):
             raise RequestError(
@@ -201,36 +224,45 @@ def _collect(body: Any, specs: Sequence[InputSpec]) -> tuple[dict[str, np.ndarra
         return {n: _to_array(inputs[n], by_name[n]) for n in names}, "json"
     if len(specs) != 1:
         raise RequestError(
-            f"This model takes {len(specs)} inputs; send them by name: {{\"inputs\": {{{', '.join(repr(n) for n in names)}: ...}}}}.",
+            f'This model takes {len(specs)} inputs; send them by name: {{"inputs": {{{", ".join(repr(n) for n in names)}: ...}}}}.',
             expected=[s.describe() for s in specs],
         )
     return {specs[0].name: _to_array(inputs, specs[0])}, "json"
 
 
-def check_arrays(arrays: dict[str, np.ndarray], specs: Sequence[InputSpec]) -> tuple[dict[str, np.ndarray], bool]:
+def check_arrays(
+    arrays: dict[str, np.ndarray], specs: Sequence[InputSpec]
+) -> tuple[dict[str, np.ndarray], bool]:
     """Check shapes, add a missing batch axis, refuse NaN/Inf. → (arrays, unbatched)."""
     unbatched_flags = set()
     out = {}
     for spec in specs:
         a = arrays[spec.name]
         if a.size > MAX_ELEMENTS:
-            raise RequestError(f"Input {spec.name!r} has {a.size} values; the limit is {MAX_ELEMENTS}.", status=413)
+            raise RequestError(
+                f"Input {spec.name!r} has {a.size} values; the limit is {MAX_ELEMENTS}.", status=413
+            )
         batch_axis = spec.shape.index("batch") if "batch" in spec.shape else None
         if batch_axis is not None and a.ndim == len(spec.shape) - 1:
             a = np.expand_dims(a, batch_axis)
             unbatched_flags.add(True)
         else:
             unbatched_flags.add(False)
-        if a.ndim != len(spec.shape) or any(
-            isinstance(d, int) and d != n for d, n in zip(spec.shape, a.shape, strict=False)
-        ) or any(n == 0 for n in a.shape):
+        if (
+            a.ndim != len(spec.shape)
+            or any(isinstance(d, int) and d != n for d, n in zip(spec.shape, a.shape, strict=False))
+            or any(n == 0 for n in a.shape)
+        ):
             raise RequestError(
                 f"Input {spec.name!r} must have shape {list(spec.shape)} (named axes are free), "
                 f"got {list(a.shape)}.",
                 expected=spec.describe(),
             )
         if a.dtype.kind == "f" and not np.isfinite(a).all():
-            raise RequestError(f"Input {spec.name!r} contains NaN or Inf; the model needs finite values.", expected=spec.describe())
+            raise RequestError(
+                f"Input {spec.name!r} contains NaN or Inf; the model needs finite values.",
+                expected=spec.describe(),
+            )
         out[spec.name] = np.ascontiguousarray(a)
     if len(unbatched_flags) > 1:
         raise RequestError("Either every input has its batch axis or none does.")
@@ -256,8 +288,11 @@ def decode_request(body: Any, specs: Sequence[InputSpec], accepts_images: bool) 
     value, kind = parse_body(body)
     if kind == "image":
         if not accepts_images:
-            raise RequestError("This model does not take images; send JSON tensors.", status=415,
-                               expected={"inputs": [s.describe() for s in specs]})
+            raise RequestError(
+                "This model does not take images; send JSON tensors.",
+                status=415,
+                expected={"inputs": [s.describe() for s in specs]},
+            )
         return Decoded({specs[0].name: decode_image(value)}, "image", unbatched=False)
     arrays, protocol = _collect(value, specs)
     arrays, unbatched = check_arrays(arrays, specs)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -53,6 +54,12 @@ class ServeConfig:
     inference_port: int = 8080
     management_port: int = 8081
     metrics_port: int = 8082
+    # gRPC listeners (TorchServe always opens them) and the base of the worker
+    # socket names (/tmp/.ts.sock.<n>): None picks free ones, so that two
+    # servers on one machine (a user's and the tests') never collide.
+    grpc_inference_port: int | None = None
+    grpc_management_port: int | None = None
+    initial_worker_port: int | None = None
     max_request_size: int = 4 * 1024 * 1024  # bytes
     max_response_size: int = 16 * 1024 * 1024
     threads_per_worker: int = 1
@@ -124,6 +131,12 @@ def _properties(config: ServeConfig, store: Path, models: list[str]) -> str:
         "inference_address": f"http://{host}:{config.inference_port}",
         "management_address": f"http://{host}:{config.management_port}",
         "metrics_address": f"http://{host}:{config.metrics_port}",
+        "grpc_inference_address": config.host,
+        "grpc_management_address": config.host,
+        "grpc_inference_port": str(config.grpc_inference_port or free_port(config.host)),
+        "grpc_management_port": str(config.grpc_management_port or free_port(config.host)),
+        "initial_worker_port": str(config.initial_worker_port or random.randint(10_000, 60_000)),
+        "initial_distribution_port": str(random.randint(10_000, 60_000)),
         "model_store": str(store),
         "load_models": ",".join(f"{m}.mar" for m in models),
         # ShellTorch (2023) came from an open management API and unrestricted

@@ -54,6 +54,8 @@ class TrainConfig:
                 raise PipelineError(
                     f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}."
                 )
+        if not 0 <= self.seed < 2**63:
+            raise PipelineError(f"--seed must be between 0 and 2**63 - 1, got {self.seed}.")
         if self.workers < 0:
             raise PipelineError(f"--workers must be 0 or more, got {self.workers}.")
         if not (self.lr > 0 and math.isfinite(self.lr)):

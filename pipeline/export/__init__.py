@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -16,7 +17,13 @@ from typing import Any
 import torch
 
 from pipeline import paths
-from pipeline.checkpoint import Checkpoint, import_state_dict, load_checkpoint, save_checkpoint
+from pipeline.checkpoint import (
+    Checkpoint,
+    import_state_dict,
+    load_checkpoint,
+    save_checkpoint,
+    sidecar_path,
+)
 from pipeline.compare import DEFAULT_ATOL, DEFAULT_RTOL, flatten_outputs
 from pipeline.errors import CheckpointError, ExportError
 from pipeline.export.onnx_export import DEFAULT_OPSET, OPSET_REASON, to_onnx
@@ -63,8 +70,10 @@ class ExportConfig:
             raise ExportError(f"Unknown --method {self.method!r}; use one of {', '.join(METHODS)}.")
         if not 7 <= self.opset <= 23:
             raise ExportError(f"--opset must be between 7 and 23, got {self.opset}.")
-        if self.atol < 0 or self.rtol < 0:
-            raise ExportError("--atol and --rtol must be non-negative.")
+        if not all(math.isfinite(t) and t >= 0 for t in (self.atol, self.rtol)):
+            raise ExportError("--atol and --rtol must be finite and non-negative.")
+        if not 0 <= self.seed < 2**63:
+            raise ExportError(f"--seed must be between 0 and 2**63 - 1, got {self.seed}.")
         if self.weights is not None and self.random_init:
             raise ExportError("Give either --weights or --random-init, not both.")
 
@@ -104,6 +113,12 @@ def _swap_in(staging: Path, out_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _model_file(name: str) -> dict[str, str]:
+    """The absolute path of a `file.py:Class` model, so verify works from any directory."""
+    where = name.rpartition(":")[0]
+    return {"file": str(Path(where).resolve())} if where.endswith(".py") else {}
+
+
 def _checkpoint_for(entry: ZooEntry, ckpt_path: Path, config: ExportConfig) -> Checkpoint:
     """Our checkpoint at `ckpt_path`, first imported or initialised when asked."""
     meta = {
@@ -127,7 +142,12 @@ def _checkpoint_for(entry: ZooEntry, ckpt_path: Path, config: ExportConfig) -> C
 
 
 def export(config: ExportConfig) -> ExportResult:
-    """Export a trained checkpoint; every file is checked before the folder appears."""
+    """Export a trained checkpoint; every file is checked before the folder appears.
+
+    With --weights or --random-init the new checkpoint is written to a pending
+    folder and moved into place only when the export succeeded, so a failed
+    export never replaces a good checkpoint.
+    """
     config.validate()
     entry = resolve_entry(
         config.model,
@@ -137,7 +157,27 @@ def export(config: ExportConfig) -> ExportResult:
         probes_file=config.probes_file,
     )
     ckpt_path = Path(config.checkpoint) if config.checkpoint else paths.checkpoint_path(entry.name)
-    checkpoint = _checkpoint_for(entry, ckpt_path, config)
+    pending: Path | None = None
+    if config.weights is not None or config.random_init:
+        ckpt_path.parent.mkdir(parents=True, exist_ok=True)
+        pending = Path(tempfile.mkdtemp(prefix=".checkpoint-pending-", dir=ckpt_path.parent))
+    try:
+        checkpoint = _checkpoint_for(
+            entry, pending / ckpt_path.name if pending else ckpt_path, config
+        )
+        result = _export(config, entry, checkpoint, ckpt_path)
+        if pending is not None:
+            for name in (ckpt_path.name, sidecar_path(ckpt_path).name):  # weights, then sidecar
+                (pending / name).replace(ckpt_path.parent / name)
+        return result
+    finally:
+        if pending is not None:
+            shutil.rmtree(pending, ignore_errors=True)
+
+
+def _export(
+    config: ExportConfig, entry: ZooEntry, checkpoint: Checkpoint, ckpt_path: Path
+) -> ExportResult:
     if checkpoint.model_name != entry.name:
         raise CheckpointError(
             f"Checkpoint {ckpt_path} holds model {checkpoint.model_name!r}, not {entry.name!r}. "
@@ -149,8 +189,12 @@ def export(config: ExportConfig) -> ExportResult:
     except RuntimeError as err:
         raise CheckpointError(
             f"Checkpoint {ckpt_path} does not fit model {entry.name!r}: "
-            f"{' '.join(str(err).split())[:400]} Train it again with `pipeline train`, or check "
-            "--model-kwargs."
+            f"{' '.join(str(err).split())[:400]} "
+            + (
+                "Train it again with `pipeline train`."
+                if entry.source == "zoo"
+                else "Check that --weights and --model-kwargs belong to this class."
+            )
         ) from None
     model.train(config.train_mode)
 
@@ -160,8 +204,19 @@ def export(config: ExportConfig) -> ExportResult:
     probes = entry.probe_inputs(generator, model)
     for _, probe in probes:
         entry.check_inputs(probe)
-    with torch.no_grad():
-        golden_outputs = flatten_outputs(model(*golden_inputs.values()))
+    try:
+        with torch.no_grad():
+            golden_outputs = flatten_outputs(model(*golden_inputs.values()))
+    except Exception as err:  # noqa: BLE001 - the user's forward rejected the declared inputs
+        shapes = {
+            k: f"{tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}"
+            for k, v in golden_inputs.items()
+        }
+        raise ExportError(
+            f"{entry.name!r} failed on inputs built from its input spec {shapes}: "
+            f"{type(err).__name__}: {' '.join(str(err).split())[:300]}. Check --input/--input-spec "
+            "(names in forward() order, shapes, dtypes, value ranges)."
+        ) from None
     if not entry.outputs:  # a user model without output names: number them
         entry = replace(entry, outputs=tuple(f"output_{i}" for i in range(len(golden_outputs))))
     batch = next(iter(golden_inputs.values())).shape[0]
@@ -213,6 +268,7 @@ def export(config: ExportConfig) -> ExportResult:
                 "kwargs": checkpoint.model_kwargs,
                 "task": entry.task,
                 "source": entry.source,
+                **_model_file(entry.name),
                 "init": checkpoint.meta.get("init", "trained"),
             },
             "mode": "train" if config.train_mode else "eval",

@@ -139,6 +139,22 @@ def _summary_line(err: BaseException) -> str:
     return lines[0][:300] if lines else type(err).__name__
 
 
+def fixed_dynamic_axes(path: Path, entry: ZooEntry) -> list[str]:
+    """Dynamic axes of the spec that the ONNX graph made fixed ("xs axis 0 (seq) = 5")."""
+    graph_inputs = {i.name: i for i in onnx.load(str(path), load_external_data=False).graph.input}
+    problems = []
+    for spec in entry.inputs:
+        graph_input = graph_inputs.get(spec.name)
+        if graph_input is None:
+            problems.append(f"input {spec.name!r} missing from the graph")
+            continue
+        dims = graph_input.type.tensor_type.shape.dim
+        for axis, name in spec.dynamic_axes().items():
+            if axis < len(dims) and dims[axis].HasField("dim_value"):
+                problems.append(f"{spec.name} axis {axis} ({name}) = {dims[axis].dim_value}")
+    return problems
+
+
 def to_onnx(
     model: nn.Module,
     scripted: torch.jit.ScriptModule,
@@ -149,18 +165,26 @@ def to_onnx(
     output_shapes: dict[str, tuple],
     opset: int = DEFAULT_OPSET,
 ) -> OnnxResult:
-    """Write `path` as ONNX; returns which exporter ran and why."""
+    """Write `path` as ONNX; returns which exporter ran and why.
+
+    A default-exporter graph that made a declared dynamic axis fixed (torch.export
+    specialises a size that Python code branched or looped on) is rejected like
+    a failure: the sequence length must stay variable.
+    """
     try:
         _export_dynamo(model, example, entry, path, opset)
+        fixed = fixed_dynamic_axes(path, entry)
+        if fixed:
+            raise ExportError(f"torch.export made dynamic axes fixed: {', '.join(fixed)}")
         result = OnnxResult("torch.export (dynamo=True)", opset, "default exporter succeeded")
-    except Exception as err:  # noqa: BLE001 - the exporter wraps many error types
+    except Exception as err:
         first = _summary(err)
         try:
             _export_legacy(scripted, example, entry, path, opset, output_shapes)
         except Exception as legacy_err:
             raise ExportError(
                 f"ONNX export failed with both exporters: torch.export: {first}; "
-                f"TorchScript-based: {legacy_err}"
+                f"TorchScript-based: {_summary(legacy_err)}"
             ) from legacy_err
         kept = (
             "which keeps its control flow as ONNX If/Loop"
@@ -173,6 +197,12 @@ def to_onnx(
             f"torch.export-based exporter failed ({first}); exported the {script_method} "
             f"TorchScript module instead, {kept}",
         )
+        fixed = fixed_dynamic_axes(path, entry)
+        if fixed:
+            raise ExportError(
+                f"The ONNX graph has fixed sizes for dynamic axes ({', '.join(fixed)}) with both "
+                "exporters; the model's code ties those sizes to the example inputs."
+            ) from err
     try:
         onnx.checker.check_model(str(path), full_check=True)
     except onnx.checker.ValidationError as err:

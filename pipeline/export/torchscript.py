@@ -26,6 +26,7 @@ from pipeline.compare import compare_outputs, flatten_outputs
 from pipeline.errors import ExportError
 from pipeline.zoo.spec import Inputs
 
+_TORCH_DIR = os.path.dirname(torch.__file__)
 Method = Literal["auto", "trace", "script"]  # "hybrid" is a result of auto, not a choice
 METHODS: tuple[str, ...] = ("auto", "trace", "script")
 
@@ -91,7 +92,11 @@ def try_trace(
             )
     tracer_warnings = [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
     if tracer_warnings:
-        first = tracer_warnings[0]
+        # Prefer the model's own line over a warning raised inside torch.
+        first = next(
+            (w for w in tracer_warnings if not w.filename.startswith(_TORCH_DIR)),
+            tracer_warnings[0],
+        )
         more = f" (and {len(tracer_warnings) - 1} more)" if len(tracer_warnings) > 1 else ""
         return (
             None,
@@ -151,9 +156,15 @@ def _record_child_calls(model: nn.Module, calls: list[tuple]) -> dict[str, list[
 
 
 def _compile_part(
-    module: nn.Module, calls: list[tuple], path: str, atol: float, rtol: float, notes: list[str]
+    module: nn.Module,
+    calls: list[tuple],
+    path: str,
+    atol: float,
+    rtol: float,
+    notes: list[str],
+    split: bool = True,
 ) -> torch.jit.ScriptModule | None:
-    """Trace, else script, else hybrid, for one (sub)module; notes say what ran."""
+    """Trace, else script, else (when `split`) hybrid, for one (sub)module; notes say what ran."""
     usable = [c for c in calls if c is not None]
     if usable and len(usable) == len(calls):
         example = {f"arg{i}": t for i, t in enumerate(usable[0])}
@@ -170,7 +181,7 @@ def _compile_part(
     if scripted is not None:
         notes.append(f"{path} scripted ({_brief(rejected)})")
         return scripted
-    children = _record_child_calls(module, calls) if usable else {}
+    children = _record_child_calls(module, calls) if usable and split else {}
     if not children:
         notes.append(f"{path}: {rejected}; {script_failed}")
         return None
@@ -183,7 +194,9 @@ def _compile_part(
             return None
         setattr(hybrid, name, part)
     outer: list[str] = []
-    again = _compile_part(hybrid, calls, path, atol, rtol, outer)
+    # split=False: the parent gets one more try around its compiled children,
+    # never another round of splitting (which would recurse without end).
+    again = _compile_part(hybrid, calls, path, atol, rtol, outer, split=False)
     if again is None:
         notes.append(f"{path}: no method works even with compiled submodules ({script_failed})")
         return None

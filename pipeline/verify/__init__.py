@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,8 +60,8 @@ class VerifyConfig:
             raise PipelineError("--batch-sizes must all be at least 1.")
         for name in ("atol", "rtol"):
             value = getattr(self, name)
-            if value is not None and value < 0:
-                raise PipelineError(f"--{name} must be non-negative, got {value}.")
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise PipelineError(f"--{name} must be finite and non-negative, got {value}.")
 
 
 def _load_tensors(export_dir: Path, manifest: dict[str, Any], key: str) -> Any:
@@ -92,6 +93,14 @@ def _cases(
         cases.append(
             (f"random b={batch}", entry.sample_inputs(entry.sizes(batch=batch), fresh_gen), None)
         )
+    # Every other dynamic axis (a sequence length) at a size export never used.
+    others = sorted(
+        {d for s in entry.inputs for d in s.shape if isinstance(d, str) and d != "batch"}
+    )
+    if others:
+        sizes = entry.sizes(**{a: entry.sizes().get(a, 5) + 5 for a in others})
+        label = " ".join(f"{a}={sizes[a]}" for a in others)
+        cases.append((f"random {label}", entry.sample_inputs(sizes, fresh_gen), None))
     return cases
 
 
@@ -149,7 +158,13 @@ def verify(config: VerifyConfig) -> ParityReport:
     rows: list[Row] = []
     for label, inputs, stored in _cases(entry, export_dir, manifest, config):
         entry.check_inputs(inputs)
-        expected = eager.run(inputs)
+        try:
+            expected = eager.run(inputs)
+        except Exception as err:  # noqa: BLE001 - the reference itself cannot run these inputs
+            raise PipelineError(
+                f"Eager {entry.name!r} fails on the {label!r} inputs, so there is no reference to "
+                f"compare with: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
+            ) from None
         if stored is not None:
             for name, ref in zip(output_names, expected, strict=True):
                 rows.append(

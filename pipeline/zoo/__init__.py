@@ -208,9 +208,14 @@ def resolve_entry(
             f"{name!r} is a zoo model with a fixed input spec; --input/--input-spec/--output "
             "are for models given as module:Class."
         )
+    if kwargs and any(entry.kwargs.get(k, object()) != v for k, v in kwargs.items()):
+        # Their data, probes and input specs are built for these arguments.
+        raise InputSpecError(
+            f"{name!r} is a zoo model with fixed constructor arguments {dict(entry.kwargs)}; "
+            "--model-kwargs is for models given as module:Class (copy the zoo class into your "
+            "own module to change it)."
+        )
     changes: dict[str, Any] = {}
-    if kwargs:
-        changes["kwargs"] = {**entry.kwargs, **kwargs}
     if probes_file:
         changes["probes"] = _file_probes(probes_file)
     return replace(entry, **changes) if changes else entry

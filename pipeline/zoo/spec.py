@@ -127,7 +127,14 @@ class ZooEntry:
     serving: Mapping[str, Any] = field(default_factory=dict)
 
     def build(self, **overrides: Any) -> nn.Module:
-        return self.builder(**{**self.kwargs, **overrides})
+        kwargs = {**self.kwargs, **overrides}
+        try:
+            return self.builder(**kwargs)
+        except TypeError as err:
+            raise InputSpecError(
+                f"Cannot construct {self.name!r} with arguments {kwargs}: {err}. "
+                "Check --model-kwargs against the class's __init__."
+            ) from None
 
     def sample_inputs(self, sizes: Mapping[str, int], generator: torch.Generator) -> Inputs:
         return {spec.name: spec.sample(sizes, generator) for spec in self.inputs}

@@ -19,10 +19,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import math
 import re
 import sys
 import tomllib
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -53,20 +55,48 @@ def model_slug(name: str) -> str:
 
 
 def parse_input(text: str) -> TensorSpec:
-    """'image:float32:batch,3,32,32' → TensorSpec (names in the shape are dynamic axes)."""
+    """'image:float32:batch,3,32,32[:LOW:HIGH]' → TensorSpec.
+
+    Names in the shape are dynamic axes; LOW:HIGH is the range random inputs
+    are drawn from (default -1:1 for floats, 0:9 for integers, 0:1 for bool).
+    """
     parts = text.split(":")
-    if len(parts) != 3 or not all(parts):
+    if len(parts) not in (3, 5) or not all(parts):
         raise InputSpecError(
-            f"Bad --input {text!r}: expected NAME:DTYPE:SHAPE, for example "
-            "'image:float32:batch,3,32,32' (a name in SHAPE marks a dynamic axis)."
+            f"Bad --input {text!r}: expected NAME:DTYPE:SHAPE[:LOW:HIGH], for example "
+            "'image:float32:batch,3,32,32' or 'tokens:int64:batch,seq:0:999' (a name in SHAPE "
+            "marks a dynamic axis)."
         )
-    name, dtype, shape = parts
-    return _spec(name, dtype, shape.split(","), source=f"--input {text!r}")
+    name, dtype, shape = parts[:3]
+    low, high = parts[3:] if len(parts) == 5 else (None, None)
+    return _spec(name, dtype, shape.split(","), source=f"--input {text!r}", low=low, high=high)
+
+
+def _default_range(dtype: torch.dtype) -> tuple[float, float]:
+    if dtype == torch.bool:
+        return 0.0, 1.0
+    if dtype.is_floating_point:
+        return -1.0, 1.0
+    return 0.0, 9.0  # integer inputs are often indices: never negative by default
+
+
+def _number(value: Any, what: str, source: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise InputSpecError(f"{source}: {what} must be a number, got {value!r}.") from None
+    if not math.isfinite(number):
+        raise InputSpecError(f"{source}: {what} must be finite, got {value!r}.")
+    return number
 
 
 def _spec(
-    name: Any, dtype: Any, shape: Sequence[Any], source: str, low: float = -1.0, high: float = 1.0
+    name: Any, dtype: Any, shape: Any, source: str, low: Any = None, high: Any = None
 ) -> TensorSpec:
+    if not isinstance(shape, list | tuple):
+        raise InputSpecError(
+            f"{source}: 'shape' must be a list such as [batch, 3, 32, 32], got {shape!r}."
+        )
     if not isinstance(name, str) or not _IDENT.match(name):
         raise InputSpecError(f"{source}: input name {name!r} must be a Python identifier.")
     dims: list[int | str] = []
@@ -85,7 +115,22 @@ def _spec(
         dims.append(d)
     if not dims:
         raise InputSpecError(f"{source}: the shape of {name!r} is empty.")
-    return TensorSpec(name, tuple(dims), parse_dtype(str(dtype)), low=float(low), high=float(high))
+    torch_dtype = parse_dtype(str(dtype))
+    default_low, default_high = _default_range(torch_dtype)
+    lo = default_low if low is None else _number(low, "low", source)
+    hi = default_high if high is None else _number(high, "high", source)
+    if lo > hi:
+        raise InputSpecError(f"{source}: low ({lo}) must not exceed high ({hi}).")
+    return TensorSpec(name, tuple(dims), torch_dtype, low=lo, high=hi)
+
+
+def check_unique(specs: Sequence[TensorSpec]) -> None:
+    names = [s.name for s in specs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise InputSpecError(
+            f"Input name(s) {dupes} are given more than once; each input needs its own name."
+        )
 
 
 def load_spec_file(path: Path) -> tuple[list[TensorSpec], list[str]]:
@@ -120,10 +165,11 @@ def load_spec_file(path: Path) -> tuple[list[TensorSpec], list[str]]:
                 item.get("dtype", "float32"),
                 item["shape"],
                 f"{path}: inputs[{i}]",
-                item.get("low", -1.0),
-                item.get("high", 1.0),
+                item.get("low"),
+                item.get("high"),
             )
         )
+    check_unique(specs)
     outputs = data.get("outputs", [])
     if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
         raise InputSpecError(f"{path}: 'outputs' must be a list of names.")
@@ -147,7 +193,14 @@ def _import_class(name: str) -> type[nn.Module]:
         module = importlib.util.module_from_spec(spec)
         # Registered so that torch.jit.script can find the class's source.
         sys.modules[module_name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as err:  # noqa: BLE001 - any error in the user's file
+            del sys.modules[module_name]
+            where = f" (line {err.lineno})" if isinstance(err, SyntaxError) and err.lineno else ""
+            raise UnknownModelError(
+                f"Importing {path}{where} failed: {type(err).__name__}: {err}. Fix the file and retry."
+            ) from None
     else:
         try:
             module = importlib.import_module(where)
@@ -156,22 +209,32 @@ def _import_class(name: str) -> type[nn.Module]:
                 f"Cannot import module {where!r} for --model {name!r}: {err}. Make it importable "
                 "(install it or add its folder to PYTHONPATH) or pass path/to/file.py:ClassName."
             ) from None
+        except Exception as err:  # noqa: BLE001 - any error while importing the user's module
+            raise UnknownModelError(
+                f"Importing {where!r} failed: {type(err).__name__}: {err}."
+            ) from None
     cls = getattr(module, cls_name, None)
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise UnknownModelError(f"{where} has no torch.nn.Module subclass named {cls_name!r}.")
     return cls
 
 
+# Sizes for every dynamic axis in the random probes: batch 1 and >1, and
+# every other named axis (a sequence length, say) both shorter and longer
+# than the export example, so a trace that baked a size in is caught.
+PROBE_SIZES = (1, 3, 7)
+
+
 def _random_probes(specs: tuple[TensorSpec, ...], sizes: Mapping[str, int]) -> Any:
+    axes = sorted({d for s in specs for d in s.shape if isinstance(d, str)})
+
     def probes(generator: torch.Generator, model: nn.Module) -> list[tuple[str, Inputs]]:
         out = []
-        for batch in (1, 3):
-            out.append(
-                (
-                    f"random b={batch}",
-                    {s.name: s.sample({**sizes, "batch": batch}, generator) for s in specs},
-                )
-            )
+        for size in PROBE_SIZES:
+            chosen = {a: size for a in axes}
+            label = " ".join(f"{a}={n}" for a, n in chosen.items()) or "fixed shape"
+            inputs = {s.name: s.sample({**sizes, **chosen}, generator) for s in specs}
+            out.append((f"random {label}", inputs))
         return out
 
     return probes
@@ -195,18 +258,22 @@ def load_probes(path: Path) -> list[tuple[str, Inputs]]:
         raise InputSpecError(
             f"Probe file {path} cannot be read with torch.load(weights_only=True): {str(err).splitlines()[0]}"
         ) from None
-    items = (
-        list(data.items())
-        if isinstance(data, dict)
-        else [(f"user {i}", d) for i, d in enumerate(data)]
-    )
+    if isinstance(data, dict):
+        items = list(data.items())
+    elif isinstance(data, list | tuple):
+        items = [(f"user {i}", d) for i, d in enumerate(data)]
+    else:
+        raise InputSpecError(
+            f"Probe file {path} holds a {type(data).__name__}; save a {{label: {{input name: tensor}}}} "
+            "dict (or a list of {input name: tensor} dicts) with torch.save."
+        )
     probes = []
     for label, inputs in items:
         if not isinstance(inputs, dict) or not all(
             isinstance(v, torch.Tensor) for v in inputs.values()
         ):
             raise InputSpecError(
-                f"Probe file {path}: each probe must be a dict of input name → tensor."
+                f"Probe file {path}: probe {label!r} must be a dict of input name → tensor."
             )
         probes.append((str(label), dict(inputs)))
     return probes
@@ -249,6 +316,7 @@ def external_entry(
                 "or --input-spec spec.yaml."
             )
         specs = tuple(inputs)
+        check_unique(specs)
         source = "user"
         description = f"user model {name}"
     sizes = {d: (2 if d == "batch" else 5) for s in specs for d in s.shape if isinstance(d, str)}
@@ -270,12 +338,20 @@ def external_entry(
 def entry_from_manifest(manifest: Mapping[str, Any]) -> ZooEntry:
     """Rebuild an external model's entry from what export recorded."""
     model = manifest["model"]
+    name = str(model["name"])
+    where, _, cls = name.rpartition(":")
+    if where.endswith(".py") and not Path(where).is_file() and model.get("file"):
+        # Exported from another working directory: use the absolute path recorded then.
+        entry = entry_from_manifest(
+            {**manifest, "model": {**model, "name": f"{model['file']}:{cls}"}}
+        )
+        return replace(entry, name=name)
     specs = [
-        _spec(i["name"], i["dtype"], i["shape"], "manifest", i.get("low", -1.0), i.get("high", 1.0))
+        _spec(i["name"], i["dtype"], i["shape"], "manifest", i.get("low"), i.get("high"))
         for i in manifest["inputs"]
     ]
     return external_entry(
-        model["name"],
+        name,
         kwargs=model.get("kwargs", {}),
         inputs=specs,
         outputs=[o["name"] for o in manifest["outputs"]],

@@ -105,6 +105,18 @@ def test_secure_config(server: Server, store: Path) -> None:
     ):
         assert line in props
     assert f"allowed_urls=file://{store.resolve()}/.*\n" in props  # the local store only
+    # Every socket TorchServe listens on (HTTP, metrics, gRPC) is on loopback.
+    import psutil
+
+    procs = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
+    listening = [
+        c.laddr.ip
+        for p in procs
+        for c in p.net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN
+    ]
+    assert len(listening) >= 5
+    assert all(ip in ("127.0.0.1", "::ffff:127.0.0.1") for ip in listening), listening
 
 
 @pytest.mark.parametrize("name", SERVED)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pipeline.errors import CheckpointError, InputSpecError, PipelineError, UnknownModelError
-from pipeline.export import ExportConfig, export
+from pipeline.export import ExportConfig, ExportResult, export
 from pipeline.train import TrainConfig, train
 from pipeline.verify import VerifyConfig, verify
 from pipeline.zoo.user import load_spec_file, model_slug, parse_input
@@ -181,3 +181,116 @@ def test_user_model_errors(tmp_path: Path) -> None:
     with pytest.raises(PipelineError, match="not a zoo model"):
         train(TrainConfig(model="torchvision:resnet18", out=tmp_path / "c.pt"))
     assert not (tmp_path / "e").exists()
+
+
+def _export(tmp_path: Path, model: str, *inputs: str, **kw: object) -> ExportResult:
+    return export(
+        ExportConfig(
+            model=model,
+            inputs=[parse_input(i) for i in inputs],
+            random_init=True,
+            checkpoint=tmp_path / "ckpt" / "checkpoint.pt",
+            out_dir=tmp_path / "export",
+            **kw,
+        )
+    )
+
+
+def test_sequence_axis_of_a_user_model_stays_dynamic(tmp_path: Path) -> None:
+    """A trace would unroll the loop for one length: probes vary every named axis."""
+    import onnx
+
+    result = _export(tmp_path, f"{USER_FILE}:SeqLoop", "xs:float32:seq,batch,4")
+    assert result.manifest["artifacts"]["torchscript"]["method"] == "script"
+    graph = onnx.load(str(result.out_dir / "model.onnx")).graph
+    dims = [d.dim_param or d.dim_value for d in graph.input[0].type.tensor_type.shape.dim]
+    assert dims == ["seq", "batch", 4]
+    report = verify(
+        VerifyConfig(
+            model=f"{USER_FILE}:SeqLoop", export_dir=result.out_dir, report=tmp_path / "p.json"
+        )
+    )
+    assert report.passed, report.failure_message()
+    assert any("seq=" in r.inputs for r in report.rows)
+
+
+def test_model_no_method_can_compile_fails_cleanly(tmp_path: Path) -> None:
+    with pytest.raises(PipelineError, match="No faithful TorchScript"):
+        _export(tmp_path, f"{USER_FILE}:Unsplittable", "x:float32:batch,4")
+
+
+def test_integer_inputs_default_to_valid_indices(tmp_path: Path) -> None:
+    spec = parse_input("tokens:int64:batch,5")
+    assert (spec.low, spec.high) == (0.0, 9.0)
+    result = _export(tmp_path, f"{USER_FILE}:Embedder", "tokens:int64:batch,seq:0:9")
+    report = verify(
+        VerifyConfig(
+            model=f"{USER_FILE}:Embedder", export_dir=result.out_dir, report=tmp_path / "p.json"
+        )
+    )
+    assert report.passed, report.failure_message()
+
+
+def test_failed_import_of_weights_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
+    model = f"{USER_FILE}:TinyGated"
+    inputs = ("x:float32:batch,6", "scale:float32:1")
+    first = _export(tmp_path, model, *inputs)
+    before = (tmp_path / "ckpt" / "checkpoint.pt").read_bytes()
+    torch.save({"fc.weight": torch.zeros(2, 2)}, tmp_path / "wrong.pt")
+    with pytest.raises(CheckpointError, match="--weights and --model-kwargs belong to this class"):
+        export(
+            ExportConfig(
+                model=model,
+                inputs=[parse_input(i) for i in inputs],
+                weights=tmp_path / "wrong.pt",
+                checkpoint=tmp_path / "ckpt" / "checkpoint.pt",
+                out_dir=tmp_path / "export",
+            )
+        )
+    assert (tmp_path / "ckpt" / "checkpoint.pt").read_bytes() == before
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "checkpoint.json",
+        "checkpoint.pt",
+    ]
+    assert verify(
+        VerifyConfig(model=model, export_dir=first.out_dir, report=tmp_path / "p.json")
+    ).passed
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("class Broken(:\n", r"line 1\).*SyntaxError"),
+        ("raise RuntimeError('boom')\n", "RuntimeError: boom"),
+    ],
+)
+def test_user_file_that_fails_to_import(tmp_path: Path, source: str, message: str) -> None:
+    path = tmp_path / "broken.py"
+    path.write_text(source)
+    with pytest.raises(UnknownModelError, match=message):
+        _export(tmp_path, f"{path}:Broken", "x:float32:batch,4")
+
+
+def test_more_user_errors_are_clear(tmp_path: Path) -> None:
+    model = f"{USER_FILE}:TinyGated"
+    with pytest.raises(
+        InputSpecError, match=r"Cannot construct .* unexpected keyword argument 'nope'"
+    ):
+        _export(tmp_path, model, "x:float32:batch,6", "scale:float32:1", model_kwargs={"nope": 1})
+    with pytest.raises(PipelineError, match=r"failed on inputs built from its input spec"):
+        _export(tmp_path, model, "x:float32:batch,5", "scale:float32:1")
+    with pytest.raises(InputSpecError, match="more than once"):
+        _export(tmp_path, model, "x:float32:batch,6", "x:float32:1")
+    with pytest.raises(PipelineError, match="finite and non-negative"):
+        _export(tmp_path, model, "x:float32:batch,6", "scale:float32:1", atol=float("nan"))
+    with pytest.raises(InputSpecError, match="fixed constructor arguments"):
+        export(ExportConfig(model="digits_lenet", model_kwargs={"dropout": 0.9}))
+    bad_spec = tmp_path / "spec.yaml"
+    bad_spec.write_text("inputs:\n  - {name: x, shape: 3, low: abc}\n")
+    with pytest.raises(InputSpecError, match="'shape' must be a list"):
+        load_spec_file(bad_spec)
+    torch.save(3, tmp_path / "probes.pt")
+    from pipeline.zoo.user import load_probes
+
+    with pytest.raises(InputSpecError, match="holds a int"):
+        load_probes(tmp_path / "probes.pt")

@@ -13,3 +13,42 @@ class TinyGated(nn.Module):
         if h.mean() > 0.5:
             h = h * scale
         return self.out(h)
+
+
+class SeqLoop(nn.Module):
+    """No gate, but a Python loop over the sequence: a trace unrolls it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = nn.Linear(4, 4)
+
+    def forward(self, xs: torch.Tensor) -> torch.Tensor:
+        h = torch.zeros(xs.size(1), 4)
+        for i in range(xs.size(0)):
+            h = torch.tanh(self.cell(xs[i]) + h)
+        return h
+
+
+class Unsplittable(nn.Module):
+    """Neither traceable (data-dependent branch) nor scriptable (numpy call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import numpy as np
+
+        y = self.fc(x)
+        if float(y.sum()) > 0:
+            return y * float(np.float32(2.0))
+        return y
+
+
+class Embedder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 3)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.emb(tokens).sum(dim=1)
