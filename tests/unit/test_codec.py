@@ -1,0 +1,117 @@
+"""The handlers' request decoding, without TorchServe (pure functions)."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "handlers"))
+import pl_codec
+
+IMAGE = [pl_codec.InputSpec("image", ("batch", 1, 28, 28), "float32")]
+CELL = [
+    pl_codec.InputSpec("x", ("batch", 4), "float32"),
+    pl_codec.InputSpec("h", ("batch", 4), "float32"),
+]
+SEQ = [pl_codec.InputSpec("xs", ("seq", "batch", 4), "float32")]
+
+
+def test_plain_and_named_json() -> None:
+    d = pl_codec.decode_request(
+        {"inputs": np.zeros((2, 1, 28, 28)).tolist()}, IMAGE, accepts_images=True
+    )
+    assert d.arrays["image"].shape == (2, 1, 28, 28)
+    assert d.arrays["image"].dtype == np.float32
+    assert not d.unbatched
+    d = pl_codec.decode_request(
+        json.dumps({"inputs": {"h": [0.0] * 4, "x": [1.0] * 4}}).encode(), CELL, False
+    )
+    assert d.arrays["x"].shape == (1, 4)
+    assert d.unbatched  # one sample without its batch axis
+
+
+def test_sequence_batch_axis_is_not_first() -> None:
+    d = pl_codec.decode_request({"inputs": np.ones((5, 4)).tolist()}, SEQ, False)
+    assert d.arrays["xs"].shape == (5, 1, 4)
+
+
+def test_open_inference_protocol() -> None:
+    body = {
+        "inputs": [
+            {"name": "x", "shape": [2, 4], "datatype": "FP32", "data": list(range(8))},
+            {"name": "h", "shape": [2, 4], "datatype": "FP32", "data": [0] * 8},
+        ]
+    }
+    d = pl_codec.decode_request(body, CELL, False)
+    assert d.protocol == "v2"
+    assert d.arrays["x"][1].tolist() == [4, 5, 6, 7]
+    out = pl_codec.encode_outputs(["y"], [np.ones((2, 3), np.float32)], "v2", "m", False)
+    assert out["outputs"][0] == {
+        "name": "y",
+        "shape": [2, 3],
+        "datatype": "FP32",
+        "data": [1.0] * 6,
+    }
+
+
+def test_image_bytes() -> None:
+    buf = io.BytesIO()
+    Image.fromarray(np.full((8, 8), 255, np.uint8)).save(buf, format="PNG")
+    d = pl_codec.decode_request(buf.getvalue(), IMAGE, accepts_images=True)
+    assert d.protocol == "image"
+    assert d.arrays["image"].shape == (1, 1, 8, 8)  # the handler resizes with torch
+    assert float(d.arrays["image"].max()) == 1.0
+    with pytest.raises(pl_codec.RequestError, match="does not take images") as err:
+        pl_codec.decode_request(buf.getvalue(), CELL, accepts_images=False)
+    assert err.value.status == 415
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        (b"", 400, "Empty request body"),
+        (None, 400, "Empty request body"),
+        (b"\xff\xfe\x00garbage", 415, "neither UTF-8 JSON"),
+        (b"hello", 415, "not JSON"),
+        (b'{"inputs": [1, 2', 400, "Malformed JSON"),
+        (b'{"inputs": [NaN]}', 400, "Malformed JSON"),
+        ({"instances": []}, 400, "'inputs' field"),
+        ({"inputs": "abc"}, 400, "(nested) list of numbers"),
+        ({"inputs": [[1, 2], [3]]}, 400, "rectangular"),
+        ({"inputs": np.zeros((1, 3, 28, 28)).tolist()}, 400, "must have shape"),
+        ({"inputs": np.full((1, 1, 28, 28), np.inf).tolist()}, 400, "NaN or Inf"),
+        ({"inputs": {"image": [1.0]}}, 400, "must have shape"),
+        ({"inputs": {"img": [1.0]}}, 400, "must be named"),
+        ({"inputs": [{"name": "image", "shape": [-1], "datatype": "FP32", "data": []}]}, 400, "negative or too large"),
+        ({"inputs": [{"name": "image", "shape": [10**9, 10**9], "datatype": "FP32", "data": [1]}]}, 400, "too large"),
+        ({"inputs": [{"name": "image", "shape": [2], "datatype": "FP32", "data": [1]}]}, 400, "must hold 2 values"),
+        ({"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES", "data": ["a"]}]}, 400, "datatype must be FP32"),
+        (b"\x89PNG\r\n\x1a\n" + b"junk" * 10, 400, "cannot be decoded"),
+    ],
+)  # fmt: skip
+def test_bad_bodies(body: object, status: int, fragment: str) -> None:
+    with pytest.raises(pl_codec.RequestError) as err:
+        pl_codec.decode_request(body, IMAGE, accepts_images=True)
+    assert err.value.status == status
+    assert fragment in str(err.value)
+    assert json.dumps(err.value.to_json())  # always a JSON answer
+
+
+def test_deep_nesting_is_refused() -> None:
+    deep = "[" * 5000 + "1" + "]" * 5000
+    with pytest.raises(pl_codec.RequestError, match=r"nested too deeply|Malformed"):
+        pl_codec.decode_request(('{"inputs": ' + deep + "}").encode(), IMAGE, accepts_images=True)
+
+
+def test_topk() -> None:
+    out = pl_codec.encode_outputs(
+        ["logits"], [np.array([[0.0, 2.0, 1.0]], np.float32)], "json", "m", False, topk=2
+    )
+    assert [t["class"] for t in out["topk"][0]] == [1, 2]
+    assert sum(t["probability"] for t in out["topk"][0]) < 1.0
