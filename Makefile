@@ -34,7 +34,9 @@ SERVE_MODELS ?= $(DEMO_MODELS)
 INFER_MODEL ?= $(MODEL)_ts
 INFER_INPUT ?= $(ARTIFACTS)/$(MODEL)/export/golden.pt
 
-.PHONY: help venv train export verify demo test lint format clean archive serve stop infer
+CPP_BUILD ?= cpp_client/build
+
+.PHONY: help venv train export verify demo test lint format clean archive serve stop infer cpp
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
@@ -54,13 +56,17 @@ export: $(MANIFEST)  ## export MODEL's checkpoint to TorchScript + ONNX (trains 
 verify: $(MANIFEST)  ## compare TorchScript and ONNX Runtime with eager; fails on any mismatch
 	$(PIPELINE) verify --model $(MODEL)
 
-demo: | $(STAMP)  ## train, export and verify every built-in model from scratch
+demo: | $(STAMP)  ## train, export and verify every built-in model (eager vs TorchScript, ONNX Runtime, C++)
+	$(BIN)/pipeline build-cpp --build-dir $(CPP_BUILD)
 	@set -e; for m in $(DEMO_MODELS); do \
 		echo "==> $$m"; \
 		$(PIPELINE) train --model $$m --no-progress; \
 		$(PIPELINE) export --model $$m; \
-		$(PIPELINE) verify --model $$m; \
+		$(PIPELINE) verify --model $$m --backend torchscript --backend onnxruntime --backend cpp; \
 	done
+
+cpp: | $(STAMP)  ## build the LibTorch C++ client (cpp_client/build/run_torchscript)
+	$(BIN)/pipeline build-cpp --build-dir $(CPP_BUILD)
 
 archive: | $(STAMP)  ## export (if needed) and archive SERVE_MODELS into model_store/ (.mar)
 	@set -e; for m in $(SERVE_MODELS); do \
@@ -94,3 +100,4 @@ clean:  ## remove generated artifacts and archives (keeps .venv); stops a runnin
 	-test -x $(BIN)/pipeline && $(PIPELINE) stop --run-dir $(RUN_DIR)
 	rm -rf $(ARTIFACTS) build .pytest_cache .ruff_cache
 	rm -f $(STORE)/*.mar
+	rm -rf $(CPP_BUILD)

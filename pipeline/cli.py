@@ -305,7 +305,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_verify)
 
     _add_serving_commands(sub)
+
+    p = sub.add_parser(
+        "build-cpp",
+        help="build the LibTorch C++ client (cpp_client/) against the installed torch",
+        description="Configure and build cpp_client/ with CMake, passing the flags the torch "
+        "wheel's LibTorch needs (prefix path, CUDA toolkit, nvrtc).",
+    )
+    p.add_argument("--build-dir", type=Path, help="default: cpp_client/build")
+    p.add_argument("--jobs", type=int, help="parallel compile jobs (default: all cores)")
+    p.set_defaults(func=_cmd_build_cpp)
     return parser
+
+
+def _cmd_build_cpp(args: argparse.Namespace) -> int:
+    from pipeline.cpp import build
+
+    print(f"built {build(args.build_dir, args.jobs)}")
+    return 0
 
 
 def _run_dir_arg(p: argparse.ArgumentParser) -> None:

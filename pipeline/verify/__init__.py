@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import logging
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from pipeline.zoo import DEFAULT_MODEL, get_entry
 from pipeline.zoo.spec import Inputs, ZooEntry
 from pipeline.zoo.user import entry_from_manifest
 
+log = logging.getLogger(__name__)
+
 __all__ = ["BACKENDS", "ParityReport", "VerifyConfig", "verify"]
 
 
@@ -43,6 +46,7 @@ class VerifyConfig:
     # running and serves this model.
     backends: tuple[str, ...] | None = None
     run_dir: Path | None = None  # where `pipeline serve` recorded its server
+    cpp_binary: Path | None = None  # default: cpp_client/build/run_torchscript, built if needed
     atol: float | None = None  # default: the manifest's tolerance
     rtol: float | None = None
     batch_sizes: tuple[int, ...] = (1, 7)
@@ -145,7 +149,9 @@ def verify(config: VerifyConfig) -> ParityReport:
         warnings.simplefilter("ignore", FutureWarning)
         wanted = config.backends or LOCAL_BACKENDS
         backends: list[Backend] = [
-            load_backend(name, export_dir, manifest) for name in wanted if name in LOCAL_BACKENDS
+            load_backend(name, export_dir, manifest, config.cpp_binary)
+            for name in wanted
+            if name != "torchserve"
         ]
     if "torchserve" in (config.backends or ()):
         backends += served_backends(config.model, manifest, config.run_dir)
@@ -156,7 +162,15 @@ def verify(config: VerifyConfig) -> ParityReport:
 
     output_names = [o["name"] for o in manifest["outputs"]]
     rows: list[Row] = []
-    for label, inputs, stored in _cases(entry, export_dir, manifest, config):
+    cases = _cases(entry, export_dir, manifest, config)
+    for backend in backends:
+        prepare = getattr(backend, "prepare", None)
+        if prepare is not None:  # backends that run every case in one go (the C++ client)
+            try:
+                prepare([inputs for _, inputs, _ in cases])
+            except Exception as err:  # noqa: BLE001 - reported per case below, via run()
+                log.warning("%s could not run all cases at once: %s", backend.name, err)
+    for label, inputs, stored in cases:
         entry.check_inputs(inputs)
         try:
             expected = eager.run(inputs)

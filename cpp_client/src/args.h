@@ -1,0 +1,25 @@
+// Command-line arguments of run_torchscript.
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace client {
+
+struct Args {
+  std::string model;    // TorchScript file
+  std::string inputs;   // tensors written by Python's torch.save
+  std::string outputs;  // where to write the outputs (torch.load reads them)
+  std::string device = "cpu";
+  int threads = 0;  // 0: LibTorch's default
+  int warmup = 0;
+  int repeat = 1;
+};
+
+// Parses argv; on a usage error returns nullopt and fills `error`.
+std::optional<Args> ParseArgs(int argc, char** argv, std::string* error);
+
+// The usage text, printed to stderr on errors and for --help.
+std::string Usage(const char* program);
+
+}  // namespace client

@@ -1,0 +1,104 @@
+// run_torchscript: run a TorchScript artifact from C++ and write its outputs.
+// Exit codes: 0 ok, 2 usage, 3 model cannot be loaded, 4 inputs cannot be read,
+// 5 the model rejected the inputs, 6 outputs cannot be written, 7 bad device.
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <iostream>
+#include <stdexcept>
+
+#include "args.h"
+#include "inference.h"
+#include "tensor_io.h"
+
+namespace {
+
+constexpr int kUsageError = 2;
+constexpr int kModelError = 3;
+constexpr int kInputsError = 4;
+constexpr int kRunError = 5;
+constexpr int kOutputsError = 6;
+constexpr int kDeviceError = 7;
+
+std::string JsonEscape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+int Fail(int code, const std::string& message) {
+  std::cerr << "error: " << message << "\n";
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string error;
+  const auto args = client::ParseArgs(argc, argv, &error);
+  if (!args) {
+    std::cerr << (error.empty() ? "" : "error: " + error + "\n") << client::Usage(argv[0]);
+    return error.empty() ? 0 : kUsageError;
+  }
+
+  torch::Device device(torch::kCPU);
+  try {
+    device = torch::Device(args->device);
+  } catch (const c10::Error&) {
+    return Fail(kDeviceError, "unknown --device '" + args->device + "'; use cpu, cuda or cuda:N");
+  }
+  if (device.is_cuda() && !torch::cuda::is_available()) {
+    return Fail(kDeviceError, "--device " + args->device + " asked for, but CUDA is not available");
+  }
+  if (device.is_cuda() && device.has_index() &&
+      device.index() >= static_cast<int>(torch::cuda::device_count())) {
+    return Fail(kDeviceError, "--device " + args->device + " does not exist");
+  }
+  if (args->threads > 0) torch::set_num_threads(args->threads);
+
+  torch::jit::Module module;
+  try {
+    module = client::LoadModel(args->model, device);
+  } catch (const std::exception& e) {
+    return Fail(kModelError, e.what());
+  }
+  std::vector<client::Case> cases;
+  try {
+    cases = client::LoadCases(args->inputs);
+  } catch (const std::exception& e) {
+    return Fail(kInputsError, e.what());
+  }
+
+  std::vector<client::Case> outputs;
+  client::LatencyStats stats;
+  try {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      try {
+        outputs.push_back(client::RunCase(module, cases[i], device));
+      } catch (const std::exception& e) {
+        throw std::runtime_error("case " + std::to_string(i) + " of " + args->inputs + ": " + e.what());
+      }
+    }
+    stats = client::Time(module, cases.front(), device, args->warmup, args->repeat);
+  } catch (const std::exception& e) {
+    return Fail(kRunError, e.what());
+  }
+  if (!args->outputs.empty()) {
+    try {
+      client::SaveCases(args->outputs, outputs);
+    } catch (const std::exception& e) {
+      return Fail(kOutputsError, e.what());
+    }
+  }
+  std::printf(
+      "{\"model\": \"%s\", \"device\": \"%s\", \"threads\": %d, \"cases\": %zu, \"runs\": %d, "
+      "\"p50_ms\": %.4f, \"p90_ms\": %.4f, \"p99_ms\": %.4f, \"mean_ms\": %.4f, \"min_ms\": %.4f, "
+      "\"max_ms\": %.4f}\n",
+      JsonEscape(args->model).c_str(), device.str().c_str(), torch::get_num_threads(), cases.size(), stats.runs,
+      stats.p50_ms, stats.p90_ms, stats.p99_ms, stats.mean_ms, stats.min_ms, stats.max_ms);
+  return 0;
+}

@@ -1,0 +1,95 @@
+#include "tensor_io.h"
+
+#include <torch/serialize.h>
+
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+
+namespace client {
+
+namespace {
+
+std::vector<char> ReadFile(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw std::runtime_error("cannot open inputs file " + path);
+  return {std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
+}
+
+// The elements of a list or tuple IValue.
+std::vector<c10::IValue> Items(const c10::IValue& value) {
+  if (value.isList()) return value.toListRef().vec();
+  return value.toTupleRef().elements().vec();
+}
+
+bool IsSequence(const c10::IValue& value) { return value.isList() || value.isTuple(); }
+
+Case TensorsOf(const c10::IValue& value, const std::string& path) {
+  Case tensors;
+  for (const auto& item : Items(value)) {
+    if (!item.isTensor()) {
+      throw std::runtime_error(path + ": a case must be a list of tensors, found " +
+                               std::string(item.tagKind()));
+    }
+    tensors.push_back(item.toTensor());
+  }
+  return tensors;
+}
+
+}  // namespace
+
+std::vector<Case> LoadCases(const std::string& path) {
+  const std::vector<char> data = ReadFile(path);
+  c10::IValue value;
+  try {
+    value = torch::pickle_load(data);
+  } catch (const c10::Error& e) {
+    throw std::runtime_error("cannot read inputs file " + path +
+                             " (expected tensors saved with torch.save): " + e.what_without_backtrace());
+  }
+  if (value.isGenericDict()) {
+    // A golden file from `pipeline export`: {"inputs": {name: tensor}, "outputs": ...},
+    // or a plain {name: tensor} dict; insertion order is forward() order.
+    auto dict = value.toGenericDict();
+    if (dict.contains("inputs")) dict = dict.at("inputs").toGenericDict();
+    Case one;
+    for (const auto& entry : dict) {
+      if (!entry.value().isTensor()) throw std::runtime_error(path + ": dict values must be tensors");
+      one.push_back(entry.value().toTensor());
+    }
+    return {one};
+  }
+  if (value.isTensor()) return {Case{value.toTensor()}};
+  if (!IsSequence(value)) {
+    throw std::runtime_error(path + ": expected a tensor or a list, found " +
+                             std::string(value.tagKind()));
+  }
+  const std::vector<c10::IValue> items = Items(value);
+  if (items.empty()) throw std::runtime_error(path + ": the list of inputs is empty");
+  if (!IsSequence(items.front())) return {TensorsOf(value, path)};  // one case
+  std::vector<Case> cases;
+  for (const auto& item : items) {
+    if (!IsSequence(item)) throw std::runtime_error(path + ": each case must be a list of tensors");
+    cases.push_back(TensorsOf(item, path));
+  }
+  return cases;
+}
+
+void SaveCases(const std::string& path, const std::vector<Case>& cases) {
+  // Tuples, not typed lists: a typed list is pickled with a type tag
+  // (torch.jit._pickle.restore_type_tag) that torch.load(weights_only=True) refuses.
+  std::vector<c10::IValue> outer;
+  for (const auto& one : cases) {
+    std::vector<c10::IValue> inner;
+    for (const auto& t : one) inner.emplace_back(t.detach().to(torch::kCPU).contiguous());
+    outer.emplace_back(c10::ivalue::Tuple::create(std::move(inner)));
+  }
+  const c10::IValue value(c10::ivalue::Tuple::create(std::move(outer)));
+  const std::vector<char> data = torch::pickle_save(value);
+  std::ofstream file(path, std::ios::binary);
+  if (!file) throw std::runtime_error("cannot write outputs file " + path);
+  file.write(data.data(), static_cast<std::streamsize>(data.size()));
+  if (!file) throw std::runtime_error("failed writing outputs file " + path);
+}
+
+}  // namespace client

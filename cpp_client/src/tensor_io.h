@@ -1,0 +1,20 @@
+// Reading and writing tensors in the format of Python's torch.save.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace client {
+
+using Case = std::vector<torch::Tensor>;  // the inputs (or outputs) of one forward call
+
+// Reads INPUTS.pt: a tensor, a list of tensors (one case) or a list of lists.
+// Throws std::runtime_error naming the file and what was found.
+std::vector<Case> LoadCases(const std::string& path);
+
+// Writes a list of lists of tensors with torch::pickle_save (torch.load reads it).
+void SaveCases(const std::string& path, const std::vector<Case>& cases);
+
+}  // namespace client

@@ -1,0 +1,165 @@
+"""Build and run the LibTorch C++ client (cpp_client/) from Python.
+
+The client links the LibTorch inside the pinned torch wheel. That wheel is a
+CUDA build, so its CMake config needs the CUDA toolkit and the wheel's own
+nvrtc (../shared/DESIGN.md); `build()` finds them and fails with a message
+saying what to install when something is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.errors import PipelineError
+
+log = logging.getLogger(__name__)
+
+SOURCE_DIR = Path(__file__).resolve().parent.parent / "cpp_client"
+DEFAULT_BUILD_DIR = SOURCE_DIR / "build"
+BINARY = "run_torchscript"
+CUDA_ROOTS = ("/usr/local/cuda",)
+
+
+class CppError(PipelineError):
+    """The C++ client could not be built or failed to run."""
+
+
+def _nvrtc() -> Path | None:
+    """libnvrtc from the wheel's nvidia-* packages (the toolkit's may be another version)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    for root in spec.submodule_search_locations if spec and spec.submodule_search_locations else []:
+        for candidate in sorted(Path(root).glob("cu*/lib/libnvrtc.so*")) + sorted(
+            Path(root).glob("cuda_nvrtc/lib/libnvrtc.so*")
+        ):
+            if "builtins" not in candidate.name and "alt" not in candidate.name:
+                return candidate
+    return None
+
+
+def cmake_args() -> list[str]:
+    """The -D flags the wheel's LibTorch needs on this machine."""
+    args = [f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}", "-DCMAKE_BUILD_TYPE=Release"]
+    if torch.version.cuda is None:  # a CPU-only wheel needs nothing more
+        return args
+    cuda_root = os.environ.get("CUDA_HOME") or next(
+        (r for r in CUDA_ROOTS if Path(r, "bin", "nvcc").exists()), None
+    )
+    if cuda_root is None:
+        raise CppError(
+            f"The installed torch {torch.__version__} is a CUDA {torch.version.cuda} build, and its "
+            "LibTorch CMake config needs the CUDA toolkit even for a CPU-only client, but no nvcc "
+            f"was found (looked in $CUDA_HOME and {', '.join(CUDA_ROOTS)}). Install the CUDA "
+            f"{torch.version.cuda.split('.')[0]} toolkit (for example Debian/Ubuntu's cuda-toolkit "
+            "package from NVIDIA's repository) or set CUDA_HOME to it."
+        )
+    nvrtc = _nvrtc()
+    if nvrtc is None:
+        raise CppError(
+            "libnvrtc was not found in the torch wheel's nvidia packages; reinstall torch with "
+            "`make venv` (pip installs nvidia-cuda-nvrtc with it)."
+        )
+    # No GPU here to probe: name the architectures instead of letting
+    # LibTorch's config try (and warn) to detect one.
+    arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
+    return [
+        *args,
+        f"-DCUDA_TOOLKIT_ROOT_DIR={cuda_root}",
+        f"-DCUDA_nvrtc_LIBRARY={nvrtc}",
+        f"-DCUDA_NVRTC_LIB={nvrtc}",
+        f"-DTORCH_CUDA_ARCH_LIST={arch}",
+    ]
+
+
+def binary_path(build_dir: Path | None = None) -> Path:
+    return Path(build_dir or DEFAULT_BUILD_DIR) / BINARY
+
+
+def build(build_dir: Path | None = None, jobs: int | None = None) -> Path:
+    """Configure and build the client (incrementally); returns the executable."""
+    build_dir = Path(build_dir or DEFAULT_BUILD_DIR)
+    if shutil.which("cmake") is None:
+        raise CppError(
+            "cmake is not installed; install CMake 3.18 or newer (Debian: apt-get install cmake g++)."
+        )
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        raise CppError("No C++ compiler found; install g++ (Debian: apt-get install g++).")
+    build_dir.mkdir(parents=True, exist_ok=True)
+    steps = [
+        ["cmake", "-S", str(SOURCE_DIR), "-B", str(build_dir), *cmake_args()],
+        ["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 2)],
+    ]
+    for cmd in steps:
+        log.info("%s", " ".join(cmd))
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            text = (proc.stderr or "") + (proc.stdout or "")
+            errors = [ln for ln in text.splitlines() if "rror" in ln][:15]
+            raise CppError(
+                f"Building the C++ client failed at `{' '.join(cmd[:3])}`:\n"
+                + "\n".join(errors or text.splitlines()[-20:])
+            )
+    binary = binary_path(build_dir)
+    if not binary.is_file():
+        raise CppError(f"The build finished but {binary} is missing.")
+    return binary
+
+
+def ensure_built(build_dir: Path | None = None) -> Path:
+    """The executable, building it first when it is missing or older than its sources."""
+    binary = binary_path(build_dir)
+    sources = [
+        p
+        for p in SOURCE_DIR.rglob("*")
+        if p.suffix in (".cpp", ".h", ".txt") and "build" not in p.parts
+    ]
+    if binary.is_file() and all(p.stat().st_mtime <= binary.stat().st_mtime for p in sources):
+        return binary
+    return build(build_dir)
+
+
+@dataclass(frozen=True)
+class CppRun:
+    outputs: list[list[torch.Tensor]]  # per case, the flattened outputs
+    stats: dict[str, Any]  # latency statistics printed by the client
+
+
+def run(
+    model: Path,
+    cases: list[list[torch.Tensor]],
+    *,
+    binary: Path | None = None,
+    device: str = "cpu",
+    threads: int | None = None,
+    warmup: int = 0,
+    repeat: int = 1,
+    timeout: float = 600,
+) -> CppRun:
+    """Run the client on `cases` (each a list of input tensors in forward order)."""
+    binary = Path(binary or ensure_built())
+    with tempfile.TemporaryDirectory(prefix="pipeline-cpp-") as tmp:
+        inputs, outputs = Path(tmp) / "inputs.pt", Path(tmp) / "outputs.pt"
+        torch.save([[t.detach().cpu().contiguous() for t in case] for case in cases], inputs)
+        cmd = [str(binary), "--model", str(model), "--inputs", str(inputs), "--outputs", str(outputs),
+               "--device", device, "--warmup", str(warmup), "--repeat", str(repeat)]  # fmt: skip
+        if threads:
+            cmd += ["--threads", str(threads)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        if proc.returncode != 0:
+            raise CppError(f"{BINARY} exited {proc.returncode}: {proc.stderr.strip()[-600:]}")
+        result = torch.load(outputs, map_location="cpu", weights_only=True)
+    return CppRun(
+        outputs=[list(case) for case in result],
+        stats=json.loads(proc.stdout.strip().splitlines()[-1]),
+    )

@@ -1,0 +1,174 @@
+"""The LibTorch C++ client: a real CMake build, run on every zoo model, compared with eager."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline import cpp
+from pipeline.export import ExportConfig, ExportResult, export
+from pipeline.train import TrainConfig, train
+from pipeline.verify import VerifyConfig, verify
+
+MODELS = ["digits_lenet", "my_decision_gate", "my_cell", "my_rnn_loop", "wrap_rnn"]
+
+
+@pytest.fixture(scope="session")
+def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real build per test session, under pytest's temp dir."""
+    return cpp.build(tmp_path_factory.mktemp("cpp_build"))
+
+
+@pytest.fixture(scope="module")
+def family_exports(
+    exported: ExportResult, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, ExportResult]:
+    root = tmp_path_factory.mktemp("cpp_exports")
+    out = {"digits_lenet": exported}
+    for name in MODELS[1:]:
+        ckpt = train(
+            TrainConfig(model=name, out=root / name / "checkpoint.pt", progress=False, device="cpu")
+        )
+        out[name] = export(
+            ExportConfig(
+                model=name, checkpoint=ckpt.checkpoint.path, out_dir=root / name / "export"
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_cpp_parity(
+    binary: Path, family_exports: dict[str, ExportResult], name: str, tmp_path: Path
+) -> None:
+    report = verify(
+        VerifyConfig(
+            model=name,
+            export_dir=family_exports[name].out_dir,
+            backends=("cpp",),
+            cpp_binary=binary,
+            report=tmp_path / "p.json",
+        )
+    )
+    assert report.passed, report.failure_message()
+    cpp_cases = {r.inputs for r in report.rows if r.backend == "cpp"}
+    assert "golden" in cpp_cases
+    assert any(c.startswith("probe") for c in cpp_cases)
+    if name != "digits_lenet":  # both branches of the gate, and new sequence lengths
+        assert any("+" in c or ">0" in c for c in cpp_cases)
+        assert any("-" in c or "<0" in c for c in cpp_cases)
+    if name in ("my_rnn_loop", "wrap_rnn"):
+        assert any("seq=13" in c for c in cpp_cases)
+
+
+def test_latency_statistics_and_tuple_outputs(
+    binary: Path, family_exports: dict[str, ExportResult]
+) -> None:
+    model = family_exports["my_cell"].out_dir / "model.torchscript.pt"
+    x, h = torch.randn(3, 4), torch.randn(3, 4)
+    done = cpp.run(model, [[x, h]], binary=binary, threads=1, warmup=2, repeat=15)
+    assert len(done.outputs[0]) == 2  # the (new_h, new_h) tuple, flattened
+    expected = torch.jit.load(str(model))(x, h)
+    torch.testing.assert_close(done.outputs[0][0], expected[0], rtol=0, atol=0)
+    stats = done.stats
+    assert stats["runs"] == 15
+    assert stats["threads"] == 1
+    assert stats["device"] == "cpu"
+    assert 0 < stats["p50_ms"] <= stats["p90_ms"] <= stats["p99_ms"] <= stats["max_ms"]
+    assert stats["min_ms"] <= stats["mean_ms"] <= stats["max_ms"]
+
+
+def _client(binary: Path, *args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(binary), *map(str, args)], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_errors_name_the_file_and_the_problem(
+    binary: Path, family_exports: dict[str, ExportResult], tmp_path: Path
+) -> None:
+    model = family_exports["digits_lenet"].out_dir / "model.torchscript.pt"
+    good_inputs = tmp_path / "in.pt"
+    torch.save([torch.zeros(2, 1, 28, 28)], good_inputs)
+
+    proc = _client(binary)
+    assert proc.returncode == 2
+    assert "usage:" in proc.stderr
+
+    proc = _client(binary, "--model", tmp_path / "missing.pt", "--inputs", good_inputs)
+    assert proc.returncode == 3
+    assert f"cannot load TorchScript model {tmp_path / 'missing.pt'}" in proc.stderr
+
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(model.read_bytes()[:5000])
+    proc = _client(binary, "--model", corrupt, "--inputs", good_inputs)
+    assert proc.returncode == 3
+    assert f"cannot load TorchScript model {corrupt}" in proc.stderr
+
+    proc = _client(binary, "--model", model, "--inputs", tmp_path / "none.pt")
+    assert proc.returncode == 4
+    assert "cannot open inputs file" in proc.stderr
+
+    wrong = tmp_path / "wrong.pt"
+    torch.save([torch.zeros(2, 3, 28, 28)], wrong)
+    proc = _client(binary, "--model", model, "--inputs", wrong)
+    assert proc.returncode == 5
+    assert "the model rejected inputs [[2, 3, 28, 28] Float]" in proc.stderr
+    assert str(wrong) in proc.stderr
+
+    proc = _client(binary, "--model", model, "--inputs", good_inputs, "--repeat", "0")
+    assert proc.returncode == 2
+    assert "--repeat must be at least 1" in proc.stderr
+
+
+def test_cpu_only_machine_is_told_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    if torch.version.cuda is None:
+        pytest.skip("a CPU-only torch needs no CUDA toolkit")
+    monkeypatch.setattr(cpp, "CUDA_ROOTS", ("/nonexistent/cuda",))
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    with pytest.raises(cpp.CppError, match=r"CUDA \d+(\.\d+)? build.*Install the CUDA"):
+        cpp.cmake_args()
+
+
+def test_command_line_prints_json(
+    binary: Path, family_exports: dict[str, ExportResult], tmp_path: Path
+) -> None:
+    inputs = tmp_path / "in.pt"
+    torch.save([torch.randn(5, 2, 4)], inputs)
+    proc = _client(
+        binary, "--model", family_exports["wrap_rnn"].out_dir / "model.torchscript.pt",
+        "--inputs", inputs, "--outputs", tmp_path / "out.pt", "--repeat", "3",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["cases"] == 1
+    out = torch.load(tmp_path / "out.pt", weights_only=True)
+    assert out[0][0].shape == (2, 4)
+
+
+@pytest.mark.gpu
+def test_cuda_parity(binary: Path, family_exports: dict[str, ExportResult]) -> None:
+    model = family_exports["digits_lenet"].out_dir / "model.torchscript.pt"
+    golden = torch.load(family_exports["digits_lenet"].out_dir / "golden.pt", weights_only=True)
+    done = cpp.run(model, [[golden["inputs"]["image"]]], binary=binary, device="cuda:0", repeat=5)
+    assert done.stats["device"] == "cuda:0"
+    torch.testing.assert_close(
+        done.outputs[0][0], golden["outputs"]["logits"], atol=1e-4, rtol=1e-3
+    )
+
+
+def test_reads_an_exports_golden_file(
+    binary: Path, family_exports: dict[str, ExportResult], tmp_path: Path
+) -> None:
+    export_dir = family_exports["my_cell"].out_dir
+    proc = _client(
+        binary, "--model", export_dir / "model.torchscript.pt",
+        "--inputs", export_dir / "golden.pt", "--outputs", tmp_path / "out.pt",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    golden = torch.load(export_dir / "golden.pt", weights_only=True)
+    out = torch.load(tmp_path / "out.pt", weights_only=True)
+    torch.testing.assert_close(out[0][0], golden["outputs"]["y"], rtol=0, atol=0)
