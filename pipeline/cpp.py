@@ -150,7 +150,8 @@ def run(
     binary = Path(binary or ensure_built())
     with tempfile.TemporaryDirectory(prefix="pipeline-cpp-") as tmp:
         inputs, outputs = Path(tmp) / "inputs.pt", Path(tmp) / "outputs.pt"
-        torch.save([[t.detach().cpu().contiguous() for t in case] for case in cases], inputs)
+        # clone(): a tensor torch.export touched carries Python attributes LibTorch cannot unpickle.
+        torch.save([[t.detach().cpu().clone() for t in case] for case in cases], inputs)
         cmd = [str(binary), "--model", str(model), "--inputs", str(inputs), "--outputs", str(outputs),
                "--device", device, "--warmup", str(warmup), "--repeat", str(repeat)]  # fmt: skip
         if threads:

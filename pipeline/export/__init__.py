@@ -84,9 +84,25 @@ class ExportResult:
     manifest: dict[str, Any]
 
 
+def _plain(value: Any) -> Any:
+    """Fresh, detached copies of every tensor in `value`.
+
+    A tensor that picked up Python attributes on its way through the model is
+    pickled with its `__dict__` (a `set` among them), which LibTorch's
+    `torch::pickle_load` cannot read; a clone carries only the data.
+    """
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone().contiguous()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_plain(v) for v in value)
+    return value
+
+
 def _save_tensors(target: Path, payload: dict[str, Any]) -> None:
     buffer = io.BytesIO()  # in memory first: see checkpoint.state_dict_bytes
-    torch.save(payload, buffer)
+    torch.save(_plain(payload), buffer)
     target.write_bytes(buffer.getvalue())
 
 
