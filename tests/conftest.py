@@ -6,6 +6,9 @@ directory or on another test's order.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,3 +40,43 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
 def exported(trained: TrainResult, tmp_path_factory: pytest.TempPathFactory) -> ExportResult:
     out_dir = tmp_path_factory.mktemp("exported") / "export"
     return export(ExportConfig(checkpoint=trained.checkpoint.path, out_dir=out_dir))
+
+
+# The built-in models with data-dependent control flow (the TorchScript tutorial's).
+FAMILY = ["my_decision_gate", "my_cell", "my_rnn_loop", "wrap_rnn"]
+
+
+@pytest.fixture(scope="session")
+def family(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ExportResult]:
+    """The control-flow family, trained and exported once per session."""
+    root = tmp_path_factory.mktemp("family")
+    results = {}
+    for name in FAMILY:
+        config = TrainConfig(
+            model=name, out=root / name / "checkpoint.pt", progress=False, device="cpu"
+        )
+        ckpt = train(config)
+        results[name] = export(
+            ExportConfig(
+                model=name, checkpoint=ckpt.checkpoint.path, out_dir=root / name / "export"
+            )
+        )
+    return results
+
+
+@pytest.fixture(scope="session")
+def all_exports(exported: ExportResult, family: dict[str, ExportResult]) -> dict[str, ExportResult]:
+    """Every built-in model's export: the digits CNN and the control-flow family."""
+    return {"digits_lenet": exported, **family}
+
+
+def run_cli(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m pipeline ARGS` as a user runs it (warnings off, output captured)."""
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )

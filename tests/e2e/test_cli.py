@@ -14,17 +14,9 @@ import torch
 from pipeline.checkpoint import sidecar_path
 from pipeline.fileio import sha256_file
 from pipeline.train import TrainResult
+from tests.conftest import run_cli
 
-
-def run(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=600,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
+run = run_cli
 
 
 def assert_clean_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:

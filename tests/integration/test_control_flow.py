@@ -9,26 +9,8 @@ import pytest
 import torch
 
 from pipeline.export import ExportConfig, ExportResult, export
-from pipeline.train import TrainConfig, train
 from pipeline.verify import VerifyConfig, verify
-
-FAMILY = ["my_decision_gate", "my_cell", "my_rnn_loop", "wrap_rnn"]
-
-
-@pytest.fixture(scope="module")
-def family(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ExportResult]:
-    root = tmp_path_factory.mktemp("family")
-    results = {}
-    for name in FAMILY:
-        ckpt = train(
-            TrainConfig(model=name, out=root / name / "checkpoint.pt", progress=False, device="cpu")
-        )
-        results[name] = export(
-            ExportConfig(
-                model=name, checkpoint=ckpt.checkpoint.path, out_dir=root / name / "export"
-            )
-        )
-    return results
+from tests.conftest import FAMILY
 
 
 @pytest.mark.parametrize("name", FAMILY)

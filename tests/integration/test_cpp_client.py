@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from pipeline import cpp
-from pipeline.export import ExportConfig, ExportResult, export
-from pipeline.train import TrainConfig, train
+from pipeline.export import ExportResult
 from pipeline.verify import VerifyConfig, verify
 
 MODELS = ["digits_lenet", "my_decision_gate", "my_cell", "my_rnn_loop", "wrap_rnn"]
@@ -24,21 +23,8 @@ def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def family_exports(
-    exported: ExportResult, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, ExportResult]:
-    root = tmp_path_factory.mktemp("cpp_exports")
-    out = {"digits_lenet": exported}
-    for name in MODELS[1:]:
-        ckpt = train(
-            TrainConfig(model=name, out=root / name / "checkpoint.pt", progress=False, device="cpu")
-        )
-        out[name] = export(
-            ExportConfig(
-                model=name, checkpoint=ckpt.checkpoint.path, out_dir=root / name / "export"
-            )
-        )
-    return out
+def family_exports(all_exports: dict[str, ExportResult]) -> dict[str, ExportResult]:
+    return all_exports
 
 
 @pytest.mark.parametrize("name", MODELS)

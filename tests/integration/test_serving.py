@@ -22,9 +22,8 @@ from PIL import Image
 from pipeline.archive import ArchiveConfig, archive, archive_name
 from pipeline.client import post, tensors_body
 from pipeline.data import digits_sample, preprocess_digits
-from pipeline.export import ExportConfig, ExportResult, export
+from pipeline.export import ExportResult
 from pipeline.serve import ServeConfig, ServeError, Server, free_port, start, stop
-from pipeline.train import TrainConfig, TrainResult, train
 from pipeline.verify import VerifyConfig, verify
 
 SERVED = ["digits_lenet", "my_decision_gate", "my_cell", "my_rnn_loop", "wrap_rnn"]
@@ -39,21 +38,8 @@ def _ports() -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def exports(
-    trained: TrainResult, exported: ExportResult, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, ExportResult]:
-    root = tmp_path_factory.mktemp("serve_exports")
-    out = {"digits_lenet": exported}
-    for name in SERVED[1:]:
-        ckpt = train(
-            TrainConfig(model=name, out=root / name / "checkpoint.pt", progress=False, device="cpu")
-        )
-        out[name] = export(
-            ExportConfig(
-                model=name, checkpoint=ckpt.checkpoint.path, out_dir=root / name / "export"
-            )
-        )
-    return out
+def exports(all_exports: dict[str, ExportResult]) -> dict[str, ExportResult]:
+    return all_exports
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,19 +13,12 @@ from pipeline.export import ExportConfig, ExportResult, export
 from pipeline.train import TrainConfig, train
 from pipeline.verify import VerifyConfig, verify
 from pipeline.zoo.user import load_spec_file, model_slug, parse_input
+from tests.conftest import run_cli
 
 USER_FILE = Path(__file__).parent / "data" / "user_gated.py"
 
 
-def cli(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=600,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
+cli = run_cli
 
 
 def test_file_model_exports_and_verifies_from_the_command_line(tmp_path: Path) -> None:
