@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 MODEL ?= digits_lenet
 # The built-in models `make demo` runs end to end.
-DEMO_MODELS ?= digits_lenet my_decision_gate my_cell my_rnn_loop wrap_rnn
+DEMO_MODELS ?= digits_lenet digits_mlp my_decision_gate my_cell my_rnn_loop wrap_rnn
 ARTIFACTS ?= artifacts
 PIPELINE := $(BIN)/pipeline --artifacts-dir $(ARTIFACTS)
 CHECKPOINT := $(ARTIFACTS)/$(MODEL)/checkpoint.pt
@@ -36,7 +36,7 @@ INFER_INPUT ?= $(ARTIFACTS)/$(MODEL)/export/golden.pt
 
 CPP_BUILD ?= cpp_client/build
 
-.PHONY: help venv train export verify demo test lint format clean archive serve stop infer cpp
+.PHONY: help venv train train-ddp export verify demo test lint format clean archive serve stop infer cpp
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
@@ -50,6 +50,10 @@ $(MANIFEST): $(CHECKPOINT)
 
 train: | $(STAMP)  ## train MODEL (default digits_lenet) and write its checkpoint
 	$(PIPELINE) train --model $(MODEL)
+
+NPROC ?= 2
+train-ddp: | $(STAMP)  ## train MODEL with DistributedDataParallel over NPROC processes (torchrun)
+	$(BIN)/torchrun --standalone --nproc-per-node $(NPROC) -m pipeline --artifacts-dir $(ARTIFACTS) train --model $(MODEL)
 
 export: $(MANIFEST)  ## export MODEL's checkpoint to TorchScript + ONNX (trains first if needed)
 

@@ -89,9 +89,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
         device=args.device,
         progress=not args.no_progress,
         model_kwargs=parse_kwargs(args.model_kwargs),
+        amp=args.amp,
+        clip_grad_norm=args.clip_grad_norm,
+        resume=args.resume,
+        stop_after_epoch=args.stop_after_epoch,
+        report=not args.no_report,
     )
     result = train(config)
     meta = result.checkpoint.meta
+    if not meta:  # a non-zero rank under torchrun: rank 0 reports
+        return 0
     print(f"checkpoint: {result.checkpoint.path}")
     print(f"sha256:     {meta['weights_sha256']}")
     metrics = {k: v for k, v in meta["metrics"].items() if k != "history"}
@@ -181,8 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "train",
         help="train a zoo model and write a checkpoint",
-        description="Seeded, deterministic training; writes <model>/checkpoint.pt "
-        "and its .json sidecar atomically.",
+        description="Seeded, deterministic training; writes <model>/checkpoint.pt, its .json "
+        "sidecar, a resumable .state.pt, a .summary.txt and a .png plot, atomically, after every "
+        "epoch. Several processes: torchrun --nproc-per-node N -m pipeline train ... "
+        "(DistributedDataParallel; --batch-size is the global batch).",
     )
     _model_arg(p)
     p.add_argument(
@@ -197,6 +206,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--amp",
+        action="store_true",
+        help="mixed precision: fp16 autocast + GradScaler on CUDA, bf16 autocast on CPU "
+        "(the checkpoint stays float32)",
+    )
+    p.add_argument(
+        "--clip-grad-norm",
+        type=float,
+        metavar="MAX",
+        help="clip the gradient norm (after unscaling)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from <checkpoint>.state.pt (model, optimizer, scheduler, scaler, RNG, epoch)",
+    )
+    p.add_argument(
+        "--stop-after-epoch",
+        type=int,
+        metavar="N",
+        help="stop cleanly after epoch N, as an interrupted run would (continue with --resume)",
+    )
+    p.add_argument(
+        "--no-report", action="store_true", help="skip the model summary and the PNG plot"
+    )
     _kwargs_arg(p)
     p.set_defaults(func=_cmd_train)
 

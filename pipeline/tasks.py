@@ -128,10 +128,10 @@ def get_task(name: str) -> Task:
 
 
 @torch.no_grad()
-def evaluate(
+def evaluate_sums(
     model: nn.Module, loader: DataLoader, task: Task, device: torch.device
-) -> dict[str, float]:
-    """Mean validation loss and, for classification, accuracy."""
+) -> list[float]:
+    """[loss × samples, correct predictions, samples] over `loader` (summable across ranks)."""
     model.eval()
     total_loss, correct, count = 0.0, 0, 0
     for batch in loader:
@@ -143,7 +143,19 @@ def evaluate(
         if task.metric == "val_accuracy":
             correct += int((_first_output(outputs).argmax(dim=1) == targets).sum())
         count += targets.shape[0]
-    metrics = {"val_loss": total_loss / max(count, 1)}
+    return [total_loss, float(correct), float(count)]
+
+
+def metrics_from_sums(task: Task, sums: list[float]) -> dict[str, float]:
+    total_loss, correct, count = sums
+    metrics = {"val_loss": total_loss / max(count, 1.0)}
     if task.metric == "val_accuracy":
-        metrics["val_accuracy"] = correct / max(count, 1)
+        metrics["val_accuracy"] = correct / max(count, 1.0)
     return metrics
+
+
+def evaluate(
+    model: nn.Module, loader: DataLoader, task: Task, device: torch.device
+) -> dict[str, float]:
+    """Mean validation loss and, for classification, accuracy."""
+    return metrics_from_sums(task, evaluate_sums(model, loader, task, device))

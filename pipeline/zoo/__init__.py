@@ -13,7 +13,7 @@ from torch import nn
 from pipeline.data import DIGITS_CLASSES, DIGITS_SIZE, digits_sample
 from pipeline.errors import InputSpecError, UnknownModelError
 from pipeline.zoo import rnn
-from pipeline.zoo.lenet import DigitsLeNet
+from pipeline.zoo.lenet import DigitsLeNet, DigitsMLP
 from pipeline.zoo.spec import Inputs, TensorSpec, ZooEntry
 from pipeline.zoo.user import _file_probes, external_entry, is_external
 
@@ -118,6 +118,18 @@ _ENTRIES: dict[str, ZooEntry] = {
             description="LeNet-style CNN (BatchNorm + Dropout) for scikit-learn's digits at 28×28",
             builder=DigitsLeNet,
             kwargs={"num_classes": DIGITS_CLASSES, "dropout": 0.25},
+            inputs=(TensorSpec("image", ("batch", 1, DIGITS_SIZE, DIGITS_SIZE)),),
+            outputs=("logits",),
+            task="digits",
+            golden=_digits_golden,
+            probes=_digits_probes,
+            serving={"image": {"size": DIGITS_SIZE}, "topk": 3},
+        ),
+        ZooEntry(
+            name="digits_mlp",
+            description="BatchNorm-free MLP for the digits: the exact reference for multi-process training",
+            builder=DigitsMLP,
+            kwargs={"num_classes": DIGITS_CLASSES, "hidden": 128},
             inputs=(TensorSpec("image", ("batch", 1, DIGITS_SIZE, DIGITS_SIZE)),),
             outputs=("logits",),
             task="digits",

@@ -39,3 +39,20 @@ class DigitsLeNet(nn.Module):
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(image))
+
+
+class DigitsMLP(nn.Module):
+    """A BatchNorm- and Dropout-free MLP: every sample is computed on its own.
+
+    The reference for distributed training: with no batch statistics, N
+    processes over batches of B/N compute what one process computes over B.
+    """
+
+    def __init__(self, num_classes: int = 10, hidden: int = 128) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Flatten(), nn.Linear(28 * 28, hidden), nn.ReLU(), nn.Linear(hidden, num_classes)
+        )
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return self.net(image)

@@ -1,0 +1,67 @@
+"""Multi-process training with torch.distributed (DistributedDataParallel).
+
+`torchrun --nproc-per-node N -m pipeline train ...` sets RANK/WORLD_SIZE/
+LOCAL_RANK; `setup()` joins the process group (gloo on CPU, nccl on CUDA).
+A plain `pipeline train` is a world of one and needs no process group.
+`torch.nn.DataParallel` is not used: PyTorch recommends DDP instead even on a
+single machine (one process per device, no GIL contention, no scatter/gather
+through one GPU).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+
+def from_env() -> World:
+    """The world torchrun describes in the environment (a world of one otherwise)."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    return World(
+        rank=int(os.environ.get("RANK", "0")),
+        size=size,
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+    )
+
+
+def setup(world: World, device: torch.device) -> None:
+    if world.distributed and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, rank=world.rank, world_size=world.size)
+
+
+def teardown(world: World) -> None:
+    if world.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_sum(values: list[float], device: torch.device, world: World) -> list[float]:
+    """Element-wise sum over ranks (identity in a world of one)."""
+    if not world.distributed:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def barrier(world: World) -> None:
+    if world.distributed:
+        dist.barrier()

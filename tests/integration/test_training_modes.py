@@ -1,0 +1,137 @@
+"""Training at scale: DDP over torchrun, mixed precision, resume, reports."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from pipeline.checkpoint import load_checkpoint
+from pipeline.train import TrainConfig, train
+
+TRAINABLE = ["digits_lenet", "digits_mlp", "my_cell", "my_rnn_loop", "wrap_rnn"]
+
+
+def torchrun(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    torchrun_exe = Path(sys.executable).parent / "torchrun"
+    cmd = [str(torchrun_exe), "--standalone", "--nproc-per-node", "2", "-m", "pipeline", *args]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+
+
+def test_two_process_ddp_matches_one_process_over_the_same_global_batch(tmp_path: Path) -> None:
+    args = [
+        "train",
+        "--model",
+        "digits_mlp",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "64",
+        "--no-progress",
+        "--no-report",
+    ]
+    proc = torchrun(tmp_path, "--artifacts-dir", str(tmp_path / "ddp"), *args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("checkpoint:") == 1  # only rank 0 reports and writes
+    ddp = load_checkpoint(tmp_path / "ddp" / "digits_mlp" / "checkpoint.pt")
+    assert ddp.meta["world_size"] == 2
+    single = train(
+        TrainConfig(model="digits_mlp", out=tmp_path / "single" / "checkpoint.pt", epochs=2,
+                    batch_size=64, progress=False, report=False, device="cpu")
+    )  # fmt: skip
+    for name, tensor in single.checkpoint.state_dict.items():
+        torch.testing.assert_close(ddp.state_dict[name], tensor, atol=1e-6, rtol=0)
+    # Metrics are reduced over both ranks: the same as one process sees.
+    for a, b in zip(ddp.meta["metrics"]["history"], single.history, strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-6)
+        assert a["val_accuracy"] == pytest.approx(b["val_accuracy"], abs=1e-9)
+
+
+@pytest.mark.parametrize("model", TRAINABLE)
+def test_every_trainable_model_trains_with_ddp_and_amp(model: str, tmp_path: Path) -> None:
+    proc = torchrun(
+        tmp_path, "--artifacts-dir", str(tmp_path), "train", "--model", model, "--epochs", "2",
+        "--amp", "--clip-grad-norm", "5", "--no-progress", "--no-report",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ckpt = load_checkpoint(tmp_path / model / "checkpoint.pt")
+    assert ckpt.meta["amp"] is True
+    assert all(t.dtype == torch.float32 for t in ckpt.state_dict.values() if t.is_floating_point())
+
+
+def test_bf16_amp_on_cpu_loss_falls(tmp_path: Path) -> None:
+    result = train(
+        TrainConfig(
+            out=tmp_path / "c.pt", epochs=4, amp=True, progress=False, report=False, device="cpu"
+        )
+    )
+    losses = [h["train_loss"] for h in result.history]
+    assert losses[-1] < losses[0] / 4
+    assert result.history[-1]["val_accuracy"] > 0.9
+    assert all(
+        t.dtype == torch.float32
+        for t in result.checkpoint.state_dict.values()
+        if t.is_floating_point()
+    )
+
+
+def test_interrupted_then_resumed_run_ends_with_the_same_weights(tmp_path: Path) -> None:
+    """BatchNorm, Dropout, two DataLoader workers: every RNG has to be restored."""
+    common = {"epochs": 3, "workers": 2, "progress": False, "device": "cpu"}
+    whole = train(TrainConfig(out=tmp_path / "whole" / "checkpoint.pt", **common))
+    first = train(
+        TrainConfig(out=tmp_path / "split" / "checkpoint.pt", stop_after_epoch=1, **common)
+    )
+    assert not first.completed
+    assert first.checkpoint.meta["epoch"] == 1
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline", "train", "--out", str(tmp_path / "split" / "checkpoint.pt"),
+         "--epochs", "3", "--workers", "2", "--device", "cpu", "--resume", "--no-progress"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "resuming digits_lenet after epoch 1" in proc.stdout + proc.stderr
+    resumed = load_checkpoint(tmp_path / "split" / "checkpoint.pt")
+    assert resumed.meta["weights_sha256"] == whole.checkpoint.meta["weights_sha256"]
+    assert len(resumed.meta["metrics"]["history"]) == 3
+
+
+def test_resume_without_state_is_a_clear_error(tmp_path: Path) -> None:
+    from pipeline.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match=r"Cannot resume: .*state\.pt does not exist"):
+        train(TrainConfig(out=tmp_path / "c.pt", resume=True, progress=False))
+
+
+def test_summary_and_plot_are_written(tmp_path: Path) -> None:
+    result = train(
+        TrainConfig(out=tmp_path / "checkpoint.pt", epochs=2, progress=False, device="cpu")
+    )
+    assert "Total params" in result.summary
+    assert "Conv2d" in (tmp_path / "checkpoint.summary.txt").read_text()
+    assert result.plot == tmp_path / "checkpoint.png"
+    with Image.open(result.plot) as image:
+        assert image.format == "PNG"
+        assert image.width > 400
+
+
+@pytest.mark.gpu
+def test_fp16_amp_with_grad_scaler_on_cuda(tmp_path: Path) -> None:
+    result = train(
+        TrainConfig(
+            out=tmp_path / "c.pt", epochs=3, amp=True, progress=False, report=False, device="cuda"
+        )
+    )
+    losses = [h["train_loss"] for h in result.history]
+    assert losses[-1] < losses[0]
+    assert all(
+        t.dtype == torch.float32
+        for t in result.checkpoint.state_dict.values()
+        if t.is_floating_point()
+    )
