@@ -39,6 +39,10 @@ def atomic_path(target: Path) -> Iterator[Path]:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     tmp = Path(tmp_name)
+    # mkstemp creates 0600; give the result the mode an ordinary write would (umask applied).
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o666 & ~umask)
     try:
         yield tmp
         with tmp.open("rb") as fh:

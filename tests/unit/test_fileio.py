@@ -26,3 +26,14 @@ def test_sha256_matches_hashlib(tmp_path: Path) -> None:
     p = tmp_path / "f"
     p.write_bytes(b"x" * 3_000_000)
     assert sha256_file(p) == hashlib.sha256(b"x" * 3_000_000).hexdigest()
+
+
+def test_atomic_write_gives_ordinary_permissions(tmp_path: Path) -> None:
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        target = write_json(tmp_path / "m.json", {})
+    finally:
+        os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o644
