@@ -61,6 +61,10 @@ class PipelineHandler(BaseHandler):
         serving = self.manifest.get("serving", {})
         self.image = serving.get("image")  # {"size": 28} for the digits CNN
         self.topk = int(serving.get("topk", 0))
+        # Models whose output for one sample depends on the rest of the batch
+        # (the tutorial gate sums over it) must not be stacked with other
+        # clients' requests: each request then runs on its own.
+        self.stack_requests = bool(serving.get("stack_requests", True))
         # One thread per worker unless told otherwise: several workers each
         # spinning several threads on a small machine collapse throughput.
         threads = int(
@@ -131,13 +135,27 @@ class PipelineHandler(BaseHandler):
         return pl_codec.Decoded({name: x.contiguous().numpy()}, "image", unbatched=False)
 
     def inference(self, decoded: list[Any]) -> list[Any]:
-        """Stack requests whose non-batch shapes agree; one forward per group."""
+        """Stack requests whose non-batch shapes agree; one forward per group.
+
+        The batch axis is not always first: for (seq, batch, features) inputs a
+        request's non-batch shape is compared over all other axes.
+        """
         results: list[Any] = list(decoded)
         groups: dict[tuple, list[int]] = {}
         for i, item in enumerate(decoded):
             if isinstance(item, pl_codec.Decoded):
-                key = tuple((n, a.shape[1:]) for n, a in sorted(item.arrays.items()))
-                groups.setdefault(key, []).append(i)
+                key = tuple(
+                    (
+                        spec.name,
+                        tuple(
+                            d
+                            for ax, d in enumerate(item.arrays[spec.name].shape)
+                            if ax != self._batch_axis(spec)
+                        ),
+                    )
+                    for spec in self.specs
+                )
+                groups.setdefault(key if self.stack_requests else (i,), []).append(i)
         for members in groups.values():
             batch = {
                 spec.name: np.concatenate(

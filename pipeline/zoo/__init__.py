@@ -107,6 +107,10 @@ def _sequence_probes(generator: torch.Generator, model: nn.Module) -> list[tuple
     return [(label, {"xs": _steps(linear, signs, b, generator)}) for label, signs, b in cases]
 
 
+# The gate sums over the whole batch, so stacking several clients' requests
+# into one forward pass could flip a request's branch: serve them one by one.
+_BATCH_COUPLED = {"stack_requests": False}
+
 _VEC = (TensorSpec("x", ("batch", rnn.HIDDEN), low=-1.0, high=1.0),)
 _SEQ = (TensorSpec("xs", ("seq", "batch", rnn.HIDDEN), low=-1.0, high=1.0),)
 
@@ -145,6 +149,7 @@ _ENTRIES: dict[str, ZooEntry] = {
             outputs=("y",),
             task=None,
             probes=_gate_probes,
+            serving=_BATCH_COUPLED,
         ),
         ZooEntry(
             name="my_cell",
@@ -155,6 +160,7 @@ _ENTRIES: dict[str, ZooEntry] = {
             task="rnn_teacher_step",
             train_defaults={"lr": 3e-2},
             probes=_cell_probes,
+            serving=_BATCH_COUPLED,
         ),
         ZooEntry(
             name="my_rnn_loop",
@@ -166,6 +172,7 @@ _ENTRIES: dict[str, ZooEntry] = {
             train_defaults={"lr": 3e-2},
             default_sizes={"seq": 6, "batch": 3},
             probes=_sequence_probes,
+            serving=_BATCH_COUPLED,
         ),
         ZooEntry(
             name="wrap_rnn",
@@ -177,6 +184,7 @@ _ENTRIES: dict[str, ZooEntry] = {
             train_defaults={"lr": 3e-2},
             default_sizes={"seq": 6, "batch": 3},
             probes=_sequence_probes,
+            serving=_BATCH_COUPLED,
         ),
     ]
 }

@@ -248,6 +248,27 @@ def test_bad_requests_get_4xx_json_and_the_worker_survives(server: Server) -> No
     assert _pids(server) == before  # no worker died
 
 
+def test_batch_coupled_models_are_not_stacked_across_clients(
+    server: Server, exports: dict[str, ExportResult]
+) -> None:
+    """The gate sums over its batch: stacking two clients' requests could flip one's branch."""
+    model = torch.jit.load(str(exports["my_decision_gate"].out_dir / "model.torchscript.pt"))
+    bodies = [torch.full((1, 4), 0.5), torch.full((3, 4), -1.0)] * 4  # stacked, the sum is negative
+
+    barrier = threading.Barrier(len(bodies))
+
+    def call(x: torch.Tensor) -> list:
+        barrier.wait(timeout=30)
+        resp = post(server, "my_decision_gate_ts", tensors_body({"x": x}))
+        assert resp.status_code == 200, resp.text
+        return resp.json()["outputs"]["y"]
+
+    with ThreadPoolExecutor(max_workers=len(bodies)) as pool:
+        answers = list(pool.map(call, bodies))
+    for x, y in zip(bodies, answers, strict=True):
+        torch.testing.assert_close(torch.tensor(y), model(x))  # each answered as if alone
+
+
 def test_a_bad_request_fails_alone_in_its_batch(server: Server) -> None:
     name = archive_name("digits_lenet", "onnx")
     bodies = [tensors_body({"image": digits_sample(1, offset=i)}) for i in range(7)]
