@@ -36,7 +36,7 @@ INFER_INPUT ?= $(ARTIFACTS)/$(MODEL)/export/golden.pt
 
 CPP_BUILD ?= cpp_client/build
 
-.PHONY: help venv train train-ddp export verify demo test lint format clean archive serve stop infer cpp
+.PHONY: help venv train train-ddp export verify demo test lint format clean archive serve stop infer cpp latency
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
@@ -71,6 +71,12 @@ demo: | $(STAMP)  ## train, export and verify every built-in model (eager vs Tor
 
 cpp: | $(STAMP)  ## build the LibTorch C++ client (cpp_client/build/run_torchscript)
 	$(BIN)/pipeline build-cpp --build-dir $(CPP_BUILD)
+
+latency: | $(STAMP)  ## C++ client vs Python TorchScript at batch 1 (digits CNN, resnet18), one run
+	$(BIN)/pipeline build-cpp --build-dir $(CPP_BUILD)
+	test -f $(ARTIFACTS)/digits_lenet/export/manifest.json || { $(PIPELINE) train --model digits_lenet --no-progress && $(PIPELINE) export --model digits_lenet; }
+	test -f $(ARTIFACTS)/torchvision_resnet18/export/manifest.json || $(PIPELINE) export --model torchvision:resnet18 --random-init
+	$(PIPELINE) latency --model digits_lenet --model torchvision:resnet18
 
 archive: | $(STAMP)  ## export (if needed) and archive SERVE_MODELS into model_store/ (.mar)
 	@set -e; for m in $(SERVE_MODELS); do \

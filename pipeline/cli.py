@@ -350,7 +350,71 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--build-dir", type=Path, help="default: cpp_client/build")
     p.add_argument("--jobs", type=int, help="parallel compile jobs (default: all cores)")
     p.set_defaults(func=_cmd_build_cpp)
+
+    p = sub.add_parser(
+        "latency",
+        help="time the C++ client against Python TorchScript at batch 1, in one run",
+        description="Interleaved rounds of the LibTorch client and Python TorchScript on the golden "
+        "input's first sample; prints p50/p90 and the C++/Python ratio (builds the client if needed).",
+    )
+    p.add_argument(
+        "--model", action="append", required=True, help="an exported model; repeat for several"
+    )
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads for both (default: 1)")
+    p.add_argument("--warmup", type=int, default=20, help="default: 20")
+    p.add_argument("--repeat", type=int, default=200, help="timed runs per round (default: 200)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: 3)")
+    p.add_argument("--json", type=Path, help="also write the results as JSON")
+    p.set_defaults(func=_cmd_latency)
     return parser
+
+
+def _cmd_latency(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from pipeline.cpp import compare_latency
+    from pipeline.manifest import artifact_path, read_manifest
+
+    table = Table(title="TorchScript latency at batch 1: LibTorch C++ vs Python (same run)")
+    for col in (
+        "model",
+        "threads",
+        "C++ p50 ms",
+        "C++ p90 ms",
+        "Python p50 ms",
+        "Python p90 ms",
+        "C++ / Python",
+    ):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    results = []
+    for model in args.model:
+        export_dir = paths.export_dir(model, args.artifacts_dir)
+        manifest = read_manifest(export_dir)
+        golden = torch_load_inputs(artifact_path(export_dir, manifest, "golden"))
+        inputs = [t[:1] if t.ndim else t for t in golden]  # batch 1
+        result = compare_latency(
+            artifact_path(export_dir, manifest, "torchscript"), inputs, threads=args.threads,
+            warmup=args.warmup, repeat=args.repeat, rounds=args.rounds,
+        )  # fmt: skip
+        result["model"] = model
+        results.append(result)
+        c, p = result["cpp"], result["python"]
+        table.add_row(model, str(args.threads), f"{c['p50_ms']:.3f}", f"{c['p90_ms']:.3f}",
+                      f"{p['p50_ms']:.3f}", f"{p['p90_ms']:.3f}", f"{result['cpp_over_python_p50']:.2f}×")  # fmt: skip
+    Console(width=150).print(table)
+    if args.json:
+        from pipeline.fileio import write_json
+
+        write_json(args.json, results)
+    return 0
+
+
+def torch_load_inputs(path: Path) -> list:
+    import torch
+
+    golden = torch.load(path, map_location="cpu", weights_only=True)
+    return list(golden["inputs"].values())
 
 
 def _cmd_build_cpp(args: argparse.Namespace) -> int:

@@ -164,3 +164,70 @@ def run(
         outputs=[list(case) for case in result],
         stats=json.loads(proc.stdout.strip().splitlines()[-1]),
     )
+
+
+def python_latency(
+    model: Path, inputs: list[torch.Tensor], *, threads: int, warmup: int, repeat: int
+) -> dict[str, Any]:
+    """The same statistics as the C++ client, for TorchScript run from Python."""
+    import statistics
+    import time
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        module = torch.jit.load(str(model), map_location="cpu").eval()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            for _ in range(warmup):
+                module(*inputs)
+            times = []
+            for _ in range(repeat):
+                start = time.perf_counter()
+                module(*inputs)
+                times.append((time.perf_counter() - start) * 1000)
+    finally:
+        torch.set_num_threads(previous)
+    times.sort()
+
+    def pct(q: float) -> float:  # nearest rank, as the C++ client computes it
+        return times[min(len(times), max(1, -(-int(q * 100) * len(times) // 100))) - 1]
+
+    return {"runs": repeat, "threads": threads, "p50_ms": pct(0.50), "p90_ms": pct(0.90),
+            "p99_ms": pct(0.99), "mean_ms": statistics.fmean(times)}  # fmt: skip
+
+
+def compare_latency(
+    model: Path,
+    inputs: list[torch.Tensor],
+    *,
+    binary: Path | None = None,
+    threads: int = 1,
+    warmup: int = 20,
+    repeat: int = 200,
+    rounds: int = 3,
+) -> dict[str, Any]:
+    """C++ vs Python TorchScript on the same inputs, in interleaved rounds.
+
+    Rounds alternate the two so that a noisy neighbour slows both alike; the
+    best round's p50 of each is compared (a ratio, not an absolute claim).
+    """
+    cpp_runs, py_runs = [], []
+    for _ in range(rounds):
+        cpp_runs.append(
+            run(model, [inputs], binary=binary, threads=threads, warmup=warmup, repeat=repeat).stats
+        )
+        py_runs.append(python_latency(model, inputs, threads=threads, warmup=warmup, repeat=repeat))
+    best_cpp = min(cpp_runs, key=lambda s: s["p50_ms"])
+    best_py = min(py_runs, key=lambda s: s["p50_ms"])
+    return {
+        "model": str(model),
+        "batch": int(inputs[0].shape[0]) if inputs and inputs[0].ndim else 1,
+        "threads": threads,
+        "rounds": rounds,
+        "cpp": best_cpp,
+        "python": best_py,
+        "cpp_over_python_p50": best_cpp["p50_ms"] / best_py["p50_ms"],
+    }

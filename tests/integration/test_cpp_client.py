@@ -158,3 +158,32 @@ def test_reads_an_exports_golden_file(
     golden = torch.load(export_dir / "golden.pt", weights_only=True)
     out = torch.load(tmp_path / "out.pt", weights_only=True)
     torch.testing.assert_close(out[0][0], golden["outputs"]["y"], rtol=0, atol=0)
+
+
+def test_latency_is_reported_next_to_python_for_digits_and_resnet18(
+    binary: Path, family_exports: dict[str, ExportResult], tmp_path: Path
+) -> None:
+    """Both numbers come from one run (interleaved rounds); the ratio is reported, not asserted."""
+    from pipeline.export import ExportConfig, export
+
+    resnet = export(
+        ExportConfig(model="torchvision:resnet18", random_init=True,
+                     checkpoint=tmp_path / "r18" / "checkpoint.pt", out_dir=tmp_path / "r18" / "export")
+    )  # fmt: skip
+    cases = {
+        "digits_lenet": family_exports["digits_lenet"].out_dir / "model.torchscript.pt",
+        "resnet18": resnet.out_dir / "model.torchscript.pt",
+    }
+    shapes = {"digits_lenet": (1, 1, 28, 28), "resnet18": (1, 3, 224, 224)}
+    for name, model in cases.items():
+        result = cpp.compare_latency(
+            model, [torch.rand(shapes[name])], binary=binary, repeat=5, warmup=2, rounds=2
+        )
+        assert result["batch"] == 1
+        assert result["cpp"]["runs"] == 5
+        assert result["python"]["runs"] == 5
+        assert result["cpp"]["p50_ms"] > 0
+        assert result["python"]["p50_ms"] > 0
+        assert result["cpp_over_python_p50"] == pytest.approx(
+            result["cpp"]["p50_ms"] / result["python"]["p50_ms"]
+        )
