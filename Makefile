@@ -33,6 +33,9 @@ RUN_DIR ?= $(ARTIFACTS)/serve
 SERVE_MODELS ?= $(DEMO_MODELS)
 INFER_MODEL ?= $(MODEL)_ts
 INFER_INPUT ?= $(ARTIFACTS)/$(MODEL)/export/golden.pt
+# e.g. make archive ARCHIVE_FLAGS="--device gpu" && make serve SERVE_FLAGS=--gpu
+ARCHIVE_FLAGS ?=
+SERVE_FLAGS ?=
 
 CPP_BUILD ?= cpp_client/build
 
@@ -83,11 +86,11 @@ archive: | $(STAMP)  ## export (if needed) and archive SERVE_MODELS into model_s
 		test -f $(ARTIFACTS)/$$m/export/manifest.json || { \
 			test -f $(ARTIFACTS)/$$m/checkpoint.pt || $(PIPELINE) train --model $$m --no-progress; \
 			$(PIPELINE) export --model $$m; }; \
-		$(PIPELINE) archive --model $$m --store $(STORE); \
+		$(PIPELINE) archive --model $$m --store $(STORE) $(ARCHIVE_FLAGS); \
 	done
 
 serve: | $(STAMP)  ## start TorchServe on 127.0.0.1 over model_store/ (token auth on)
-	$(PIPELINE) serve --store $(STORE) --run-dir $(RUN_DIR)
+	$(PIPELINE) serve --store $(STORE) --run-dir $(RUN_DIR) $(SERVE_FLAGS)
 
 stop: | $(STAMP)  ## stop the TorchServe started by make serve
 	$(PIPELINE) stop --run-dir $(RUN_DIR)

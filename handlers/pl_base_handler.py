@@ -64,7 +64,13 @@ class PipelineHandler(BaseHandler):
         # Models whose output for one sample depends on the rest of the batch
         # (the tutorial gate sums over it) must not be stacked with other
         # clients' requests: each request then runs on its own.
-        self.stack_requests = bool(serving.get("stack_requests", True))
+        self.stack_requests = bool(serving.get("stack_requests", True)) and all(
+            "batch" in s.shape for s in self.specs
+        )  # an input without a batch axis (a shared scale, say) cannot be stacked
+        self.output_batch_axes = [
+            o["shape"].index("batch") if "batch" in o["shape"] else 0
+            for o in self.manifest["outputs"]
+        ]
         # One thread per worker unless told otherwise: several workers each
         # spinning several threads on a small machine collapse throughput.
         threads = int(
@@ -123,6 +129,13 @@ class PipelineHandler(BaseHandler):
                 out.append(decoded)
             except pl_codec.RequestError as err:
                 out.append(err)
+            except Exception as err:
+                logger.exception("could not decode a request")
+                out.append(
+                    pl_codec.RequestError(
+                        f"The request could not be decoded: {type(err).__name__}: {err}"
+                    )
+                )
         return out
 
     def _image_inputs(self, decoded: pl_codec.Decoded) -> pl_codec.Decoded:
@@ -175,7 +188,11 @@ class PipelineHandler(BaseHandler):
             start = 0
             for i in members:
                 n = decoded[i].arrays[self.specs[0].name].shape[self._batch_axis(self.specs[0])]
-                results[i] = (decoded[i], [o[start : start + n] for o in outputs])
+                parts = [
+                    np.take(o, range(start, start + n), axis=ax)
+                    for o, ax in zip(outputs, self.output_batch_axes, strict=False)
+                ]
+                results[i] = (decoded[i], parts if len(members) > 1 else outputs)
                 start += n
         return results
 
@@ -187,7 +204,9 @@ class PipelineHandler(BaseHandler):
         for idx, item in enumerate(results):
             self.context.set_response_content_type(idx, "application/json")
             if isinstance(item, pl_codec.RequestError):
-                self.context.set_response_status(item.status, str(item)[:200], idx)
+                # The phrase becomes the HTTP status line: one line of ASCII only.
+                phrase = " ".join(str(item).split())[:200].encode("ascii", "replace").decode()
+                self.context.set_response_status(item.status, phrase, idx)
                 answers.append(item.to_json())
                 continue
             decoded, outputs = item

@@ -28,6 +28,7 @@ import numpy as np
 
 MAX_ELEMENTS = 50_000_000  # refuse absurd shapes before allocating them
 MAX_JSON_DEPTH = 64  # deeper nesting than any tensor needs is an attack
+MAX_IMAGE_PIXELS = 4096 * 4096
 
 _NUMPY_DTYPES = {
     "float32": np.float32,
@@ -151,7 +152,20 @@ def _to_array(value: Any, spec: InputSpec) -> np.ndarray:
     if _depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
         raise RequestError(f"Input {spec.name!r} is nested too deeply.", expected=spec.describe())
     try:
-        array = np.array(value, dtype=_NUMPY_DTYPES[spec.dtype])
+        target = _NUMPY_DTYPES[spec.dtype]
+        raw = np.array(value)
+        if raw.dtype.kind not in "biuf":  # strings, objects, ragged lists
+            raise ValueError("not numbers")
+        if (
+            np.issubdtype(target, np.integer)
+            and raw.dtype.kind == "f"
+            and not np.all(raw == np.round(raw))
+        ):
+            raise RequestError(
+                f"Input {spec.name!r} is {spec.dtype}: fractional values are not integers.",
+                expected=spec.describe(),
+            )
+        array = raw.astype(target)
     except KeyError:
         raise RequestError(
             f"The model's input dtype {spec.dtype} is not supported over JSON."
@@ -246,7 +260,7 @@ def check_arrays(
         if batch_axis is not None and a.ndim == len(spec.shape) - 1:
             a = np.expand_dims(a, batch_axis)
             unbatched_flags.add(True)
-        else:
+        elif batch_axis is not None:  # inputs without a batch axis have no say
             unbatched_flags.add(False)
         if (
             a.ndim != len(spec.shape)
@@ -271,14 +285,21 @@ def check_arrays(
 
 def decode_image(data: bytes) -> np.ndarray:
     """PNG/JPEG bytes → float32 (1, 1, H, W) grayscale in [0, 1]; the handler resizes it."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
+    # PIL warns at 89 Mpixel and raises only at twice that; a tiny PNG can
+    # claim 30000×30000. Refuse anything bigger than a sane image up front.
+    Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
     try:
         with Image.open(io.BytesIO(data)) as image:
             if image.width * image.height > 4096 * 4096:
                 raise RequestError("The image is larger than 4096×4096 pixels.", status=413)
             gray = np.asarray(image.convert("L"), dtype=np.float32) / 255.0
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+    except RequestError:
+        raise
+    except Image.DecompressionBombError:
+        raise RequestError("The image is larger than 4096×4096 pixels.", status=413) from None
+    except Exception as err:  # noqa: BLE001 - PIL raises many types for broken files
         raise RequestError(f"The body looks like an image but cannot be decoded: {err}") from None
     return gray[None, None]  # resized by the handler with torch, exactly as in training
 
@@ -309,7 +330,7 @@ def encode_outputs(
 ) -> dict[str, Any]:
     """Raw outputs (and top-k classes for classifiers) as a JSON-able dict."""
     if unbatched:
-        outputs = [o[0] for o in outputs]
+        outputs = [o[0] if o.ndim else o for o in outputs]
     if protocol == "v2":
         body: dict[str, Any] = {
             "model_name": model_name,

@@ -53,7 +53,9 @@ class ArchiveConfig:
     max_workers: int = 1
     response_timeout_s: int = 30
     startup_timeout_s: int = 120
-    device: Literal["cpu", "gpu"] = "cpu"
+    # None: TorchServe decides (a GPU worker when the server has GPUs, else CPU);
+    # "cpu" pins workers to CPU even on a GPU server.
+    device: Literal["cpu", "gpu"] | None = None
 
     def validate(self) -> None:
         unknown = [f for f in self.formats if f not in FORMATS]
@@ -72,7 +74,7 @@ class ArchiveConfig:
             raise ArchiveError("--max-batch-delay-ms must be 0 or more.")
         if self.min_workers > self.max_workers:
             raise ArchiveError("--min-workers cannot exceed --max-workers.")
-        if self.device not in ("cpu", "gpu"):
+        if self.device not in (None, "cpu", "gpu"):
             raise ArchiveError("--device must be cpu or gpu.")
 
 
@@ -89,7 +91,7 @@ def model_config(config: ArchiveConfig) -> dict[str, object]:
         "maxBatchDelay": config.max_batch_delay_ms,
         "responseTimeout": config.response_timeout_s,
         "startupTimeout": config.startup_timeout_s,
-        "deviceType": config.device,
+        **({"deviceType": config.device} if config.device else {}),
     }
 
 

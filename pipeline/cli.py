@@ -452,7 +452,9 @@ def _add_serving_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--response-timeout", type=int, default=30, help="seconds (default: 30)")
     p.add_argument("--startup-timeout", type=int, default=120, help="seconds (default: 120)")
     p.add_argument(
-        "--device", choices=["cpu", "gpu"], default="cpu", help="worker device (default: cpu)"
+        "--device",
+        choices=["cpu", "gpu"],
+        help="pin workers to cpu or gpu (default: a GPU when the server has one, else CPU)",
     )
     p.set_defaults(func=_cmd_archive)
 

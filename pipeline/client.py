@@ -53,6 +53,11 @@ def post(
         except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as err:
             if attempt == retries:
                 raise ClientError(f"Cannot reach {url} after {retries + 1} tries: {err}") from None
+        except httpx.TimeoutException:
+            # Not retried: the request may have reached a worker and be running.
+            raise ClientError(f"{url} did not answer within {timeout:.0f} s.") from None
+        except httpx.HTTPError as err:
+            raise ClientError(f"Request to {url} failed: {type(err).__name__}: {err}") from None
         else:
             if resp.status_code not in RETRY_STATUS or attempt == retries:
                 return resp
@@ -71,7 +76,12 @@ def read_request_file(path: Path) -> tuple[bytes, str]:
     if suffix == ".json":
         return path.read_bytes(), "application/json"
     if suffix in (".pt", ".pth"):
-        data = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            data = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - any unreadable file gets the same advice
+            raise ClientError(
+                f"{path} cannot be read with torch.load(weights_only=True): {err}"
+            ) from None
         if isinstance(data, dict) and "inputs" in data:  # a golden file
             data = data["inputs"]
         if isinstance(data, torch.Tensor):

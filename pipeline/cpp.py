@@ -122,7 +122,7 @@ def ensure_built(build_dir: Path | None = None) -> Path:
     sources = [
         p
         for p in SOURCE_DIR.rglob("*")
-        if p.suffix in (".cpp", ".h", ".txt") and "build" not in p.parts
+        if p.suffix in (".cpp", ".h", ".txt") and "build" not in p.relative_to(SOURCE_DIR).parts
     ]
     if binary.is_file() and all(p.stat().st_mtime <= binary.stat().st_mtime for p in sources):
         return binary

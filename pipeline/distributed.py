@@ -44,8 +44,15 @@ def from_env() -> World:
 
 def setup(world: World, device: torch.device) -> None:
     if world.distributed and not dist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, rank=world.rank, world_size=world.size)
+        if device.type == "cuda":
+            # Bind this rank to its GPU before NCCL starts, or every rank opens
+            # a context on cuda:0 and collectives may pick the wrong device.
+            torch.cuda.set_device(device)
+            dist.init_process_group(
+                backend="nccl", rank=world.rank, world_size=world.size, device_id=device
+            )
+        else:
+            dist.init_process_group(backend="gloo", rank=world.rank, world_size=world.size)
 
 
 def teardown(world: World) -> None:

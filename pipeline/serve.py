@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from pipeline import paths
 from pipeline.archive import DEFAULT_STORE
@@ -79,6 +81,7 @@ class Server:
     management_url: str
     metrics_url: str
     models: list[str]
+    started: float = 0.0  # the launcher's process creation time (psutil), to recognise it later
 
     @classmethod
     def load(cls, run_dir: Path) -> Server:
@@ -99,11 +102,15 @@ class Server:
             raise ServeError(f"Cannot read TorchServe's token file {path}: {err}") from None
 
     def alive(self) -> bool:
+        """True only if the recorded pid is still *our* launcher (pids are reused)."""
         try:
-            os.kill(self.pid, 0)
-        except OSError:
+            proc = psutil.Process(self.pid)
+            return (
+                abs(proc.create_time() - self.started) < 1.0
+                and proc.status() != psutil.STATUS_ZOMBIE
+            )
+        except psutil.Error:
             return False
-        return True
 
 
 def default_run_dir() -> Path:
@@ -201,6 +208,11 @@ def start(config: ServeConfig) -> Server:
                 f"Port {port} on {config.host} is in use; pick others with --port/--management-port/--metrics-port."
             )
 
+    # A fresh log per start: errors left by an earlier run must not be read
+    # as this run's (the previous logs stay in logs.previous/).
+    if (run_dir / "logs").exists():
+        shutil.rmtree(run_dir / "logs.previous", ignore_errors=True)
+        (run_dir / "logs").rename(run_dir / "logs.previous")
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "tmp").mkdir(exist_ok=True)
     (run_dir / KEY_FILE).unlink(missing_ok=True)
@@ -243,6 +255,7 @@ def start(config: ServeConfig) -> Server:
         management_url=f"http://{host}:{config.management_port}",
         metrics_url=f"http://{host}:{config.metrics_port}",
         models=models,
+        started=psutil.Process(proc.pid).create_time(),
     )
     (run_dir / SERVER_FILE).write_text(json.dumps(asdict(server), indent=2))
     try:
@@ -294,7 +307,9 @@ def _failed_to_load(server: Server, name: str) -> bool:
     if not log_file.is_file():
         return False
     text = log_file.read_text(errors="replace")
-    return f"{name}_1.0" in text and "Traceback" in text and "Backend worker process died" in text
+    # Only this model's worker lines count (W-<port>-<model>_<version>).
+    mine = [ln for ln in text.splitlines() if f"-{name}_1.0" in ln]
+    return any("Traceback" in ln or "Backend worker process died" in ln for ln in mine)
 
 
 def stop(run_dir: Path | None = None, timeout: float = 30.0) -> bool:
@@ -305,6 +320,10 @@ def stop(run_dir: Path | None = None, timeout: float = 30.0) -> bool:
         return False
     server = Server.load(run_dir)
     was_running = server.alive()
+    if not was_running:  # stale record: the pid may belong to someone else by now
+        path.unlink(missing_ok=True)
+        (run_dir / KEY_FILE).unlink(missing_ok=True)
+        return False
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(server.pid, sig)  # the launcher, java and every worker share the group

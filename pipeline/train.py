@@ -177,7 +177,7 @@ def _train(
         generator=generator,
         worker_init_fn=seed_worker,
         # A last batch of one sample would break BatchNorm1d in train mode.
-        drop_last=(len(train_set) // world.size) % local_batch == 1,
+        drop_last=len(sampler) % local_batch == 1,
         persistent_workers=config.workers > 0,
     )
     # Validation shards without DistributedSampler's padding, so the summed
@@ -204,10 +204,16 @@ def _train(
     state_file = train_state.state_path(out)
     if config.resume:
         state = train_state.load_state(state_file)
-        if state["model_name"] != entry.name or state["config"]["seed"] != config.seed:
+        ours = {"model": entry.name, **_resume_key(config, world)}
+        theirs = {"model": state["model_name"], **state["config"]}
+        changed = {k: (theirs.get(k), v) for k, v in ours.items() if theirs.get(k) != v}
+        if changed:
+            shown = ", ".join(
+                f"{k}: {old!r} then, {new!r} now" for k, (old, new) in changed.items()
+            )
             raise PipelineError(
-                f"Cannot resume: {state_file} belongs to {state['model_name']!r} with seed "
-                f"{state['config']['seed']}, not {entry.name!r} with seed {config.seed}."
+                f"Cannot resume from {state_file}: the run was started with other settings ({shown}). "
+                "Resume with the same settings, or start a new run without --resume."
             )
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -260,7 +266,11 @@ def _train(
             running[1] += targets.shape[0]
             bar.set_postfix(loss=f"{running[0] / running[1]:.4f}")
         loss_sum, seen = distributed.all_sum(running, device, world)
-        val_sums = distributed.all_sum(evaluate_sums(net, val_loader, task, device), device, world)
+        # The bare model, not the DDP wrapper: evaluation needs no gradient sync, and
+        # DDP's buffer broadcast would deadlock if shards had different batch counts.
+        val_sums = distributed.all_sum(
+            evaluate_sums(model, val_loader, task, device), device, world
+        )
         metrics = {
             "epoch": epoch,
             "train_loss": loss_sum / seen,
@@ -289,6 +299,18 @@ def _train(
     if world.is_main:
         log.info("wrote %s (sha256 %s)", out, checkpoint.meta.get("weights_sha256"))
     return TrainResult(checkpoint, history, seconds, completed, plot, summary)
+
+
+def _resume_key(config: TrainConfig, world: distributed.World) -> dict[str, Any]:
+    """Settings a resumed run must share with the run it continues."""
+    return {
+        "seed": config.seed,
+        "epochs": config.epochs,
+        "batch_size": config.batch_size,
+        "lr": config.lr,
+        "amp": config.amp,
+        "world_size": world.size,
+    }
 
 
 def _write_epoch(
@@ -331,7 +353,7 @@ def _write_epoch(
         train_state.state_path(out),
         {
             "model_name": entry.name,
-            "config": {"seed": config.seed, "epochs": config.epochs},
+            "config": _resume_key(config, world),
             "epoch": epoch,
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),

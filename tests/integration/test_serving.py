@@ -214,6 +214,11 @@ def test_named_inputs_and_open_inference_protocol(
     assert single.json()["outputs"]["y"] == pytest.approx([1.0, 2.0, -0.5, -0.1])
 
 
+# A valid 69-byte PNG that claims to be 30000×30000 pixels.
+BOMB_PNG = (
+    "89504e470d0a1a0a0000000d4948445200007530000075300800000000434ca7660000000c"
+    "49444154789c6360a03d00000064000186643c350000000049454e44ae426082"
+)
 BAD_REQUESTS = [
     ("malformed json", b'{"inputs": [[1, 2', "application/json", 400, "Malformed JSON"),
     ("missing inputs field", b'{"instances": []}', "application/json", 400, "'inputs' field"),
@@ -226,6 +231,8 @@ BAD_REQUESTS = [
     ("NaN values", json.dumps({"inputs": [[[float("nan")] * 28] * 28]}).encode(), "application/json", 400, "NaN"),
     ("Inf values", json.dumps({"inputs": [[[float("inf")] * 28] * 28]}).encode(), "application/json", 400, "Inf"),
     ("wrong input name", b'{"inputs": {"x": [1.0]}}', "application/json", 400, "must be named"),
+    ("strings as numbers", json.dumps({"inputs": [[["0.5"] * 28] * 28]}).encode(), "application/json", 400, "float32"),
+    ("image bomb", bytes.fromhex(BOMB_PNG), "image/png", 413, "4096"),
 ]  # fmt: skip
 
 
@@ -269,19 +276,28 @@ def test_batch_coupled_models_are_not_stacked_across_clients(
         torch.testing.assert_close(torch.tensor(y), model(x))  # each answered as if alone
 
 
-def test_a_bad_request_fails_alone_in_its_batch(server: Server) -> None:
+def test_a_bad_request_fails_alone_in_its_batch(
+    server: Server, exports: dict[str, ExportResult]
+) -> None:
+    model = torch.jit.load(str(exports["digits_lenet"].out_dir / "model.torchscript.pt"))
     name = archive_name("digits_lenet", "onnx")
     bodies = [tensors_body({"image": digits_sample(1, offset=i)}) for i in range(7)]
     bodies.insert(3, b'{"inputs": [[1.0]]}')
     barrier = threading.Barrier(len(bodies))
 
-    def call(body: bytes) -> int:
+    def call(body: bytes) -> httpx.Response:
         barrier.wait(timeout=30)
-        return post(server, name, body).status_code
+        return post(server, name, body)
 
     with ThreadPoolExecutor(max_workers=len(bodies)) as pool:
-        codes = list(pool.map(call, bodies))
-    assert codes == [200, 200, 200, 400, 200, 200, 200, 200]
+        answers = list(pool.map(call, bodies))
+    assert [a.status_code for a in answers] == [200, 200, 200, 400, 200, 200, 200, 200]
+    good = [a for a in answers if a.status_code == 200]
+    expected = model(digits_sample(7))
+    for i, answer in enumerate(good):  # the neighbours got their own, correct answers
+        torch.testing.assert_close(
+            torch.tensor(answer.json()["outputs"]["logits"][0]), expected[i], atol=1e-4, rtol=1e-4
+        )
 
 
 def test_token_is_enforced(server: Server) -> None:
@@ -341,7 +357,16 @@ def test_tampered_artifact_is_refused_at_load(
 
 
 @pytest.mark.gpu
-def test_gpu_serving_parity(exports: dict[str, ExportResult], store: Path, tmp_path: Path) -> None:
+def test_gpu_serving_parity(exports: dict[str, ExportResult], tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    archive(
+        ArchiveConfig(
+            model="digits_lenet",
+            export_dir=exports["digits_lenet"].out_dir,
+            store=store,
+            device="gpu",
+        )
+    )
     run_dir = tmp_path / "run"
     srv = start(
         ServeConfig(

@@ -115,3 +115,33 @@ def test_topk() -> None:
     )
     assert [t["class"] for t in out["topk"][0]] == [1, 2]
     assert sum(t["probability"] for t in out["topk"][0]) < 1.0
+
+
+def test_image_bomb_and_type_confusion() -> None:
+    bomb = bytes.fromhex(
+        "89504e470d0a1a0a0000000d4948445200007530000075300800000000434ca7660000000c"
+        "49444154789c6360a03d00000064000186643c350000000049454e44ae426082"
+    )
+    with pytest.raises(pl_codec.RequestError, match="4096") as err:
+        pl_codec.decode_request(bomb, IMAGE, accepts_images=True)
+    assert err.value.status == 413
+    ints = [pl_codec.InputSpec("tokens", ("batch", 2), "int64")]
+    with pytest.raises(pl_codec.RequestError, match="fractional"):
+        pl_codec.decode_request({"inputs": [[1.7, 2.0]]}, ints, False)
+    assert (
+        pl_codec.decode_request({"inputs": [[1.0, 2.0]]}, ints, False).arrays["tokens"].dtype
+        == np.int64
+    )
+    with pytest.raises(pl_codec.RequestError, match="float32"):
+        pl_codec.decode_request({"inputs": [["1.5", "2"]]}, CELL[:1], False)
+
+
+def test_input_without_batch_axis_does_not_force_batched_flag() -> None:
+    specs = [
+        pl_codec.InputSpec("x", ("batch", 3), "float32"),
+        pl_codec.InputSpec("scale", (1,), "float32"),
+    ]
+    d = pl_codec.decode_request({"inputs": {"x": [1.0, 2.0, 3.0], "scale": [2.0]}}, specs, False)
+    assert d.unbatched
+    assert d.arrays["x"].shape == (1, 3)
+    assert d.arrays["scale"].shape == (1,)
