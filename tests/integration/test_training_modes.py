@@ -135,3 +135,27 @@ def test_fp16_amp_with_grad_scaler_on_cuda(tmp_path: Path) -> None:
         for t in result.checkpoint.state_dict.values()
         if t.is_floating_point()
     )
+
+
+def test_ddp_run_stopped_and_resumed_matches_an_uninterrupted_one(tmp_path: Path) -> None:
+    base = ["train", "--model", "digits_mlp", "--epochs", "3", "--no-progress", "--no-report"]
+    whole = torchrun(tmp_path, "--artifacts-dir", str(tmp_path / "whole"), *base)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    first = torchrun(
+        tmp_path, "--artifacts-dir", str(tmp_path / "split"), *base, "--stop-after-epoch", "1"
+    )
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = torchrun(tmp_path, "--artifacts-dir", str(tmp_path / "split"), *base, "--resume")
+    assert second.returncode == 0, second.stderr[-2000:]
+    a = load_checkpoint(tmp_path / "whole" / "digits_mlp" / "checkpoint.pt")
+    b = load_checkpoint(tmp_path / "split" / "digits_mlp" / "checkpoint.pt")
+    assert a.meta["weights_sha256"] == b.meta["weights_sha256"]
+
+
+def test_resume_with_other_settings_is_refused(tmp_path: Path) -> None:
+    from pipeline.errors import PipelineError
+
+    common = {"out": tmp_path / "c.pt", "progress": False, "report": False, "device": "cpu"}
+    train(TrainConfig(epochs=2, stop_after_epoch=1, **common))
+    with pytest.raises(PipelineError, match=r"other settings \(epochs: 2 then, 3 now\)"):
+        train(TrainConfig(epochs=3, resume=True, **common))
