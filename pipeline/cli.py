@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline import __version__, paths
+from pipeline.cli_deploy import add_cpp_commands, add_serving_commands, run_dir_arg, serve_run_dir
 from pipeline.errors import ParityError, PipelineError
 
 log = logging.getLogger("pipeline")
@@ -22,6 +23,8 @@ stages run left to right, each reading what the one before wrote:
   pipeline train   → artifacts/<model>/checkpoint.pt (+ .json sidecar)
   pipeline export  → artifacts/<model>/export/ (TorchScript, ONNX, golden I/O, manifest.json)
   pipeline verify  → artifacts/<model>/parity.json, and a table; exit 1 on any mismatch
+  pipeline archive → model_store/<model>_ts.mar, <model>_onnx.mar; then serve / infer / stop
+  pipeline build-cpp → cpp_client/build/run_torchscript; verify --backend cpp uses it
 
 example:  pipeline train && pipeline export && pipeline verify
 """
@@ -145,7 +148,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         export_dir=args.export_dir or paths.export_dir(args.model, args.artifacts_dir),
         checkpoint=args.checkpoint,
         backends=tuple(args.backend) if args.backend else None,
-        run_dir=_serve_run_dir(args),
+        run_dir=serve_run_dir(args),
         atol=args.atol,
         rtol=args.rtol,
         batch_sizes=tuple(args.batch_sizes),
@@ -167,8 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="pipeline",
-        description="Train a PyTorch model, export it to TorchScript and ONNX, and prove every "
-        "backend computes what eager PyTorch computes.",
+        description="Train a PyTorch model, export it to TorchScript and ONNX, serve it with "
+        "TorchServe, run it from C++, and prove every backend computes what eager PyTorch computes.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -336,234 +339,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--report", type=Path, help="JSON report path (default: <artifacts>/<model>/parity.json)"
     )
-    _run_dir_arg(p)
+    run_dir_arg(p)
     p.set_defaults(func=_cmd_verify)
 
-    _add_serving_commands(sub)
-
-    p = sub.add_parser(
-        "build-cpp",
-        help="build the LibTorch C++ client (cpp_client/) against the installed torch",
-        description="Configure and build cpp_client/ with CMake, passing the flags the torch "
-        "wheel's LibTorch needs (prefix path, CUDA toolkit, nvrtc).",
-    )
-    p.add_argument("--build-dir", type=Path, help="default: cpp_client/build")
-    p.add_argument("--jobs", type=int, help="parallel compile jobs (default: all cores)")
-    p.set_defaults(func=_cmd_build_cpp)
-
-    p = sub.add_parser(
-        "latency",
-        help="time the C++ client against Python TorchScript at batch 1, in one run",
-        description="Interleaved rounds of the LibTorch client and Python TorchScript on the golden "
-        "input's first sample; prints p50/p90 and the C++/Python ratio (builds the client if needed).",
-    )
-    p.add_argument(
-        "--model", action="append", required=True, help="an exported model; repeat for several"
-    )
-    p.add_argument("--threads", type=int, default=1, help="intra-op threads for both (default: 1)")
-    p.add_argument("--warmup", type=int, default=20, help="default: 20")
-    p.add_argument("--repeat", type=int, default=200, help="timed runs per round (default: 200)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: 3)")
-    p.add_argument("--json", type=Path, help="also write the results as JSON")
-    p.set_defaults(func=_cmd_latency)
+    add_serving_commands(sub)
+    add_cpp_commands(sub)
     return parser
-
-
-def _cmd_latency(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from pipeline.cpp import compare_latency
-    from pipeline.manifest import artifact_path, read_manifest
-
-    table = Table(title="TorchScript latency at batch 1: LibTorch C++ vs Python (same run)")
-    for col in (
-        "model",
-        "threads",
-        "C++ p50 ms",
-        "C++ p90 ms",
-        "Python p50 ms",
-        "Python p90 ms",
-        "C++ / Python",
-    ):
-        table.add_column(col, justify="left" if col == "model" else "right")
-    results = []
-    for model in args.model:
-        export_dir = paths.export_dir(model, args.artifacts_dir)
-        manifest = read_manifest(export_dir)
-        golden = torch_load_inputs(artifact_path(export_dir, manifest, "golden"))
-        inputs = [t[:1] if t.ndim else t for t in golden]  # batch 1
-        result = compare_latency(
-            artifact_path(export_dir, manifest, "torchscript"), inputs, threads=args.threads,
-            warmup=args.warmup, repeat=args.repeat, rounds=args.rounds,
-        )  # fmt: skip
-        result["model"] = model
-        results.append(result)
-        c, p = result["cpp"], result["python"]
-        table.add_row(model, str(args.threads), f"{c['p50_ms']:.3f}", f"{c['p90_ms']:.3f}",
-                      f"{p['p50_ms']:.3f}", f"{p['p90_ms']:.3f}", f"{result['cpp_over_python_p50']:.2f}×")  # fmt: skip
-    Console(width=150).print(table)
-    if args.json:
-        from pipeline.fileio import write_json
-
-        write_json(args.json, results)
-    return 0
-
-
-def torch_load_inputs(path: Path) -> list:
-    import torch
-
-    golden = torch.load(path, map_location="cpu", weights_only=True)
-    return list(golden["inputs"].values())
-
-
-def _cmd_build_cpp(args: argparse.Namespace) -> int:
-    from pipeline.cpp import build
-
-    print(f"built {build(args.build_dir, args.jobs)}")
-    return 0
-
-
-def _run_dir_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--run-dir",
-        type=Path,
-        help="where `pipeline serve` keeps its config, logs, token file and pid (default: <artifacts>/serve)",
-    )
-
-
-def _add_serving_commands(sub: argparse._SubParsersAction) -> None:
-    from pipeline.archive import DEFAULT_STORE, FORMATS
-
-    p = sub.add_parser(
-        "archive",
-        help="package an export as TorchServe .mar files in model_store/",
-        description="Write model_store/<model>_ts.mar and <model>_onnx.mar (artifact, handler, manifest, "
-        "golden inputs for warm-up, model-config.yaml).",
-    )
-    _model_arg(p)
-    p.add_argument("--export-dir", type=Path, help="default: <artifacts>/<model>/export")
-    p.add_argument("--store", type=Path, default=DEFAULT_STORE, help="default: model_store")
-    p.add_argument("--format", action="append", choices=list(FORMATS), help="default: all formats")
-    p.add_argument("--batch-size", type=int, default=8, help="TorchServe batch size (default: 8)")
-    p.add_argument("--max-batch-delay-ms", type=int, default=10, help="default: 10")
-    p.add_argument("--min-workers", type=int, default=1, help="default: 1")
-    p.add_argument("--max-workers", type=int, default=1, help="default: 1")
-    p.add_argument("--response-timeout", type=int, default=30, help="seconds (default: 30)")
-    p.add_argument("--startup-timeout", type=int, default=120, help="seconds (default: 120)")
-    p.add_argument(
-        "--device",
-        choices=["cpu", "gpu"],
-        help="pin workers to cpu or gpu (default: a GPU when the server has one, else CPU)",
-    )
-    p.set_defaults(func=_cmd_archive)
-
-    p = sub.add_parser(
-        "serve",
-        help="start TorchServe over model_store/ with secure defaults",
-        description="Start TorchServe on 127.0.0.1 with token authorization on and the model API off; "
-        "return once every model is READY (or fail with the worker's log).",
-    )
-    p.add_argument("--store", type=Path, default=DEFAULT_STORE, help="default: model_store")
-    p.add_argument(
-        "--models", nargs="+", metavar="NAME", help="archives to serve (default: all in the store)"
-    )
-    p.add_argument("--host", default="127.0.0.1", help="listen address (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="inference port (default: 8080)")
-    p.add_argument("--management-port", type=int, default=8081, help="default: 8081")
-    p.add_argument("--metrics-port", type=int, default=8082, help="default: 8082")
-    p.add_argument("--threads-per-worker", type=int, default=1, help="default: 1")
-    p.add_argument(
-        "--max-request-size", type=int, default=4 * 1024 * 1024, help="bytes (default: 4 MiB)"
-    )
-    p.add_argument("--gpu", action="store_true", help="give workers a GPU when CUDA is present")
-    _run_dir_arg(p)
-    p.set_defaults(func=_cmd_serve)
-
-    p = sub.add_parser("stop", help="stop the TorchServe started by `pipeline serve`")
-    _run_dir_arg(p)
-    p.set_defaults(func=_cmd_stop)
-
-    p = sub.add_parser(
-        "infer",
-        help="send an image or tensors to a served model and print the answer",
-        description="POST a .png/.jpg image, a .json body or a torch.save'd .pt of tensors to "
-        "/predictions/<model> with the inference token.",
-    )
-    p.add_argument(
-        "--model", required=True, help="served model (archive) name, e.g. digits_lenet_ts"
-    )
-    p.add_argument("input", type=Path, help="the file to send")
-    _run_dir_arg(p)
-    p.set_defaults(func=_cmd_infer)
-
-
-def _cmd_archive(args: argparse.Namespace) -> int:
-    from pipeline.archive import ArchiveConfig, archive
-
-    config = ArchiveConfig(
-        model=args.model,
-        export_dir=args.export_dir or paths.export_dir(args.model, args.artifacts_dir),
-        store=args.store,
-        formats=tuple(args.format) if args.format else ("torchscript", "onnx"),
-        batch_size=args.batch_size,
-        max_batch_delay_ms=args.max_batch_delay_ms,
-        min_workers=args.min_workers,
-        max_workers=args.max_workers,
-        response_timeout_s=args.response_timeout,
-        startup_timeout_s=args.startup_timeout,
-        device=args.device,
-    )
-    for path in archive(config):
-        print(f"wrote {path}")
-    return 0
-
-
-def _serve_run_dir(args: argparse.Namespace) -> Path:
-    return args.run_dir or paths.artifacts_root(args.artifacts_dir) / "serve"
-
-
-def _cmd_serve(args: argparse.Namespace) -> int:
-    from pipeline.serve import ServeConfig, start
-
-    server = start(
-        ServeConfig(
-            store=args.store,
-            run_dir=_serve_run_dir(args),
-            models=args.models,
-            host=args.host,
-            inference_port=args.port,
-            management_port=args.management_port,
-            metrics_port=args.metrics_port,
-            threads_per_worker=args.threads_per_worker,
-            max_request_size=args.max_request_size,
-            gpu=args.gpu,
-        )
-    )
-    print(f"TorchServe is up (pid {server.pid}), serving: {', '.join(server.models)}")
-    print(f"  inference:  {server.inference_url}/predictions/<model>")
-    print(f"  management: {server.management_url} (register/delete disabled)")
-    print(f"  metrics:    {server.metrics_url}/metrics")
-    print(
-        f"  tokens:     {Path(server.run_dir) / 'key_file.json'} (send 'Authorization: Bearer <inference key>')"
-    )
-    print(f"  logs:       {Path(server.run_dir) / 'logs'}")
-    print("stop it with `pipeline stop` (or `make stop`)")
-    return 0
-
-
-def _cmd_stop(args: argparse.Namespace) -> int:
-    from pipeline.serve import stop
-
-    print("stopped TorchServe" if stop(_serve_run_dir(args)) else "no TorchServe was running")
-    return 0
-
-
-def _cmd_infer(args: argparse.Namespace) -> int:
-    from pipeline.client import infer
-
-    print(json.dumps(infer(args.model, args.input, _serve_run_dir(args)), indent=2))
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
