@@ -58,6 +58,10 @@ class PipelineHandler(BaseHandler):
             )
         self.specs = [pl_codec.InputSpec.from_manifest(i) for i in self.manifest["inputs"]]
         self.output_names = [o["name"] for o in self.manifest["outputs"]]
+        # Where each input's batch axis is: (seq, batch, features) inputs batch on axis 1.
+        self.batch_axes = {
+            s.name: s.shape.index("batch") if "batch" in s.shape else 0 for s in self.specs
+        }
         serving = self.manifest.get("serving", {})
         self.image = serving.get("image")  # {"size": 28} for the digits CNN
         self.topk = int(serving.get("topk", 0))
@@ -197,7 +201,7 @@ class PipelineHandler(BaseHandler):
         return results
 
     def _batch_axis(self, spec: pl_codec.InputSpec) -> int:
-        return spec.shape.index("batch") if "batch" in spec.shape else 0
+        return self.batch_axes[spec.name]
 
     def postprocess(self, results: list[Any]) -> list[Any]:
         answers = []

@@ -152,10 +152,3 @@ def metrics_from_sums(task: Task, sums: list[float]) -> dict[str, float]:
     if task.metric == "val_accuracy":
         metrics["val_accuracy"] = correct / max(count, 1.0)
     return metrics
-
-
-def evaluate(
-    model: nn.Module, loader: DataLoader, task: Task, device: torch.device
-) -> dict[str, float]:
-    """Mean validation loss and, for classification, accuracy."""
-    return metrics_from_sums(task, evaluate_sums(model, loader, task, device))

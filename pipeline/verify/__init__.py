@@ -7,7 +7,7 @@ import datetime as dt
 import logging
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,6 @@ class VerifyConfig:
     batch_sizes: tuple[int, ...] = (1, 7)
     seed: int = 0
     report: Path | None = None  # default: artifacts/<model>/parity.json
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
         unknown = [b for b in self.backends or () if b not in BACKENDS]

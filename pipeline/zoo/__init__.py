@@ -114,32 +114,37 @@ _BATCH_COUPLED = {"stack_requests": False}
 _VEC = (TensorSpec("x", ("batch", rnn.HIDDEN), low=-1.0, high=1.0),)
 _SEQ = (TensorSpec("xs", ("seq", "batch", rnn.HIDDEN), low=-1.0, high=1.0),)
 
+
+def _digits_entry(name: str, description: str, builder: Any, kwargs: dict[str, Any]) -> ZooEntry:
+    """A classifier of the 1×28×28 digits: same data, probes and serving contract."""
+    return ZooEntry(
+        name=name,
+        description=description,
+        builder=builder,
+        kwargs=kwargs,
+        inputs=(TensorSpec("image", ("batch", 1, DIGITS_SIZE, DIGITS_SIZE)),),
+        outputs=("logits",),
+        task="digits",
+        golden=_digits_golden,
+        probes=_digits_probes,
+        serving={"image": {"size": DIGITS_SIZE}, "topk": 3},
+    )
+
+
 _ENTRIES: dict[str, ZooEntry] = {
     e.name: e
     for e in [
-        ZooEntry(
-            name="digits_lenet",
-            description="LeNet-style CNN (BatchNorm + Dropout) for scikit-learn's digits at 28×28",
-            builder=DigitsLeNet,
-            kwargs={"num_classes": DIGITS_CLASSES, "dropout": 0.25},
-            inputs=(TensorSpec("image", ("batch", 1, DIGITS_SIZE, DIGITS_SIZE)),),
-            outputs=("logits",),
-            task="digits",
-            golden=_digits_golden,
-            probes=_digits_probes,
-            serving={"image": {"size": DIGITS_SIZE}, "topk": 3},
+        _digits_entry(
+            "digits_lenet",
+            "LeNet-style CNN (BatchNorm + Dropout) for scikit-learn's digits at 28×28",
+            DigitsLeNet,
+            {"num_classes": DIGITS_CLASSES, "dropout": 0.25},
         ),
-        ZooEntry(
-            name="digits_mlp",
-            description="BatchNorm-free MLP for the digits: the exact reference for multi-process training",
-            builder=DigitsMLP,
-            kwargs={"num_classes": DIGITS_CLASSES, "hidden": 128},
-            inputs=(TensorSpec("image", ("batch", 1, DIGITS_SIZE, DIGITS_SIZE)),),
-            outputs=("logits",),
-            task="digits",
-            golden=_digits_golden,
-            probes=_digits_probes,
-            serving={"image": {"size": DIGITS_SIZE}, "topk": 3},
+        _digits_entry(
+            "digits_mlp",
+            "BatchNorm-free MLP for the digits: the exact reference for multi-process training",
+            DigitsMLP,
+            {"num_classes": DIGITS_CLASSES, "hidden": 128},
         ),
         ZooEntry(
             name="my_decision_gate",
