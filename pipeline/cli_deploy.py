@@ -146,8 +146,15 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--models", nargs="+", metavar="NAME", help="archives to serve (default: all in the store)"
     )
-    p.add_argument("--host", default="127.0.0.1", help="listen address (default: 127.0.0.1)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address the inference gateway listens on (default: 127.0.0.1; TorchServe itself "
+        "always stays on loopback). Any other address prints a warning: use HTTPS then.",
+    )
     p.add_argument("--port", type=int, default=8080, help="inference port (default: 8080)")
+    p.add_argument("--tls-cert", type=Path, help="serve HTTPS with this PEM certificate chain")
+    p.add_argument("--tls-key", type=Path, help="the PEM private key of --tls-cert")
     p.add_argument("--management-port", type=int, default=8081, help="default: 8081")
     p.add_argument("--metrics-port", type=int, default=8082, help="default: 8082")
     p.add_argument("--threads-per-worker", type=int, default=1, help="default: 1")
@@ -174,6 +181,81 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("input", type=Path, help="the file to send")
     run_dir_arg(p)
     p.set_defaults(func=_cmd_infer)
+
+    p = sub.add_parser(
+        "loadtest",
+        help="a bounded load run against a served model, every answer checked against eager",
+        description="Send --requests requests at --concurrency over loopback to a served model, "
+        "check every answer against the eager model, and report failures, p50/p99 latency, "
+        "throughput, worker memory before and after, and (with --kill-worker-after) how long "
+        "TorchServe took to replace a SIGKILLed worker. Exits 1 if any request failed or was wrong.",
+    )
+    p.add_argument(
+        "--model",
+        required=True,
+        help="an exported model (zoo name or user spec, e.g. torchvision:resnet18)",
+    )
+    p.add_argument("--export-dir", type=Path, help="default: <artifacts>/<model>/export")
+    p.add_argument(
+        "--format", choices=list(FORMATS), default="torchscript", help="default: torchscript"
+    )
+    p.add_argument("--requests", type=int, default=20_000, help="default: 20000")
+    p.add_argument("--concurrency", type=int, default=32, help="default: 32")
+    p.add_argument("--time-limit", type=float, default=600.0, help="seconds (default: 600)")
+    p.add_argument(
+        "--kill-worker-after",
+        type=int,
+        help="SIGKILL the model's worker once this many requests were answered",
+    )
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="archive the export into a private store and start a private server on free "
+        "loopback ports for this run (stopped afterwards); default: use the running server",
+    )
+    p.add_argument("--json", type=Path, help="also write the report as JSON")
+    run_dir_arg(p)
+    p.set_defaults(func=_cmd_loadtest)
+
+
+def _cmd_loadtest(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from pipeline.archive import ArchiveConfig, archive, archive_name
+    from pipeline.loadtest import LoadConfig, run, to_markdown, write_reports
+    from pipeline.serve import ServeConfig, free_port, start, stop
+
+    export_dir = args.export_dir or paths.export_dir(args.model, args.artifacts_dir)
+    name = archive_name(args.model, args.format)
+    with tempfile.TemporaryDirectory(prefix="loadtest-") as tmp:
+        run_dir = serve_run_dir(args)
+        if args.serve:
+            store, run_dir = Path(tmp) / "store", Path(tmp) / "run"
+            archive(ArchiveConfig(model=args.model, export_dir=export_dir, store=store,
+                                  formats=(args.format,)))  # fmt: skip
+            print(f"starting a private TorchServe for {name} ...", flush=True)
+            start(ServeConfig(store=store, run_dir=run_dir, inference_port=free_port(),
+                              management_port=free_port(), metrics_port=free_port()))  # fmt: skip
+        try:
+            print(
+                f"{args.requests} requests to {name} at concurrency {args.concurrency} ...",
+                flush=True,
+            )
+            report = run(
+                LoadConfig(
+                    export_dir=export_dir, archive=name, run_dir=run_dir, requests=args.requests,
+                    concurrency=args.concurrency, time_limit_s=args.time_limit,
+                    kill_worker_after=args.kill_worker_after,
+                )
+            )  # fmt: skip
+        finally:
+            if args.serve:
+                stop(run_dir)
+    print(report.summary())
+    print(to_markdown([report]))
+    if args.json:
+        write_reports([report], args.json)
+    return 0 if report.passed else 1
 
 
 def _cmd_archive(args: argparse.Namespace) -> int:
@@ -216,10 +298,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             threads_per_worker=args.threads_per_worker,
             max_request_size=args.max_request_size,
             gpu=args.gpu,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
         )
     )
     print(f"TorchServe is up (pid {server.pid}), serving: {', '.join(server.models)}")
-    print(f"  inference:  {server.inference_url}/predictions/<model>")
+    print(
+        f"  inference:  {server.inference_url}/predictions/<model> (gateway pid {server.gateway_pid})"
+    )
     print(f"  management: {server.management_url} (register/delete disabled)")
     print(f"  metrics:    {server.metrics_url}/metrics")
     print(

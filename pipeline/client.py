@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,9 @@ from pipeline.errors import PipelineError
 from pipeline.serve import Server, default_run_dir
 
 # Safe to retry: the request never reached a worker (connection refused/reset)
-# or TorchServe said it is temporarily unable (503, e.g. a worker restarting).
+# or the server said it is temporarily unable (503: a worker restarting, or the
+# gateway cannot reach TorchServe). Inference is a pure function, so a request
+# whose worker died under it (the gateway answers 503) is safe to send again.
 RETRY_STATUS = {503}
 RETRIES = 4
 BACKOFF_S = 0.25
@@ -29,6 +32,13 @@ def tensors_body(inputs: dict[str, torch.Tensor]) -> bytes:
     return json.dumps(
         {"inputs": {k: v.detach().cpu().tolist() for k, v in inputs.items()}}
     ).encode()
+
+
+def tls_context(server: Server) -> ssl.SSLContext | bool:
+    """What httpx verifies the server with: the recorded certificate for HTTPS."""
+    if server.ca_file:
+        return ssl.create_default_context(cafile=server.ca_file)
+    return True
 
 
 def post(
@@ -49,7 +59,9 @@ def post(
     url = f"{server.inference_url}/predictions/{model}"
     for attempt in range(retries + 1):
         try:
-            resp = httpx.post(url, content=body, headers=headers, timeout=timeout)
+            resp = httpx.post(
+                url, content=body, headers=headers, timeout=timeout, verify=tls_context(server)
+            )
         except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as err:
             if attempt == retries:
                 raise ClientError(f"Cannot reach {url} after {retries + 1} tries: {err}") from None

@@ -7,7 +7,12 @@ worker, and records the process in `server.json`. When a model does not load,
 it raises with the worker's own log lines (TorchServe's API only says the
 model failed; the reason is in `model_log.log`) and stops the server.
 
-Secure defaults: every address on 127.0.0.1, token authorization on, the
+Clients never talk to TorchServe directly: `pipeline.gateway` owns the public
+inference port (401 for a missing token, JSON 413, optional HTTPS) and
+forwards to TorchServe's inference API on a private loopback port.
+
+Secure defaults: TorchServe on 127.0.0.1 only (the gateway too, unless the
+user names another host, with a warning), token authorization on, the
 model-management API (register/delete) off, `allowed_urls` limited to the
 local model store, explicit request/response size limits, one thread per
 worker.
@@ -25,7 +30,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +40,8 @@ import psutil
 from pipeline import paths
 from pipeline.archive import DEFAULT_STORE
 from pipeline.errors import PipelineError
+from pipeline.gateway import CONFIG_FILE as GATEWAY_CONFIG
+from pipeline.gateway import GatewayConfig
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +59,8 @@ class ServeConfig:
     store: Path = DEFAULT_STORE
     run_dir: Path | None = None  # default: <artifacts>/serve
     models: list[str] | None = None  # archive names (without .mar); default: all in the store
-    host: str = "127.0.0.1"
-    inference_port: int = 8080
+    host: str = "127.0.0.1"  # where the gateway listens; TorchServe itself stays on loopback
+    inference_port: int = 8080  # the gateway's (public) port
     management_port: int = 8081
     metrics_port: int = 8082
     # gRPC listeners (TorchServe always opens them) and the base of the worker
@@ -68,6 +75,10 @@ class ServeConfig:
     token_expiration_min: int = 24 * 60
     startup_timeout_s: float = 240.0
     gpu: bool = False  # let TorchServe hand workers GPUs (number_of_gpu)
+    # HTTPS on the gateway: the user's certificate chain and private key (PEM).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    response_timeout_s: float = 300.0  # the gateway's limit on one forwarded request
     extra_properties: dict[str, str] = field(default_factory=dict)
 
 
@@ -82,6 +93,11 @@ class Server:
     metrics_url: str
     models: list[str]
     started: float = 0.0  # the launcher's process creation time (psutil), to recognise it later
+    backend_url: str = ""  # TorchServe's own inference API (loopback, behind the gateway)
+    gateway_pid: int = 0
+    gateway_started: float = 0.0
+    # For HTTPS: the certificate clients trust (the server's own, for a self-signed one).
+    ca_file: str | None = None
 
     @classmethod
     def load(cls, run_dir: Path) -> Server:
@@ -103,14 +119,20 @@ class Server:
 
     def alive(self) -> bool:
         """True only if the recorded pid is still *our* launcher (pids are reused)."""
-        try:
-            proc = psutil.Process(self.pid)
-            return (
-                abs(proc.create_time() - self.started) < 1.0
-                and proc.status() != psutil.STATUS_ZOMBIE
-            )
-        except psutil.Error:
-            return False
+        return _is_process(self.pid, self.started)
+
+    def gateway_alive(self) -> bool:
+        return _is_process(self.gateway_pid, self.gateway_started)
+
+
+def _is_process(pid: int, created: float) -> bool:
+    if not pid:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        return abs(proc.create_time() - created) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def default_run_dir() -> Path:
@@ -132,16 +154,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def _properties(config: ServeConfig, store: Path, models: list[str]) -> str:
-    host = f"[{config.host}]" if ":" in config.host else config.host
+def _properties(config: ServeConfig, store: Path, models: list[str], backend_port: int) -> str:
+    host = "127.0.0.1"  # TorchServe is never reachable from outside: the gateway is
     props = {
-        "inference_address": f"http://{host}:{config.inference_port}",
+        "inference_address": f"http://{host}:{backend_port}",
         "management_address": f"http://{host}:{config.management_port}",
         "metrics_address": f"http://{host}:{config.metrics_port}",
-        "grpc_inference_address": config.host,
-        "grpc_management_address": config.host,
-        "grpc_inference_port": str(config.grpc_inference_port or free_port(config.host)),
-        "grpc_management_port": str(config.grpc_management_port or free_port(config.host)),
+        "grpc_inference_address": host,
+        "grpc_management_address": host,
+        "grpc_inference_port": str(config.grpc_inference_port or free_port(host)),
+        "grpc_management_port": str(config.grpc_management_port or free_port(host)),
         "initial_worker_port": str(config.initial_worker_port or random.randint(10_000, 60_000)),
         "initial_distribution_port": str(random.randint(10_000, 60_000)),
         "model_store": str(store),
@@ -183,10 +205,18 @@ def start(config: ServeConfig) -> Server:
     run_dir = Path(config.run_dir or default_run_dir()).resolve()
     if config.host not in LOOPBACK:
         log.warning(
-            "TorchServe will listen on %s, not loopback: anyone who can reach this machine can "
-            "try the API. Keep the token file private.",
+            "The inference API will listen on %s, not loopback: anyone who can reach this "
+            "machine can try it%s. Keep the token file private.",
             config.host,
+            ""
+            if config.tls_cert
+            else ", and tokens travel in clear text (use --tls-cert/--tls-key)",
         )
+    if bool(config.tls_cert) != bool(config.tls_key):
+        raise ServeError("HTTPS needs both --tls-cert and --tls-key.")
+    for pem in (config.tls_cert, config.tls_key):
+        if pem and not Path(pem).is_file():
+            raise ServeError(f"TLS file {pem} does not exist.")
     archives = sorted(p.stem for p in store.glob("*.mar")) if store.is_dir() else []
     models = config.models or archives
     missing = [m for m in models if m not in archives]
@@ -202,8 +232,12 @@ def start(config: ServeConfig) -> Server:
                 f"TorchServe is already running from {run_dir} (pid {old.pid}); stop it with `pipeline stop`."
             )
         existing.unlink()
-    for port in (config.inference_port, config.management_port, config.metrics_port):
-        if not _port_free(config.host, port):
+    for host, port in (
+        (config.host, config.inference_port),
+        ("127.0.0.1", config.management_port),
+        ("127.0.0.1", config.metrics_port),
+    ):
+        if not _port_free(host, port):
             raise ServeError(
                 f"Port {port} on {config.host} is in use; pick others with --port/--management-port/--metrics-port."
             )
@@ -217,7 +251,8 @@ def start(config: ServeConfig) -> Server:
     (run_dir / "tmp").mkdir(exist_ok=True)
     (run_dir / KEY_FILE).unlink(missing_ok=True)
     conf = run_dir / "config.properties"
-    conf.write_text(_properties(config, store, models))
+    backend_port = free_port()
+    conf.write_text(_properties(config, store, models, backend_port))
     env = {
         **os.environ,
         # TorchServe keeps a pid file in the temp dir; a private one lets
@@ -251,18 +286,71 @@ def start(config: ServeConfig) -> Server:
     server = Server(
         pid=proc.pid,
         run_dir=str(run_dir),
-        inference_url=f"http://{host}:{config.inference_port}",
-        management_url=f"http://{host}:{config.management_port}",
-        metrics_url=f"http://{host}:{config.metrics_port}",
+        inference_url=f"{'https' if config.tls_cert else 'http'}://{host}:{config.inference_port}",
+        management_url=f"http://127.0.0.1:{config.management_port}",
+        metrics_url=f"http://127.0.0.1:{config.metrics_port}",
         models=models,
         started=psutil.Process(proc.pid).create_time(),
+        backend_url=f"http://127.0.0.1:{backend_port}",
+        ca_file=str(Path(config.tls_cert).resolve()) if config.tls_cert else None,
     )
-    (run_dir / SERVER_FILE).write_text(json.dumps(asdict(server), indent=2))
+    _record(server)
     try:
         _wait_ready(server, proc, config.startup_timeout_s)
+        server = _start_gateway(server, config, run_dir)
     except BaseException:
         stop(run_dir)
         raise
+    return server
+
+
+def _record(server: Server) -> None:
+    (Path(server.run_dir) / SERVER_FILE).write_text(json.dumps(asdict(server), indent=2))
+
+
+def _start_gateway(server: Server, config: ServeConfig, run_dir: Path) -> Server:
+    gw = GatewayConfig(
+        host=config.host,
+        port=config.inference_port,
+        upstream=server.backend_url,
+        key_file=str(run_dir / KEY_FILE),
+        max_request_size=config.max_request_size,
+        timeout_s=config.response_timeout_s,
+        tls_cert=str(Path(config.tls_cert).resolve()) if config.tls_cert else None,
+        tls_key=str(Path(config.tls_key).resolve()) if config.tls_key else None,
+        log_file=str(run_dir / "logs" / "gateway.log"),
+    )
+    gw.write(run_dir / GATEWAY_CONFIG)
+    with (run_dir / "logs" / "gateway.out").open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.gateway", str(run_dir / GATEWAY_CONFIG)],
+            cwd=run_dir,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    server = replace(
+        server, gateway_pid=proc.pid, gateway_started=psutil.Process(proc.pid).create_time()
+    )
+    _record(server)
+    host = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
+    deadline = time.monotonic() + 30
+    while True:
+        if proc.poll() is not None:
+            out_text = (run_dir / "logs" / "gateway.out").read_text(errors="replace")
+            raise ServeError(
+                f"The gateway exited with status {proc.returncode}:\n{out_text[-2000:]}"
+            )
+        try:
+            with socket.create_connection((host, config.inference_port), timeout=1):
+                break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise ServeError(
+                    f"The gateway did not open port {config.inference_port} within 30 s."
+                ) from None
+            time.sleep(0.1)
+    log.info("gateway listening on %s", server.inference_url)
     return server
 
 
@@ -319,24 +407,30 @@ def stop(run_dir: Path | None = None, timeout: float = 30.0) -> bool:
     if not path.is_file():
         return False
     server = Server.load(run_dir)
+    if server.gateway_alive():
+        _kill_group(server.gateway_pid, timeout)
     was_running = server.alive()
     if not was_running:  # stale record: the pid may belong to someone else by now
         path.unlink(missing_ok=True)
         (run_dir / KEY_FILE).unlink(missing_ok=True)
         return False
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(server.pid, sig)  # the launcher, java and every worker share the group
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and _group_alive(server.pid):
-            time.sleep(0.2)
-        if not _group_alive(server.pid):
-            break
+    _kill_group(server.pid, timeout)  # the launcher, java and every worker share the group
     path.unlink(missing_ok=True)
     (run_dir / KEY_FILE).unlink(missing_ok=True)
     return was_running
+
+
+def _kill_group(pgid: int, timeout: float) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _group_alive(pgid):
+            time.sleep(0.1)
+        if not _group_alive(pgid):
+            return
 
 
 def _group_alive(pgid: int) -> bool:

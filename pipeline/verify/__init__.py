@@ -107,6 +107,28 @@ def _cases(
     return cases
 
 
+def load_reference(
+    export_dir: Path, manifest: dict[str, Any], checkpoint: Path | None = None
+) -> tuple[ZooEntry, torch.nn.Module]:
+    """The zoo entry and the eager model holding the checkpoint this export came from."""
+    entry = (
+        entry_from_manifest(manifest)
+        if manifest["model"].get("source", "zoo") != "zoo"
+        else get_entry(manifest["model"]["name"])
+    )
+    ckpt_path = Path(checkpoint) if checkpoint else (export_dir / manifest["checkpoint"]["path"])
+    loaded = load_checkpoint(ckpt_path)
+    if loaded.meta["weights_sha256"] != manifest["checkpoint"]["sha256"]:
+        raise ArtifactError(
+            f"Checkpoint {ckpt_path} is not the one {export_dir} was exported from (sha256 "
+            f"{loaded.meta['weights_sha256'][:12]}… vs {manifest['checkpoint']['sha256'][:12]}…). "
+            "Re-run `pipeline export` for this checkpoint."
+        )
+    model = entry.build(**loaded.model_kwargs)
+    model.load_state_dict(loaded.state_dict)
+    return entry, model.eval()
+
+
 def verify(config: VerifyConfig) -> ParityReport:
     """Compare every backend with eager on every case; write the JSON report.
 
@@ -120,28 +142,9 @@ def verify(config: VerifyConfig) -> ParityReport:
             f"{export_dir} holds an export of {manifest['model']['name']!r}, not {config.model!r}. "
             f"Pass --model {manifest['model']['name']!r} or another --export-dir."
         )
-    entry = (
-        entry_from_manifest(manifest)
-        if manifest["model"].get("source", "zoo") != "zoo"
-        else get_entry(config.model)
-    )
     atol = config.atol if config.atol is not None else float(manifest["tolerance"]["atol"])
     rtol = config.rtol if config.rtol is not None else float(manifest["tolerance"]["rtol"])
-
-    ckpt_path = (
-        Path(config.checkpoint)
-        if config.checkpoint
-        else (export_dir / manifest["checkpoint"]["path"])
-    )
-    checkpoint = load_checkpoint(ckpt_path)
-    if checkpoint.meta["weights_sha256"] != manifest["checkpoint"]["sha256"]:
-        raise ArtifactError(
-            f"Checkpoint {ckpt_path} is not the one {export_dir} was exported from (sha256 "
-            f"{checkpoint.meta['weights_sha256'][:12]}… vs {manifest['checkpoint']['sha256'][:12]}…). "
-            "Re-run `pipeline export` for this checkpoint."
-        )
-    model = entry.build(**checkpoint.model_kwargs)
-    model.load_state_dict(checkpoint.state_dict)
+    entry, model = load_reference(export_dir, manifest, config.checkpoint)
     eager = EagerBackend(model)
 
     with warnings.catch_warnings():

@@ -102,7 +102,10 @@ def test_secure_config(server: Server, store: Path) -> None:
         if c.status == psutil.CONN_LISTEN
     ]
     assert len(listening) >= 5
+    gateway = psutil.Process(server.gateway_pid).net_connections(kind="inet")
+    listening += [c.laddr.ip for c in gateway if c.status == psutil.CONN_LISTEN]
     assert all(ip in ("127.0.0.1", "::ffff:127.0.0.1") for ip in listening), listening
+    assert server.inference_url != server.backend_url  # clients go through the gateway
 
 
 @pytest.mark.parametrize("name", SERVED)
@@ -245,11 +248,11 @@ def test_bad_requests_get_4xx_json_and_the_worker_survives(server: Server) -> No
         message = resp.json()
         assert message.get("error") or message.get("message"), label
         assert fragment in json.dumps(message), (label, message)
-    # Over max_request_size: TorchServe's frontend refuses it before any
-    # handler runs, with a bare 413 (its body is empty: not ours to shape).
+    # Over max_request_size: the gateway refuses it without reading it all.
     big = b'{"inputs": [' + b"0.0," * (2 * 1024 * 1024) + b"0.0]}"
     resp = post(server, name, big)
     assert resp.status_code == 413, resp.text
+    assert "max_request_size" in resp.json()["message"]
     good = post(server, name, tensors_body({"image": digits_sample(1)}))
     assert good.status_code == 200
     assert _pids(server) == before  # no worker died
@@ -303,15 +306,43 @@ def test_a_bad_request_fails_alone_in_its_batch(
 def test_token_is_enforced(server: Server) -> None:
     body = tensors_body({"image": digits_sample(1)})
     name = archive_name("digits_lenet", "torchscript")
-    for token in ("", "wrong-token"):
-        resp = post(server, name, body, token=token, retries=0)
-        # TorchServe 0.12 answers a missing or wrong token with 400 InvalidKeyException
-        # (not 401); either way nothing is served.
-        assert resp.status_code in (400, 401), resp.text
-        assert "Token Authorization failed" in resp.text
     key = server.keys()["inference"]
+    url = f"{server.inference_url}/predictions/{name}"
+    for header in (None, "Bearer", "Bearer wrong-token", f"Basic {key}", key, f"Bearer {key}x"):
+        headers = {"Authorization": header} if header is not None else {}
+        resp = httpx.post(url, content=body, headers=headers, timeout=10)
+        assert resp.status_code == 401, (header, resp.text)
+        assert resp.headers["WWW-Authenticate"].startswith("Bearer")
+        assert "inference token" in resp.json()["message"]
+    # TorchServe itself, behind the gateway, still wants its token too.
+    direct = httpx.post(f"{server.backend_url}/predictions/{name}", content=body, timeout=10)
+    assert direct.status_code in (400, 401)
+    assert post(server, name, body).status_code == 200
+    # The token never reaches a log, the gateway's access log included.
     logs = Path(server.run_dir) / "logs"
+    assert (logs / "gateway.log").is_file()
     assert not any(key in p.read_text(errors="replace") for p in logs.glob("*.log"))
+
+
+def test_gateway_routes(server: Server) -> None:
+    """Only inference routes pass the gateway; health needs no secret."""
+    ping = httpx.get(f"{server.inference_url}/ping", timeout=10)
+    assert ping.status_code == 200
+    assert ping.json()["status"] == "Healthy"
+    headers = {"Authorization": f"Bearer {server.keys()['inference']}"}
+    for method, path in (
+        ("GET", "/models"),
+        ("POST", "/models?url=digits_lenet_ts.mar"),
+        ("GET", "/api-description"),
+        ("GET", "/predictions/digits_lenet_ts"),
+        ("DELETE", "/predictions/digits_lenet_ts"),
+    ):
+        resp = httpx.request(method, f"{server.inference_url}{path}", headers=headers, timeout=10)
+        assert resp.status_code in (404, 405), (method, path, resp.status_code)
+        assert resp.json()["code"] == resp.status_code
+    missing = post(server, "no_such_model", b'{"inputs": [1.0]}')
+    assert missing.status_code == 404
+    assert "no_such_model" in missing.json()["message"]
 
 
 def test_management_api_refuses_registration(server: Server) -> None:
