@@ -155,6 +155,11 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8080, help="inference port (default: 8080)")
     p.add_argument("--tls-cert", type=Path, help="serve HTTPS with this PEM certificate chain")
     p.add_argument("--tls-key", type=Path, help="the PEM private key of --tls-cert")
+    p.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="serve the models that load even if others fail (default: any failure stops the start)",
+    )
     p.add_argument("--management-port", type=int, default=8081, help="default: 8081")
     p.add_argument("--metrics-port", type=int, default=8082, help="default: 8082")
     p.add_argument("--threads-per-worker", type=int, default=1, help="default: 1")
@@ -300,8 +305,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             gpu=args.gpu,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
+            keep_going=args.keep_going,
         )
     )
+    if server.failed:
+        print(f"NOT serving (failed to load, see the log): {', '.join(server.failed)}")
     print(f"TorchServe is up (pid {server.pid}), serving: {', '.join(server.models)}")
     print(
         f"  inference:  {server.inference_url}/predictions/<model> (gateway pid {server.gateway_pid})"

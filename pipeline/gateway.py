@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -36,6 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
 log = logging.getLogger("pipeline.gateway")
@@ -57,6 +59,7 @@ class GatewayConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     log_file: str | None = None
+    server_pid: int = 0  # TorchServe's launcher: its worker processes are watched (0: not)
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))
@@ -108,6 +111,60 @@ class Keys:
         )
 
 
+class WorkerWatch:
+    """Notices when one of TorchServe's worker processes dies.
+
+    TorchServe 0.12 does not always answer the requests a worker was running
+    when it died: under load here, a SIGKILLed worker's batch got no answer at
+    all in about three runs of four (the client waits until its own timeout),
+    and `507` in others. Inference is a pure function, so the gateway sends
+    such requests again itself: every request in flight when a worker dies is
+    resent (at most `MAX_RESENDS` times), and queues until the replacement
+    worker is up. A death in another model's worker costs a duplicate
+    computation, never a wrong or lost answer.
+    """
+
+    INTERVAL_S = 0.25
+
+    def __init__(self, server_pid: int) -> None:
+        self.server_pid = server_pid
+        self.died = asyncio.Event()  # replaced by a fresh one after every death
+        self._workers: set[int] = set()
+
+    def _scan(self) -> set[int]:
+        try:
+            children = psutil.Process(self.server_pid).children(recursive=True)
+        except psutil.Error:
+            return set()
+        found = set()
+        for proc in children:
+            if proc.pid in self._workers:
+                found.add(proc.pid)
+                continue
+            with contextlib.suppress(psutil.Error):
+                if any("model_service_worker" in part for part in proc.cmdline()):
+                    found.add(proc.pid)
+        return found
+
+    async def run(self) -> None:
+        self._workers = await asyncio.to_thread(self._scan)
+        while True:
+            await asyncio.sleep(self.INTERVAL_S)
+            now = await asyncio.to_thread(self._scan)
+            gone = self._workers - now
+            self._workers = now
+            if gone:
+                log.warning(
+                    "worker process(es) %s died; resending the requests in flight", sorted(gone)
+                )
+                died, self.died = self.died, asyncio.Event()
+                died.set()
+
+
+# Resends after a worker death (see WorkerWatch); then the client gets 503 and may retry.
+MAX_RESENDS = 3
+
+
 @web.middleware
 async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
     """aiohttp's own 404/405/413 pages are text: give them the JSON shape."""
@@ -135,17 +192,53 @@ def build_app(config: GatewayConfig) -> web.Application:
     keys = Keys(Path(config.key_file))
     app = web.Application(middlewares=[json_errors], client_max_size=config.max_request_size)
 
+    watch = WorkerWatch(config.server_pid)
+
     async def on_startup(app: web.Application) -> None:
         app["session"] = ClientSession(
             connector=TCPConnector(limit=512, force_close=False),
             timeout=ClientTimeout(total=config.timeout_s),
             auto_decompress=False,
         )
+        if config.server_pid:
+            app["watch"] = asyncio.create_task(watch.run())
 
     async def on_cleanup(app: web.Application) -> None:
+        if "watch" in app:
+            app["watch"].cancel()
         await app["session"].close()
 
     async def forward(
+        method: str, path: str, body: bytes, content_type: str | None
+    ) -> web.Response:
+        """Send upstream; resend when a worker dies under the request (see WorkerWatch)."""
+        for attempt in range(MAX_RESENDS + 1):
+            died = watch.died
+            sent = asyncio.ensure_future(_forward_once(method, path, body, content_type))
+            death = asyncio.ensure_future(died.wait())
+            done, _ = await asyncio.wait({sent, death}, return_when=asyncio.FIRST_COMPLETED)
+            if sent in done:
+                death.cancel()
+                resp = sent.result()
+                if (
+                    resp.status != 503
+                    or attempt == MAX_RESENDS
+                    or not resp.headers.get("X-Worker-Died")
+                ):
+                    return resp
+            else:
+                sent.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sent
+            log.info("resending %s %s after a worker death (attempt %d)", method, path, attempt + 2)
+        return error(
+            503,
+            "ServiceUnavailable",
+            "Workers kept dying while this request ran; retry later.",
+            **{"Retry-After": "1"},
+        )
+
+    async def _forward_once(
         method: str, path: str, body: bytes, content_type: str | None
     ) -> web.Response:
         headers = {"Authorization": f"Bearer {keys.current().decode()}"}
@@ -173,12 +266,13 @@ def build_app(config: GatewayConfig) -> web.Application:
                 "The model server is not reachable (starting, restarting or overloaded); retry.",
                 **{"Retry-After": "1"},
             )
-        if status == 500 and b"Worker died" in data:
+        # TorchServe answers a request whose worker died with 500 "Worker died." or 507.
+        if (status == 500 and b"Worker died" in data) or status == 507:
             return error(
                 503,
                 "ServiceUnavailable",
                 "The worker serving this model died and is being restarted; retry.",
-                **{"Retry-After": "1"},
+                **{"Retry-After": "1", "X-Worker-Died": "1"},
             )
         if status >= 400 and not data:
             return error(status, "UpstreamError", f"TorchServe answered {status} with no body.")

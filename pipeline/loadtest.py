@@ -213,7 +213,7 @@ async def _run(config: LoadConfig, server: Server, report: LoadReport) -> None:
         if resp is None or resp.status_code != 200:
             report.failed += 1
             if resp is not None:
-                problem = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                problem = f"HTTP {resp.status_code}: {' '.join(resp.text.split())[:300]}"
             if len(report.errors) < 5:
                 report.errors.append(f"request {i}: {problem}")
             return

@@ -79,6 +79,9 @@ class ServeConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     response_timeout_s: float = 300.0  # the gateway's limit on one forwarded request
+    # Serve the models that load even when others fail (they are listed in
+    # Server.failed and logged); by default one failure stops the start.
+    keep_going: bool = False
     extra_properties: dict[str, str] = field(default_factory=dict)
 
 
@@ -98,6 +101,7 @@ class Server:
     gateway_started: float = 0.0
     # For HTTPS: the certificate clients trust (the server's own, for a self-signed one).
     ca_file: str | None = None
+    failed: list[str] = field(default_factory=list)  # models that did not load (keep_going)
 
     @classmethod
     def load(cls, run_dir: Path) -> Server:
@@ -199,19 +203,27 @@ def _model_errors(run_dir: Path, limit: int = 30) -> str:
     return "\n".join((picked or lines)[-limit:])
 
 
+def exposure_warning(config: ServeConfig) -> str | None:
+    """What to tell a user who asks for the API on a non-loopback address (None on loopback)."""
+    if config.host in LOOPBACK:
+        return None
+    clear = (
+        "" if config.tls_cert else ", and tokens travel in clear text (use --tls-cert/--tls-key)"
+    )
+    return (
+        f"The inference API will listen on {config.host}, not loopback: anyone who can reach "
+        f"this machine can try it{clear}. Keep the token file private. TorchServe itself, its "
+        "management and metrics APIs stay on 127.0.0.1."
+    )
+
+
 def start(config: ServeConfig) -> Server:
     """Start TorchServe and return once every model is READY."""
     store = Path(config.store).resolve()
     run_dir = Path(config.run_dir or default_run_dir()).resolve()
-    if config.host not in LOOPBACK:
-        log.warning(
-            "The inference API will listen on %s, not loopback: anyone who can reach this "
-            "machine can try it%s. Keep the token file private.",
-            config.host,
-            ""
-            if config.tls_cert
-            else ", and tokens travel in clear text (use --tls-cert/--tls-key)",
-        )
+    warning = exposure_warning(config)
+    if warning:
+        log.warning("%s", warning)
     if bool(config.tls_cert) != bool(config.tls_key):
         raise ServeError("HTTPS needs both --tls-cert and --tls-key.")
     for pem in (config.tls_cert, config.tls_key):
@@ -296,7 +308,9 @@ def start(config: ServeConfig) -> Server:
     )
     _record(server)
     try:
-        _wait_ready(server, proc, config.startup_timeout_s)
+        failed = _wait_ready(server, proc, config.startup_timeout_s, config.keep_going)
+        if failed:
+            server = replace(server, failed=sorted(failed))
         server = _start_gateway(server, config, run_dir)
     except BaseException:
         stop(run_dir)
@@ -319,6 +333,7 @@ def _start_gateway(server: Server, config: ServeConfig, run_dir: Path) -> Server
         tls_cert=str(Path(config.tls_cert).resolve()) if config.tls_cert else None,
         tls_key=str(Path(config.tls_key).resolve()) if config.tls_key else None,
         log_file=str(run_dir / "logs" / "gateway.log"),
+        server_pid=server.pid,
     )
     gw.write(run_dir / GATEWAY_CONFIG)
     with (run_dir / "logs" / "gateway.out").open("ab") as out:
@@ -354,9 +369,13 @@ def _start_gateway(server: Server, config: ServeConfig, run_dir: Path) -> Server
     return server
 
 
-def _wait_ready(server: Server, proc: subprocess.Popen, timeout: float) -> None:
+def _wait_ready(
+    server: Server, proc: subprocess.Popen, timeout: float, keep_going: bool = False
+) -> set[str]:
+    """Wait for every model's READY worker; return the ones that failed (keep_going only)."""
     deadline = time.monotonic() + timeout
     pending = set(server.models)
+    failed: set[str] = set()
     while pending:
         if proc.poll() is not None:
             raise ServeError(
@@ -385,9 +404,17 @@ def _wait_ready(server: Server, proc: subprocess.Popen, timeout: float) -> None:
                     pending.discard(name)
                     log.info("%s is READY", name)
                 elif _failed_to_load(server, name):
-                    raise ServeError(
-                        f"Model {name} failed to load. The worker log says:\n{_model_errors(Path(server.run_dir))}"
-                    )
+                    message = f"Model {name} failed to load. The worker log says:\n{_model_errors(Path(server.run_dir))}"
+                    if not keep_going:
+                        raise ServeError(message)
+                    log.error("%s\nServing the other models (keep_going).", message)
+                    pending.discard(name)
+                    failed.add(name)
+    if failed == set(server.models):
+        raise ServeError(
+            f"No model loaded; the worker log says:\n{_model_errors(Path(server.run_dir))}"
+        )
+    return failed
 
 
 def _failed_to_load(server: Server, name: str) -> bool:

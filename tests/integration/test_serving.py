@@ -217,6 +217,12 @@ def test_named_inputs_and_open_inference_protocol(
     assert single.json()["outputs"]["y"] == pytest.approx([1.0, 2.0, -0.5, -0.1])
 
 
+def _image_bytes(fmt: str) -> bytes:
+    buf = io.BytesIO()
+    Image.new("L", (28, 28), color=128).save(buf, fmt)
+    return buf.getvalue()
+
+
 # A valid 69-byte PNG that claims to be 30000×30000 pixels.
 BOMB_PNG = (
     "89504e470d0a1a0a0000000d4948445200007530000075300800000000434ca7660000000c"
@@ -236,10 +242,30 @@ BAD_REQUESTS = [
     ("wrong input name", b'{"inputs": {"x": [1.0]}}', "application/json", 400, "must be named"),
     ("strings as numbers", json.dumps({"inputs": [[["0.5"] * 28] * 28]}).encode(), "application/json", 400, "float32"),
     ("image bomb", bytes.fromhex(BOMB_PNG), "image/png", 413, "4096"),
+    ("deeply nested json", b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "application/json", 400, "nested too deeply"),
+    ("top-level array", b"[1, 2, 3]", "application/json", 400, "object with an 'inputs' field"),
+    ("inputs null", b'{"inputs": null}', "application/json", 400, "list of numbers"),
+    ("inputs a string", b'{"inputs": "abc"}', "application/json", 400, "list of numbers"),
+    ("inputs a scalar", b'{"inputs": 3}', "application/json", 400, "must have shape"),
+    ("empty batch", b'{"inputs": []}', "application/json", 400, "must have shape"),
+    ("overflowing float32", json.dumps({"inputs": [[[1e39] * 28] * 28]}).encode(), "application/json", 400, "NaN or Inf"),
+    ("v2 huge shape", json.dumps({"inputs": [{"name": "image", "shape": [10**12, 1, 28, 28], "datatype": "FP32", "data": [0.0]}]}).encode(), "application/json", 400, "too large"),
+    ("v2 negative shape", json.dumps({"inputs": [{"name": "image", "shape": [-1, 1, 28, 28], "datatype": "FP32", "data": [0.0] * 784}]}).encode(), "application/json", 400, "negative"),
+    ("v2 data length mismatch", json.dumps({"inputs": [{"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP32", "data": [0.0] * 10}]}).encode(), "application/json", 400, "784 values"),
+    ("v2 missing data", json.dumps({"inputs": [{"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP32"}]}).encode(), "application/json", 400, "'data'"),
+    ("unicode input name", json.dumps({"inputs": {"imag\u00e9\u202e": [0.0]}}).encode(), "application/json", 400, "must be named"),
+    ("duplicate keys", b'{"inputs": [1.0], "inputs": {"x": 1}}', "application/json", 400, "must be named"),
+    ("truncated png", _image_bytes("PNG")[:40], "image/png", 400, "cannot be decoded"),
+    ("truncated jpeg", _image_bytes("JPEG")[:100], "image/jpeg", 400, "cannot be decoded"),
+    ("gif image", _image_bytes("GIF"), "image/gif", 415, "PNG/JPEG"),
+    ("plain text", b"hello", "text/plain", 415, "not JSON"),
+    ("multipart form", b'--x\r\nContent-Disposition: form-data; name="data"\r\n\r\nabc\r\n--x--\r\n', "multipart/form-data; boundary=x", 415, "not JSON"),
+    ("invalid utf-8", b'{"inputs": "\xff\xfe"}', "application/json", 415, "UTF-8"),
 ]  # fmt: skip
 
 
 def test_bad_requests_get_4xx_json_and_the_worker_survives(server: Server) -> None:
+    assert len({label for label, *_ in BAD_REQUESTS}) >= 30  # the catalogue, plus the oversize body
     before = _pids(server)
     name = archive_name("digits_lenet", "torchscript")
     for label, body, content_type, status, fragment in BAD_REQUESTS:
