@@ -39,7 +39,7 @@ SERVE_FLAGS ?=
 
 CPP_BUILD ?= cpp_client/build
 
-.PHONY: help venv train train-ddp export verify demo test lint format clean archive serve stop infer cpp latency
+.PHONY: help venv train train-ddp export verify demo test lint format clean archive serve stop infer cpp latency loadtest
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
@@ -80,6 +80,16 @@ latency: | $(STAMP)  ## C++ client vs Python TorchScript at batch 1 (digits CNN,
 	test -f $(ARTIFACTS)/digits_lenet/export/manifest.json || { $(PIPELINE) train --model digits_lenet --no-progress && $(PIPELINE) export --model digits_lenet; }
 	test -f $(ARTIFACTS)/torchvision_resnet18/export/manifest.json || $(PIPELINE) export --model torchvision:resnet18 --random-init
 	$(PIPELINE) latency --model digits_lenet --model torchvision:resnet18
+
+LOADTEST_REQUESTS ?= 20000
+LOADTEST_RESNET_REQUESTS ?= 1000
+loadtest: | $(STAMP)  ## load runs on private servers: digits CNN (SIGKILL mid-run) and resnet18, answers checked
+	test -f $(ARTIFACTS)/digits_lenet/export/manifest.json || { $(PIPELINE) train --model digits_lenet --no-progress && $(PIPELINE) export --model digits_lenet; }
+	test -f $(ARTIFACTS)/torchvision_resnet18/export/manifest.json || $(PIPELINE) export --model torchvision:resnet18 --random-init
+	$(PIPELINE) loadtest --serve --model digits_lenet --requests $(LOADTEST_REQUESTS) --concurrency 32 \
+		--kill-worker-after $$(( $(LOADTEST_REQUESTS) / 2 )) --json $(ARTIFACTS)/loadtest/digits_lenet.json
+	$(PIPELINE) loadtest --serve --model torchvision:resnet18 --requests $(LOADTEST_RESNET_REQUESTS) --concurrency 32 \
+		--json $(ARTIFACTS)/loadtest/torchvision_resnet18.json
 
 archive: | $(STAMP)  ## export (if needed) and archive SERVE_MODELS into model_store/ (.mar)
 	@set -e; for m in $(SERVE_MODELS); do \
