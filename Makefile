@@ -39,7 +39,7 @@ SERVE_FLAGS ?=
 
 CPP_BUILD ?= cpp_client/build
 
-.PHONY: help venv train train-ddp export verify demo test lint format clean archive serve stop infer cpp latency loadtest
+.PHONY: help venv train train-ddp export verify demo test lint format clean archive serve stop infer cpp latency loadtest bench
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
@@ -80,6 +80,16 @@ latency: | $(STAMP)  ## C++ client vs Python TorchScript at batch 1 (digits CNN,
 	test -f $(ARTIFACTS)/digits_lenet/export/manifest.json || { $(PIPELINE) train --model digits_lenet --no-progress && $(PIPELINE) export --model digits_lenet; }
 	test -f $(ARTIFACTS)/torchvision_resnet18/export/manifest.json || $(PIPELINE) export --model torchvision:resnet18 --random-init
 	$(PIPELINE) latency --model digits_lenet --model torchvision:resnet18
+
+BENCH_FLAGS ?=
+bench: | $(STAMP)  ## every backend side by side: artifacts/bench/{bench.json,bench.md,*.png} (exports what is missing)
+	@set -e; for m in digits_lenet my_decision_gate my_cell my_rnn_loop wrap_rnn; do \
+		test -f $(ARTIFACTS)/$$m/export/manifest.json || { \
+			test -f $(ARTIFACTS)/$$m/checkpoint.pt || $(PIPELINE) train --model $$m --no-progress; \
+			$(PIPELINE) export --model $$m; }; \
+	done
+	test -f $(ARTIFACTS)/torchvision_resnet18/export/manifest.json || $(PIPELINE) export --model torchvision:resnet18 --random-init
+	$(PIPELINE) bench $(BENCH_FLAGS)
 
 LOADTEST_REQUESTS ?= 20000
 LOADTEST_RESNET_REQUESTS ?= 1000

@@ -13,7 +13,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline import __version__, paths
-from pipeline.cli_deploy import add_cpp_commands, add_serving_commands, run_dir_arg, serve_run_dir
+from pipeline.cli_deploy import (
+    add_bench_command,
+    add_cpp_commands,
+    add_serving_commands,
+    run_dir_arg,
+    serve_run_dir,
+)
 from pipeline.errors import ParityError, PipelineError
 
 log = logging.getLogger("pipeline")
@@ -344,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serving_commands(sub)
     add_cpp_commands(sub)
+    add_bench_command(sub)
     return parser
 
 

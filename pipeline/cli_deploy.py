@@ -47,6 +47,64 @@ def add_cpp_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_latency)
 
 
+def add_bench_command(sub: argparse._SubParsersAction) -> None:
+    from pipeline.bench import DEFAULT_MODELS, SERVED_MODELS
+
+    p = sub.add_parser(
+        "bench",
+        help="measure every backend side by side (in-process and served); JSON, Markdown, charts",
+        description="Interleaved rounds of eager, TorchScript (plain and frozen), ONNX Runtime and "
+        "the C++ client at each batch size, then TorchServe per format at each concurrency with "
+        "dynamic batching off and on. Writes <artifacts>/bench/bench.json, bench.md, latency.png "
+        "and throughput.png, and names each model's fastest verified backend in its manifest.",
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        help=f"exported model(s) to measure in-process (default: {' '.join(DEFAULT_MODELS)})",
+    )
+    p.add_argument(
+        "--serve-model",
+        action="append",
+        help=f"model(s) to measure through TorchServe (default: {' '.join(SERVED_MODELS)}; 'none' for none)",
+    )
+    p.add_argument("--batch", type=int, action="append", help="batch sizes (default: 1 and 32)")
+    p.add_argument("--threads", type=int, help="in-process intra-op threads (default: physical cores)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: 3)")
+    p.add_argument("--repeat", type=int, default=30, help="timed calls per backend per round (default: 30)")
+    p.add_argument("--served-requests", type=int, default=300, help="per concurrency level (default: 300)")
+    p.add_argument("--no-cpp", action="store_true", help="leave the C++ client out")
+    p.add_argument("--quick", action="store_true", help="digits only, few runs: checks the output, not speed")
+    p.add_argument("--out-dir", type=Path, help="default: <artifacts>/bench")
+    p.set_defaults(func=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from pipeline.bench import BenchConfig, run_bench
+
+    overrides: dict = {"out_dir": args.out_dir, "artifacts_root": args.artifacts_dir}
+    if args.model:
+        overrides["models"] = tuple(args.model)
+    if args.serve_model:
+        overrides["served_models"] = tuple(m for m in args.serve_model if m != "none")
+    if args.batch:
+        overrides["batches"] = tuple(args.batch)
+    if args.threads:
+        overrides["threads"] = args.threads
+    if args.no_cpp:
+        overrides["cpp"] = False
+    if args.quick:
+        config = BenchConfig.quick(**overrides)
+    else:
+        config = BenchConfig(
+            rounds=args.rounds, repeat=args.repeat, served_requests=args.served_requests, **overrides
+        )
+    result = run_bench(config)
+    print(result.markdown_path.read_text())
+    print(f"wrote {result.json_path}, {result.markdown_path}, " + ", ".join(map(str, result.charts)))
+    return 0
+
+
 def _cmd_latency(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
