@@ -69,12 +69,20 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
         help=f"model(s) to measure through TorchServe (default: {' '.join(SERVED_MODELS)}; 'none' for none)",
     )
     p.add_argument("--batch", type=int, action="append", help="batch sizes (default: 1 and 32)")
-    p.add_argument("--threads", type=int, help="in-process intra-op threads (default: physical cores)")
+    p.add_argument(
+        "--threads", type=int, help="in-process intra-op threads (default: physical cores)"
+    )
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: 3)")
-    p.add_argument("--repeat", type=int, default=30, help="timed calls per backend per round (default: 30)")
-    p.add_argument("--served-requests", type=int, default=300, help="per concurrency level (default: 300)")
+    p.add_argument(
+        "--repeat", type=int, default=30, help="timed calls per backend per round (default: 30)"
+    )
+    p.add_argument(
+        "--served-requests", type=int, default=300, help="per concurrency level (default: 300)"
+    )
     p.add_argument("--no-cpp", action="store_true", help="leave the C++ client out")
-    p.add_argument("--quick", action="store_true", help="digits only, few runs: checks the output, not speed")
+    p.add_argument(
+        "--quick", action="store_true", help="digits only, few runs: checks the output, not speed"
+    )
     p.add_argument("--out-dir", type=Path, help="default: <artifacts>/bench")
     p.set_defaults(func=_cmd_bench)
 
@@ -97,11 +105,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         config = BenchConfig.quick(**overrides)
     else:
         config = BenchConfig(
-            rounds=args.rounds, repeat=args.repeat, served_requests=args.served_requests, **overrides
+            rounds=args.rounds,
+            repeat=args.repeat,
+            served_requests=args.served_requests,
+            **overrides,
         )
     result = run_bench(config)
     print(result.markdown_path.read_text())
-    print(f"wrote {result.json_path}, {result.markdown_path}, " + ", ".join(map(str, result.charts)))
+    print(
+        f"wrote {result.json_path}, {result.markdown_path}, " + ", ".join(map(str, result.charts))
+    )
     return 0
 
 

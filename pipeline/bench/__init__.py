@@ -1,0 +1,351 @@
+"""`pipeline bench`: every backend side by side on the same inputs, in one run.
+
+In-process backends (eager, TorchScript plain and frozen, ONNX Runtime, the
+C++ client) are measured in interleaved rounds per model and batch size
+(inprocess.py); served ones (TorchServe per format, dynamic batching off and
+on, several concurrency levels) on private servers (served.py). Outputs:
+`bench.json` (machine, matmul peak, every cell, targets), `bench.md`, and
+two PNG charts. Each model's manifest then names its fastest backend among
+those that passed verification in this run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline import paths
+from pipeline.errors import PipelineError
+from pipeline.fileio import write_json
+from pipeline.manifest import read_manifest
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODELS = (
+    "digits_lenet",
+    "torchvision:resnet18",
+    "my_decision_gate",
+    "my_cell",
+    "my_rnn_loop",
+    "wrap_rnn",
+)
+SERVED_MODELS = ("digits_lenet", "torchvision:resnet18")
+# Verify's backend names → the bench's.
+_VERIFIED_AS = {"torchscript": "torchscript", "onnxruntime": "onnxruntime", "cpp": "cpp"}
+
+
+@dataclass
+class BenchConfig:
+    models: tuple[str, ...] = DEFAULT_MODELS
+    served_models: tuple[str, ...] = SERVED_MODELS
+    batches: tuple[int, ...] = (1, 32)
+    threads: int | None = None  # intra-op threads in-process; default: physical cores
+    warmup: int = 10
+    repeat: int = 30
+    rounds: int = 3
+    concurrencies: tuple[int, ...] = (1, 8, 32)
+    batching: tuple[str, ...] = ("off", "on")
+    served_requests: int = 300
+    cpp: bool = True
+    out_dir: Path | None = None  # default: <artifacts>/bench
+    artifacts_root: Path | None = None
+    time_budget_s: float = 60.0  # per model and batch size, in-process
+    update_manifest: bool = True
+
+    @classmethod
+    def quick(cls, **kw: Any) -> BenchConfig:
+        """Seconds, not minutes: the shape of the output, not its figures."""
+        base = dict(
+            models=("digits_lenet",),
+            served_models=("digits_lenet",),
+            batches=(1,),
+            warmup=2,
+            repeat=5,
+            rounds=2,
+            concurrencies=(1, 8),
+            batching=("on",),
+            served_requests=16,
+            cpp=False,
+            time_budget_s=10.0,
+        )
+        return cls(**{**base, **kw})
+
+
+@dataclass
+class BenchResult:
+    json_path: Path
+    markdown_path: Path
+    charts: list[Path]
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def _threads(config: BenchConfig) -> int:
+    import psutil
+
+    return config.threads or psutil.cpu_count(logical=False) or 1
+
+
+def _verified(model: str, export_dir: Path, cpp: bool, root: Path | None) -> set[str]:
+    """Backends that pass parity with eager for this export, checked now."""
+    from pipeline.verify import VerifyConfig, verify
+
+    backends = ("torchscript", "onnxruntime", *(("cpp",) if cpp else ()))
+    report = verify(
+        VerifyConfig(
+            model=read_manifest(export_dir)["model"]["name"],
+            export_dir=export_dir,
+            backends=backends,
+            report=paths.report_path(model, root),
+        )
+    )
+    failed = {r.backend for r in report.failures}
+    return {"eager"} | {_VERIFIED_AS[b] for b in backends if b not in failed}
+
+
+def _targets(cells: list[dict], served: list[dict], peak: float) -> list[dict[str, Any]]:
+    def cell(model: str, backend: str, batch: int) -> dict | None:
+        return next(
+            (
+                c
+                for c in cells
+                if c["model"] == model and c["backend"] == backend and c["batch"] == batch
+            ),
+            None,
+        )
+
+    out: list[dict[str, Any]] = []
+    r32 = [c for c in cells if c["model"] == "torchvision:resnet18" and c["batch"] == 32]
+    r32 = [c for c in r32 if c.get("verified") and c.get("peak_fraction") is not None]
+    if r32:
+        best = max(r32, key=lambda c: c["peak_fraction"])
+        out.append(
+            {
+                "target": "resnet18 batch 32: fastest verified backend ≥ 85% of fp32 matmul peak",
+                "value": best["peak_fraction"],
+                "detail": f"{best['backend']}: {best['gflops']:.1f} of {peak:.1f} GFLOP/s",
+                "met": best["peak_fraction"] >= 0.85,
+            }
+        )
+    for fmt, backend in (("torchscript", "torchscript"), ("onnx", "onnxruntime")):
+        inproc = cell("torchvision:resnet18", backend, 1)
+        at8 = [
+            s
+            for s in served
+            if s["model"] == "torchvision:resnet18"
+            and s["backend"] == f"torchserve/{fmt}"
+            and s["concurrency"] == 8
+            and s["batching"] == "on"
+        ]
+        if inproc and at8:
+            ratio = at8[0]["throughput"] / inproc["throughput"]
+            out.append(
+                {
+                    "target": f"TorchServe/{fmt} at concurrency 8, resnet18: ≥ 85% of in-process {backend} throughput (batch 1)",
+                    "value": ratio,
+                    "detail": f"{at8[0]['throughput']:.1f} vs {inproc['throughput']:.1f} samples/s",
+                    "met": ratio >= 0.85,
+                }
+            )
+    for model in SERVED_MODELS:
+        for fmt, backend in (("torchscript", "torchscript"), ("onnx", "onnxruntime")):
+            inproc = cell(model, backend, 1)
+            at1 = [
+                s
+                for s in served
+                if s["model"] == model
+                and s["backend"] == f"torchserve/{fmt}"
+                and s["concurrency"] == 1
+                and s["batching"] == "off"
+            ]
+            if inproc and at1:
+                added = at1[0]["median_ms"] - inproc["median_ms"]
+                out.append(
+                    {
+                        "target": f"{model} TorchServe/{fmt} added p50 latency at concurrency 1 ≤ 5 ms",
+                        "value": added,
+                        "detail": f"{at1[0]['median_ms']:.2f} vs {inproc['median_ms']:.2f} ms in-process",
+                        "met": added <= 5.0,
+                    }
+                )
+    for model in {c["model"] for c in cells}:
+        cpp, ts = cell(model, "cpp", 1), cell(model, "torchscript", 1)
+        if cpp and ts:
+            ratio = cpp["median_ms"] / ts["median_ms"]
+            out.append(
+                {
+                    "target": f"{model}: C++ client latency ≤ 1.05× Python TorchScript (batch 1)",
+                    "value": ratio,
+                    "detail": f"{cpp['median_ms']:.3f} vs {ts['median_ms']:.3f} ms",
+                    "met": ratio <= 1.05,
+                }
+            )
+    return out
+
+
+def _record_fastest(export_dir: Path, cells: list[dict]) -> dict[str, Any] | None:
+    """Name the fastest verified backend at batch 1 in the manifest."""
+    from pipeline.fileio import write_json as write
+
+    ranked = sorted(
+        (c for c in cells if c["batch"] == 1 and c.get("verified")), key=lambda c: c["median_ms"]
+    )
+    if not ranked:
+        return None
+    best = ranked[0]
+    manifest = read_manifest(export_dir)
+    manifest["fastest"] = {
+        "backend": best["backend"],
+        "batch": 1,
+        "median_ms": round(best["median_ms"], 4),
+        "ranking": [c["backend"] for c in ranked],
+        "measured": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    write(export_dir / "manifest.json", manifest)
+    return manifest["fastest"]
+
+
+def run_bench(config: BenchConfig) -> BenchResult:
+    from pipeline.bench import inprocess, machine, report
+
+    t_start = time.monotonic()
+    out_dir = Path(config.out_dir or paths.artifacts_root(config.artifacts_root) / "bench")
+    threads = _threads(config)
+    info = machine.machine_info()
+    peak = machine.matmul_peak_gflops(threads)
+    log.info("fp32 matmul peak with %d thread(s): %.1f GFLOP/s", threads, peak)
+    cpp_binary = None
+    if config.cpp:
+        from pipeline.cpp import ensure_built
+
+        cpp_binary = ensure_built()
+
+    all_cells: list[dict] = []
+    fastest: dict[str, Any] = {}
+    for model in config.models:
+        export_dir = paths.export_dir(model, config.artifacts_root)
+        if not (export_dir / "manifest.json").is_file():
+            raise PipelineError(
+                f"No export of {model} in {export_dir}; run `pipeline export --model {model}` "
+                "(or `make bench`, which exports what is missing)."
+            )
+        verified = _verified(model, export_dir, config.cpp, config.artifacts_root)
+        from pipeline.verify import load_reference
+
+        manifest = read_manifest(export_dir)
+        entry, eager = load_reference(export_dir, manifest)
+        model_cells = []
+        for batch in config.batches:
+            log.info("%s batch %d: in-process backends, interleaved", model, batch)
+            runners = inprocess.runners(export_dir, batch, threads, cpp_binary)
+            latencies = inprocess.measure_interleaved(
+                runners,
+                warmup=config.warmup,
+                repeat=config.repeat,
+                rounds=config.rounds,
+                time_budget_s=config.time_budget_s,
+            )
+            flops = None
+            if entry.name.startswith("digits") or model.startswith("torchvision:"):
+                import torch
+
+                sample = entry.sample_inputs(entry.sizes(batch=batch), torch.Generator())
+                flops = inprocess.model_flops(eager, list(sample.values()))
+            settings = {name: r.settings for name, r in runners.items()}
+            for c in inprocess.cells(model, batch, threads, latencies, flops, peak, settings):
+                row = asdict(c)
+                row["verified"] = c.backend in verified or (
+                    c.backend == "torchscript_frozen" and "torchscript" in verified
+                )
+                model_cells.append(row)
+        all_cells += model_cells
+        if config.update_manifest:
+            fastest[model] = _record_fastest(export_dir, model_cells)
+
+    served: list[dict] = []
+    if config.served_models:
+        from pipeline.bench.served import bench_served
+
+        for model in config.served_models:
+            log.info("%s: TorchServe, concurrency %s", model, config.concurrencies)
+            points = bench_served(
+                model,
+                paths.export_dir(model, config.artifacts_root),
+                concurrencies=config.concurrencies,
+                requests_per_level=config.served_requests,
+                batching=config.batching,
+            )
+            served += [p.to_json() for p in points]
+
+    data = {
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": info,
+        "threads": threads,
+        "matmul_peak_gflops": peak,
+        "settings": {
+            "warmup": config.warmup,
+            "repeat": config.repeat,
+            "rounds": config.rounds,
+            "served_requests_per_level": config.served_requests,
+            "served_worker_threads": 1,
+        },
+        "cells": all_cells,
+        "served": served,
+        "fastest": fastest,
+        "duration_s": round(time.monotonic() - t_start, 1),
+    }
+    data["targets"] = _targets(all_cells, served, peak)
+    json_path = write_json(out_dir / "bench.json", data)
+    md = report.to_markdown([inprocess.Cell(**_cell_fields(c)) for c in all_cells], info, peak)
+    md += "\n\n" + _served_markdown(served) + "\n\n" + _targets_markdown(data["targets"])
+    md_path = out_dir / "bench.md"
+    md_path.write_text(md + "\n")
+    charts = [
+        report.latency_chart(
+            [inprocess.Cell(**_cell_fields(c)) for c in all_cells], out_dir / "latency.png"
+        )
+    ]
+    if served:
+        charts.append(report.throughput_chart(served, out_dir / "throughput.png"))
+    return BenchResult(json_path, md_path, charts, data)
+
+
+def _cell_fields(row: dict) -> dict:
+    from dataclasses import fields
+
+    from pipeline.bench.inprocess import Cell
+
+    names = {f.name for f in fields(Cell)}
+    return {k: v for k, v in row.items() if k in names}
+
+
+def _served_markdown(served: list[dict]) -> str:
+    if not served:
+        return ""
+    rows = [
+        "#### Served (TorchServe behind the gateway, one worker, one thread)",
+        "",
+        "| model | backend | batching | concurrency | requests | failed | median ms | p90 ms | p99 ms | req/s |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    rows += [
+        f"| {s['model']} | {s['backend']} | {s['batching']} | {s['concurrency']} | {s['requests']} "
+        f"| {s['failed']} | {s['median_ms']:.2f} | {s['p90_ms']:.2f} | {s['p99_ms']:.2f} "
+        f"| {s['throughput']:.1f} |"
+        for s in served
+    ]
+    return "\n".join(rows)
+
+
+def _targets_markdown(targets: list[dict]) -> str:
+    if not targets:
+        return ""
+    rows = ["#### Targets", "", "| target | reached | detail | met |", "|---|---:|---|---|"]
+    rows += [
+        f"| {t['target']} | {t['value']:.2f} | {t['detail']} | {'yes' if t['met'] else 'no'} |"
+        for t in targets
+    ]
+    return "\n".join(rows)

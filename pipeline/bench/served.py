@@ -1,0 +1,169 @@
+"""Served throughput and latency: TorchServe (behind the gateway) per format,
+concurrency and dynamic batching setting.
+
+One private server per batching setting serves both formats of a model; the
+formats are measured in turn within each concurrency level (interleaved, so a
+noisy neighbour slows both alike). Each request carries the same one-sample
+body, and a sample of answers is checked against the first so a broken
+server cannot look fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import torch
+
+from pipeline.archive import ArchiveConfig, archive, archive_name
+from pipeline.client import tensors_body, tls_context
+from pipeline.errors import PipelineError
+from pipeline.manifest import read_manifest
+from pipeline.serve import ServeConfig, Server, free_port, start, stop
+from pipeline.verify import load_reference
+
+FORMATS = ("torchscript", "onnx")
+
+
+@dataclass
+class ServedPoint:
+    model: str
+    backend: str  # torchserve/<format>
+    batching: str  # "on" (batch_size 8, 5 ms delay) or "off" (batch_size 1)
+    concurrency: int
+    requests: int
+    failed: int
+    median_ms: float
+    p90_ms: float
+    p99_ms: float
+    throughput: float  # answered requests per second (one sample each)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def _load(
+    server: Server, name: str, body: bytes, concurrency: int, requests: int, timeout: float
+) -> tuple[list[float], int, float]:
+    url = f"{server.inference_url}/predictions/{name}"
+    headers = {
+        "Authorization": f"Bearer {server.keys()['inference']}",
+        "Content-Type": "application/json",
+    }
+    latencies: list[float] = []
+    failed = 0
+    left = requests
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits, verify=tls_context(server)) as c:
+
+        async def lane() -> None:
+            nonlocal left, failed
+            while left > 0:
+                left -= 1
+                t0 = time.perf_counter()
+                try:
+                    resp = await c.post(url, content=body, headers=headers)
+                    ok = resp.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                latencies.append((time.perf_counter() - t0) * 1e3)
+                failed += not ok
+
+        start_t = time.perf_counter()
+        await asyncio.gather(*(lane() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - start_t
+    return latencies, failed, elapsed
+
+
+def _check_answer(server: Server, name: str, body: bytes, expected: list[torch.Tensor]) -> None:
+    from pipeline.client import post
+
+    resp = post(server, name, body)
+    if resp.status_code != 200:
+        raise PipelineError(f"{name} answered {resp.status_code}: {resp.text[:300]}")
+    got = [torch.tensor(v) for v in resp.json()["outputs"].values()]
+    for e, g in zip(expected, got, strict=True):
+        if not torch.allclose(g.reshape(e.shape).to(e.dtype), e, atol=1e-3, rtol=1e-3):
+            raise PipelineError(
+                f"{name} answered outside tolerance; not benchmarking a wrong server."
+            )
+
+
+def bench_served(
+    model: str,
+    export_dir: Path,
+    *,
+    concurrencies: tuple[int, ...] = (1, 8, 32),
+    requests_per_level: int = 200,
+    batching: tuple[str, ...] = ("off", "on"),
+    timeout: float = 120.0,
+) -> list[ServedPoint]:
+    """Serve `model` (both formats) once per batching setting and measure each level."""
+    manifest = read_manifest(export_dir)
+    entry, eager = load_reference(export_dir, manifest)
+    inputs = entry.sample_inputs(entry.sizes(batch=1), torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        from pipeline.compare import flatten_outputs
+
+        expected = flatten_outputs(eager(*inputs.values()))
+    body = tensors_body(inputs)
+    points: list[ServedPoint] = []
+    for mode in batching:
+        with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
+            store, run_dir = Path(tmp) / "store", Path(tmp) / "run"
+            archive(
+                ArchiveConfig(
+                    model=model,
+                    export_dir=export_dir,
+                    store=store,
+                    formats=FORMATS,
+                    batch_size=8 if mode == "on" else 1,
+                    max_batch_delay_ms=5 if mode == "on" else 0,
+                    response_timeout_s=int(timeout),
+                )
+            )
+            server = start(
+                ServeConfig(
+                    store=store,
+                    run_dir=run_dir,
+                    inference_port=free_port(),
+                    management_port=free_port(),
+                    metrics_port=free_port(),
+                )
+            )
+            try:
+                names = {fmt: archive_name(model, fmt) for fmt in FORMATS}
+                for name in names.values():
+                    _check_answer(server, name, body, expected)
+                for level in concurrencies:
+                    order = list(FORMATS) if level % 2 else list(reversed(FORMATS))
+                    for fmt in order:
+                        # Warm-up at this level: connections open, the worker's batch path hot.
+                        asyncio.run(_load(server, names[fmt], body, level, level * 2, timeout))
+                        lat, failed, elapsed = asyncio.run(
+                            _load(server, names[fmt], body, level, requests_per_level, timeout)
+                        )
+                        arr = np.asarray(lat)
+                        points.append(
+                            ServedPoint(
+                                model=model,
+                                backend=f"torchserve/{fmt}",
+                                batching=mode,
+                                concurrency=level,
+                                requests=len(lat),
+                                failed=failed,
+                                median_ms=float(np.percentile(arr, 50)),
+                                p90_ms=float(np.percentile(arr, 90)),
+                                p99_ms=float(np.percentile(arr, 99)),
+                                throughput=(len(lat) - failed) / elapsed,
+                            )
+                        )
+            finally:
+                stop(run_dir)
+    return points
