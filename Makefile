@@ -31,7 +31,8 @@ STORE ?= model_store
 RUN_DIR ?= $(ARTIFACTS)/serve
 # Archives `make serve` serves: both formats of every built-in model.
 SERVE_MODELS ?= $(DEMO_MODELS)
-INFER_MODEL ?= $(MODEL)_ts
+# A model name picks the format the server serves (TorchScript when both are).
+INFER_MODEL ?= $(MODEL)
 INFER_INPUT ?= $(ARTIFACTS)/$(MODEL)/export/golden.pt
 # e.g. make archive ARCHIVE_FLAGS="--device gpu" && make serve SERVE_FLAGS=--gpu
 ARCHIVE_FLAGS ?=

@@ -227,6 +227,12 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tls-cert", type=Path, help="serve HTTPS with this PEM certificate chain")
     p.add_argument("--tls-key", type=Path, help="the PEM private key of --tls-cert")
     p.add_argument(
+        "--all-formats",
+        action="store_true",
+        help="serve every format of every model (default: where `pipeline bench` named a model's "
+        "fastest verified backend, only that format)",
+    )
+    p.add_argument(
         "--keep-going",
         action="store_true",
         help="serve the models that load even if others fail (default: any failure stops the start)",
@@ -377,6 +383,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             keep_going=args.keep_going,
+            fastest_only=not args.all_formats and not args.models,
         )
     )
     if server.failed:

@@ -106,9 +106,22 @@ def read_request_file(path: Path) -> tuple[bytes, str]:
     )
 
 
+def resolve_model(server: Server, model: str) -> str:
+    """An archive name as given, or the format a model is served in (`digits_lenet` → `digits_lenet_onnx`)."""
+    if model in server.models:
+        return model
+    served = [m for m in server.models if m.rpartition("_")[0] == model]
+    if len(served) == 1:
+        return served[0]
+    if served:  # both formats: TorchScript, the reference serialisation
+        return f"{model}_ts" if f"{model}_ts" in served else sorted(served)[0]
+    raise ClientError(f"The server does not serve {model}; it serves {', '.join(server.models)}.")
+
+
 def infer(model: str, input_path: Path, run_dir: Path | None = None) -> Any:
     """Send one file to a served model; return the decoded JSON answer."""
     server = Server.load(Path(run_dir or default_run_dir()))
+    model = resolve_model(server, model)
     body, content_type = read_request_file(input_path)
     resp = post(server, model, body, content_type)
     try:

@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 import time
+import zipfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,9 @@ class ServeConfig:
     # Serve the models that load even when others fail (they are listed in
     # Server.failed and logged); by default one failure stops the start.
     keep_going: bool = False
+    # Serve one format per model where `pipeline bench` recorded the fastest
+    # verified backend in the archived manifest (the others where it did not).
+    fastest_only: bool = False
     extra_properties: dict[str, str] = field(default_factory=dict)
 
 
@@ -203,6 +207,45 @@ def _model_errors(run_dir: Path, limit: int = 30) -> str:
     return "\n".join((picked or lines)[-limit:])
 
 
+# The served format that runs each benchmarked backend's artifact.
+_SERVED_SUFFIX = {
+    "onnxruntime": "onnx",
+    "torchscript": "ts",
+    "torchscript_frozen": "ts",
+    "cpp": "ts",
+    "eager": "ts",
+}
+
+
+def _fastest_backend(mar: Path) -> str | None:
+    try:
+        with zipfile.ZipFile(mar) as zf:
+            return json.loads(zf.read("manifest.json")).get("fastest", {}).get("backend")
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return None
+
+
+def preferred_archives(store: Path, archives: list[str]) -> list[str]:
+    """One archive per model whose manifest names a measured fastest backend; all others kept."""
+    by_model: dict[str, list[str]] = {}
+    chosen: list[str] = []
+    for name in archives:
+        base, _, suffix = name.rpartition("_")
+        if base and suffix in set(_SERVED_SUFFIX.values()):
+            by_model.setdefault(base, []).append(name)
+        else:
+            chosen.append(name)
+    for base, names in by_model.items():
+        fastest = _fastest_backend(store / f"{names[0]}.mar")
+        pick = f"{base}_{_SERVED_SUFFIX[fastest]}" if fastest in _SERVED_SUFFIX else None
+        if pick in names and len(names) > 1:
+            log.info("%s: serving %s, the fastest verified backend (%s)", base, pick, fastest)
+            chosen.append(pick)
+        else:
+            chosen += names
+    return sorted(chosen)
+
+
 def exposure_warning(config: ServeConfig) -> str | None:
     """What to tell a user who asks for the API on a non-loopback address (None on loopback)."""
     if config.host in LOOPBACK:
@@ -230,7 +273,9 @@ def start(config: ServeConfig) -> Server:
         if pem and not Path(pem).is_file():
             raise ServeError(f"TLS file {pem} does not exist.")
     archives = sorted(p.stem for p in store.glob("*.mar")) if store.is_dir() else []
-    models = config.models or archives
+    models = config.models or (
+        preferred_archives(store, archives) if config.fastest_only else archives
+    )
     missing = [m for m in models if m not in archives]
     if not models or missing:
         raise ServeError(
