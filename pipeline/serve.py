@@ -20,6 +20,7 @@ worker.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -127,20 +128,40 @@ class Server:
 
     def alive(self) -> bool:
         """True only if the recorded pid is still *our* launcher (pids are reused)."""
-        return _is_process(self.pid, self.started)
+        return _is_process(self.pid, Path(self.run_dir) / "config.properties")
 
     def gateway_alive(self) -> bool:
-        return _is_process(self.gateway_pid, self.gateway_started)
+        return _is_process(self.gateway_pid, Path(self.run_dir) / GATEWAY_CONFIG)
 
 
-def _is_process(pid: int, created: float) -> bool:
+def _is_process(pid: int, marker: Path) -> bool:
+    """Is `pid` a live process started with `marker` (its config file) on its command line?
+
+    The command line, not the start time, identifies our processes: a reused
+    pid runs something else, and start times read back from /proc can drift
+    by more than a second under load.
+    """
     if not pid:
         return False
     try:
         proc = psutil.Process(pid)
-        return abs(proc.create_time() - created) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
+        return proc.status() != psutil.STATUS_ZOMBIE and str(marker) in proc.cmdline()
     except psutil.Error:
         return False
+
+
+def _orphans(run_dir: Path) -> list[int]:
+    """Pids of TorchServe launchers and gateways started from `run_dir` (found by command line)."""
+    markers = {str(run_dir / "config.properties"), str(run_dir / GATEWAY_CONFIG)}
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = proc.info.get("cmdline") or []
+        pid = proc.info["pid"]
+        if markers.intersection(cmdline) and pid != os.getpid():
+            with contextlib.suppress(OSError):
+                if os.getpgid(pid) == pid:  # the group leaders we started, not java inside
+                    found.append(pid)
+    return found
 
 
 def default_run_dir() -> Path:
@@ -474,19 +495,22 @@ def _failed_to_load(server: Server, name: str) -> bool:
 
 def stop(run_dir: Path | None = None, timeout: float = 30.0) -> bool:
     """Stop the server started from `run_dir`; True if one was running."""
-    run_dir = Path(run_dir or default_run_dir())
+    run_dir = Path(run_dir or default_run_dir()).resolve()
     path = run_dir / SERVER_FILE
-    if not path.is_file():
-        return False
-    server = Server.load(run_dir)
-    if server.gateway_alive():
-        _kill_group(server.gateway_pid, timeout)
-    was_running = server.alive()
-    if not was_running:  # stale record: the pid may belong to someone else by now
-        path.unlink(missing_ok=True)
-        (run_dir / KEY_FILE).unlink(missing_ok=True)
-        return False
-    _kill_group(server.pid, timeout)  # the launcher, java and every worker share the group
+    was_running = False
+    if path.is_file():
+        server = Server.load(run_dir)
+        if server.gateway_alive():
+            _kill_group(server.gateway_pid, timeout)
+        was_running = server.alive()
+        if was_running:  # else a stale record: the pid may belong to someone else by now
+            _kill_group(server.pid, timeout)  # the launcher, java and every worker share the group
+    # Whatever is left from this run folder (a record lost, a killed test run): each is a
+    # session leader, so its group holds java and the workers.
+    for pid in _orphans(run_dir):
+        log.warning("stopping process %d left over from %s", pid, run_dir)
+        _kill_group(pid, timeout)
+        was_running = True
     path.unlink(missing_ok=True)
     (run_dir / KEY_FILE).unlink(missing_ok=True)
     return was_running

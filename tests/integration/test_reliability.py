@@ -24,7 +24,7 @@ from pipeline.client import post, tensors_body
 from pipeline.data import digits_sample
 from pipeline.export import ExportResult
 from pipeline.loadtest import LoadConfig, run, worker_pids
-from pipeline.serve import ServeConfig, Server, free_port, start, stop
+from pipeline.serve import ServeConfig, Server, _orphans, free_port, start, stop
 
 TS = archive_name("digits_lenet", "torchscript")
 ONNX = archive_name("digits_lenet", "onnx")
@@ -139,7 +139,11 @@ def test_a_model_that_fails_to_load_does_not_take_the_others_down(
         assert resp.status_code == 503, resp.text  # no worker: refused, and nothing else affected
         assert worker_pids(server, TS)
     finally:
-        stop(run_dir)
+        # A lost record (deleted, or a test run killed): stop finds the processes by command line.
+        (run_dir / "server.json").unlink(missing_ok=True)
+        stopped = stop(run_dir)
+    assert stopped
+    assert not _orphans(run_dir.resolve())
 
 
 def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
