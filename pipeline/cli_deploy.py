@@ -239,7 +239,16 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--management-port", type=int, default=8081, help="default: 8081")
     p.add_argument("--metrics-port", type=int, default=8082, help="default: 8082")
-    p.add_argument("--threads-per-worker", type=int, default=1, help="default: 1")
+    p.add_argument(
+        "--threads-per-worker",
+        type=int,
+        help="intra-op threads per worker (default: physical cores / all workers, at least 1)",
+    )
+    p.add_argument(
+        "--workers-per-model",
+        type=int,
+        help="default: physical cores / models served, at least 1",
+    )
     p.add_argument(
         "--max-request-size", type=int, default=4 * 1024 * 1024, help="bytes (default: 4 MiB)"
     )
@@ -378,6 +387,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             management_port=args.management_port,
             metrics_port=args.metrics_port,
             threads_per_worker=args.threads_per_worker,
+            workers_per_model=args.workers_per_model,
             max_request_size=args.max_request_size,
             gpu=args.gpu,
             tls_cert=args.tls_cert,

@@ -155,15 +155,16 @@ def _inputs_pool(config: LoadConfig) -> tuple[list[bytes], list[list[torch.Tenso
 
 
 async def _watch_recovery(
-    server: Server, archive: str, killed: int, started: float
+    server: Server, archive: str, killed: int, count: int, started: float
 ) -> float | None:
+    """Seconds from the kill until `count` READY workers again, none of them the killed one."""
     deadline = started + 120
     while time.monotonic() < deadline:
         try:
             pids = await asyncio.to_thread(worker_pids, server, archive)
         except (httpx.HTTPError, LoadTestError):
             pids = []
-        if pids and killed not in pids:
+        if len(pids) >= count and killed not in pids:
             return time.monotonic() - started
         await asyncio.sleep(0.1)
     return None
@@ -244,7 +245,7 @@ async def _run(config: LoadConfig, server: Server, report: LoadReport) -> None:
             os.kill(pids[0], signal.SIGKILL)
             log.info("SIGKILLed worker %d of %s", pids[0], config.archive)
             recovery = asyncio.create_task(
-                _watch_recovery(server, config.archive, pids[0], time.monotonic())
+                _watch_recovery(server, config.archive, pids[0], len(pids), time.monotonic())
             )
 
     async def lane(client: httpx.AsyncClient, deadline: float) -> None:

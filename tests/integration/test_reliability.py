@@ -87,7 +87,7 @@ def test_worker_sigkill_mid_run_loses_nothing(run_dir: Path, exported: ExportRes
     assert report.answered == 800
     assert report.recovery_s is not None and report.recovery_s < 60, report.summary()
     assert report.killed_pid not in report.worker_pids_after
-    assert len(report.worker_pids_after) == 1
+    assert len(report.worker_pids_after) == len(report.worker_pids_before)
 
 
 def test_server_restart_brings_models_back(

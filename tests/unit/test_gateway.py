@@ -50,3 +50,15 @@ def test_a_non_loopback_address_is_warned_about() -> None:
         ServeConfig(host="0.0.0.0", tls_cert=Path("c.pem"), tls_key=Path("k.pem"))
     )
     assert with_tls is not None and "clear text" not in with_tls
+
+
+def test_worker_plan_fills_the_cores_with_one_thread_each() -> None:
+    import psutil
+
+    from pipeline.serve import worker_plan
+
+    cores = psutil.cpu_count(logical=False) or 1
+    assert worker_plan(1) == (cores, 1)
+    assert worker_plan(cores * 4) == (1, 1)  # more models than cores: never below one
+    assert worker_plan(1, workers=1) == (1, cores)
+    assert worker_plan(3, workers=2, threads=5) == (2, 5)  # what the user asks for wins
