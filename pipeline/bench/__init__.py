@@ -55,6 +55,11 @@ class BenchConfig:
     artifacts_root: Path | None = None
     time_budget_s: float = 60.0  # per model and batch size, in-process
     update_manifest: bool = True
+    # Export folders by model, where they are not <artifacts>/<model>/export.
+    export_dirs: dict[str, Path] = field(default_factory=dict)
+
+    def export_dir(self, model: str) -> Path:
+        return Path(self.export_dirs.get(model) or paths.export_dir(model, self.artifacts_root))
 
     @classmethod
     def quick(cls, **kw: Any) -> BenchConfig:
@@ -89,7 +94,7 @@ def _threads(config: BenchConfig) -> int:
     return config.threads or psutil.cpu_count(logical=False) or 1
 
 
-def _verified(model: str, export_dir: Path, cpp: bool, root: Path | None) -> set[str]:
+def _verified(export_dir: Path, cpp: bool) -> set[str]:
     """Backends that pass parity with eager for this export, checked now."""
     from pipeline.verify import VerifyConfig, verify
 
@@ -99,7 +104,7 @@ def _verified(model: str, export_dir: Path, cpp: bool, root: Path | None) -> set
             model=read_manifest(export_dir)["model"]["name"],
             export_dir=export_dir,
             backends=backends,
-            report=paths.report_path(model, root),
+            report=export_dir.parent / "parity.json",  # where `pipeline verify` puts it
         )
     )
     failed = {r.backend for r in report.failures}
@@ -224,15 +229,16 @@ def run_bench(config: BenchConfig) -> BenchResult:
         cpp_binary = ensure_built()
 
     all_cells: list[dict] = []
+    skipped: list[dict] = []
     fastest: dict[str, Any] = {}
     for model in config.models:
-        export_dir = paths.export_dir(model, config.artifacts_root)
+        export_dir = config.export_dir(model)
         if not (export_dir / "manifest.json").is_file():
             raise PipelineError(
                 f"No export of {model} in {export_dir}; run `pipeline export --model {model}` "
                 "(or `make bench`, which exports what is missing)."
             )
-        verified = _verified(model, export_dir, config.cpp, config.artifacts_root)
+        verified = _verified(export_dir, config.cpp)
         from pipeline.verify import load_reference
 
         manifest = read_manifest(export_dir)
@@ -255,6 +261,11 @@ def run_bench(config: BenchConfig) -> BenchResult:
                 sample = entry.sample_inputs(entry.sizes(batch=batch), torch.Generator())
                 flops = inprocess.model_flops(eager, list(sample.values()))
             settings = {name: r.settings for name, r in runners.items()}
+            skipped += [
+                {"model": model, "batch": batch, "backend": n, "why": s["skipped"]}
+                for n, s in settings.items()
+                if "skipped" in s
+            ]
             for c in inprocess.cells(model, batch, threads, latencies, flops, peak, settings):
                 row = asdict(c)
                 row["verified"] = c.backend in verified or (
@@ -273,7 +284,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
             log.info("%s: TorchServe, concurrency %s", model, config.concurrencies)
             points = bench_served(
                 model,
-                paths.export_dir(model, config.artifacts_root),
+                config.export_dir(model),
                 concurrencies=config.concurrencies,
                 requests_per_level=config.served_requests,
                 batching=config.batching,
@@ -290,11 +301,12 @@ def run_bench(config: BenchConfig) -> BenchResult:
             "repeat": config.repeat,
             "rounds": config.rounds,
             "served_requests_per_level": config.served_requests,
-            "served_worker_threads": 1,
+            "served_workers_and_threads": "pipeline serve defaults (serve.worker_plan)",
         },
         "cells": all_cells,
         "served": served,
         "fastest": fastest,
+        "skipped": skipped,
         "duration_s": round(time.monotonic() - t_start, 1),
     }
     data["targets"] = _targets(all_cells, served, peak)
@@ -326,7 +338,7 @@ def _served_markdown(served: list[dict]) -> str:
     if not served:
         return ""
     rows = [
-        "#### Served (TorchServe behind the gateway, one worker, one thread)",
+        "#### Served (TorchServe behind the gateway, `pipeline serve`'s worker and thread defaults)",
         "",
         "| model | backend | batching | concurrency | requests | failed | median ms | p90 ms | p99 ms | req/s |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",

@@ -1,0 +1,228 @@
+"""In-process backends measured side by side, in interleaved rounds.
+
+Every backend runs the same inputs (drawn once from the model's input spec).
+A round measures each backend in turn, the order rotating from round to
+round, so a noisy neighbour or a turbo change slows them all alike and the
+ratios between them hold even when absolute figures drift. Each backend's
+thread settings are explicit and recorded.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.manifest import artifact_path, read_manifest
+from pipeline.verify import load_reference
+
+SEED = 0
+
+
+@dataclass
+class Cell:
+    model: str
+    backend: str
+    batch: int
+    threads: int
+    runs: int
+    median_ms: float
+    p90_ms: float
+    p99_ms: float
+    throughput: float  # samples per second at the median latency
+    gflops: float | None = None
+    peak_fraction: float | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Runner:
+    """One backend: `measure(warmup, repeat)` returns one round's latency statistics (ms)."""
+
+    name: str
+    measure: Callable[[int, int], dict[str, float]]
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+def _stats(times_ms: list[float]) -> dict[str, float]:
+    arr = np.asarray(times_ms)
+    return {
+        "runs": len(times_ms),
+        "p50_ms": float(np.percentile(arr, 50)),
+        "p90_ms": float(np.percentile(arr, 90)),
+        "p99_ms": float(np.percentile(arr, 99)),
+    }
+
+
+def timed(fn: Callable[[], Any], threads: int | None = None) -> Callable[[int, int], dict]:
+    """A measure() for a Python callable: `warmup` untimed calls, then `repeat` timed ones."""
+
+    def measure(warmup: int, repeat: int) -> dict[str, float]:
+        previous = torch.get_num_threads()
+        if threads:
+            torch.set_num_threads(threads)
+        try:
+            with torch.inference_mode():
+                for _ in range(warmup):
+                    fn()
+                times = []
+                for _ in range(repeat):
+                    t0 = time.perf_counter()
+                    fn()
+                    times.append((time.perf_counter() - t0) * 1e3)
+        finally:
+            torch.set_num_threads(previous)
+        return _stats(times)
+
+    return measure
+
+
+def model_flops(model: torch.nn.Module, inputs: list[torch.Tensor]) -> int:
+    """FLOPs of one forward pass (matmuls and convolutions), by torch's flop counter."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter, torch.inference_mode():
+        model(*inputs)
+    return int(counter.get_total_flops())
+
+
+def runners(
+    export_dir: Path, batch: int, threads: int, cpp_binary: Path | None = None
+) -> dict[str, Runner]:
+    """eager, torchscript, torchscript_frozen, onnxruntime and (with a binary) cpp, on one input."""
+    import onnxruntime as ort
+
+    from pipeline.verify.backends import ort_session_options
+
+    manifest = read_manifest(export_dir)
+    entry, model = load_reference(export_dir, manifest)
+    inputs = entry.sample_inputs(entry.sizes(batch=batch), torch.Generator().manual_seed(SEED))
+    args = list(inputs.values())
+    torch_settings = {
+        "intra_op_threads": threads,
+        "inter_op_threads": torch.get_num_interop_threads(),
+    }
+    out: dict[str, Runner] = {
+        "eager": Runner("eager", timed(lambda: model(*args), threads), torch_settings)
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        ts_path = artifact_path(export_dir, manifest, "torchscript")
+        scripted = torch.jit.load(str(ts_path), map_location="cpu").eval()
+        out["torchscript"] = Runner(
+            "torchscript", timed(lambda: scripted(*args), threads), torch_settings
+        )
+        try:
+            # Freezing inlines weights and folds constants (conv+bn); scripted
+            # control flow may refuse it, and then the backend is left out.
+            frozen = torch.jit.optimize_for_inference(
+                torch.jit.freeze(torch.jit.load(str(ts_path), map_location="cpu").eval())
+            )
+            frozen(*args)
+            out["torchscript_frozen"] = Runner(
+                "torchscript_frozen",
+                timed(lambda: frozen(*args), threads),
+                {**torch_settings, "optimize_for_inference": True},
+            )
+        except Exception as err:  # noqa: BLE001 - any failure just leaves this backend out
+            out["torchscript_frozen"] = Runner(
+                "torchscript_frozen", _skipped, {"skipped": f"{type(err).__name__}: {err}"[:200]}
+            )
+    opts = ort_session_options(threads)
+    session = ort.InferenceSession(
+        str(artifact_path(export_dir, manifest, "onnx")), opts, providers=["CPUExecutionProvider"]
+    )
+    feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), args, strict=True)}
+    out["onnxruntime"] = Runner(
+        "onnxruntime",
+        timed(lambda: session.run(None, feeds)),
+        {
+            "intra_op_threads": opts.intra_op_num_threads,
+            "inter_op_threads": opts.inter_op_num_threads,
+            # Spinning off: ORT's spin-waiting threads starve PyTorch in the same process.
+            "allow_spinning": "0",
+        },
+    )
+    if cpp_binary is not None:
+        from pipeline.cpp import run as run_cpp
+
+        def cpp_measure(warmup: int, repeat: int) -> dict[str, float]:
+            # One round = one client run; it times `repeat` calls itself (no process start-up).
+            stats = run_cpp(
+                ts_path, [args], binary=cpp_binary, threads=threads, warmup=warmup, repeat=repeat
+            ).stats
+            return {k: float(stats[k]) for k in ("p50_ms", "p90_ms", "p99_ms")} | {"runs": repeat}
+
+        out["cpp"] = Runner(
+            "cpp", cpp_measure, {"intra_op_threads": threads, "libtorch": "same wheel"}
+        )
+    return out
+
+
+def _skipped(warmup: int, repeat: int) -> dict[str, float]:
+    raise RuntimeError("skipped")
+
+
+def measure_interleaved(
+    runners: dict[str, Runner],
+    *,
+    warmup: int,
+    repeat: int,
+    rounds: int,
+    time_budget_s: float | None = None,
+) -> dict[str, list[dict[str, float]]]:
+    """Per backend, one statistics dict per round; skipped backends are left out."""
+    live = {n: r for n, r in runners.items() if "skipped" not in r.settings}
+    for r in live.values():
+        r.measure(warmup, 1)  # first-call costs (lazy init, allocation) outside the rounds
+    results: dict[str, list[dict[str, float]]] = {n: [] for n in live}
+    names = list(live)
+    start = time.monotonic()
+    for k in range(rounds):
+        order = names[k % len(names) :] + names[: k % len(names)]
+        for name in order:
+            results[name].append(live[name].measure(0, repeat))
+        if time_budget_s is not None and time.monotonic() - start > time_budget_s:
+            break
+    return results
+
+
+def cells(
+    model: str,
+    batch: int,
+    threads: int,
+    rounds: dict[str, list[dict[str, float]]],
+    flops: int | None,
+    peak_gflops: float | None,
+    settings: dict[str, dict],
+) -> list[Cell]:
+    """One Cell per backend: the median over rounds of each round's statistics."""
+    out = []
+    for backend, per_round in rounds.items():
+        median = statistics.median(r["p50_ms"] for r in per_round)
+        gflops = flops / (median / 1e3) / 1e9 if flops else None
+        out.append(
+            Cell(
+                model=model,
+                backend=backend,
+                batch=batch,
+                threads=threads,
+                runs=int(sum(r["runs"] for r in per_round)),
+                median_ms=median,
+                p90_ms=statistics.median(r["p90_ms"] for r in per_round),
+                p99_ms=statistics.median(r["p99_ms"] for r in per_round),
+                throughput=batch / (median / 1e3),
+                gflops=gflops,
+                peak_fraction=gflops / peak_gflops if gflops and peak_gflops else None,
+                settings={**settings.get(backend, {}), "rounds": len(per_round)},
+            )
+        )
+    return out

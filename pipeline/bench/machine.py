@@ -1,0 +1,79 @@
+"""What the benchmark ran on, and the machine's measured fp32 matmul peak.
+
+Achieved GFLOP/s only mean something next to what this CPU can do, so the
+peak is measured in the same run (a large `torch.mm`), not taken from a spec
+sheet: turbo, thermal limits and noisy neighbours affect both alike.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import platform
+import time
+from typing import Any
+
+import psutil
+import torch
+
+FLAGS_OF_INTEREST = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
+
+
+def _cpuinfo() -> tuple[str, list[str]]:
+    model, flags = platform.processor() or "unknown", []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model in ("unknown", "x86_64", ""):
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = value.split()
+    except OSError:
+        pass
+    return model, [f for f in FLAGS_OF_INTEREST if f in flags]
+
+
+def _version(dist: str) -> str:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return "n/a"
+
+
+def machine_info() -> dict[str, Any]:
+    model, flags = _cpuinfo()
+    return {
+        "cpu": model,
+        "cpu_flags": flags,
+        "cores_physical": psutil.cpu_count(logical=False),
+        "cores_logical": psutil.cpu_count(logical=True),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "torch_threads": torch.get_num_threads(),
+        "versions": {
+            d: _version(d) for d in ("torch", "torchvision", "onnx", "onnxruntime", "torchserve")
+        },
+    }
+
+
+def matmul_peak_gflops(threads: int, n: int = 1024, seconds: float = 1.5) -> float:
+    """Best fp32 `torch.mm` rate over ~`seconds` with `threads` intra-op threads."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        a = torch.randn(n, n, generator=gen)
+        b = torch.randn(n, n, generator=gen)
+        out = torch.empty(n, n)
+        torch.mm(a, b, out=out)  # warm-up: page in, pick the kernel
+        best = 0.0
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            torch.mm(a, b, out=out)
+            dt = time.perf_counter() - t0
+            best = max(best, 2 * n**3 / dt / 1e9)
+        return best
+    finally:
+        torch.set_num_threads(previous)

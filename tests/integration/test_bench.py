@@ -1,0 +1,65 @@
+"""`pipeline bench` in quick mode: the shape of its output, never its speed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from pipeline.bench import BenchConfig, run_bench
+from pipeline.checkpoint import sidecar_path
+from pipeline.export import ExportResult
+from pipeline.manifest import read_manifest
+
+
+def test_quick_bench_writes_json_table_charts_and_the_fastest_backend(
+    exported: ExportResult, tmp_path: Path
+) -> None:
+    # A copy (bench records the fastest backend in the manifest), with its checkpoint
+    # where the manifest's relative path points.
+    export_dir = tmp_path / "copy" / "digits_lenet" / "export"
+    shutil.copytree(exported.out_dir, export_dir)
+    relative = read_manifest(export_dir)["checkpoint"]["path"]
+    source = exported.out_dir / relative
+    target = (export_dir / relative).resolve()
+    target.parent.mkdir(parents=True)
+    shutil.copy2(source, target)
+    shutil.copy2(sidecar_path(source), sidecar_path(target))
+    result = run_bench(
+        BenchConfig.quick(out_dir=tmp_path / "bench", export_dirs={"digits_lenet": export_dir})
+    )
+    data = json.loads(result.json_path.read_text())
+    assert data == result.data | {"targets": data["targets"]}
+    for key in ("machine", "matmul_peak_gflops", "cells", "served", "targets", "settings"):
+        assert key in data, key
+    assert data["machine"]["cores_physical"] >= 1
+    assert data["machine"]["versions"]["torch"].startswith("2.14")
+    assert data["matmul_peak_gflops"] > 0
+
+    backends = {c["backend"] for c in data["cells"]}
+    assert {"eager", "torchscript", "onnxruntime"} <= backends
+    for cell in data["cells"]:
+        assert cell["runs"] >= 5 and cell["settings"]["rounds"] >= 1
+        assert 0 < cell["median_ms"] <= cell["p90_ms"] <= cell["p99_ms"]
+        assert cell["gflops"] > 0 and cell["peak_fraction"] > 0  # a CNN: FLOPs counted
+        assert "intra_op_threads" in cell["settings"]
+        assert cell["verified"] is True
+    onnx = next(c for c in data["cells"] if c["backend"] == "onnxruntime")
+    assert onnx["settings"]["allow_spinning"] == "0"
+
+    served = data["served"]
+    assert {(p["backend"], p["concurrency"]) for p in served} == {
+        (f"torchserve/{f}", c) for f in ("torchscript", "onnx") for c in (1, 8)
+    }
+    assert all(p["failed"] == 0 and p["throughput"] > 0 for p in served)
+
+    table = result.markdown_path.read_text()
+    assert "| backend | batch |" in table and "torchserve/onnx" in table and "× eager" in table
+    for chart in result.charts:
+        assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {c.name for c in result.charts} == {"latency.png", "throughput.png"}
+
+    fastest = read_manifest(export_dir)["fastest"]
+    assert fastest["backend"] in backends
+    assert fastest["ranking"][0] == fastest["backend"]
+    assert data["fastest"]["digits_lenet"] == fastest
