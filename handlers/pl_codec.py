@@ -165,7 +165,8 @@ def _to_array(value: Any, spec: InputSpec) -> np.ndarray:
                 f"Input {spec.name!r} is {spec.dtype}: fractional values are not integers.",
                 expected=spec.describe(),
             )
-        array = raw.astype(target)
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow → Inf, refused below
+            array = raw.astype(target)
     except KeyError:
         raise RequestError(
             f"The model's input dtype {spec.dtype} is not supported over JSON."
