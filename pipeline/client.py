@@ -34,6 +34,25 @@ def tensors_body(inputs: dict[str, torch.Tensor]) -> bytes:
     ).encode()
 
 
+def numpy_body(inputs: dict[str, torch.Tensor]) -> bytes:
+    """Named tensors as binary NumPy: one .npy for one input, an .npz otherwise.
+
+    Much cheaper than JSON for big inputs (a 224×224 image: 600 kB instead of 2 MB of text,
+    and no number parsing on either side).
+    """
+    import io
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    arrays = {k: v.detach().cpu().numpy() for k, v in inputs.items()}
+    if len(arrays) == 1:
+        np.save(buf, next(iter(arrays.values())), allow_pickle=False)
+    else:
+        np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
 def tls_context(server: Server) -> ssl.SSLContext | bool:
     """What httpx verifies the server with: the recorded certificate for HTTPS."""
     if server.ca_file:
@@ -87,6 +106,8 @@ def read_request_file(path: Path) -> tuple[bytes, str]:
         return path.read_bytes(), "image/png" if suffix == ".png" else "image/jpeg"
     if suffix == ".json":
         return path.read_bytes(), "application/json"
+    if suffix in (".npy", ".npz"):
+        return path.read_bytes(), "application/octet-stream"
     if suffix in (".pt", ".pth"):
         try:
             data = torch.load(path, map_location="cpu", weights_only=True)
@@ -102,7 +123,7 @@ def read_request_file(path: Path) -> tuple[bytes, str]:
             return tensors_body(data), "application/json"
         raise ClientError(f"{path} must hold a tensor or a dict of named tensors.")
     raise ClientError(
-        f"Don't know how to send {path}: use .png/.jpg, .json, or a torch.save'd .pt."
+        f"Don't know how to send {path}: use .png/.jpg, .json, .npy/.npz, or a torch.save'd .pt."
     )
 
 

@@ -346,7 +346,7 @@ def _served_markdown(served: list[dict]) -> str:
     if not served:
         return ""
     rows = [
-        "#### Served (TorchServe behind the gateway, `pipeline serve`'s worker and thread defaults)",
+        "#### Served (TorchServe behind the gateway; one single-threaded worker per core; .npy bodies)",
         "",
         "| model | backend | batching | concurrency | requests | failed | median ms | p90 ms | p99 ms | req/s |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",

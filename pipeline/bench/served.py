@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from pipeline.archive import ArchiveConfig, archive, archive_name
-from pipeline.client import tensors_body, tls_context
+from pipeline.client import numpy_body, tls_context
 from pipeline.errors import PipelineError
 from pipeline.manifest import read_manifest
 from pipeline.serve import ServeConfig, Server, free_port, start, stop
@@ -49,12 +49,19 @@ class ServedPoint:
 
 
 async def _load(
-    server: Server, name: str, body: bytes, concurrency: int, requests: int, timeout: float
+    server: Server,
+    name: str,
+    body: bytes,
+    concurrency: int,
+    requests: int,
+    timeout: float,
+    budget_s: float | None = None,
 ) -> tuple[list[float], int, float]:
+    """`requests` requests from `concurrency` clients; no new ones after `budget_s`."""
     url = f"{server.inference_url}/predictions/{name}"
     headers = {
         "Authorization": f"Bearer {server.keys()['inference']}",
-        "Content-Type": "application/json",
+        "Content-Type": "application/octet-stream",
     }
     latencies: list[float] = []
     failed = 0
@@ -64,7 +71,7 @@ async def _load(
 
         async def lane() -> None:
             nonlocal left, failed
-            while left > 0:
+            while left > 0 and (deadline is None or time.perf_counter() < deadline):
                 left -= 1
                 t0 = time.perf_counter()
                 try:
@@ -76,6 +83,7 @@ async def _load(
                 failed += not ok
 
         start_t = time.perf_counter()
+        deadline = start_t + budget_s if budget_s else None
         await asyncio.gather(*(lane() for _ in range(concurrency)))
         elapsed = time.perf_counter() - start_t
     return latencies, failed, elapsed
@@ -84,7 +92,7 @@ async def _load(
 def _check_answer(server: Server, name: str, body: bytes, expected: list[torch.Tensor]) -> None:
     from pipeline.client import post
 
-    resp = post(server, name, body)
+    resp = post(server, name, body, "application/octet-stream")
     if resp.status_code != 200:
         raise PipelineError(f"{name} answered {resp.status_code}: {resp.text[:300]}")
     got = [torch.tensor(v) for v in resp.json()["outputs"].values()]
@@ -103,6 +111,7 @@ def bench_served(
     requests_per_level: int = 200,
     batching: tuple[str, ...] = ("off", "on"),
     timeout: float = 120.0,
+    level_budget_s: float = 20.0,
 ) -> list[ServedPoint]:
     """Serve `model` (both formats) once per batching setting and measure each level."""
     manifest = read_manifest(export_dir)
@@ -112,7 +121,7 @@ def bench_served(
         from pipeline.compare import flatten_outputs
 
         expected = flatten_outputs(eager(*inputs.values()))
-    body = tensors_body(inputs)
+    body = numpy_body(inputs)  # binary: JSON text would measure number parsing, not serving
     points: list[ServedPoint] = []
     for mode in batching:
         with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
@@ -128,6 +137,8 @@ def bench_served(
                     response_timeout_s=int(timeout),
                 )
             )
+            import psutil
+
             server = start(
                 ServeConfig(
                     store=store,
@@ -135,6 +146,10 @@ def bench_served(
                     inference_port=free_port(),
                     management_port=free_port(),
                     metrics_port=free_port(),
+                    # Each format as `pipeline serve` runs a model served alone (one
+                    # single-threaded worker per core); the idle format costs nothing.
+                    workers_per_model=psutil.cpu_count(logical=False) or 1,
+                    threads_per_worker=1,
                 )
             )
             try:
@@ -147,7 +162,15 @@ def bench_served(
                         # Warm-up at this level: connections open, the worker's batch path hot.
                         asyncio.run(_load(server, names[fmt], body, level, level * 2, timeout))
                         lat, failed, elapsed = asyncio.run(
-                            _load(server, names[fmt], body, level, requests_per_level, timeout)
+                            _load(
+                                server,
+                                names[fmt],
+                                body,
+                                level,
+                                requests_per_level,
+                                timeout,
+                                level_budget_s,
+                            )
                         )
                         arr = np.asarray(lat)
                         points.append(

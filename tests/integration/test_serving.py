@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 
 from pipeline.archive import ArchiveConfig, archive, archive_name
-from pipeline.client import post, tensors_body
+from pipeline.client import numpy_body, post, tensors_body
 from pipeline.data import digits_sample, preprocess_digits
 from pipeline.export import ExportResult
 from pipeline.serve import ServeConfig, ServeError, Server, free_port, start, stop
@@ -221,6 +221,25 @@ def _image_bytes(fmt: str) -> bytes:
     buf = io.BytesIO()
     Image.new("L", (28, 28), color=128).save(buf, fmt)
     return buf.getvalue()
+
+
+def test_numpy_binary_bodies_match_json(server: Server) -> None:
+    for name, inputs in (
+        ("digits_lenet_onnx", {"image": digits_sample(3)}),
+        ("my_cell_ts", {"x": torch.rand(2, 4), "h": torch.rand(2, 4)}),
+    ):
+        as_json = post(server, name, tensors_body(inputs))
+        binary = post(server, name, numpy_body(inputs), "application/octet-stream")
+        assert binary.status_code == 200, binary.text
+        assert binary.json()["outputs"] == as_json.json()["outputs"]
+    wrong = post(
+        server,
+        "digits_lenet_ts",
+        numpy_body({"image": digits_sample(1).double()}),
+        "application/octet-stream",
+    )
+    assert wrong.status_code == 400
+    assert "float32" in wrong.json()["error"]
 
 
 # A valid 69-byte PNG that claims to be 30000×30000 pixels.

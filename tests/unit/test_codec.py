@@ -145,3 +145,61 @@ def test_input_without_batch_axis_does_not_force_batched_flag() -> None:
     assert d.unbatched
     assert d.arrays["x"].shape == (1, 3)
     assert d.arrays["scale"].shape == (1,)
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=True)
+    return buf.getvalue()
+
+
+def test_numpy_binary_bodies() -> None:
+    image = np.random.default_rng(0).random((3, 1, 28, 28), dtype=np.float32)
+    d = pl_codec.decode_request(_npy(image), IMAGE, accepts_images=True)
+    assert d.protocol == "npy"
+    np.testing.assert_array_equal(d.arrays["image"], image)
+    buf = io.BytesIO()
+    x, h = np.ones((2, 4), np.float32), np.zeros((2, 4), np.float32)
+    np.savez(buf, x=x, h=h)
+    d = pl_codec.decode_request(buf.getvalue(), CELL, False)
+    assert d.protocol == "npz"
+    np.testing.assert_array_equal(d.arrays["x"], x)
+    np.testing.assert_array_equal(d.arrays["h"], h)
+    one = pl_codec.decode_request(_npy(x[0]), CELL[:1], False)
+    assert one.unbatched and one.arrays["x"].shape == (1, 4)
+
+
+@pytest.mark.parametrize(
+    ("body", "specs", "fragment"),
+    [
+        (_npy(np.zeros((1, 1, 28, 28), np.float64)), IMAGE, "must be float32, got float64"),
+        (_npy(np.zeros((1, 1, 27, 28), np.float32)), IMAGE, "must have shape"),
+        (_npy(np.full((1, 4), np.nan, np.float32)), CELL[:1], "NaN or Inf"),
+        (_npy(np.array([{"a": 1}], dtype=object)), CELL[:1], "not a readable .npy"),
+        (b"\x93NUMPY\x01\x00garbage", IMAGE, "not a readable .npy"),
+        (_npy(np.zeros((1, 4), np.float32)), CELL, "send an .npz"),
+        (b"PK\x03\x04" + b"\x00" * 40, CELL, "not a readable .npz"),
+    ],
+)
+def test_bad_numpy_bodies(body: bytes, specs: list, fragment: str) -> None:
+    with pytest.raises(pl_codec.RequestError, match=fragment) as err:
+        pl_codec.decode_request(body, specs, accepts_images=False)
+    assert err.value.status == 400
+
+
+def test_npz_with_wrong_names_or_a_bomb_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import zipfile
+
+    monkeypatch.setattr(pl_codec, "MAX_ELEMENTS", 1000)  # a small limit: a small bomb will do
+
+    buf = io.BytesIO()
+    np.savez(buf, x=np.ones((1, 4), np.float32))
+    with pytest.raises(pl_codec.RequestError, match="named"):
+        pl_codec.decode_request(buf.getvalue(), CELL, False)
+    bomb = io.BytesIO()
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("x.npy", b"\x00" * (pl_codec.MAX_ELEMENTS * 8 + 10_000))
+        zf.writestr("h.npy", _npy(np.ones((1, 4), np.float32)))
+    with pytest.raises(pl_codec.RequestError, match="too large") as err:
+        pl_codec.decode_request(bomb.getvalue(), CELL, False)
+    assert err.value.status == 413
