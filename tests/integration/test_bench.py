@@ -41,7 +41,8 @@ def test_quick_bench_writes_json_table_charts_and_the_fastest_backend(
     for cell in data["cells"]:
         assert cell["runs"] >= 5 and cell["settings"]["rounds"] >= 1
         assert 0 < cell["median_ms"] <= cell["p90_ms"] <= cell["p99_ms"]
-        assert cell["gflops"] > 0 and cell["peak_fraction"] > 0  # a CNN: FLOPs counted
+        if not cell["backend"].endswith("(1 thread)"):  # the workers' twins: latency only
+            assert cell["gflops"] > 0 and cell["peak_fraction"] > 0  # a CNN: FLOPs counted
         assert "intra_op_threads" in cell["settings"]
         assert cell["verified"] is True
     onnx = next(c for c in data["cells"] if c["backend"] == "onnxruntime")
