@@ -59,10 +59,12 @@ def latency_chart(cells: list[Cell], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     models = list(dict.fromkeys(c.model for c in cells))
-    fig, axes = plt.subplots(
-        1, max(1, len(models)), figsize=(4.2 * max(1, len(models)), 3.6), squeeze=False
-    )
-    for ax, model in zip(axes[0], models, strict=False):
+    cols = min(3, max(1, len(models)))
+    rows = -(-max(1, len(models)) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.8 * rows), squeeze=False)
+    for ax in axes.flat[len(models) :]:
+        ax.set_visible(False)
+    for ax, model in zip(axes.flat, models, strict=False):
         mine = [c for c in cells if c.model == model]
         backends = list(dict.fromkeys(c.backend for c in mine))
         batches = sorted({c.batch for c in mine})
@@ -80,7 +82,7 @@ def latency_chart(cells: list[Cell], path: Path) -> Path:
         ax.set_title(model, fontsize=9)
         ax.set_ylabel("median latency (ms)")
         values = [c.median_ms for c in mine]
-        if values and max(values) / max(min(values), 1e-9) > 50:
+        if values and max(values) / max(min(values), 1e-9) > 20:
             ax.set_yscale("log")
         ax.legend(fontsize=7)
     fig.tight_layout()
