@@ -121,7 +121,8 @@ def parse_body(body: Any) -> tuple[Any, str]:
             body = body.decode("utf-8")
         except UnicodeDecodeError:
             raise RequestError(
-                "The body is neither UTF-8 JSON, a NumPy .npy/.npz nor a PNG/JPEG image.", status=415
+                "The body is neither UTF-8 JSON, a NumPy .npy/.npz nor a PNG/JPEG image.",
+                status=415,
             ) from None
     if isinstance(body, str):
         text = body.strip()

@@ -88,6 +88,8 @@ def test_secure_config(server: Server, store: Path) -> None:
         "enable_model_api=false",
         "disable_token_authorization=false",
         "max_request_size=",
+        "max_response_size=",
+        "allowed_urls=file://",
     ):
         assert line in props
     assert f"allowed_urls=file://{store.resolve()}/.*\n" in props  # the local store only
