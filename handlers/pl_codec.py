@@ -170,6 +170,19 @@ def _to_array(value: Any, spec: InputSpec) -> np.ndarray:
                 f"Input {spec.name!r} is {spec.dtype}: fractional values are not integers.",
                 expected=spec.describe(),
             )
+        if np.issubdtype(target, np.integer) and raw.dtype.kind in "iuf":
+            # Found by fuzzing: casting 1e300, Infinity or 2**63 to int64 does not
+            # fail, it silently wraps (to -2**63). Refuse values the dtype cannot hold.
+            info = np.iinfo(target)
+            if raw.dtype.kind == "f":  # float(info.max) rounds up to 2**63: exclusive bound
+                fits = (raw >= info.min) & (raw < -float(info.min))
+            else:
+                fits = (raw >= info.min) & (raw <= info.max)
+            if not fits.all():
+                raise RequestError(
+                    f"Input {spec.name!r} has values outside the {spec.dtype} range.",
+                    expected=spec.describe(),
+                )
         with np.errstate(over="ignore", invalid="ignore"):  # overflow → Inf, refused below
             array = raw.astype(target)
     except KeyError:
@@ -192,9 +205,13 @@ def _v2_array(item: Mapping[str, Any], spec: InputSpec) -> np.ndarray:
         raise RequestError(
             f"V2 input {spec.name!r}: 'shape' must be a list of integers.", expected=spec.describe()
         )
-    if any(d < 0 for d in shape) or math.prod(shape) > MAX_ELEMENTS:
+    # Found by fuzzing: with a zero dimension math.prod no longer bounds the others,
+    # and numpy's reshape raised ValueError (a 500) for [0, 10**30] or for more than
+    # 64 dimensions. Zero-size tensors and extra dimensions are refused by
+    # check_arrays anyway, so refuse them here, before reshaping.
+    if any(d < 1 for d in shape) or len(shape) > len(spec.shape) or math.prod(shape) > MAX_ELEMENTS:
         raise RequestError(
-            f"V2 input {spec.name!r}: shape {shape} is negative or too large.",
+            f"V2 input {spec.name!r}: shape {shape} has too many dimensions or is empty, negative or too large.",
             expected=spec.describe(),
         )
     wanted = _V2_NAMES.get(spec.dtype)
@@ -353,7 +370,12 @@ def _numpy_arrays(data: bytes, kind: str, specs: Sequence[InputSpec]) -> dict[st
                 if any(i.file_size > MAX_ELEMENTS * 8 + 4096 for i in members.values()):
                     raise RequestError("An array in the .npz is too large.", status=413)
                 arrays = {n: _load_npy(zf.read(members[n]), f"Array {n!r}") for n in names}
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:
+        except RequestError:
+            raise
+        # Found by fuzzing: a bit-flipped or crafted archive also raises zlib.error
+        # (corrupt deflate data), NotImplementedError (unknown compression method) and
+        # RuntimeError (encrypted member), which escaped as a 500. Catch them all.
+        except Exception as err:  # noqa: BLE001 - zipfile and its decompressors raise many types
             raise RequestError(f"The body is not a readable .npz archive: {err}") from None
     for spec in specs:
         a = arrays[spec.name]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import ssl
 import time
@@ -54,10 +55,20 @@ def numpy_body(inputs: dict[str, torch.Tensor]) -> bytes:
 
 
 def tls_context(server: Server) -> ssl.SSLContext | bool:
-    """What httpx verifies the server with: the recorded certificate for HTTPS."""
-    if server.ca_file:
-        return ssl.create_default_context(cafile=server.ca_file)
-    return True
+    """What httpx verifies the server with: the recorded certificate for HTTPS.
+
+    Plain HTTP gets False rather than httpx's default: building the default
+    context loads the whole CA bundle, about 40 ms per call here, which made
+    every one-off request (and the bench's first request) look slow.
+    """
+    if not server.inference_url.startswith("https://"):
+        return False
+    return _context(server.ca_file) if server.ca_file else True
+
+
+@functools.lru_cache(maxsize=8)
+def _context(ca_file: str) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=ca_file)
 
 
 def post(

@@ -95,9 +95,17 @@ def model_flops(model: torch.nn.Module, inputs: list[torch.Tensor]) -> int:
 
 
 def runners(
-    export_dir: Path, batch: int, threads: int, cpp_binary: Path | None = None
+    export_dir: Path,
+    batch: int,
+    threads: int,
+    cpp_binary: Path | None = None,
+    opsets: tuple[int, ...] = (),
 ) -> dict[str, Runner]:
-    """eager, torchscript, torchscript_frozen, onnxruntime and (with a binary) cpp, on one input."""
+    """eager, torchscript, torchscript_frozen, onnxruntime and (with a binary) cpp, on one input.
+
+    `opsets`: the exported ONNX model converted to other opsets, each an extra
+    backend `onnxruntime (opset N)` once its outputs match the exported one's.
+    """
     import onnxruntime as ort
 
     from pipeline.verify.backends import ort_session_options
@@ -140,7 +148,7 @@ def runners(
     session = ort.InferenceSession(
         str(artifact_path(export_dir, manifest, "onnx")), opts, providers=["CPUExecutionProvider"]
     )
-    feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), args, strict=True)}
+    feeds = {i.name: inputs[i.name].numpy() for i in session.get_inputs()}  # by name, as verify
     out["onnxruntime"] = Runner(
         "onnxruntime",
         timed(lambda: session.run(None, feeds)),
@@ -151,6 +159,27 @@ def runners(
             "allow_spinning": "0",
         },
     )
+    for opset in opsets:
+        name = f"onnxruntime (opset {opset})"
+        try:
+            other = _converted_session(artifact_path(export_dir, manifest, "onnx"), opset, opts)
+            expected = session.run(None, feeds)
+            got = other.run(None, feeds)
+            if not all(
+                np.allclose(g, e, atol=1e-5, rtol=1e-4) for g, e in zip(got, expected, strict=True)
+            ):
+                raise ValueError("its outputs differ from the exported model's")
+            out[name] = Runner(
+                name,
+                timed(lambda other=other: other.run(None, feeds)),
+                {
+                    **out["onnxruntime"].settings,
+                    "opset": opset,
+                    "verified": "against the exported ONNX",
+                },
+            )
+        except Exception as err:  # noqa: BLE001 - a converter or runtime refusal leaves it out
+            out[name] = Runner(name, _skipped, {"skipped": f"{type(err).__name__}: {err}"[:200]})
     if cpp_binary is not None:
         from pipeline.cpp import run as run_cpp
 
@@ -165,6 +194,18 @@ def runners(
             "cpp", cpp_measure, {"intra_op_threads": threads, "libtorch": "same wheel"}
         )
     return out
+
+
+def _converted_session(path: Path, opset: int, opts: Any) -> Any:
+    """The exported ONNX model in another opset (onnx's version converter), as a session."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import version_converter
+
+    converted = version_converter.convert_version(onnx.load(str(path)), opset)
+    return ort.InferenceSession(
+        converted.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+    )
 
 
 def _skipped(warmup: int, repeat: int) -> dict[str, float]:

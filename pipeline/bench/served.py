@@ -43,6 +43,9 @@ class ServedPoint:
     p90_ms: float
     p99_ms: float
     throughput: float  # answered requests per second (one sample each)
+    # On the concurrency-1 point: the first request after the model was READY
+    # (handlers warm up in initialize, so it should cost about a steady one).
+    first_request_ms: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -89,10 +92,22 @@ async def _load(
     return latencies, failed, elapsed
 
 
-def _check_answer(server: Server, name: str, body: bytes, expected: list[torch.Tensor]) -> None:
-    from pipeline.client import post
+def _check_answer(server: Server, name: str, body: bytes, expected: list[torch.Tensor]) -> float:
+    """The first request after READY: checked against eager; returns its latency (ms).
 
-    resp = post(server, name, body, "application/octet-stream")
+    The client is built before the clock starts (building one costs more than
+    a request), so the figure is the server's first-request cost.
+    """
+    headers = {
+        "Authorization": f"Bearer {server.keys()['inference']}",
+        "Content-Type": "application/octet-stream",
+    }
+    with httpx.Client(timeout=120, verify=tls_context(server)) as client:
+        t0 = time.perf_counter()
+        resp = client.post(
+            f"{server.inference_url}/predictions/{name}", content=body, headers=headers
+        )
+        elapsed_ms = (time.perf_counter() - t0) * 1e3
     if resp.status_code != 200:
         raise PipelineError(f"{name} answered {resp.status_code}: {resp.text[:300]}")
     got = [torch.tensor(v) for v in resp.json()["outputs"].values()]
@@ -101,6 +116,7 @@ def _check_answer(server: Server, name: str, body: bytes, expected: list[torch.T
             raise PipelineError(
                 f"{name} answered outside tolerance; not benchmarking a wrong server."
             )
+    return elapsed_ms
 
 
 def bench_served(
@@ -154,8 +170,9 @@ def bench_served(
             )
             try:
                 names = {fmt: archive_name(model, fmt) for fmt in FORMATS}
-                for name in names.values():
-                    _check_answer(server, name, body, expected)
+                first = {
+                    fmt: _check_answer(server, name, body, expected) for fmt, name in names.items()
+                }
                 for level in concurrencies:
                     order = list(FORMATS) if level % 2 else list(reversed(FORMATS))
                     for fmt in order:
@@ -185,6 +202,7 @@ def bench_served(
                                 p90_ms=float(np.percentile(arr, 90)),
                                 p99_ms=float(np.percentile(arr, 99)),
                                 throughput=(len(lat) - failed) / elapsed,
+                                first_request_ms=first[fmt] if level == 1 else None,
                             )
                         )
             finally:

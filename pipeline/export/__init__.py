@@ -124,7 +124,15 @@ def _swap_in(staging: Path, out_dir: Path) -> None:
     if out_dir.exists():
         old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
         out_dir.rename(old)
-    staging.rename(out_dir)
+    try:
+        staging.rename(out_dir)
+    except BaseException:
+        # An error or Ctrl-C between the two renames left no export at all (the old
+        # one set aside under a hidden name, the new one deleted by the caller's
+        # cleanup): put the old one back. (A SIGKILL here still needs two renames.)
+        if old is not None:
+            old.rename(out_dir)
+        raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 

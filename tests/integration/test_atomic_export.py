@@ -55,3 +55,41 @@ def test_an_interrupted_export_keeps_the_previous_one(
         )
     )
     assert report.passed, report.failure_message()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "parity.json"]
+
+
+@pytest.mark.parametrize("interruption", [KeyboardInterrupt, OSError])
+def test_an_export_interrupted_while_swapping_in_keeps_the_previous_one(
+    trained: TrainResult,
+    exported: ExportResult,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    interruption: type[BaseException],
+) -> None:
+    """The last step renames the old export aside, then the new one into place.
+
+    An interruption between the two renames (Ctrl-C, or the second rename
+    failing) must put the old export back, not leave no export at all.
+    """
+    out_dir = tmp_path / "export"
+    shutil.copytree(exported.out_dir, out_dir)
+    before = _digests(out_dir)
+    real_rename = Path.rename
+
+    def rename(self: Path, target: str | Path) -> Path:
+        if self.name.startswith(f".{out_dir.name}.staging-"):  # the new export, complete
+            assert not out_dir.exists()  # the old one is already set aside
+            raise interruption("interrupted between the two renames")
+        return real_rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", rename)
+    with pytest.raises(interruption):
+        export(ExportConfig(checkpoint=trained.checkpoint.path, out_dir=out_dir))
+    monkeypatch.undo()
+    assert _digests(out_dir) == before  # every previous file, byte for byte
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # no staging, no .old
+
+    result = export(ExportConfig(checkpoint=trained.checkpoint.path, out_dir=out_dir))
+    assert result.out_dir == out_dir
+    assert _digests(out_dir).keys() == before.keys()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]

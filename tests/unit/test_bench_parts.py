@@ -1,0 +1,177 @@
+"""The benchmark's parts on their own: machine facts, FLOPs, interleaving, summaries, report.
+
+Fast and real (no mocks): tiny callables stand in for the exported backends,
+whose end-to-end run is covered by tests/integration/test_bench.py.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.bench.inprocess import Cell, Runner, cells, measure_interleaved, model_flops, timed
+from pipeline.bench.machine import machine_info, matmul_peak_gflops
+from pipeline.bench.report import latency_chart, throughput_chart, to_markdown
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_machine_info_has_the_keys_and_sane_values() -> None:
+    info = machine_info()
+    for key in ("cpu", "cpu_flags", "cores_physical", "cores_logical", "memory_gib", "os"):
+        assert key in info, key
+    assert isinstance(info["cpu"], str) and info["cpu"]
+    assert isinstance(info["cpu_flags"], list)
+    assert 1 <= info["cores_physical"] <= info["cores_logical"]
+    assert info["memory_gib"] > 0
+    assert info["python"].count(".") == 2
+    assert info["torch_threads"] == torch.get_num_threads()
+    versions = info["versions"]
+    assert set(versions) == {"torch", "torchvision", "onnx", "onnxruntime", "torchserve"}
+    assert torch.__version__.startswith(versions["torch"].split("+")[0])
+    assert all(isinstance(v, str) and v for v in versions.values())  # 'n/a' when missing
+
+
+def test_matmul_peak_is_positive_and_restores_the_thread_count() -> None:
+    before = torch.get_num_threads()
+    assert matmul_peak_gflops(1, n=256, seconds=0.2) > 0
+    assert torch.get_num_threads() == before
+
+
+def test_model_flops_of_a_linear_layer() -> None:
+    # (2, 4) @ (4, 3): 2*4*3 multiply-adds, two FLOPs each; the bias is not counted.
+    assert model_flops(torch.nn.Linear(4, 3), [torch.randn(2, 4)]) == 2 * 2 * 4 * 3
+
+
+def test_timed_runs_repeat_calls_and_restores_threads() -> None:
+    calls: list[int] = []
+    before = torch.get_num_threads()
+    stats = timed(lambda: calls.append(torch.get_num_threads()), threads=1)(3, 10)
+    assert len(calls) == 13 and set(calls) == {1}  # warm-up + timed, all with the asked threads
+    assert torch.get_num_threads() == before
+    assert stats["runs"] == 10
+    assert 0 <= stats["p50_ms"] <= stats["p90_ms"] <= stats["p99_ms"]
+
+
+def _recording_runner(name: str, log: list[tuple[str, int, int]]) -> Runner:
+    def measure(warmup: int, repeat: int) -> dict[str, float]:
+        log.append((name, warmup, repeat))
+        return timed(lambda: sum(range(100)))(warmup, repeat)
+
+    return Runner(name, measure, {"intra_op_threads": 1})
+
+
+def test_measure_interleaved_rotates_the_order_and_counts_rounds() -> None:
+    log: list[tuple[str, int, int]] = []
+    runners = {n: _recording_runner(n, log) for n in ("a", "b", "c")}
+    skipped = Runner("frozen", lambda w, r: pytest.fail("a skipped runner ran"), {"skipped": "x"})
+    rounds = measure_interleaved(runners | {"frozen": skipped}, warmup=4, repeat=7, rounds=3)
+    assert set(rounds) == {"a", "b", "c"}  # the skipped backend is left out
+    assert all(len(per_round) == 3 for per_round in rounds.values())
+    assert all(r["runs"] == 7 for per_round in rounds.values() for r in per_round)
+    # One warm-up call each first, then each round in a rotated order.
+    assert log[:3] == [("a", 4, 1), ("b", 4, 1), ("c", 4, 1)]
+    assert [n for n, _, _ in log[3:]] == list("abc" + "bca" + "cab")
+    assert all(w == 0 and r == 7 for _, w, r in log[3:])
+
+
+def test_measure_interleaved_stops_after_a_complete_round_when_the_budget_is_spent() -> None:
+    slow = Runner("slow", timed(lambda: time.sleep(0.002)))
+    fast = Runner("fast", timed(lambda: None))
+    rounds = measure_interleaved(
+        {"slow": slow, "fast": fast}, warmup=0, repeat=2, rounds=50, time_budget_s=0.0
+    )
+    assert {n: len(r) for n, r in rounds.items()} == {"slow": 1, "fast": 1}
+
+
+def test_cells_take_medians_over_rounds_and_derive_rates() -> None:
+    def rnd(p50: float, p90: float, p99: float) -> dict[str, float]:
+        return {"runs": 10, "p50_ms": p50, "p90_ms": p90, "p99_ms": p99}
+
+    rounds = {
+        "eager": [rnd(4.0, 5.0, 9.0), rnd(2.0, 3.0, 4.0), rnd(3.0, 4.0, 5.0)],
+        "onnxruntime": [rnd(1.0, 1.5, 2.0), rnd(1.0, 2.0, 3.0)],
+    }
+    settings = {"onnxruntime": {"allow_spinning": "0"}}
+    eager, ort = cells("m", 8, 2, rounds, flops=2 * 10**6, peak_gflops=4.0, settings=settings)
+    assert (eager.backend, eager.batch, eager.threads, eager.runs) == ("eager", 8, 2, 30)
+    assert (eager.median_ms, eager.p90_ms, eager.p99_ms) == (3.0, 4.0, 5.0)
+    assert eager.throughput == pytest.approx(8 / 0.003)
+    assert eager.gflops == pytest.approx(2e6 / 0.003 / 1e9)
+    assert eager.peak_fraction == pytest.approx(eager.gflops / 4.0)
+    assert eager.settings == {"rounds": 3}
+    assert ort.median_ms == 1.0 and ort.p90_ms == 1.75 and ort.runs == 20
+    assert ort.settings == {"allow_spinning": "0", "rounds": 2}
+
+    (no_flops,) = cells("m", 1, 1, {"eager": rounds["eager"]}, None, 4.0, {})
+    assert no_flops.gflops is None and no_flops.peak_fraction is None
+
+
+def _cell(model: str, backend: str, batch: int, median: float, gflops: float | None = 1.0) -> Cell:
+    return Cell(
+        model=model,
+        backend=backend,
+        batch=batch,
+        threads=2,
+        runs=30,
+        median_ms=median,
+        p90_ms=median * 1.2,
+        p99_ms=median * 1.5,
+        throughput=batch / (median / 1e3),
+        gflops=gflops,
+        peak_fraction=None if gflops is None else gflops / 10.0,
+    )
+
+
+CELLS = [
+    _cell("lenet", "onnxruntime", 32, 2.0),
+    _cell("lenet", "eager", 32, 8.0),
+    _cell("lenet", "eager", 1, 0.5),
+    _cell("lenet", "torchscript", 1, 0.25),
+    _cell("rnn", "eager", 1, 100.0, gflops=None),
+    _cell("rnn", "onnxruntime", 1, 1.0, gflops=None),
+]
+MACHINE = {
+    "cpu": "Test CPU",
+    "cores_physical": 2,
+    "cpu_flags": ["avx2", "fma"],
+    "versions": {"torch": "2.x", "onnxruntime": "1.x"},
+}
+
+
+def test_to_markdown_has_one_sorted_table_per_model_with_ratios_to_eager() -> None:
+    md = to_markdown(CELLS, MACHINE, peak_gflops=10.0)
+    assert "Test CPU" in md and "avx2 fma" in md
+    assert "10.0 GFLOP/s" in md
+    assert md.count("| backend | batch |") == 2
+    assert "#### lenet" in md and "#### rnn" in md
+    rows = [ln for ln in md.splitlines() if ln.startswith("| ") and "backend" not in ln]
+    lenet = [ln.split(" | ")[0].strip("| ") + "@" + ln.split(" | ")[1] for ln in rows[:4]]
+    assert lenet == ["torchscript@1", "eager@1", "onnxruntime@32", "eager@32"]  # batch, median
+    assert rows[0].endswith("| 10 | 2.00 |")  # torchscript: 10 % of peak, 2× eager at batch 1
+    assert rows[2].endswith("| 4.00 |")  # onnxruntime vs eager at batch 32
+    assert rows[5].startswith("| eager |") and "| — | — | 1.00 |" in rows[5]  # no FLOPs
+    assert rows[4].endswith("| 100.00 |")
+
+
+def test_charts_write_png_files(tmp_path: Path) -> None:
+    many = CELLS + [_cell(f"extra{i}", "eager", 1, 1.0) for i in range(3)]  # a 2-row grid
+    latency = latency_chart(many, tmp_path / "latency.png")
+    points = [
+        {"model": m, "backend": b, "batching": on, "concurrency": c, "throughput": 10.0 * c}
+        for m in ("lenet", "resnet")
+        for b in ("torchserve/torchscript", "torchserve/onnx")
+        for on in ("on", "off")
+        for c in (1, 4, 16)
+    ]
+    throughput = throughput_chart(points, tmp_path / "served" / "throughput.png")
+    for path in (latency, throughput):
+        data = path.read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 1000
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == [
+        "latency.png",
+        "throughput.png",
+    ]  # written atomically: no temporary files left behind
