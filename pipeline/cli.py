@@ -115,6 +115,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_formats(chosen: list[str] | None) -> tuple[str, ...]:
+    from pipeline.export import DEFAULT_FORMATS, FORMATS
+
+    if not chosen:
+        return DEFAULT_FORMATS
+    if "all" in chosen:
+        return FORMATS
+    return tuple(dict.fromkeys(chosen))  # in the order given, once each
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     from pipeline.export import ExportConfig, export
     from pipeline.zoo.user import parse_kwargs
@@ -131,6 +141,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
         seed=args.seed,
         checkpoint=args.checkpoint or paths.checkpoint_path(args.model, args.artifacts_dir),
         out_dir=args.out_dir or paths.export_dir(args.model, args.artifacts_dir),
+        formats=_export_formats(args.format),
+        pt2_device=args.pt2_device,
         method=args.method,
         allow_unsafe_trace=args.allow_unsafe_trace,
         opset=args.opset,
@@ -170,6 +182,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from pipeline.compare import DEFAULT_ATOL, DEFAULT_RTOL
+    from pipeline.export import FORMATS as EXPORT_FORMATS
     from pipeline.export.onnx_export import DEFAULT_OPSET
     from pipeline.export.torchscript import METHODS
     from pipeline.verify.backends import BACKENDS
@@ -246,13 +259,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "export",
-        help="export a checkpoint to TorchScript and ONNX",
+        help="export a checkpoint to TorchScript, ONNX and/or .pt2 (AOTInductor)",
         description="Load a checkpoint (sha256-checked), put the model in eval mode, "
-        "write TorchScript, ONNX (dynamic batch), golden I/O and manifest.json.",
+        "write TorchScript, ONNX (dynamic batch) and, with --format pt2, an AOTInductor "
+        "package, plus golden I/O and manifest.json.",
     )
     _model_arg(p)
     p.add_argument("--checkpoint", type=Path, help="default: <artifacts>/<model>/checkpoint.pt")
     p.add_argument("--out-dir", type=Path, help="default: <artifacts>/<model>/export")
+    p.add_argument(
+        "--format",
+        action="append",
+        choices=(*EXPORT_FORMATS, "all"),
+        help="what to write; repeat for several (default: torchscript and onnx). pt2 is "
+        "torch.export + AOTInductor, compiled for --pt2-device (tens of seconds per model)",
+    )
+    p.add_argument(
+        "--pt2-device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="device the .pt2 package is compiled for (default: cpu; cuda needs a GPU here)",
+    )
     p.add_argument(
         "--method",
         choices=METHODS,

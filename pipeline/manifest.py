@@ -62,8 +62,9 @@ def artifact_path(export_dir: Path, manifest: dict[str, Any], key: str) -> Path:
     try:
         record = manifest["artifacts"][key]
     except KeyError:
+        how = f" --format {key}" if key in ("torchscript", "onnx", "pt2") else ""
         raise ArtifactError(
-            f"The manifest in {export_dir} has no {key!r} artifact; re-run `pipeline export`."
+            f"The manifest in {export_dir} has no {key!r} artifact; re-run `pipeline export{how}`."
         ) from None
     path = Path(export_dir) / record["file"]
     if not path.is_file():

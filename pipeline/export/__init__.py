@@ -1,4 +1,4 @@
-"""The export stage: checkpoint → TorchScript + ONNX + golden I/O + manifest."""
+"""The export stage: checkpoint → TorchScript, ONNX and/or `.pt2` + golden I/O + manifest."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ from pipeline.checkpoint import (
 from pipeline.compare import DEFAULT_ATOL, DEFAULT_RTOL, flatten_outputs
 from pipeline.errors import CheckpointError, ExportError
 from pipeline.export.onnx_export import DEFAULT_OPSET, OPSET_REASON, to_onnx
-from pipeline.export.torchscript import METHODS, Method, to_torchscript
+from pipeline.export.pt2_export import Pt2Device, to_pt2
+from pipeline.export.torchscript import METHODS, Method, ScriptResult, to_torchscript
 from pipeline.fileio import sha256_file, write_json
 from pipeline.manifest import MANIFEST_FORMAT, MANIFEST_NAME, tool_versions
 from pipeline.zoo import DEFAULT_MODEL, resolve_entry
@@ -37,6 +38,12 @@ log = logging.getLogger(__name__)
 
 TORCHSCRIPT_FILE = "model.torchscript.pt"
 ONNX_FILE = "model.onnx"
+PT2_FILE = "model.pt2"
+# The formats `pipeline export --format` offers; "all" means every one.
+FORMATS: tuple[str, ...] = ("torchscript", "onnx", "pt2")
+# Exported unless --format says otherwise: .pt2 is opt-in because
+# AOTInductor compiles C++ for each model (tens of seconds on a small CPU).
+DEFAULT_FORMATS: tuple[str, ...] = ("torchscript", "onnx")
 GOLDEN_FILE = "golden.pt"
 PROBES_FILE = "probes.pt"
 EXPORT_SEED = 1234  # seeds the random example/golden inputs of models without data
@@ -47,7 +54,9 @@ class ExportConfig:
     model: str = DEFAULT_MODEL
     checkpoint: Path | None = None  # default: artifacts/<model>/checkpoint.pt
     out_dir: Path | None = None  # default: artifacts/<model>/export
+    formats: tuple[str, ...] = DEFAULT_FORMATS
     method: Method = "auto"
+    pt2_device: Pt2Device = "cpu"
     allow_unsafe_trace: bool = False
     opset: int = DEFAULT_OPSET
     atol: float = DEFAULT_ATOL
@@ -66,6 +75,14 @@ class ExportConfig:
     seed: int = 0
 
     def validate(self) -> None:
+        unknown = [f for f in self.formats if f not in FORMATS]
+        if unknown or not self.formats:
+            raise ExportError(
+                f"Unknown --format {', '.join(unknown) or '(none)'}; use one or more of "
+                f"{', '.join(FORMATS)} or all, e.g. --format torchscript --format pt2."
+            )
+        if self.pt2_device not in ("cpu", "cuda"):
+            raise ExportError(f"--pt2-device must be cpu or cuda, got {self.pt2_device!r}.")
         if self.method not in METHODS:
             raise ExportError(f"Unknown --method {self.method!r}; use one of {', '.join(METHODS)}.")
         if not 7 <= self.opset <= 23:
@@ -165,6 +182,92 @@ def _checkpoint_for(entry: ZooEntry, ckpt_path: Path, config: ExportConfig) -> C
     return load_checkpoint(ckpt_path)
 
 
+def _write_artifacts(
+    config: ExportConfig,
+    model: torch.nn.Module,
+    entry: ZooEntry,
+    golden_inputs: Inputs,
+    probes: list[tuple[str, Inputs]],
+    output_shapes: dict[str, tuple],
+    staging: Path,
+) -> dict[str, dict[str, Any]]:
+    """Write the requested formats into `staging`; their manifest records."""
+    records: dict[str, dict[str, Any]] = {}
+    ts_cache: list[ScriptResult] = []
+
+    def scripted() -> tuple[torch.jit.ScriptModule, str]:
+        # TorchScript is made when asked for, or when ONNX falls back to the
+        # TorchScript-based exporter; never twice.
+        if not ts_cache:
+            log.info("TorchScript (%s)…", config.method)
+            ts_cache.append(
+                to_torchscript(
+                    model,
+                    golden_inputs,
+                    probes,
+                    method=config.method,
+                    allow_unsafe_trace=config.allow_unsafe_trace,
+                    atol=config.atol,
+                    rtol=config.rtol,
+                    # A train-mode export is wrong on purpose (see ExportConfig.train_mode).
+                    check=not config.train_mode,
+                )
+            )
+        return ts_cache[0].module, ts_cache[0].method
+
+    if "torchscript" in config.formats:
+        scripted()
+        ts = ts_cache[0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # jit deprecation: see DESIGN.md
+            torch.jit.save(ts.module, str(staging / TORCHSCRIPT_FILE))
+        records["torchscript"] = {
+            "file": TORCHSCRIPT_FILE,
+            "format": "torchscript",
+            "method": ts.method,
+            "reason": ts.reason,
+            "sha256": sha256_file(staging / TORCHSCRIPT_FILE),
+        }
+    if "onnx" in config.formats:
+        log.info("ONNX (opset %d)…", config.opset)
+        onnx_result = to_onnx(
+            model, scripted, golden_inputs, entry, staging / ONNX_FILE, output_shapes, config.opset
+        )
+        records["onnx"] = {
+            "file": ONNX_FILE,
+            "format": "onnx",
+            "exporter": onnx_result.exporter,
+            "reason": onnx_result.reason,
+            "opset": onnx_result.opset,
+            "opset_reason": OPSET_REASON if config.opset == DEFAULT_OPSET else "set by --opset",
+            "sha256": sha256_file(staging / ONNX_FILE),
+        }
+    if "pt2" in config.formats:
+        log.info(".pt2 (torch.export + AOTInductor, %s)…", config.pt2_device)
+        pt2 = to_pt2(
+            model,
+            golden_inputs,
+            probes,
+            entry,
+            staging / PT2_FILE,
+            device=config.pt2_device,
+            atol=config.atol,
+            rtol=config.rtol,
+            check=not config.train_mode,  # wrong on purpose: see ExportConfig.train_mode
+        )
+        model.to("cpu")
+        records["pt2"] = {
+            "file": PT2_FILE,
+            "format": "pt2",
+            "method": pt2.method,
+            "reason": pt2.reason,
+            "device": pt2.device,
+            "compile_seconds": round(pt2.compile_seconds, 1),
+            "sha256": sha256_file(staging / PT2_FILE),
+        }
+    return records
+
+
 def export(config: ExportConfig) -> ExportResult:
     """Export a trained checkpoint; every file is checked before the folder appears.
 
@@ -250,31 +353,8 @@ def _export(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
     try:
-        log.info("TorchScript (%s)…", config.method)
-        ts = to_torchscript(
-            model,
-            golden_inputs,
-            probes,
-            method=config.method,
-            allow_unsafe_trace=config.allow_unsafe_trace,
-            atol=config.atol,
-            rtol=config.rtol,
-            # A train-mode export is wrong on purpose (see ExportConfig.train_mode).
-            check=not config.train_mode,
-        )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # jit deprecation: see DESIGN.md
-            torch.jit.save(ts.module, str(staging / TORCHSCRIPT_FILE))
-        log.info("ONNX (opset %d)…", config.opset)
-        onnx_result = to_onnx(
-            model,
-            ts.module,
-            ts.method,
-            golden_inputs,
-            entry,
-            staging / ONNX_FILE,
-            output_shapes,
-            opset=config.opset,
+        artifacts = _write_artifacts(
+            config, model, entry, golden_inputs, probes, output_shapes, staging
         )
         _save_tensors(
             staging / GOLDEN_FILE,
@@ -311,24 +391,7 @@ def _export(
             "tolerance": {"atol": config.atol, "rtol": config.rtol},
             "serving": dict(entry.serving),
             "artifacts": {
-                "torchscript": {
-                    "file": TORCHSCRIPT_FILE,
-                    "format": "torchscript",
-                    "method": ts.method,
-                    "reason": ts.reason,
-                    "sha256": sha256_file(staging / TORCHSCRIPT_FILE),
-                },
-                "onnx": {
-                    "file": ONNX_FILE,
-                    "format": "onnx",
-                    "exporter": onnx_result.exporter,
-                    "reason": onnx_result.reason,
-                    "opset": onnx_result.opset,
-                    "opset_reason": OPSET_REASON
-                    if config.opset == DEFAULT_OPSET
-                    else "set by --opset",
-                    "sha256": sha256_file(staging / ONNX_FILE),
-                },
+                **artifacts,
                 "probes": {
                     "file": PROBES_FILE,
                     "format": "torch.save (weights_only)",

@@ -1,18 +1,18 @@
 """ONNX export with a dynamic batch axis and a deliberately chosen opset.
 
 The `torch.export`-based exporter (`dynamo=True`) runs first. It cannot follow
-data-dependent Python control flow; for such models the TorchScript-based
-exporter (`dynamo=False`) is run on the *scripted* module, which turns
-`prim::If`/`prim::Loop` into ONNX `If`/`Loop` (it warns that it is deprecated).
+data-dependent Python control flow; for zoo models with a torch.cond
+formulation it exports that instead (ONNX `If`/`Scan`). Only models with no
+such formulation fall back to the TorchScript-based exporter (`dynamo=False`)
+on the *scripted* module, which turns `prim::If`/`prim::Loop` into ONNX
+`If`/`Loop` (it warns that it is deprecated).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
 import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from pipeline.errors import ExportError
+from pipeline.export.program import dynamic_shapes, quiet
 from pipeline.zoo.spec import Inputs, ZooEntry
 
 # Opset 18, not the exporter's default 20: ONNX Runtime's AveragePool ran
@@ -40,19 +41,6 @@ class OnnxResult:
     reason: str
 
 
-def _dynamic_shapes(entry: ZooEntry) -> tuple[dict[int, torch.export.Dim], ...]:
-    # One Dim object per axis name, so inputs sharing "batch" share its size.
-    dims: dict[str, torch.export.Dim] = {}
-    shapes = []
-    for spec in entry.inputs:
-        axes = {}
-        for axis, name in spec.dynamic_axes().items():
-            dims.setdefault(name, torch.export.Dim(name))
-            axes[axis] = dims[name]
-        shapes.append(axes)
-    return tuple(shapes)
-
-
 def _dynamic_axes_legacy(
     entry: ZooEntry, output_shapes: dict[str, tuple]
 ) -> dict[str, dict[int, str]]:
@@ -65,37 +53,17 @@ def _dynamic_axes_legacy(
 def _export_dynamo(
     model: nn.Module, example: Inputs, entry: ZooEntry, path: Path, opset: int
 ) -> None:
-    # The exporter prints progress on stdout and, when torch.export fails, the
-    # traced graph on stderr and torch's loggers; the failure's summary reaches
-    # the user through the manifest and the CLI instead.
-    torch_log = logging.getLogger("torch")
-    level = torch_log.level
-    torch_log.setLevel(logging.ERROR)
-    try:
-        with (
-            contextlib.redirect_stdout(io.StringIO()),
-            contextlib.redirect_stderr(io.StringIO()),
-            warnings.catch_warnings(),
-        ):
-            _export_dynamo_quiet(model, example, entry, path, opset)
-    finally:
-        torch_log.setLevel(level)
-
-
-def _export_dynamo_quiet(
-    model: nn.Module, example: Inputs, entry: ZooEntry, path: Path, opset: int
-) -> None:
-    warnings.simplefilter("ignore")
-    program = torch.onnx.export(
-        model,
-        tuple(example.values()),
-        dynamo=True,
-        opset_version=opset,
-        input_names=[s.name for s in entry.inputs],
-        output_names=list(entry.outputs),
-        dynamic_shapes=_dynamic_shapes(entry),
-        verbose=False,
-    )
+    with quiet():
+        program = torch.onnx.export(
+            model,
+            tuple(example.values()),
+            dynamo=True,
+            opset_version=opset,
+            input_names=[s.name for s in entry.inputs],
+            output_names=list(entry.outputs),
+            dynamic_shapes=dynamic_shapes(entry),
+            verbose=False,
+        )
     if program is None:  # pragma: no cover - dynamo=True always returns a program
         raise ExportError("torch.onnx.export returned no program")
     program.save(str(path))
@@ -155,10 +123,23 @@ def fixed_dynamic_axes(path: Path, entry: ZooEntry) -> list[str]:
     return problems
 
 
+def _dynamo_checked(
+    model: nn.Module, example: Inputs, entry: ZooEntry, path: Path, opset: int
+) -> None:
+    """The default exporter, rejecting a graph that made a declared dynamic axis fixed.
+
+    torch.export specialises a size that Python code branched or looped on; the
+    sequence length must stay variable.
+    """
+    _export_dynamo(model, example, entry, path, opset)
+    fixed = fixed_dynamic_axes(path, entry)
+    if fixed:
+        raise ExportError(f"torch.export made dynamic axes fixed: {', '.join(fixed)}")
+
+
 def to_onnx(
     model: nn.Module,
-    scripted: torch.jit.ScriptModule,
-    script_method: str,
+    scripted: Callable[[], tuple[torch.jit.ScriptModule, str]],
     example: Inputs,
     entry: ZooEntry,
     path: Path,
@@ -167,44 +148,70 @@ def to_onnx(
 ) -> OnnxResult:
     """Write `path` as ONNX; returns which exporter ran and why.
 
-    A default-exporter graph that made a declared dynamic axis fixed (torch.export
-    specialises a size that Python code branched or looped on) is rejected like
-    a failure: the sequence length must stay variable.
+    In order: the default exporter on the model; on the model's torch.cond
+    formulation, if its zoo entry has one (ONNX `If`/`Scan`); the deprecated
+    TorchScript-based exporter on the scripted module (`scripted()` gives it
+    and its method), for models with no such formulation.
     """
     try:
-        _export_dynamo(model, example, entry, path, opset)
-        fixed = fixed_dynamic_axes(path, entry)
-        if fixed:
-            raise ExportError(f"torch.export made dynamic axes fixed: {', '.join(fixed)}")
+        _dynamo_checked(model, example, entry, path, opset)
         result = OnnxResult("torch.export (dynamo=True)", opset, "default exporter succeeded")
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - any failure moves on to the next exporter
         first = _summary(err)
-        try:
-            _export_legacy(scripted, example, entry, path, opset, output_shapes)
-        except Exception as legacy_err:
-            raise ExportError(
-                f"ONNX export failed with both exporters: torch.export: {first}; "
-                f"TorchScript-based: {_summary(legacy_err)}"
-            ) from legacy_err
-        kept = (
-            "which keeps its control flow as ONNX If/Loop"
-            if script_method in ("script", "hybrid")
-            else "a trace: control flow is NOT kept"
-        )
-        result = OnnxResult(
-            "torchscript (dynamo=False)",
-            opset,
-            f"torch.export-based exporter failed ({first}); exported the {script_method} "
-            f"TorchScript module instead, {kept}",
-        )
-        fixed = fixed_dynamic_axes(path, entry)
-        if fixed:
-            raise ExportError(
-                f"The ONNX graph has fixed sizes for dynamic axes ({', '.join(fixed)}) with both "
-                "exporters; the model's code ties those sizes to the example inputs."
-            ) from err
+        result = None
+        if entry.cond_formulation is not None:
+            try:
+                _dynamo_checked(entry.cond_formulation(model), example, entry, path, opset)
+                result = OnnxResult(
+                    "torch.export (dynamo=True), torch.cond formulation",
+                    opset,
+                    f"the default exporter failed on the model as written ({first}); exported "
+                    "the zoo's torch.cond formulation, which keeps the branch as ONNX If "
+                    "(and the loop as Scan)",
+                )
+            except Exception as cond_err:  # noqa: BLE001 - fall back to the legacy exporter
+                first += f"; on the torch.cond formulation: {_summary(cond_err)}"
+        if result is None:
+            result = _legacy(scripted, example, entry, path, opset, output_shapes, first, err)
     try:
         onnx.checker.check_model(str(path), full_check=True)
     except onnx.checker.ValidationError as err:
         raise ExportError(f"The exported ONNX file {path} failed onnx.checker: {err}") from err
     return result
+
+
+def _legacy(
+    scripted: Callable[[], tuple[torch.jit.ScriptModule, str]],
+    example: Inputs,
+    entry: ZooEntry,
+    path: Path,
+    opset: int,
+    output_shapes: dict[str, tuple],
+    first: str,
+    err: BaseException,
+) -> OnnxResult:
+    module, script_method = scripted()
+    try:
+        _export_legacy(module, example, entry, path, opset, output_shapes)
+    except Exception as legacy_err:
+        raise ExportError(
+            f"ONNX export failed with both exporters: torch.export: {first}; "
+            f"TorchScript-based: {_summary(legacy_err)}"
+        ) from legacy_err
+    kept = (
+        "which keeps its control flow as ONNX If/Loop"
+        if script_method in ("script", "hybrid")
+        else "a trace: control flow is NOT kept"
+    )
+    fixed = fixed_dynamic_axes(path, entry)
+    if fixed:
+        raise ExportError(
+            f"The ONNX graph has fixed sizes for dynamic axes ({', '.join(fixed)}) with both "
+            "exporters; the model's code ties those sizes to the example inputs."
+        ) from err
+    return OnnxResult(
+        "torchscript (dynamo=False)",
+        opset,
+        f"torch.export-based exporter failed ({first}); exported the {script_method} "
+        f"TorchScript module instead, {kept}",
+    )

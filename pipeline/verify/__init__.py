@@ -21,10 +21,10 @@ from pipeline.fileio import write_json
 from pipeline.manifest import artifact_path, read_manifest
 from pipeline.verify.backends import (
     BACKENDS,
-    LOCAL_BACKENDS,
     Backend,
     EagerBackend,
-    load_backend,
+    load_backends,
+    local_backends,
     served_backends,
 )
 from pipeline.verify.report import ParityReport, Row
@@ -149,11 +149,12 @@ def verify(config: VerifyConfig) -> ParityReport:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        wanted = config.backends or LOCAL_BACKENDS
+        wanted = config.backends or local_backends(manifest)
         backends: list[Backend] = [
-            load_backend(name, export_dir, manifest, config.cpp_binary)
+            backend
             for name in wanted
             if name != "torchserve"
+            for backend in load_backends(name, export_dir, manifest, config.cpp_binary)
         ]
     if "torchserve" in (config.backends or ()):
         backends += served_backends(config.model, manifest, config.run_dir)

@@ -84,6 +84,30 @@ class OnnxRuntimeBackend:
         return [torch.from_numpy(a) for a in self.session.run(None, feed)]
 
 
+class Pt2Backend:
+    """The AOTInductor package, run in-process by `torch._inductor.aoti_load_package`."""
+
+    name = "pt2"
+
+    def __init__(self, export_dir: Path, manifest: dict[str, Any]) -> None:
+        from pipeline.errors import ArtifactError
+        from pipeline.export.pt2_export import load_package
+
+        path = artifact_path(export_dir, manifest, "pt2")
+        self.device = manifest["artifacts"]["pt2"].get("device", "cpu")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ArtifactError(
+                f"{path} was compiled for CUDA and this machine has none; verify it on a GPU "
+                "machine or re-export with --pt2-device cpu."
+            )
+        self.runner = load_package(path, self.device)
+
+    @torch.inference_mode()
+    def run(self, inputs: Inputs) -> list[torch.Tensor]:
+        outputs = self.runner(*(t.to(self.device) for t in inputs.values()))
+        return [t.cpu() for t in flatten_outputs(outputs)]
+
+
 class TorchServeBackend:
     """A model served by a running TorchServe, reached over REST with its token."""
 
@@ -106,20 +130,23 @@ class TorchServeBackend:
 
 
 class CppBackend:
-    """The LibTorch C++ client on the TorchScript artifact.
+    """The LibTorch C++ client on the TorchScript artifact ("cpp") or the `.pt2` ("cpp/pt2").
 
     Starting the client costs LibTorch's load time, so `prepare` runs every
     case in one invocation and `run` hands back the stored outputs.
     """
 
-    name = "cpp"
-
     def __init__(
-        self, export_dir: Path, manifest: dict[str, Any], binary: Path | None = None
+        self,
+        export_dir: Path,
+        manifest: dict[str, Any],
+        binary: Path | None = None,
+        artifact: str = "torchscript",
     ) -> None:
         from pipeline import cpp
 
-        self.model = artifact_path(export_dir, manifest, "torchscript")
+        self.name = "cpp" if artifact == "torchscript" else f"cpp/{artifact}"
+        self.model = artifact_path(export_dir, manifest, artifact)
         self.binary = Path(binary) if binary else cpp.ensure_built()
         self.results: dict[int, list[torch.Tensor]] = {}
 
@@ -137,23 +164,42 @@ class CppBackend:
         return cpp.run(self.model, [list(inputs.values())], binary=self.binary).outputs[0]
 
 
-BACKENDS: tuple[str, ...] = ("torchscript", "onnxruntime", "cpp", "torchserve")
-# Run by default: the in-process ones (the C++ client and TorchServe on request
-# or, for TorchServe, when a server for the model is running).
-LOCAL_BACKENDS: tuple[str, ...] = ("torchscript", "onnxruntime")
+BACKENDS: tuple[str, ...] = ("torchscript", "onnxruntime", "pt2", "cpp", "torchserve")
+# Run by default: the in-process ones whose artifact the export has (the C++
+# client and TorchServe on request or, for TorchServe, when a server for the
+# model is running).
+LOCAL_BACKENDS: tuple[str, ...] = ("torchscript", "onnxruntime", "pt2")
+# backend → the manifest artifact it runs
+ARTIFACT_OF = {"torchscript": "torchscript", "onnxruntime": "onnx", "pt2": "pt2"}
 _FACTORIES = {
     "torchscript": TorchScriptBackend,
     "onnxruntime": OnnxRuntimeBackend,
-    "cpp": CppBackend,
+    "pt2": Pt2Backend,
 }
+# The formats the C++ client runs, in the order their rows appear.
+CPP_ARTIFACTS: tuple[str, ...] = ("torchscript", "pt2")
 
 
-def load_backend(
+def local_backends(manifest: dict[str, Any]) -> tuple[str, ...]:
+    """The in-process backends for the artifacts this export holds."""
+    return tuple(b for b in LOCAL_BACKENDS if ARTIFACT_OF[b] in manifest["artifacts"])
+
+
+def load_backends(
     name: str, export_dir: Path, manifest: dict[str, Any], cpp_binary: Path | None = None
-) -> Backend:
+) -> list[Backend]:
+    """`name`'s backends: one, or for "cpp" one per format the client runs."""
     if name == "cpp":
-        return CppBackend(export_dir, manifest, binary=cpp_binary)
-    return _FACTORIES[name](export_dir, manifest)
+        found = [a for a in CPP_ARTIFACTS if a in manifest["artifacts"]]
+        if not found:
+            from pipeline.errors import ArtifactError
+
+            raise ArtifactError(
+                f"{export_dir} has no TorchScript or .pt2 artifact for the C++ client; export "
+                "with --format torchscript or --format pt2."
+            )
+        return [CppBackend(export_dir, manifest, binary=cpp_binary, artifact=a) for a in found]
+    return [_FACTORIES[name](export_dir, manifest)]
 
 
 def served_backends(model: str, manifest: dict[str, Any], run_dir: Path | None) -> list[Backend]:

@@ -155,6 +155,7 @@ _ENTRIES: dict[str, ZooEntry] = {
             task=None,
             probes=_gate_probes,
             serving=_BATCH_COUPLED,
+            cond_formulation=rnn.cond_formulation,
         ),
         ZooEntry(
             name="my_cell",
@@ -166,6 +167,7 @@ _ENTRIES: dict[str, ZooEntry] = {
             train_defaults={"lr": 3e-2},
             probes=_cell_probes,
             serving=_BATCH_COUPLED,
+            cond_formulation=rnn.cond_formulation,
         ),
         ZooEntry(
             name="my_rnn_loop",
@@ -178,6 +180,7 @@ _ENTRIES: dict[str, ZooEntry] = {
             default_sizes={"seq": 6, "batch": 3},
             probes=_sequence_probes,
             serving=_BATCH_COUPLED,
+            cond_formulation=rnn.cond_formulation,
         ),
         ZooEntry(
             name="wrap_rnn",
@@ -190,6 +193,7 @@ _ENTRIES: dict[str, ZooEntry] = {
             default_sizes={"seq": 6, "batch": 3},
             probes=_sequence_probes,
             serving=_BATCH_COUPLED,
+            cond_formulation=rnn.cond_formulation,
         ),
     ]
 }

@@ -13,8 +13,11 @@ stage's job. The hidden state is sized from the input, so the batch is dynamic.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
+from torch._higher_order_ops.scan import scan
 
 HIDDEN = 4  # the tutorial's Linear(4, 4)
 
@@ -68,6 +71,76 @@ class WrapRNN(nn.Module):
     def forward(self, xs: torch.Tensor) -> torch.Tensor:
         y, _ = self.loop(xs)
         return torch.relu(y)
+
+
+# --- the torch.export formulation ---------------------------------------------
+# torch.export cannot follow a Python `if` on a tensor's value, and it unrolls
+# a Python loop over `xs.size(0)` (fixing the sequence length). The modules
+# below compute exactly what the ones above compute, with the branch as
+# `torch.cond` and the loop as `scan`, so torch.export, AOTInductor and the
+# default ONNX exporter (ONNX `If` and `Scan`) keep both. They hold the same
+# parameters under the same names: `cond_formulation` swaps them in.
+
+
+def _same(x: torch.Tensor) -> torch.Tensor:
+    # A clone, not `x`: a torch.cond branch may not return its input unchanged
+    # (../shared/DESIGN.md).
+    return x.clone()
+
+
+def _negated(x: torch.Tensor) -> torch.Tensor:
+    return -x
+
+
+class CondDecisionGate(nn.Module):
+    """`MyDecisionGate` with its branch as `torch.cond`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.sum() > 0, _same, _negated, (x,))
+
+
+class ScanRNNLoop(nn.Module):
+    """`MyRNNLoop` with its loop as `scan` over the (dynamic) sequence axis.
+
+    Only the state is carried: `MyCell` returns its new state as its output, so
+    the loop's `y` is its final `h` (and both are zeros for an empty sequence).
+    Carrying one tensor is deliberate: with `y` carried as well, AOTInductor
+    (torch 2.14, CPU) compiled a program that crashed, and with the per-step
+    outputs stacked its scan lowering failed on the dynamic batch size; so the
+    per-step output is a scalar placeholder.
+    """
+
+    def __init__(self, cell: nn.Module, hidden: int = HIDDEN) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.cell = cell
+
+    def forward(self, xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h0 = torch.zeros(xs.size(1), self.hidden, dtype=xs.dtype, device=xs.device)
+
+        def step(h: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            _, new_h = self.cell(x, h)
+            return new_h.clone(), new_h.new_zeros(())
+
+        h, _ = scan(step, h0, xs)
+        return h, h.clone()
+
+
+def cond_formulation(model: nn.Module) -> nn.Module:
+    """A copy of `model` (any of this family) that torch.export can take whole.
+
+    Every `MyDecisionGate` becomes a `CondDecisionGate` and every `MyRNNLoop` a
+    `ScanRNNLoop` around the same cell; parameters are copied, so the result
+    computes the same function as `model` and its state_dict is the same.
+    """
+    if isinstance(model, MyDecisionGate):
+        return CondDecisionGate()
+    if isinstance(model, MyRNNLoop):
+        return ScanRNNLoop(cond_formulation(model.cell), model.hidden).train(model.training)
+    twin = copy.deepcopy(model)
+    for name, child in list(twin.named_children()):
+        setattr(twin, name, cond_formulation(child))
+    return twin
 
 
 def gate_direction(linear: nn.Linear) -> torch.Tensor:

@@ -125,6 +125,10 @@ class ZooEntry:
     # What serving needs beyond tensors: {"image": {"size": 28}} when PNG/JPEG
     # requests are accepted, {"topk": k} for classifiers.
     serving: Mapping[str, Any] = field(default_factory=dict)
+    # For models with data-dependent control flow: the model → an equivalent
+    # module written with torch.cond (and scan), for torch.export-based
+    # exporters (.pt2, the default ONNX exporter). Same weights, same outputs.
+    cond_formulation: Callable[[nn.Module], nn.Module] | None = None
 
     def build(self, **overrides: Any) -> nn.Module:
         kwargs = {**self.kwargs, **overrides}

@@ -1,0 +1,100 @@
+"""`.pt2`: torch.export + AOTInductor, the successor of TorchScript for C++ deployment.
+
+`torch.jit.trace`/`script` are deprecated in torch 2.14; PyTorch points C++
+users to `torch.export` compiled ahead of time by AOTInductor into a package
+that `torch._inductor.aoti_load_package` (Python) and
+`torch::inductor::AOTIModelPackageLoader` (C++) run. The batch and sequence
+axes are declared dynamic; the compiled package is checked against eager on
+every probe before it is kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import nn
+
+from pipeline.compare import compare_outputs, flatten_outputs
+from pipeline.errors import ExportError
+from pipeline.export.program import export_program, quiet
+from pipeline.zoo.spec import Inputs, ZooEntry
+
+log = logging.getLogger(__name__)
+
+Pt2Device = Literal["cpu", "cuda"]
+
+
+@dataclass(frozen=True)
+class Pt2Result:
+    method: str
+    reason: str
+    device: str
+    compile_seconds: float
+
+
+def load_package(path: Path, device: str = "cpu") -> object:
+    """The compiled package as a callable (inputs in forward order → outputs)."""
+    # -1: the package's own device (cuda:0 for a CUDA package); N: cuda:N.
+    index = torch.device(device).index
+    with quiet():
+        return torch._inductor.aoti_load_package(
+            str(path), device_index=-1 if index is None else index
+        )
+
+
+def _to(inputs: Inputs, device: str) -> Inputs:
+    return {k: v.to(device) for k, v in inputs.items()}
+
+
+def to_pt2(
+    model: nn.Module,
+    example: Inputs,
+    probes: list[tuple[str, Inputs]],
+    entry: ZooEntry,
+    path: Path,
+    *,
+    device: Pt2Device = "cpu",
+    atol: float,
+    rtol: float,
+    check: bool = True,
+) -> Pt2Result:
+    """Export `model`, compile it into `path` and check the package on every probe."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ExportError(
+            "--pt2-device cuda needs CUDA at export time (AOTInductor compiles for the device "
+            "it runs on), and none is available here. Export on a GPU machine or use "
+            "--pt2-device cpu."
+        )
+    model = model.to(device)
+    example = _to(example, device)
+    program = export_program(model, example, entry)
+    log.info(".pt2: %s; compiling with AOTInductor (this takes a while)…", program.method)
+    started = time.perf_counter()
+    try:
+        with quiet():
+            torch._inductor.aoti_compile_and_package(program.program, package_path=str(path))
+    except Exception as err:  # noqa: BLE001 - any compiler failure is an export failure
+        first = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+        raise ExportError(
+            f"AOTInductor could not compile {entry.name!r} ({program.method}): "
+            f"{type(err).__name__}: {first[:300]}"
+        ) from None
+    seconds = time.perf_counter() - started
+    runner = load_package(path, device)
+    with torch.no_grad():
+        for label, inputs in [("golden", example), *probes] if check else []:
+            inputs = _to(inputs, device)
+            expected = flatten_outputs(model(*inputs.values()))
+            actual = flatten_outputs(runner(*inputs.values()))
+            worst = compare_outputs(expected, actual, atol=atol, rtol=rtol)
+            if worst is not None:
+                raise ExportError(
+                    f"The AOTInductor package of {entry.name!r} differs from eager on probe "
+                    f"{label!r} ({worst}); it was not kept."
+                )
+    return Pt2Result(program.method, program.reason, device, seconds)
