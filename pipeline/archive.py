@@ -1,7 +1,7 @@
 """The archive stage: an export folder → TorchServe `.mar` files in model_store/.
 
 One archive per format (`<model>_ts.mar` for TorchScript, `<model>_onnx.mar`
-for ONNX), each holding the artifact, the handler and its helpers, the
+for ONNX, `<model>_pt2.mar` for an AOTInductor package), each holding the artifact, the handler and its helpers, the
 manifest (for the handler's sha256 check and I/O spec), the golden inputs (for
 warm-up) and a `model-config.yaml` with the batching and worker settings.
 """
@@ -32,6 +32,7 @@ HANDLER_HELPERS = ("pl_base_handler.py", "pl_codec.py")
 FORMATS: dict[str, tuple[str, str, str]] = {
     "torchscript": ("torchscript", "torchscript_handler.py", "ts"),
     "onnx": ("onnx", "onnx_handler.py", "onnx"),
+    "pt2": ("pt2", "pt2_handler.py", "pt2"),
 }
 DEFAULT_STORE = Path("model_store")
 
@@ -45,7 +46,8 @@ class ArchiveConfig:
     model: str = DEFAULT_MODEL
     export_dir: Path | None = None  # default: artifacts/<model>/export
     store: Path = DEFAULT_STORE
-    formats: tuple[str, ...] = ("torchscript", "onnx")
+    # None: every format the export holds.
+    formats: tuple[str, ...] | None = None
     # model-config.yaml: TorchServe's per-model settings.
     batch_size: int = 8
     max_batch_delay_ms: int = 10
@@ -58,7 +60,7 @@ class ArchiveConfig:
     device: Literal["cpu", "gpu"] | None = None
 
     def validate(self) -> None:
-        unknown = [f for f in self.formats if f not in FORMATS]
+        unknown = [f for f in self.formats or () if f not in FORMATS]
         if unknown:
             raise ArchiveError(f"Unknown format(s) {unknown}; choose from {', '.join(FORMATS)}.")
         for name in (
@@ -117,7 +119,8 @@ def archive(config: ArchiveConfig) -> list[Path]:
     store = Path(config.store)
     store.mkdir(parents=True, exist_ok=True)
     written = []
-    for fmt in config.formats:
+    formats = config.formats or tuple(f for f in FORMATS if FORMATS[f][0] in manifest["artifacts"])
+    for fmt in formats:
         key, handler, _ = FORMATS[fmt]
         artifact = artifact_path(export_dir, manifest, key)  # checks its sha256
         golden = artifact_path(export_dir, manifest, "golden")

@@ -193,7 +193,12 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
     model_arg(p)
     p.add_argument("--export-dir", type=Path, help="default: <artifacts>/<model>/export")
     p.add_argument("--store", type=Path, default=DEFAULT_STORE, help="default: model_store")
-    p.add_argument("--format", action="append", choices=list(FORMATS), help="default: all formats")
+    p.add_argument(
+        "--format",
+        action="append",
+        choices=list(FORMATS),
+        help="default: every format the export holds",
+    )
     p.add_argument("--batch-size", type=int, default=8, help="TorchServe batch size (default: 8)")
     p.add_argument("--max-batch-delay-ms", type=int, default=10, help="default: 10")
     p.add_argument("--min-workers", type=int, default=1, help="default: 1")
@@ -356,7 +361,7 @@ def _cmd_archive(args: argparse.Namespace) -> int:
         model=args.model,
         export_dir=args.export_dir or paths.export_dir(args.model, args.artifacts_dir),
         store=args.store,
-        formats=tuple(args.format) if args.format else ("torchscript", "onnx"),
+        formats=tuple(args.format) if args.format else None,
         batch_size=args.batch_size,
         max_batch_delay_ms=args.max_batch_delay_ms,
         min_workers=args.min_workers,

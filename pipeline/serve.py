@@ -234,6 +234,8 @@ def _model_errors(run_dir: Path, limit: int = 30) -> str:
 # The served format that runs each benchmarked backend's artifact.
 _SERVED_SUFFIX = {
     "onnxruntime": "onnx",
+    "pt2": "pt2",
+    "cpp/pt2": "pt2",
     "torchscript": "ts",
     "torchscript_frozen": "ts",
     "cpp": "ts",
