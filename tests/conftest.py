@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.export import ExportConfig, ExportResult, export
+from pipeline.export import FORMATS, ExportConfig, ExportResult, export
 from pipeline.train import TrainConfig, TrainResult, train
 
 _FOLDER_MARKS = {"unit", "integration", "e2e"}
@@ -38,8 +38,11 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
 
 @pytest.fixture(scope="session")
 def exported(trained: TrainResult, tmp_path_factory: pytest.TempPathFactory) -> ExportResult:
+    """The digits CNN in every format (TorchScript, ONNX, .pt2)."""
     out_dir = tmp_path_factory.mktemp("exported") / "export"
-    return export(ExportConfig(checkpoint=trained.checkpoint.path, out_dir=out_dir))
+    return export(
+        ExportConfig(checkpoint=trained.checkpoint.path, out_dir=out_dir, formats=FORMATS)
+    )
 
 
 # The built-in models with data-dependent control flow (the TorchScript tutorial's).
@@ -48,7 +51,7 @@ FAMILY = ["my_decision_gate", "my_cell", "my_rnn_loop", "wrap_rnn"]
 
 @pytest.fixture(scope="session")
 def family(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ExportResult]:
-    """The control-flow family, trained and exported once per session."""
+    """The control-flow family, trained and exported (every format) once per session."""
     root = tmp_path_factory.mktemp("family")
     results = {}
     for name in FAMILY:
@@ -58,7 +61,10 @@ def family(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ExportResult]:
         ckpt = train(config)
         results[name] = export(
             ExportConfig(
-                model=name, checkpoint=ckpt.checkpoint.path, out_dir=root / name / "export"
+                model=name,
+                checkpoint=ckpt.checkpoint.path,
+                out_dir=root / name / "export",
+                formats=FORMATS,
             )
         )
     return results

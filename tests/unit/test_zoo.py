@@ -80,3 +80,35 @@ def test_spec_check_names_the_problem(tensor: torch.Tensor, message: str) -> Non
 def test_wrong_input_name() -> None:
     with pytest.raises(InputSpecError, match=r"takes inputs \['image'\]"):
         get_entry("digits_lenet").check_inputs({"x": torch.zeros(1, 1, 28, 28)})
+
+
+@pytest.mark.parametrize("name", GATED)
+def test_cond_formulation_computes_the_same_function(name: str) -> None:
+    """Same parameters, same outputs, on both branches and on sequence lengths 1 to 13."""
+    from pipeline.compare import flatten_outputs
+    from pipeline.zoo.rnn import CondDecisionGate, ScanRNNLoop
+
+    entry = get_entry(name)
+    torch.manual_seed(1)
+    model = entry.build().eval()
+    twin = entry.cond_formulation(model).eval()
+    assert twin.state_dict().keys() == model.state_dict().keys()
+    for key, value in model.state_dict().items():
+        assert torch.equal(twin.state_dict()[key], value)
+    assert not any(isinstance(m, MyDecisionGate) for m in twin.modules())
+    assert any(isinstance(m, CondDecisionGate) for m in twin.modules())
+    if name in ("my_rnn_loop", "wrap_rnn"):
+        assert any(isinstance(m, ScanRNNLoop) for m in twin.modules())
+    probes = entry.probe_inputs(torch.Generator().manual_seed(0), model)
+    labels = " ".join(label for label, _ in probes)
+    assert ("+" in labels or ">0" in labels) and ("-" in labels or "<0" in labels)
+    with torch.no_grad():
+        for label, inputs in probes:
+            for got, want in zip(
+                flatten_outputs(twin(*inputs.values())),
+                flatten_outputs(model(*inputs.values())),
+                strict=True,
+            ):
+                torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5, msg=label)
+    # The original is left untouched (the formulation is a copy).
+    assert any(isinstance(m, MyDecisionGate) for m in model.modules())

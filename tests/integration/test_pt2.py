@@ -1,0 +1,172 @@
+"""`.pt2` (torch.export + AOTInductor): every zoo model, both branches of the gate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.errors import ExportError, PipelineError
+from pipeline.export import ExportConfig, ExportResult, export
+from pipeline.verify import VerifyConfig, verify
+from tests.conftest import FAMILY, run_cli
+
+USER_FILE = Path(__file__).parent / "data" / "user_gated.py"
+
+
+def _pt2_rows(report, backend: str = "pt2") -> set[str]:
+    return {r.inputs for r in report.rows if r.backend == backend}
+
+
+@pytest.mark.parametrize("name", ["digits_lenet", *FAMILY])
+def test_every_model_exports_to_pt2_and_verifies(
+    all_exports: dict[str, ExportResult], name: str, tmp_path: Path
+) -> None:
+    result = all_exports[name]
+    art = result.manifest["artifacts"]["pt2"]
+    assert (result.out_dir / art["file"]).is_file()
+    assert art["device"] == "cpu"
+    if name == "digits_lenet":
+        assert art["method"] == "torch.export"
+    else:  # the gated family goes through its torch.cond formulation
+        assert art["method"] == "torch.export (torch.cond formulation)"
+        assert "rnn.py:" in art["reason"]
+        assert "if x.sum() > 0" in art["reason"]
+    report = verify(
+        VerifyConfig(
+            model=name, export_dir=result.out_dir, backends=("pt2",), report=tmp_path / "p.json"
+        )
+    )
+    assert report.passed, report.failure_message()
+    cases = _pt2_rows(report)
+    assert "golden" in cases
+    assert "random b=7" in cases  # the batch axis is dynamic
+    if name != "digits_lenet":  # both branches of the gate
+        assert any("+" in c or ">0" in c for c in cases)
+        assert any("-" in c or "<0" in c for c in cases)
+    if name in ("my_rnn_loop", "wrap_rnn"):  # and sequence lengths export never saw
+        assert any("seq=13" in c for c in cases)
+        assert any("seq=11" in c for c in cases)
+
+
+def test_default_verify_includes_pt2(exported: ExportResult, tmp_path: Path) -> None:
+    report = verify(
+        VerifyConfig(model="digits_lenet", export_dir=exported.out_dir, report=tmp_path / "p.json")
+    )
+    assert report.passed, report.failure_message()
+    assert {r.backend for r in report.rows} >= {"torchscript", "onnxruntime", "pt2"}
+
+
+def test_digits_mlp_exports_to_pt2(tmp_path: Path) -> None:
+    """The last zoo model, with seeded random weights (its training is tested elsewhere)."""
+    result = export(
+        ExportConfig(
+            model="digits_mlp",
+            checkpoint=tmp_path / "checkpoint.pt",
+            out_dir=tmp_path / "export",
+            formats=("pt2",),
+            random_init=True,
+        )
+    )
+    assert set(result.manifest["artifacts"]) == {"pt2", "golden", "probes"}
+    report = verify(
+        VerifyConfig(model="digits_mlp", export_dir=result.out_dir, report=tmp_path / "p.json")
+    )
+    assert report.passed, report.failure_message()
+    assert {r.backend for r in report.rows} == {"golden file", "pt2"}
+
+
+def test_a_tampered_pt2_is_refused(exported: ExportResult, tmp_path: Path) -> None:
+    copy = tmp_path / "export"
+    copy.mkdir()
+    for f in exported.out_dir.iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    data = bytearray((copy / "model.pt2").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (copy / "model.pt2").write_bytes(bytes(data))
+    with pytest.raises(PipelineError, match="modified after export"):
+        verify(
+            VerifyConfig(
+                model="digits_lenet",
+                export_dir=copy,
+                checkpoint=exported.out_dir / exported.manifest["checkpoint"]["path"],
+                backends=("pt2",),
+                report=tmp_path / "p.json",
+            )
+        )
+
+
+def test_a_users_gate_fails_torch_export_with_its_line_and_a_hint(tmp_path: Path) -> None:
+    proc = run_cli(
+        "--artifacts-dir", tmp_path / "art", "export", "--model", f"{USER_FILE}:TinyGated",
+        "--input", "x:float32:batch,6", "--input", "scale:float32:1", "--output", "scores",
+        "--random-init", "--format", "pt2", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "user_gated.py:13" in proc.stderr
+    assert "if h.mean() > 0.5" in proc.stderr
+    assert "torch.cond" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    # Nothing was written: the export folder appears only when every format succeeded.
+    assert not (tmp_path / "art" / "user_gated_TinyGated" / "export").exists()
+
+
+def test_a_users_loop_over_a_dynamic_axis_is_explained(tmp_path: Path) -> None:
+    with pytest.raises(ExportError, match="fixed a dynamic axis") as err:
+        export(
+            ExportConfig(
+                model=f"{USER_FILE}:SeqLoop",
+                checkpoint=tmp_path / "checkpoint.pt",
+                out_dir=tmp_path / "export",
+                formats=("pt2",),
+                random_init=True,
+                **_seq_spec(),
+            )
+        )
+    assert "scan" in str(err.value)
+
+
+def _seq_spec() -> dict:
+    from pipeline.zoo.user import parse_input
+
+    return {"inputs": [parse_input("xs:float32:seq,batch,4")]}
+
+
+def test_users_gate_without_a_formulation_still_gets_onnx_from_the_legacy_exporter(
+    tmp_path: Path,
+) -> None:
+    proc = run_cli(
+        "--artifacts-dir", tmp_path / "art", "export", "--model", f"{USER_FILE}:TinyGated",
+        "--input", "x:float32:batch,6", "--input", "scale:float32:1", "--output", "scores",
+        "--random-init", "--format", "onnx", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads(
+        (tmp_path / "art" / "user_gated_TinyGated" / "export" / "manifest.json").read_text()
+    )
+    assert set(manifest["artifacts"]) == {"onnx", "golden", "probes"}
+    assert manifest["artifacts"]["onnx"]["exporter"] == "torchscript (dynamo=False)"
+
+
+def test_cond_formulation_is_what_the_package_runs(family: dict[str, ExportResult]) -> None:
+    """The package answers like eager on inputs chosen here, not only on the stored probes."""
+    from pipeline.compare import flatten_outputs
+    from pipeline.export.pt2_export import load_package
+    from pipeline.zoo import get_entry
+
+    result = family["wrap_rnn"]
+    entry = get_entry("wrap_rnn")
+    model = entry.build()
+    ckpt = result.out_dir / result.manifest["checkpoint"]["path"]
+    model.load_state_dict(torch.load(ckpt, weights_only=True))
+    model.eval()
+    runner = load_package(result.out_dir / "model.pt2")
+    gen = torch.Generator().manual_seed(5)
+    for seq, batch in [(1, 1), (2, 9), (20, 3)]:
+        xs = torch.randn(seq, batch, 4, generator=gen) * 4
+        for sign in (1, -1):
+            with torch.no_grad():
+                (got,) = flatten_outputs(runner(sign * xs))
+                torch.testing.assert_close(got, model(sign * xs))
