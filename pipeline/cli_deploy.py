@@ -32,9 +32,16 @@ def add_cpp_commands(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "latency",
-        help="time the C++ client against Python TorchScript at batch 1, in one run",
-        description="Interleaved rounds of the LibTorch client and Python TorchScript on the golden "
-        "input's first sample; prints p50/p90 and the C++/Python ratio (builds the client if needed).",
+        help="time the C++ client against Python TorchScript (or .pt2) at batch 1, in one run",
+        description="Interleaved rounds of the LibTorch client and Python on the same artifact "
+        "(TorchScript, or with --format pt2 the AOTInductor package) on the golden input's first "
+        "sample; prints p50/p90 and the C++/Python ratio (builds the client if needed).",
+    )
+    p.add_argument(
+        "--format",
+        choices=("torchscript", "pt2"),
+        default="torchscript",
+        help="the artifact both run (default: torchscript; pt2 needs `export --format pt2`)",
     )
     p.add_argument(
         "--model", action="append", required=True, help="an exported model; repeat for several"
@@ -125,7 +132,8 @@ def _cmd_latency(args: argparse.Namespace) -> int:
     from pipeline.cpp import compare_latency
     from pipeline.manifest import artifact_path, read_manifest
 
-    table = Table(title="TorchScript latency at batch 1: LibTorch C++ vs Python (same run)")
+    what = {"torchscript": "TorchScript", "pt2": ".pt2 (AOTInductor)"}[args.format]
+    table = Table(title=f"{what} latency at batch 1: LibTorch C++ vs Python (same run)")
     for col in (
         "model",
         "threads",
@@ -143,10 +151,11 @@ def _cmd_latency(args: argparse.Namespace) -> int:
         golden = torch_load_inputs(artifact_path(export_dir, manifest, "golden"))
         inputs = [t[:1] if t.ndim else t for t in golden]  # batch 1
         result = compare_latency(
-            artifact_path(export_dir, manifest, "torchscript"), inputs, threads=args.threads,
+            artifact_path(export_dir, manifest, args.format), inputs, threads=args.threads,
             warmup=args.warmup, repeat=args.repeat, rounds=args.rounds,
         )  # fmt: skip
         result["model"] = model
+        result["format"] = args.format
         results.append(result)
         c, p = result["cpp"], result["python"]
         table.add_row(model, str(args.threads), f"{c['p50_ms']:.3f}", f"{c['p90_ms']:.3f}",
