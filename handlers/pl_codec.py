@@ -270,9 +270,15 @@ def _collect(body: Any, specs: Sequence[InputSpec]) -> tuple[dict[str, np.ndarra
 def check_arrays(
     arrays: dict[str, np.ndarray], specs: Sequence[InputSpec]
 ) -> tuple[dict[str, np.ndarray], bool]:
-    """Check shapes, add a missing batch axis, refuse NaN/Inf. → (arrays, unbatched)."""
+    """Check shapes, add a missing batch axis, refuse NaN/Inf. → (arrays, unbatched).
+
+    Inputs sharing a named axis must agree on its size (my_cell's x and h both
+    have "batch"): TorchScript would broadcast or fail with a 500, and a .pt2
+    package could read out of bounds.
+    """
     unbatched_flags = set()
     out = {}
+    axis_sizes: dict[str, tuple[str, int]] = {}
     for spec in specs:
         a = arrays[spec.name]
         if a.size > MAX_ELEMENTS:
@@ -295,6 +301,15 @@ def check_arrays(
                 f"got {list(a.shape)}.",
                 expected=spec.describe(),
             )
+        for dim, n in zip(spec.shape, a.shape, strict=True):
+            if isinstance(dim, str):
+                first, size = axis_sizes.setdefault(dim, (spec.name, n))
+                if size != n:
+                    raise RequestError(
+                        f"Inputs {first!r} and {spec.name!r} share the axis {dim!r} and must "
+                        f"agree on its size; got {size} and {n}.",
+                        expected=[s.describe() for s in specs],
+                    )
         if a.dtype.kind == "f" and not np.isfinite(a).all():
             raise RequestError(
                 f"Input {spec.name!r} contains NaN or Inf; the model needs finite values.",

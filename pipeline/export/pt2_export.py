@@ -11,6 +11,7 @@ every probe before it is kept.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,23 @@ log = logging.getLogger(__name__)
 
 Pt2Device = Literal["cpu", "cuda"]
 
+# AOTInductor options every package is compiled with:
+# * check_lowerbound off: torch.export assumes a dynamic size is at least 2, and
+#   with the runtime input check on (below) a batch of 1 was refused; the
+#   kernels themselves are right for 1 (checked against eager on every probe).
+# * dynamic_threads: read the thread count at run time (torch.set_num_threads,
+#   OMP_NUM_THREADS) instead of baking in the exporting machine's count.
+INDUCTOR_CONFIGS: dict[str, object] = {
+    "aot_inductor.check_lowerbound": False,
+    "cpp.dynamic_threads": True,
+}
+# AOTInductor's generated code trusts its inputs: a wrong shape, dtype or a
+# size disagreeing with another input's can read out of bounds (a segfault was
+# seen with mismatched batch sizes). With this set before loading, the package
+# checks sizes, strides and dtypes and raises instead. Inherited by TorchServe
+# workers and the C++ client.
+CHECK_INPUTS_ENV = "AOTI_RUNTIME_CHECK_INPUTS"
+
 
 @dataclass(frozen=True)
 class Pt2Result:
@@ -38,7 +56,8 @@ class Pt2Result:
 
 
 def load_package(path: Path, device: str = "cpu") -> object:
-    """The compiled package as a callable (inputs in forward order → outputs)."""
+    """The compiled package as a callable (inputs in forward order → outputs), inputs checked."""
+    os.environ.setdefault(CHECK_INPUTS_ENV, "1")
     # -1: the package's own device (cuda:0 for a CUDA package); N: cuda:N.
     index = torch.device(device).index
     with quiet():
@@ -77,7 +96,9 @@ def to_pt2(
     started = time.perf_counter()
     try:
         with quiet():
-            torch._inductor.aoti_compile_and_package(program.program, package_path=str(path))
+            torch._inductor.aoti_compile_and_package(
+                program.program, package_path=str(path), inductor_configs=INDUCTOR_CONFIGS
+            )
     except Exception as err:  # noqa: BLE001 - any compiler failure is an export failure
         first = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
         raise ExportError(

@@ -170,3 +170,21 @@ def test_cond_formulation_is_what_the_package_runs(family: dict[str, ExportResul
             with torch.no_grad():
                 (got,) = flatten_outputs(runner(sign * xs))
                 torch.testing.assert_close(got, model(sign * xs))
+
+
+def test_the_package_checks_its_inputs_and_takes_a_batch_of_one(
+    family: dict[str, ExportResult],
+) -> None:
+    """AOTInductor's code trusts its inputs unless asked to check them; load_package asks."""
+    from pipeline.export.pt2_export import load_package
+
+    runner = load_package(family["my_cell"].out_dir / "model.pt2")
+    one = torch.randn(1, 4)
+    assert len(runner(one, one)) == 2  # batch 1 passes the check (lower bound 1, not 2)
+    for x, h in [
+        (torch.randn(3, 4), torch.randn(2, 4)),  # disagreeing batch sizes
+        (torch.randn(3, 5), torch.randn(3, 4)),  # a wrong feature size
+        (torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4)),  # a wrong dtype
+    ]:
+        with pytest.raises(RuntimeError):
+            runner(x, h)

@@ -1,6 +1,9 @@
-"""A real TorchServe serving the digits CNN and the RNN family, both formats.
+"""A real TorchServe serving the digits CNN and the RNN family, TorchScript and ONNX.
 
-One module-scoped server on free loopback ports, always stopped; its logs are
+Two models are also served as AOTInductor `.pt2` (PT2_SERVED): the CNN, and
+`my_cell`, whose two inputs share the batch axis (the compiled code does not
+check that they agree). The other packages would only add workers on two cores;
+verify runs every `.pt2` in-process. One module-scoped server on free loopback ports, always stopped; its logs are
 printed at teardown (pytest shows them when something failed).
 """
 
@@ -19,14 +22,16 @@ import pytest
 import torch
 from PIL import Image
 
-from pipeline.archive import ArchiveConfig, archive, archive_name
+from pipeline.archive import FORMATS, ArchiveConfig, archive, archive_name
 from pipeline.client import numpy_body, post, tensors_body
 from pipeline.data import digits_sample, preprocess_digits
-from pipeline.export import ExportResult
+from pipeline.export import ExportConfig, ExportResult, export
 from pipeline.serve import ServeConfig, ServeError, Server, free_port, start, stop
+from pipeline.train import TrainResult
 from pipeline.verify import VerifyConfig, verify
 
 SERVED = ["digits_lenet", "my_decision_gate", "my_cell", "my_rnn_loop", "wrap_rnn"]
+PT2_SERVED = ("digits_lenet", "my_cell")
 
 
 def _ports() -> dict[str, int]:
@@ -46,9 +51,16 @@ def exports(all_exports: dict[str, ExportResult]) -> dict[str, ExportResult]:
 def store(exports: dict[str, ExportResult], tmp_path_factory: pytest.TempPathFactory) -> Path:
     store = tmp_path_factory.mktemp("model_store")
     for name, result in exports.items():
+        formats = tuple(f for f in FORMATS if f != "pt2" or name in PT2_SERVED)
         # A longer batch delay makes concurrent requests land in one batch.
         archive(
-            ArchiveConfig(model=name, export_dir=result.out_dir, store=store, max_batch_delay_ms=50)
+            ArchiveConfig(
+                model=name,
+                export_dir=result.out_dir,
+                store=store,
+                formats=formats,
+                max_batch_delay_ms=50,
+            )
         )
     return store
 
@@ -111,7 +123,7 @@ def test_secure_config(server: Server, store: Path) -> None:
 
 
 @pytest.mark.parametrize("name", SERVED)
-def test_served_parity_both_formats(
+def test_served_parity_every_format(
     server: Server, exports: dict[str, ExportResult], name: str, tmp_path: Path
 ) -> None:
     report = verify(
@@ -128,6 +140,7 @@ def test_served_parity_both_formats(
         "golden file",
         "torchserve/torchscript",
         "torchserve/onnx",
+        *(["torchserve/pt2"] if name in PT2_SERVED else []),
     }
     if name != "digits_lenet":
         labels = {r.inputs for r in report.rows}
@@ -135,8 +148,9 @@ def test_served_parity_both_formats(
         assert any("-" in label or "<0" in label for label in labels)
 
 
+@pytest.mark.parametrize("fmt", ["torchscript", "pt2"])
 def test_concurrent_requests_are_batched_and_answered_correctly(
-    server: Server, exports: dict[str, ExportResult]
+    server: Server, exports: dict[str, ExportResult], fmt: str
 ) -> None:
     model = torch.jit.load(str(exports["digits_lenet"].out_dir / "model.torchscript.pt"))
     images = digits_sample(24)
@@ -145,7 +159,7 @@ def test_concurrent_requests_are_batched_and_answered_correctly(
     def call(i: int) -> tuple[int, list]:
         start = sum(sizes[:i])
         body = tensors_body({"image": images[start : start + sizes[i]]})
-        resp = post(server, archive_name("digits_lenet", "torchscript"), body)
+        resp = post(server, archive_name("digits_lenet", fmt), body)
         assert resp.status_code == 200, resp.text
         return i, resp.json()["outputs"]["logits"]
 
@@ -161,8 +175,9 @@ def test_concurrent_requests_are_batched_and_answered_correctly(
         start = sum(sizes[:i])
         expected = model(images[start : start + sizes[i]])
         torch.testing.assert_close(torch.tensor(logits), expected, atol=1e-5, rtol=1e-4)
-    log = (Path(server.run_dir) / "logs" / "model_log.log").read_text()
-    assert "dynamic batching:" in log
+    log = (Path(server.run_dir) / "logs" / "model_log.log").read_text().splitlines()
+    worker = f"-{archive_name('digits_lenet', fmt)}_1.0"  # this model's worker lines
+    assert any(worker in line and "dynamic batching:" in line for line in log)
 
 
 def _png(array: np.ndarray) -> bytes:
@@ -171,7 +186,7 @@ def _png(array: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
+@pytest.mark.parametrize("fmt", ["torchscript", "onnx", "pt2"])
 def test_image_request_matches_training_preprocessing(
     server: Server, exports: dict[str, ExportResult], fmt: str
 ) -> None:
@@ -285,10 +300,12 @@ BAD_REQUESTS = [
 ]  # fmt: skip
 
 
-def test_bad_requests_get_4xx_json_and_the_worker_survives(server: Server) -> None:
+@pytest.mark.parametrize("fmt", ["torchscript", "pt2"])
+def test_bad_requests_get_4xx_json_and_the_worker_survives(server: Server, fmt: str) -> None:
+    """For pt2 this matters most: the compiled code reads a wrong-shaped input out of bounds."""
     assert len({label for label, *_ in BAD_REQUESTS}) >= 30  # the catalogue, plus the oversize body
     before = _pids(server)
-    name = archive_name("digits_lenet", "torchscript")
+    name = archive_name("digits_lenet", fmt)
     for label, body, content_type, status, fragment in BAD_REQUESTS:
         resp = post(server, name, body, content_type)
         assert resp.status_code == status, (label, resp.status_code, resp.text)
@@ -302,6 +319,27 @@ def test_bad_requests_get_4xx_json_and_the_worker_survives(server: Server) -> No
     assert "max_request_size" in resp.json()["message"]
     good = post(server, name, tensors_body({"image": digits_sample(1)}))
     assert good.status_code == 200
+    assert _pids(server) == before  # no worker died
+
+
+@pytest.mark.parametrize("archive", ["my_cell_ts", "my_cell_pt2"])
+def test_inputs_disagreeing_on_a_shared_axis_get_a_400(
+    server: Server, exports: dict[str, ExportResult], archive: str
+) -> None:
+    """Unchecked, AOTInductor's code reads h out of bounds (x of batch 2,000,000 and h of 1
+    segfaulted) and TorchScript broadcasts h or fails with a 500."""
+    before = _pids(server)
+    for x, h in ((torch.rand(3, 4), torch.rand(2, 4)), (torch.rand(5000, 4), torch.rand(1, 4))):
+        resp = post(server, archive, numpy_body({"x": x, "h": h}), "application/octet-stream")
+        assert resp.status_code == 400, resp.text
+        assert "share the axis 'batch'" in resp.json()["error"]
+    x, h = torch.rand(2, 4), torch.rand(2, 4)
+    good = post(server, archive, tensors_body({"x": x, "h": h}))
+    assert good.status_code == 200, good.text
+    model = torch.jit.load(str(exports["my_cell"].out_dir / "model.torchscript.pt"))
+    torch.testing.assert_close(
+        torch.tensor(good.json()["outputs"]["y"]), model(x, h)[0], atol=1e-5, rtol=1e-4
+    )
     assert _pids(server) == before  # no worker died
 
 
@@ -326,11 +364,12 @@ def test_batch_coupled_models_are_not_stacked_across_clients(
         torch.testing.assert_close(torch.tensor(y), model(x))  # each answered as if alone
 
 
+@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
 def test_a_bad_request_fails_alone_in_its_batch(
-    server: Server, exports: dict[str, ExportResult]
+    server: Server, exports: dict[str, ExportResult], fmt: str
 ) -> None:
     model = torch.jit.load(str(exports["digits_lenet"].out_dir / "model.torchscript.pt"))
-    name = archive_name("digits_lenet", "onnx")
+    name = archive_name("digits_lenet", fmt)
     bodies = [tensors_body({"image": digits_sample(1, offset=i)}) for i in range(7)]
     bodies.insert(3, b'{"inputs": [[1.0]]}')
     barrier = threading.Barrier(len(bodies))
@@ -434,6 +473,27 @@ def test_tampered_artifact_is_refused_at_load(
     assert not (run_dir / "server.json").exists()  # and the server was stopped
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_pt2_without_cuda_is_refused_at_load(
+    exports: dict[str, ExportResult], tmp_path: Path
+) -> None:
+    import shutil
+
+    export_dir = tmp_path / "export"
+    shutil.copytree(exports["digits_lenet"].out_dir, export_dir)
+    manifest = json.loads((export_dir / "manifest.json").read_text())
+    manifest["artifacts"]["pt2"]["device"] = "cuda"  # as `--pt2-device cuda` records it
+    (export_dir / "manifest.json").write_text(json.dumps(manifest))
+    store = tmp_path / "store"
+    archive(
+        ArchiveConfig(model="digits_lenet", export_dir=export_dir, store=store, formats=("pt2",))
+    )
+    run_dir = tmp_path / "run"
+    with pytest.raises(ServeError, match=r"re-export with --pt2-device cpu"):
+        start(ServeConfig(store=store, run_dir=run_dir, startup_timeout_s=120, **_ports()))
+    assert not (run_dir / "server.json").exists()
+
+
 @pytest.mark.gpu
 def test_gpu_serving_parity(exports: dict[str, ExportResult], tmp_path: Path) -> None:
     store = tmp_path / "store"
@@ -470,3 +530,51 @@ def test_gpu_serving_parity(exports: dict[str, ExportResult], tmp_path: Path) ->
         assert report.passed, report.failure_message()
     finally:
         stop(run_dir)
+
+
+@pytest.mark.gpu
+def test_gpu_serving_pt2(
+    trained: TrainResult, exports: dict[str, ExportResult], tmp_path: Path
+) -> None:
+    """A CUDA package runs on the worker's GPU; a CPU package on a GPU worker runs on CPU."""
+    cuda = export(
+        ExportConfig(
+            checkpoint=trained.checkpoint.path,
+            out_dir=tmp_path / "cuda_export",
+            formats=("pt2",),
+            pt2_device="cuda",
+        )
+    )
+    for compiled_for, export_dir in (
+        ("cuda", cuda.out_dir),
+        ("cpu", exports["digits_lenet"].out_dir),
+    ):
+        store, run_dir = tmp_path / compiled_for / "store", tmp_path / compiled_for / "run"
+        archive(
+            ArchiveConfig(
+                model="digits_lenet",
+                export_dir=export_dir,
+                store=store,
+                formats=("pt2",),
+                device="gpu",
+            )
+        )
+        srv = start(ServeConfig(store=store, run_dir=run_dir, gpu=True, **_ports()))
+        try:
+            headers = {"Authorization": f"Bearer {srv.keys()['management']}"}
+            body = httpx.get(
+                f"{srv.management_url}/models/digits_lenet_pt2", headers=headers, timeout=10
+            ).json()
+            assert body[0]["workers"][0]["gpu"] is True
+            report = verify(
+                VerifyConfig(
+                    export_dir=export_dir, backends=("torchserve",), run_dir=run_dir,
+                    report=tmp_path / compiled_for / "p.json", atol=1e-4, rtol=1e-3,
+                )
+            )  # fmt: skip
+            assert report.passed, report.failure_message()
+            assert "torchserve/pt2" in {r.backend for r in report.rows}
+            log = (run_dir / "logs" / "model_log.log").read_text()
+            assert ("was compiled for CPU: serving it on CPU" in log) == (compiled_for == "cpu")
+        finally:
+            stop(run_dir)
