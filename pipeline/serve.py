@@ -524,7 +524,10 @@ def _wait_ready(
         time.sleep(0.5)
         if not (Path(server.run_dir) / KEY_FILE).is_file():
             continue
-        headers = {"Authorization": f"Bearer {server.keys()['management']}"}
+        try:
+            headers = {"Authorization": f"Bearer {server.keys()['management']}"}
+        except ServeError:
+            continue  # TorchServe is still writing the file: read it on the next turn
         for name in sorted(pending):
             try:
                 resp = httpx.get(
