@@ -1,5 +1,8 @@
 """Build and run the LibTorch C++ client (cpp_client/) from Python.
 
+The client runs TorchScript files and AOTInductor `.pt2` packages with the
+same flags and output; `run()` and `compare_latency()` take either.
+
 The client links the LibTorch inside the pinned torch wheel. That wheel is a
 CUDA build, so its CMake config needs the CUDA toolkit and the wheel's own
 nvrtc (../shared/DESIGN.md); `build()` finds them and fails with a message
@@ -12,8 +15,11 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
+import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,7 +164,12 @@ def run(
             cmd += ["--threads", str(threads)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
         if proc.returncode != 0:
-            raise CppError(f"{BINARY} exited {proc.returncode}: {proc.stderr.strip()[-600:]}")
+            how = (
+                f"was killed by {signal.Signals(-proc.returncode).name}"  # e.g. a crash: SIGSEGV
+                if proc.returncode < 0
+                else f"exited {proc.returncode}"
+            )
+            raise CppError(f"{BINARY} {how}: {proc.stderr.strip()[-600:]}")
         result = torch.load(outputs, map_location="cpu", weights_only=True)
     return CppRun(
         outputs=[list(case) for case in result],
@@ -166,17 +177,41 @@ def run(
     )
 
 
+def is_pt2(model: Path) -> bool:
+    """Whether the client runs MODEL as an AOTInductor package (its own rule, in inference.cpp)."""
+    model = Path(model)
+    if model.suffix == ".pt2":
+        return True
+    try:
+        with zipfile.ZipFile(model) as archive:
+            return any(name.split("/", 1)[-1].startswith("data/aotinductor/model/")
+                       for name in archive.namelist())  # fmt: skip
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def _load_for_python(model: Path) -> Callable[..., Any]:
+    """MODEL loaded on CPU as Python runs it: aoti_load_package for .pt2, else torch.jit.load."""
+    import warnings
+
+    if is_pt2(model):
+        try:
+            return torch._inductor.aoti_load_package(str(model))
+        except Exception as e:  # the loader raises RuntimeError/zip errors of several kinds
+            raise CppError(f"Cannot load the AOTInductor package {model}: {e}") from e
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return torch.jit.load(str(model), map_location="cpu").eval()
+
+
 def python_latency(
     model: Path, inputs: list[torch.Tensor], *, threads: int, warmup: int, repeat: int
 ) -> dict[str, Any]:
-    """The same statistics as the C++ client, for TorchScript run from Python."""
+    """The C++ client's statistics for the same file (TorchScript or .pt2) run from Python."""
     import statistics
     import time
-    import warnings
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        module = torch.jit.load(str(model), map_location="cpu").eval()
+    module = _load_for_python(model)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -195,8 +230,9 @@ def python_latency(
     def pct(q: float) -> float:  # nearest rank, as the C++ client computes it
         return times[min(len(times), max(1, -(-int(q * 100) * len(times) // 100))) - 1]
 
-    return {"runs": repeat, "threads": threads, "p50_ms": pct(0.50), "p90_ms": pct(0.90),
-            "p99_ms": pct(0.99), "mean_ms": statistics.fmean(times)}  # fmt: skip
+    return {"runs": repeat, "threads": threads, "format": "pt2" if is_pt2(model) else "torchscript",
+            "p50_ms": pct(0.50), "p90_ms": pct(0.90), "p99_ms": pct(0.99),
+            "mean_ms": statistics.fmean(times)}  # fmt: skip
 
 
 def compare_latency(
@@ -209,7 +245,7 @@ def compare_latency(
     repeat: int = 200,
     rounds: int = 3,
 ) -> dict[str, Any]:
-    """C++ vs Python TorchScript on the same inputs, in interleaved rounds.
+    """C++ vs Python on the same model file (TorchScript or .pt2) and inputs, in interleaved rounds.
 
     Rounds alternate the two so that a noisy neighbour slows both alike; the
     best round's p50 of each is compared (a ratio, not an absolute claim).

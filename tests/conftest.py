@@ -76,6 +76,14 @@ def all_exports(exported: ExportResult, family: dict[str, ExportResult]) -> dict
     return {"digits_lenet": exported, **family}
 
 
+@pytest.fixture(scope="session")
+def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The C++ client, built for real once per session under pytest's temp dir."""
+    from pipeline import cpp
+
+    return cpp.build(tmp_path_factory.mktemp("cpp_build"))
+
+
 def run_cli(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """`python -m pipeline ARGS` as a user runs it (warnings off, output captured)."""
     return subprocess.run(

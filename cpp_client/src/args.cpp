@@ -21,9 +21,11 @@ bool ParseInt(std::string_view text, int min_value, int* out) {
 std::string Usage(const char* program) {
   std::ostringstream out;
   out << "usage: " << program
-      << " --model MODEL.pt --inputs INPUTS.pt [--outputs OUTPUTS.pt]\n"
+      << " --model MODEL.pt|MODEL.pt2 --inputs INPUTS.pt [--outputs OUTPUTS.pt]\n"
          "       [--device cpu|cuda[:N]] [--threads N] [--warmup N] [--repeat N]\n\n"
-         "Runs a TorchScript model on tensors saved by Python's torch.save.\n"
+         "Runs a TorchScript model, or an AOTInductor package (a .pt2 file from\n"
+         "torch._inductor.aoti_compile_and_package or `pipeline export --format pt2`,\n"
+         "run on the device type it was compiled for), on tensors saved by Python's torch.save.\n"
          "INPUTS.pt holds one case (a tensor, a list of tensors in forward() order, a\n"
          "{name: tensor} dict or a golden.pt from `pipeline export`) or several (a list of\n"
          "lists). OUTPUTS.pt gets a tuple of cases, each a tuple of\n"

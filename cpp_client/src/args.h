@@ -7,7 +7,7 @@
 namespace client {
 
 struct Args {
-  std::string model;    // TorchScript file
+  std::string model;    // TorchScript file or AOTInductor .pt2 package
   std::string inputs;   // tensors written by Python's torch.save
   std::string outputs;  // where to write the outputs (torch.load reads them)
   std::string device = "cpu";

@@ -1,11 +1,14 @@
-// run_torchscript: run a TorchScript artifact from C++ and write its outputs.
+// run_torchscript: run a TorchScript artifact or an AOTInductor .pt2 package
+// from C++ and write its outputs.
 // Exit codes: 0 ok, 2 usage, 3 model cannot be loaded, 4 inputs cannot be read,
-// 5 the model rejected the inputs, 6 outputs cannot be written, 7 bad device.
+// 5 the model rejected the inputs, 6 outputs cannot be written, 7 bad device
+// (or a .pt2 package compiled for another device).
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <stdexcept>
 
 #include "args.h"
@@ -60,9 +63,12 @@ int main(int argc, char** argv) {
   }
   if (args->threads > 0) torch::set_num_threads(args->threads);
 
-  torch::jit::Module module;
+  const client::ModelFormat format = client::DetectFormat(args->model);
+  std::unique_ptr<client::Runner> model;
   try {
-    module = client::LoadModel(args->model, device);
+    model = client::LoadModel(args->model, format, device);
+  } catch (const client::DeviceMismatchError& e) {
+    return Fail(kDeviceError, e.what());
   } catch (const std::exception& e) {
     return Fail(kModelError, e.what());
   }
@@ -78,12 +84,13 @@ int main(int argc, char** argv) {
   try {
     for (size_t i = 0; i < cases.size(); ++i) {
       try {
-        outputs.push_back(client::RunCase(module, cases[i], device));
+        outputs.push_back(client::RunCase(*model, cases[i], device));
       } catch (const std::exception& e) {
-        throw std::runtime_error("case " + std::to_string(i) + " of " + args->inputs + ": " + e.what());
+        throw std::runtime_error("case " + std::to_string(i) + " of " + args->inputs + ": " +
+                                 e.what());
       }
     }
-    stats = client::Time(module, cases.front(), device, args->warmup, args->repeat);
+    stats = client::Time(*model, cases.front(), device, args->warmup, args->repeat);
   } catch (const std::exception& e) {
     return Fail(kRunError, e.what());
   }
@@ -95,10 +102,11 @@ int main(int argc, char** argv) {
     }
   }
   std::printf(
-      "{\"model\": \"%s\", \"device\": \"%s\", \"threads\": %d, \"cases\": %zu, \"runs\": %d, "
-      "\"p50_ms\": %.4f, \"p90_ms\": %.4f, \"p99_ms\": %.4f, \"mean_ms\": %.4f, \"min_ms\": %.4f, "
-      "\"max_ms\": %.4f}\n",
-      JsonEscape(args->model).c_str(), device.str().c_str(), torch::get_num_threads(), cases.size(), stats.runs,
-      stats.p50_ms, stats.p90_ms, stats.p99_ms, stats.mean_ms, stats.min_ms, stats.max_ms);
+      "{\"model\": \"%s\", \"format\": \"%s\", \"device\": \"%s\", \"threads\": %d, "
+      "\"cases\": %zu, \"runs\": %d, \"p50_ms\": %.4f, \"p90_ms\": %.4f, \"p99_ms\": %.4f, "
+      "\"mean_ms\": %.4f, \"min_ms\": %.4f, \"max_ms\": %.4f}\n",
+      JsonEscape(args->model).c_str(), client::FormatName(format), device.str().c_str(),
+      torch::get_num_threads(), cases.size(), stats.runs, stats.p50_ms, stats.p90_ms, stats.p99_ms,
+      stats.mean_ms, stats.min_ms, stats.max_ms);
   return 0;
 }

@@ -16,12 +16,6 @@ from pipeline.verify import VerifyConfig, verify
 MODELS = ["digits_lenet", "my_decision_gate", "my_cell", "my_rnn_loop", "wrap_rnn"]
 
 
-@pytest.fixture(scope="session")
-def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One real build per test session, under pytest's temp dir."""
-    return cpp.build(tmp_path_factory.mktemp("cpp_build"))
-
-
 @pytest.fixture(scope="module")
 def family_exports(all_exports: dict[str, ExportResult]) -> dict[str, ExportResult]:
     return all_exports
@@ -41,14 +35,17 @@ def test_cpp_parity(
         )
     )
     assert report.passed, report.failure_message()
-    cpp_cases = {r.inputs for r in report.rows if r.backend == "cpp"}
-    assert "golden" in cpp_cases
-    assert any(c.startswith("probe") for c in cpp_cases)
-    if name != "digits_lenet":  # both branches of the gate, and new sequence lengths
-        assert any("+" in c or ">0" in c for c in cpp_cases)
-        assert any("-" in c or "<0" in c for c in cpp_cases)
-    if name in ("my_rnn_loop", "wrap_rnn"):
-        assert any("seq=13" in c for c in cpp_cases)
+    # The client runs both the TorchScript file ("cpp") and the .pt2 package ("cpp/pt2").
+    for backend in ("cpp", "cpp/pt2"):
+        cpp_cases = {r.inputs for r in report.rows if r.backend == backend}
+        assert "golden" in cpp_cases, backend
+        assert any(c.startswith("probe") for c in cpp_cases)
+        assert "random b=1" in cpp_cases  # batch 1 passes the package's input check
+        if name != "digits_lenet":  # both branches of the gate, and new sequence lengths
+            assert any("+" in c or ">0" in c for c in cpp_cases)
+            assert any("-" in c or "<0" in c for c in cpp_cases)
+        if name in ("my_rnn_loop", "wrap_rnn"):
+            assert any("seq=13" in c for c in cpp_cases)
 
 
 def test_latency_statistics_and_tuple_outputs(
