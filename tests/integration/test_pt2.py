@@ -52,11 +52,18 @@ def test_every_model_exports_to_pt2_and_verifies(
 
 
 def test_default_verify_includes_pt2(exported: ExportResult, tmp_path: Path) -> None:
+    """Also at batch 33: a guard from the example batch (8) once capped the CNN's package at 15."""
     report = verify(
-        VerifyConfig(model="digits_lenet", export_dir=exported.out_dir, report=tmp_path / "p.json")
+        VerifyConfig(
+            model="digits_lenet",
+            export_dir=exported.out_dir,
+            batch_sizes=(1, 7, 33),
+            report=tmp_path / "p.json",
+        )
     )
     assert report.passed, report.failure_message()
     assert {r.backend for r in report.rows} >= {"torchscript", "onnxruntime", "pt2"}
+    assert "random b=33" in _pt2_rows(report)
 
 
 def test_digits_mlp_exports_to_pt2(tmp_path: Path) -> None:
