@@ -49,8 +49,10 @@ venv: $(STAMP)  ## create .venv with the pinned dependencies
 $(CHECKPOINT): | $(STAMP)
 	$(PIPELINE) train --model $(MODEL)
 
+# e.g. make export EXPORT_FLAGS="--format all" (TorchScript, ONNX and .pt2)
+EXPORT_FLAGS ?=
 $(MANIFEST): $(CHECKPOINT)
-	$(PIPELINE) export --model $(MODEL)
+	$(PIPELINE) export --model $(MODEL) $(EXPORT_FLAGS)
 
 train: | $(STAMP)  ## train MODEL (default digits_lenet) and write its checkpoint
 	$(PIPELINE) train --model $(MODEL)
@@ -59,18 +61,18 @@ NPROC ?= 2
 train-ddp: | $(STAMP)  ## train MODEL with DistributedDataParallel over NPROC processes (torchrun)
 	$(BIN)/torchrun --standalone --nproc-per-node $(NPROC) -m pipeline --artifacts-dir $(ARTIFACTS) train --model $(MODEL)
 
-export: $(MANIFEST)  ## export MODEL's checkpoint to TorchScript + ONNX (trains first if needed)
+export: $(MANIFEST)  ## export MODEL's checkpoint to TorchScript + ONNX (EXPORT_FLAGS="--format all" adds .pt2)
 
 verify: $(MANIFEST)  ## compare TorchScript and ONNX Runtime with eager; fails on any mismatch
 	$(PIPELINE) verify --model $(MODEL)
 
-demo: | $(STAMP)  ## train, export and verify every built-in model (eager vs TorchScript, ONNX Runtime, C++)
+demo: | $(STAMP)  ## train, export and verify every built-in model (eager vs TorchScript, ONNX Runtime, .pt2, C++)
 	$(BIN)/pipeline build-cpp --build-dir $(CPP_BUILD)
 	@set -e; for m in $(DEMO_MODELS); do \
 		echo "==> $$m"; \
 		$(PIPELINE) train --model $$m --no-progress; \
-		$(PIPELINE) export --model $$m; \
-		$(PIPELINE) verify --model $$m --backend torchscript --backend onnxruntime --backend cpp; \
+		$(PIPELINE) export --model $$m --format all; \
+		$(PIPELINE) verify --model $$m --backend torchscript --backend onnxruntime --backend pt2 --backend cpp; \
 	done
 
 cpp: | $(STAMP)  ## build the LibTorch C++ client (cpp_client/build/run_torchscript)
@@ -83,13 +85,16 @@ latency: | $(STAMP)  ## C++ client vs Python TorchScript at batch 1 (digits CNN,
 	$(PIPELINE) latency --model digits_lenet --model torchvision:resnet18
 
 BENCH_FLAGS ?=
+# The bench measures the .pt2 too: an export without one is redone with --format all.
 bench: | $(STAMP)  ## every backend side by side: artifacts/bench/{bench.json,bench.md,*.png} (exports what is missing)
 	@set -e; for m in digits_lenet my_decision_gate my_cell my_rnn_loop wrap_rnn; do \
-		test -f $(ARTIFACTS)/$$m/export/manifest.json || { \
+		grep -qs '"pt2"' $(ARTIFACTS)/$$m/export/manifest.json || { \
 			test -f $(ARTIFACTS)/$$m/checkpoint.pt || $(PIPELINE) train --model $$m --no-progress; \
-			$(PIPELINE) export --model $$m; }; \
+			$(PIPELINE) export --model $$m --format all; }; \
 	done
-	test -f $(ARTIFACTS)/torchvision_resnet18/export/manifest.json || $(PIPELINE) export --model torchvision:resnet18 --random-init
+	grep -qs '"pt2"' $(ARTIFACTS)/torchvision_resnet18/export/manifest.json || $(PIPELINE) export \
+		--model torchvision:resnet18 --format all \
+		$$(test -f $(ARTIFACTS)/torchvision_resnet18/checkpoint.pt || echo --random-init)
 	$(PIPELINE) bench $(BENCH_FLAGS)
 
 LOADTEST_REQUESTS ?= 20000

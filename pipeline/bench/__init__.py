@@ -1,9 +1,10 @@
 """`pipeline bench`: every backend side by side on the same inputs, in one run.
 
 In-process backends (eager, TorchScript plain and frozen, ONNX Runtime, the
-C++ client) are measured in interleaved rounds per model and batch size
-(inprocess.py); served ones (TorchServe per format, dynamic batching off and
-on, several concurrency levels) on private servers (served.py). Outputs:
+AOTInductor .pt2, the C++ client on TorchScript and on the .pt2) are measured
+in interleaved rounds per model and batch size (inprocess.py); served ones
+(TorchServe per format, dynamic batching off and on, several concurrency
+levels) on private servers (served.py). Outputs:
 `bench.json` (machine, matmul peak, every cell, targets), `bench.md`, and
 two PNG charts. Each model's manifest then names its fastest backend among
 those that passed verification in this run.
@@ -35,8 +36,16 @@ DEFAULT_MODELS = (
 )
 SERVED_MODELS = ("digits_lenet", "torchvision:resnet18")
 ONE_THREAD = " (1 thread)"  # suffix of the in-process twins of the single-threaded workers
-# Verify's backend names → the bench's.
-_VERIFIED_AS = {"torchscript": "torchscript", "onnxruntime": "onnxruntime", "cpp": "cpp"}
+# Verify's backend names (its report rows) → the bench's.
+_VERIFIED_AS = {
+    "torchscript": "torchscript",
+    "onnxruntime": "onnxruntime",
+    "pt2": "pt2",
+    "cpp": "cpp",
+    "cpp/pt2": "cpp/pt2",
+}
+# served format → its in-process counterpart, for the serving-cost targets
+_SERVED_VS_INPROCESS = (("torchscript", "torchscript"), ("onnx", "onnxruntime"), ("pt2", "pt2"))
 
 
 @dataclass
@@ -51,6 +60,10 @@ class BenchConfig:
     concurrencies: tuple[int, ...] = (1, 8, 32)
     batching: tuple[str, ...] = ("off", "on")
     served_requests: int = 300
+    # No new requests after this long at one level: resnet18 answers 8-30 a second
+    # here, so its levels end on time, not on count (50-180 requests at 6 s). Three
+    # formats × two batching settings × three levels: this is most of `make bench`.
+    served_level_budget_s: float = 6.0
     cpp: bool = True
     out_dir: Path | None = None  # default: <artifacts>/bench
     artifacts_root: Path | None = None
@@ -99,21 +112,30 @@ def _threads(config: BenchConfig) -> int:
     return config.threads or psutil.cpu_count(logical=False) or 1
 
 
-def _verified(export_dir: Path, cpp: bool) -> set[str]:
-    """Backends that pass parity with eager for this export, checked now."""
-    from pipeline.verify import VerifyConfig, verify
+def _verified(export_dir: Path, cpp_binary: Path | None) -> set[str]:
+    """Backends that pass parity with eager for this export, checked now.
 
-    backends = ("torchscript", "onnxruntime", *(("cpp",) if cpp else ()))
+    The C++ client is the one the bench built at its start: left to itself,
+    verify would rebuild it mid-run whenever its sources changed.
+    """
+    from pipeline.verify import VerifyConfig, verify
+    from pipeline.verify.backends import local_backends
+
+    manifest = read_manifest(export_dir)
+    # "cpp" runs the client on every format it can (rows "cpp" and "cpp/pt2").
+    backends = (*local_backends(manifest), *(("cpp",) if cpp_binary else ()))
     report = verify(
         VerifyConfig(
-            model=read_manifest(export_dir)["model"]["name"],
+            model=manifest["model"]["name"],
             export_dir=export_dir,
             backends=backends,
             report=export_dir.parent / "parity.json",  # where `pipeline verify` puts it
+            cpp_binary=cpp_binary,
         )
     )
     failed = {r.backend for r in report.failures}
-    return {"eager"} | {_VERIFIED_AS[b] for b in backends if b not in failed}
+    ran = {r.backend for r in report.rows}
+    return {"eager"} | {_VERIFIED_AS[b] for b in ran - failed if b in _VERIFIED_AS}
 
 
 def _targets(cells: list[dict], served: list[dict], peak: float) -> list[dict[str, Any]]:
@@ -140,7 +162,7 @@ def _targets(cells: list[dict], served: list[dict], peak: float) -> list[dict[st
                 "met": best["peak_fraction"] >= 0.85,
             }
         )
-    for fmt, backend in (("torchscript", "torchscript"), ("onnx", "onnxruntime")):
+    for fmt, backend in _SERVED_VS_INPROCESS:
         inproc = cell("torchvision:resnet18", backend, 1)
         at8 = [
             s
@@ -161,7 +183,7 @@ def _targets(cells: list[dict], served: list[dict], peak: float) -> list[dict[st
                 }
             )
     for model in SERVED_MODELS:
-        for fmt, backend in (("torchscript", "torchscript"), ("onnx", "onnxruntime")):
+        for fmt, backend in _SERVED_VS_INPROCESS:
             inproc = cell(model, f"{backend}{ONE_THREAD}", 1) or cell(model, backend, 1)
             at1 = [
                 s
@@ -208,17 +230,21 @@ def _targets(cells: list[dict], served: list[dict], peak: float) -> list[dict[st
                 }
             )
     for model in sorted({c["model"] for c in cells}):
-        cpp, ts = cell(model, "cpp", 1), cell(model, "torchscript", 1)
-        if cpp and ts:
-            ratio = cpp["median_ms"] / ts["median_ms"]
-            out.append(
-                {
-                    "target": f"{model}: C++ client latency ≤ 1.05× Python TorchScript (batch 1)",
-                    "value": ratio,
-                    "detail": f"{cpp['median_ms']:.3f} vs {ts['median_ms']:.3f} ms",
-                    "met": ratio <= 1.05,
-                }
-            )
+        for client, python, what in (
+            ("cpp", "torchscript", "C++ client latency ≤ 1.05× Python TorchScript"),
+            ("cpp/pt2", "pt2", "C++ client latency ≤ 1.05× Python, both on the .pt2"),
+        ):
+            cpp, py = cell(model, client, 1), cell(model, python, 1)
+            if cpp and py:
+                ratio = cpp["median_ms"] / py["median_ms"]
+                out.append(
+                    {
+                        "target": f"{model}: {what} (batch 1)",
+                        "value": ratio,
+                        "detail": f"{cpp['median_ms']:.3f} vs {py['median_ms']:.3f} ms",
+                        "met": ratio <= 1.05,
+                    }
+                )
     return out
 
 
@@ -274,7 +300,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
                 f"No export of {model} in {export_dir}; run `pipeline export --model {model}` "
                 "(or `make bench`, which exports what is missing)."
             )
-        verified = _verified(export_dir, config.cpp)
+        verified = _verified(export_dir, cpp_binary)
         from pipeline.verify import load_reference
 
         manifest = read_manifest(export_dir)
@@ -321,7 +347,11 @@ def run_bench(config: BenchConfig) -> BenchResult:
     # added-latency comparison (same threads, so the difference is serving).
     for model in config.served_models if threads > 1 else ():
         runners = inprocess.runners(config.export_dir(model), 1, 1)
-        twins = {f"{n}{ONE_THREAD}": runners[n] for n in ("torchscript", "onnxruntime")}
+        twins = {
+            f"{n}{ONE_THREAD}": runners[n]
+            for n in ("torchscript", "onnxruntime", "pt2")
+            if n in runners and "skipped" not in runners[n].settings
+        }
         rounds = inprocess.measure_interleaved(
             twins, warmup=config.warmup, repeat=config.repeat, rounds=config.rounds,
             time_budget_s=config.time_budget_s,
@@ -336,14 +366,16 @@ def run_bench(config: BenchConfig) -> BenchResult:
 
         for model in config.served_models:
             log.info("%s: TorchServe, concurrency %s", model, config.concurrencies)
-            points = bench_served(
+            points, left_out = bench_served(
                 model,
                 config.export_dir(model),
                 concurrencies=config.concurrencies,
                 requests_per_level=config.served_requests,
                 batching=config.batching,
+                level_budget_s=config.served_level_budget_s,
             )
             served += [p.to_json() for p in points]
+            skipped += left_out
 
     # Measured again at the end; the better of the two is the machine's peak (a
     # busy moment can only lower it), and the in-process fractions are rescaled.
@@ -363,6 +395,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
             "repeat": config.repeat,
             "rounds": config.rounds,
             "served_requests_per_level": config.served_requests,
+            "served_level_budget_s": config.served_level_budget_s,
             "served_workers_and_threads": "pipeline serve defaults (serve.worker_plan)",
         },
         "cells": all_cells,
@@ -375,6 +408,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
     json_path = write_json(out_dir / "bench.json", data)
     md = report.to_markdown([inprocess.Cell(**_cell_fields(c)) for c in all_cells], info, peak)
     md += "\n\n" + _served_markdown(served) + "\n\n" + _targets_markdown(data["targets"])
+    md += "\n\n" + _skipped_markdown(skipped)
     md_path = out_dir / "bench.md"
     md_path.write_text(md + "\n")
     charts = [
@@ -421,5 +455,16 @@ def _targets_markdown(targets: list[dict]) -> str:
     rows += [
         f"| {t['target']} | {t['value']:.2f} | {t['detail']} | {'yes' if t['met'] else 'no'} |"
         for t in targets
+    ]
+    return "\n".join(rows)
+
+
+def _skipped_markdown(skipped: list[dict]) -> str:
+    if not skipped:
+        return ""
+    rows = ["#### Skipped", "", "| model | batch | backend | why |", "|---|---:|---|---|"]
+    rows += [
+        f"| {s['model']} | {s['batch']} | {s['backend']} | {' '.join(s['why'].split()).replace('|', '/')} |"
+        for s in skipped
     ]
     return "\n".join(rows)

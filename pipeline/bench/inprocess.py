@@ -9,9 +9,12 @@ thread settings are explicit and recorded.
 
 from __future__ import annotations
 
+import logging
+import re
 import statistics
 import time
 import warnings
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +26,16 @@ import torch
 from pipeline.manifest import artifact_path, read_manifest
 from pipeline.verify import load_reference
 
+log = logging.getLogger(__name__)
+
 SEED = 0
+# Fewest timed calls per backend and round when the time budget scales them down.
+MIN_RUNS = 5
+# Warm-up stops after this long (at least MIN_WARMUP calls): ten warm-up calls of
+# resnet18 at batch 32 took over ten seconds per backend. Two calls cover
+# TorchScript's profiling run and the optimised graph it compiles on the second.
+WARMUP_S = 2.0
+MIN_WARMUP = 2
 
 
 @dataclass
@@ -62,7 +74,8 @@ def _stats(times_ms: list[float]) -> dict[str, float]:
 
 
 def timed(fn: Callable[[], Any], threads: int | None = None) -> Callable[[int, int], dict]:
-    """A measure() for a Python callable: `warmup` untimed calls, then `repeat` timed ones."""
+    """A measure() for a Python callable: `warmup` untimed calls (fewer when they pass
+    WARMUP_S), then `repeat` timed ones."""
 
     def measure(warmup: int, repeat: int) -> dict[str, float]:
         previous = torch.get_num_threads()
@@ -70,7 +83,10 @@ def timed(fn: Callable[[], Any], threads: int | None = None) -> Callable[[int, i
             torch.set_num_threads(threads)
         try:
             with torch.inference_mode():
-                for _ in range(warmup):
+                start = time.perf_counter()
+                for i in range(warmup):
+                    if i >= MIN_WARMUP and time.perf_counter() - start > WARMUP_S:
+                        break
                     fn()
                 times = []
                 for _ in range(repeat):
@@ -101,7 +117,8 @@ def runners(
     cpp_binary: Path | None = None,
     opsets: tuple[int, ...] = (),
 ) -> dict[str, Runner]:
-    """eager, torchscript, torchscript_frozen, onnxruntime and (with a binary) cpp, on one input.
+    """eager, torchscript, torchscript_frozen, onnxruntime, pt2 (when exported) and, with
+    a binary, the C++ client on each format it runs (cpp, cpp/pt2), on one input.
 
     `opsets`: the exported ONNX model converted to other opsets, each an extra
     backend `onnxruntime (opset N)` once its outputs match the exported one's.
@@ -180,20 +197,94 @@ def runners(
             )
         except Exception as err:  # noqa: BLE001 - a converter or runtime refusal leaves it out
             out[name] = Runner(name, _skipped, {"skipped": f"{type(err).__name__}: {err}"[:200]})
+    if "pt2" in manifest["artifacts"]:
+        out["pt2"] = pt2_runner(export_dir, manifest, args, threads)
     if cpp_binary is not None:
+        from pipeline.verify.backends import CPP_ARTIFACTS
+
+        for artifact in (a for a in CPP_ARTIFACTS if a in manifest["artifacts"]):
+            name = "cpp" if artifact == "torchscript" else f"cpp/{artifact}"  # as verify names it
+            out[name] = Runner(
+                name,
+                _cpp_measure(
+                    artifact_path(export_dir, manifest, artifact), args, cpp_binary, threads
+                ),
+                {"intra_op_threads": threads, "libtorch": "same wheel"},
+            )
+    return out
+
+
+def _cpp_measure(
+    model: Path, args: list[torch.Tensor], binary: Path, threads: int
+) -> Callable[[int, int], dict[str, float]]:
+    """A measure() running the C++ client: one round is one client run, which times
+    `repeat` calls itself (no process start-up in the figures). Each run is a new
+    process, so it always warms up at least once: its first call is a cold start."""
+
+    def measure(warmup: int, repeat: int) -> dict[str, float]:
         from pipeline.cpp import run as run_cpp
 
-        def cpp_measure(warmup: int, repeat: int) -> dict[str, float]:
-            # One round = one client run; it times `repeat` calls itself (no process start-up).
-            stats = run_cpp(
-                ts_path, [args], binary=cpp_binary, threads=threads, warmup=warmup, repeat=repeat
-            ).stats
-            return {k: float(stats[k]) for k in ("p50_ms", "p90_ms", "p99_ms")} | {"runs": repeat}
+        stats = run_cpp(
+            model, [args], binary=binary, threads=threads, warmup=max(warmup, 1), repeat=repeat
+        ).stats
+        return {k: float(stats[k]) for k in ("p50_ms", "p90_ms", "p99_ms")} | {"runs": repeat}
 
-        out["cpp"] = Runner(
-            "cpp", cpp_measure, {"intra_op_threads": threads, "libtorch": "same wheel"}
-        )
-    return out
+    return measure
+
+
+def pt2_kernel_threads(path: Path) -> str:
+    """How the package's OpenMP loops pick their thread count, read from its C++ sources.
+
+    Inductor writes `#pragma omp parallel` (which follows torch.set_num_threads
+    in the calling thread) when torch's thread count at compile time equals
+    os.cpu_count(), and `num_threads(N)` fixed otherwise, e.g. on a machine
+    with SMT where torch defaults to the physical cores (torch/_inductor/
+    codegen/cpp.py, WorkSharing.parallel). Convolutions and GEMMs the package
+    hands back to ATen follow torch.set_num_threads either way.
+    """
+    pragmas: list[str] = []
+    with zipfile.ZipFile(path) as package:
+        sources = [n for n in package.namelist() if n.endswith(".cpp")]
+        for name in sources:
+            text = package.read(name).decode(errors="replace")
+            pragmas += re.findall(r"#pragma omp parallel(?: num_threads\((\d+)\))?", text)
+    if not sources:
+        return "unknown (no C++ sources in the package)"
+    if not pragmas:
+        return "none (serial loops)"
+    fixed = sorted({n for n in pragmas if n}, key=int)
+    if fixed:
+        return f"fixed at compile time: {', '.join(fixed)}"
+    return "torch.set_num_threads"
+
+
+def pt2_runner(
+    export_dir: Path, manifest: dict[str, Any], args: list[torch.Tensor], threads: int
+) -> Runner:
+    """The AOTInductor package in-process, or a skipped backend saying why not."""
+    from pipeline.export.pt2_export import load_package
+
+    device = manifest["artifacts"]["pt2"].get("device", "cpu")
+    if device != "cpu":  # the bench compares CPU backends
+        return Runner("pt2", _skipped, {"skipped": f"the package was compiled for {device}"})
+    try:
+        path = artifact_path(export_dir, manifest, "pt2")
+        package = load_package(path, "cpu")
+        with torch.inference_mode():
+            package(*args)
+        kernel_threads = pt2_kernel_threads(path)
+    except Exception as err:  # noqa: BLE001 - a package that cannot run here is left out
+        why = " ".join(f"{type(err).__name__}: {err}".split())[:200]
+        return Runner("pt2", _skipped, {"skipped": why})
+    return Runner(
+        "pt2",
+        timed(lambda: package(*args), threads),
+        {
+            "intra_op_threads": threads,
+            "inter_op_threads": torch.get_num_interop_threads(),
+            "omp_kernel_threads": kernel_threads,
+        },
+    )
 
 
 def _converted_session(path: Path, opset: int, opts: Any) -> Any:
@@ -220,20 +311,51 @@ def measure_interleaved(
     rounds: int,
     time_budget_s: float | None = None,
 ) -> dict[str, list[dict[str, float]]]:
-    """Per backend, one statistics dict per round; skipped backends are left out."""
+    """Per backend, one statistics dict per round; skipped backends are left out.
+
+    With a time budget, a backend whose calls are slow (resnet18 at batch 32:
+    about a second) runs fewer than `repeat` calls a round, never fewer than
+    MIN_RUNS, so that all `rounds` fit in the budget: several interleaved
+    rounds of fewer calls, rather than one long round that the budget ends.
+
+    A backend that fails (the C++ client refusing a format, say) is skipped from
+    then on: its `settings["skipped"]` says why, and the others go on.
+    """
     live = {n: r for n, r in runners.items() if "skipped" not in r.settings}
-    for r in live.values():
-        r.measure(warmup, 1)  # first-call costs (lazy init, allocation) outside the rounds
-    results: dict[str, list[dict[str, float]]] = {n: [] for n in live}
+    call_s: dict[str, float] = {}
+    for name in list(live):
+        first = _run_or_skip(live, name, warmup, 1)  # lazy init etc. outside the rounds
+        if first is not None:
+            call_s[name] = first["p50_ms"] / 1e3
     names = list(live)
+    runs = {n: repeat for n in names}
+    if time_budget_s is not None and names:
+        share_s = time_budget_s / rounds / len(names)
+        floor = min(repeat, MIN_RUNS)
+        runs = {n: max(floor, min(repeat, int(share_s / max(call_s[n], 1e-9)))) for n in names}
+    results: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     start = time.monotonic()
-    for k in range(rounds):
+    for k in range(rounds if names else 0):
         order = names[k % len(names) :] + names[: k % len(names)]
-        for name in order:
-            results[name].append(live[name].measure(0, repeat))
+        for name in (n for n in order if n in live):
+            stats = _run_or_skip(live, name, 0, runs[name])
+            if stats is not None:
+                results[name].append(stats)
         if time_budget_s is not None and time.monotonic() - start > time_budget_s:
             break
-    return results
+    return {n: results[n] for n in names if n in live}
+
+
+def _run_or_skip(
+    live: dict[str, Runner], name: str, warmup: int, repeat: int
+) -> dict[str, float] | None:
+    try:
+        return live[name].measure(warmup, repeat)
+    except Exception as err:  # noqa: BLE001 - one failing backend must not end the bench
+        why = " ".join(f"{type(err).__name__}: {err}".split())[:200]
+        log.warning("%s failed and is left out: %s", name, why)
+        live.pop(name).settings["skipped"] = why
+        return None
 
 
 def cells(

@@ -36,8 +36,9 @@ def test_quick_bench_writes_json_table_charts_and_the_fastest_backend(
     assert data["machine"]["versions"]["torch"].startswith("2.14")
     assert data["matmul_peak_gflops"] > 0
 
+    assert "pt2" in read_manifest(export_dir)["artifacts"]  # `exported` writes every format
     backends = {c["backend"] for c in data["cells"]}
-    assert {"eager", "torchscript", "onnxruntime"} <= backends
+    assert {"eager", "torchscript", "onnxruntime", "pt2"} <= backends
     for cell in data["cells"]:
         assert cell["runs"] >= 5 and cell["settings"]["rounds"] >= 1
         assert 0 < cell["median_ms"] <= cell["p90_ms"] <= cell["p99_ms"]
@@ -47,10 +48,15 @@ def test_quick_bench_writes_json_table_charts_and_the_fastest_backend(
         assert cell["verified"] is True
     onnx = next(c for c in data["cells"] if c["backend"] == "onnxruntime")
     assert onnx["settings"]["allow_spinning"] == "0"
+    # The package's OpenMP loops follow torch.set_num_threads (compiled with dynamic threads).
+    aoti = next(c for c in data["cells"] if c["backend"] == "pt2")
+    assert aoti["settings"]["omp_kernel_threads"] == "torch.set_num_threads"
+    assert aoti["threads"] == aoti["settings"]["intra_op_threads"]
+    assert data["skipped"] == []
 
     served = data["served"]
     assert {(p["backend"], p["concurrency"]) for p in served} == {
-        (f"torchserve/{f}", c) for f in ("torchscript", "onnx") for c in (1, 8)
+        (f"torchserve/{f}", c) for f in ("torchscript", "onnx", "pt2") for c in (1, 8)
     }
     assert all(p["failed"] == 0 and p["throughput"] > 0 for p in served)
 

@@ -6,13 +6,26 @@ whose end-to-end run is covered by tests/integration/test_bench.py.
 
 from __future__ import annotations
 
+import hashlib
 import time
+import zipfile
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 import torch
 
-from pipeline.bench.inprocess import Cell, Runner, cells, measure_interleaved, model_flops, timed
+from pipeline.bench import _targets
+from pipeline.bench.inprocess import (
+    Cell,
+    Runner,
+    cells,
+    measure_interleaved,
+    model_flops,
+    pt2_kernel_threads,
+    pt2_runner,
+    timed,
+)
 from pipeline.bench.machine import machine_info, matmul_peak_gflops
 from pipeline.bench.report import latency_chart, throughput_chart, to_markdown
 
@@ -56,6 +69,17 @@ def test_timed_runs_repeat_calls_and_restores_threads() -> None:
     assert 0 <= stats["p50_ms"] <= stats["p90_ms"] <= stats["p99_ms"]
 
 
+def test_timed_stops_warming_up_after_its_time_but_not_before_two_calls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pipeline.bench import inprocess
+
+    calls: list[int] = []
+    monkeypatch.setattr(inprocess, "WARMUP_S", 0.0)
+    stats = timed(lambda: calls.append(1))(50, 4)
+    assert len(calls) == inprocess.MIN_WARMUP + 4 and stats["runs"] == 4
+
+
 def _recording_runner(name: str, log: list[tuple[str, int, int]]) -> Runner:
     def measure(warmup: int, repeat: int) -> dict[str, float]:
         log.append((name, warmup, repeat))
@@ -85,6 +109,80 @@ def test_measure_interleaved_stops_after_a_complete_round_when_the_budget_is_spe
         {"slow": slow, "fast": fast}, warmup=0, repeat=2, rounds=50, time_budget_s=0.0
     )
     assert {n: len(r) for n, r in rounds.items()} == {"slow": 1, "fast": 1}
+
+
+def test_measure_interleaved_gives_slow_backends_fewer_calls_to_fit_the_budget() -> None:
+    slow = Runner("slow", timed(lambda: time.sleep(0.01)))
+    fast = Runner("fast", timed(lambda: None))
+    rounds = measure_interleaved(
+        {"slow": slow, "fast": fast}, warmup=1, repeat=30, rounds=2, time_budget_s=0.4
+    )
+    # 0.4 s / 2 rounds / 2 backends: 0.1 s a round each, about ten 10 ms calls.
+    assert {r["runs"] for r in rounds["fast"]} == {30}
+    assert all(5 <= r["runs"] <= 10 for r in rounds["slow"])
+    unbudgeted = measure_interleaved({"slow": slow}, warmup=0, repeat=12, rounds=1)
+    assert unbudgeted["slow"][0]["runs"] == 12
+
+
+def test_a_failing_backend_becomes_a_skipped_one_and_the_others_go_on() -> None:
+    calls = {"late": 0}
+
+    def fails_at_once(warmup: int, repeat: int) -> dict[str, float]:
+        raise RuntimeError("run_torchscript exited 1: cannot load model.pt2")
+
+    def fails_later(warmup: int, repeat: int) -> dict[str, float]:
+        calls["late"] += 1
+        if calls["late"] > 2:  # the warm-up and the first round pass
+            raise OSError("client vanished")
+        return timed(lambda: None)(warmup, repeat)
+
+    runners = {
+        "eager": Runner("eager", timed(lambda: None), {"intra_op_threads": 1}),
+        "cpp/pt2": Runner("cpp/pt2", fails_at_once, {"intra_op_threads": 1}),
+        "late": Runner("late", fails_later, {}),
+    }
+    rounds = measure_interleaved(runners, warmup=1, repeat=3, rounds=3)
+    assert set(rounds) == {"eager"} and len(rounds["eager"]) == 3
+    assert runners["cpp/pt2"].settings["skipped"] == (
+        "RuntimeError: run_torchscript exited 1: cannot load model.pt2"
+    )
+    assert runners["late"].settings["skipped"] == "OSError: client vanished"
+    assert "skipped" not in runners["eager"].settings
+
+
+def _fake_package(path: Path, sources: dict[str, str]) -> Path:
+    with zipfile.ZipFile(path, "w") as package:
+        for name, text in sources.items():
+            package.writestr(f"model/data/aotinductor/model/{name}", text)
+    return path
+
+
+def test_pt2_kernel_threads_reads_the_openmp_pragmas(tmp_path: Path) -> None:
+    loop = "#pragma omp parallel\n{ int tid = omp_get_thread_num(); }"
+    dynamic = _fake_package(tmp_path / "a.pt2", {"k.kernel.cpp": loop, "w.wrapper.cpp": ""})
+    assert pt2_kernel_threads(dynamic) == "torch.set_num_threads"
+    fixed = _fake_package(
+        tmp_path / "b.pt2", {"k.kernel.cpp": loop.replace("parallel", "parallel num_threads(8)")}
+    )
+    assert pt2_kernel_threads(fixed) == "fixed at compile time: 8"
+    serial = _fake_package(tmp_path / "c.pt2", {"k.kernel.cpp": "for (;;) {}"})
+    assert pt2_kernel_threads(serial) == "none (serial loops)"
+    assert pt2_kernel_threads(_fake_package(tmp_path / "d.pt2", {"k.so": ""})).startswith("unknown")
+
+
+def _pt2_manifest(path: Path, device: str = "cpu") -> dict:
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return {"artifacts": {"pt2": {"file": path.name, "sha256": digest, "device": device}}}
+
+
+def test_pt2_runner_skips_what_it_cannot_run_here_and_says_why(tmp_path: Path) -> None:
+    args = [torch.zeros(1, 3)]
+    broken = _fake_package(tmp_path / "model.pt2", {"k.kernel.cpp": ""})  # no compiled model
+    runner = pt2_runner(tmp_path, _pt2_manifest(broken), args, threads=1)
+    assert runner.name == "pt2" and runner.settings["skipped"]
+    cuda = pt2_runner(tmp_path, _pt2_manifest(broken, device="cuda"), args, threads=1)
+    assert cuda.settings == {"skipped": "the package was compiled for cuda"}
+    assert measure_interleaved({"pt2": runner, "cuda": cuda}, warmup=1, repeat=1, rounds=1) == {}
 
 
 def test_cells_take_medians_over_rounds_and_derive_rates() -> None:
@@ -175,3 +273,43 @@ def test_charts_write_png_files(tmp_path: Path) -> None:
         "latency.png",
         "throughput.png",
     ]  # written atomically: no temporary files left behind
+
+
+def _row(backend: str, median: float, model: str = "lenet", batch: int = 1) -> dict:
+    return asdict(_cell(model, backend, batch, median)) | {"verified": True}
+
+
+def _served(backend: str, concurrency: int, batching: str, median: float, rps: float) -> dict:
+    return {
+        "model": "torchvision:resnet18",
+        "backend": backend,
+        "batching": batching,
+        "concurrency": concurrency,
+        "median_ms": median,
+        "throughput": rps,
+        "first_request_ms": None,
+    }
+
+
+def test_targets_compare_the_pt2_backends_like_the_torchscript_ones() -> None:
+    cells = [_row(b, m) for b, m in (("torchscript", 1.0), ("cpp", 0.9), ("pt2", 0.5))]
+    cells += [_row("cpp/pt2", 0.6)]
+    cells += [
+        _row(b, m, model="torchvision:resnet18")
+        for b, m in (("pt2", 20.0), ("pt2 (1 thread)", 40.0), ("torchscript", 30.0))
+    ]
+    served = [
+        _served("torchserve/pt2", 8, "on", 60.0, 45.0),
+        _served("torchserve/pt2", 1, "off", 43.0, 23.0),
+    ]
+    by_name = {t["target"]: t for t in _targets(cells, served, peak=100.0)}
+    cpp_pt2 = by_name["lenet: C++ client latency ≤ 1.05× Python, both on the .pt2 (batch 1)"]
+    assert cpp_pt2["value"] == pytest.approx(1.2) and cpp_pt2["met"] is False
+    ts = by_name["lenet: C++ client latency ≤ 1.05× Python TorchScript (batch 1)"]
+    assert ts["value"] == pytest.approx(0.9) and ts["met"] is True
+    throughput = next(
+        t for n, t in by_name.items() if n.startswith("TorchServe/pt2 at concurrency 8")
+    )
+    assert throughput["value"] == pytest.approx(45.0 / 50.0)  # vs 1 / 20 ms in-process
+    added = next(t for n, t in by_name.items() if "TorchServe/pt2 added p50" in n)
+    assert added["value"] == pytest.approx(3.0)  # against the single-threaded twin
