@@ -60,8 +60,9 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench",
         help="measure every backend side by side (in-process and served); JSON, Markdown, charts",
-        description="Interleaved rounds of eager, TorchScript (plain and frozen), ONNX Runtime and "
-        "the C++ client at each batch size, then TorchServe per format at each concurrency with "
+        description="Interleaved rounds of eager, TorchScript (plain and frozen), ONNX Runtime, "
+        "the .pt2 package (when exported) and the C++ client (on TorchScript and .pt2) at each "
+        "batch size, then TorchServe per format at each concurrency with "
         "dynamic batching off and on. Writes <artifacts>/bench/bench.json, bench.md, latency.png "
         "and throughput.png, and names each model's fastest verified backend in its manifest.",
     )
