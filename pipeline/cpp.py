@@ -212,6 +212,7 @@ def python_latency(
     import time
 
     module = _load_for_python(model)
+    inputs = [t.contiguous() for t in inputs]  # as the client does (a .pt2 checks strides)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

@@ -264,6 +264,7 @@ def pt2_runner(
     """The AOTInductor package in-process, or a skipped backend saying why not."""
     from pipeline.export.pt2_export import load_package
 
+    args = [a.contiguous() for a in args]  # the package checks strides against the exported ones
     device = manifest["artifacts"]["pt2"].get("device", "cpu")
     if device != "cpu":  # the bench compares CPU backends
         return Runner("pt2", _skipped, {"skipped": f"the package was compiled for {device}"})

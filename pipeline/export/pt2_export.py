@@ -71,7 +71,7 @@ def load_package(path: Path, device: str = "cpu") -> object:
 
 
 def _to(inputs: Inputs, device: str) -> Inputs:
-    return {k: v.to(device) for k, v in inputs.items()}
+    return {k: v.to(device).contiguous() for k, v in inputs.items()}
 
 
 def _tiled(inputs: Inputs, entry: ZooEntry) -> Inputs:
@@ -82,7 +82,8 @@ def _tiled(inputs: Inputs, entry: ZooEntry) -> Inputs:
         if "batch" in spec.shape:
             axis = spec.shape.index("batch")
             reps = -(-LARGE_BATCH // t.shape[axis])
-            t = t.repeat_interleave(reps, dim=axis).narrow(axis, 0, LARGE_BATCH)
+            # contiguous: the package's input check holds strides to the exported ones
+            t = t.repeat_interleave(reps, dim=axis).narrow(axis, 0, LARGE_BATCH).contiguous()
         out[spec.name] = t
     return out
 

@@ -104,7 +104,8 @@ class Pt2Backend:
 
     @torch.inference_mode()
     def run(self, inputs: Inputs) -> list[torch.Tensor]:
-        outputs = self.runner(*(t.to(self.device) for t in inputs.values()))
+        # contiguous: the package checks strides against the exported ones
+        outputs = self.runner(*(t.to(self.device).contiguous() for t in inputs.values()))
         return [t.cpu() for t in flatten_outputs(outputs)]
 
 
