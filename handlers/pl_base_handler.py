@@ -40,6 +40,15 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def flatten_outputs(value: object) -> list[torch.Tensor]:
+    """A model's outputs as a flat list: one tensor, or (nested) tuples/lists of them."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in flatten_outputs(v)]
+    raise TypeError(f"unexpected model output {type(value).__name__}")
+
+
 class PipelineHandler(BaseHandler):
     artifact_key = ""  # "torchscript" or "onnx": which manifest entry this handler serves
 

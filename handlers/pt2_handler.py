@@ -26,18 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pl_base_handler import PipelineHandler
+from pl_base_handler import PipelineHandler, flatten_outputs
 
 logger = logging.getLogger(__name__)
-
-
-def _flatten(value: object) -> list[torch.Tensor]:
-    # One output comes back as a tensor, several as a list/tuple (the export's pytree).
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, list | tuple):
-        return [t for v in value for t in _flatten(v)]
-    raise TypeError(f"unexpected model output {type(value).__name__}")
 
 
 class Pt2Handler(PipelineHandler):
@@ -72,4 +63,4 @@ class Pt2Handler(PipelineHandler):
                 torch.from_numpy(np.ascontiguousarray(batch[s.name])).to(self.device)
                 for s in self.specs
             ]
-            return [t.detach().cpu().numpy() for t in _flatten(self.model(*inputs))]
+            return [t.detach().cpu().numpy() for t in flatten_outputs(self.model(*inputs))]

@@ -7,15 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pl_base_handler import PipelineHandler
-
-
-def _flatten(value: object) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, list | tuple):
-        return [t for v in value for t in _flatten(v)]
-    raise TypeError(f"unexpected model output {type(value).__name__}")
+from pl_base_handler import PipelineHandler, flatten_outputs
 
 
 class TorchScriptHandler(PipelineHandler):
@@ -28,4 +20,4 @@ class TorchScriptHandler(PipelineHandler):
     def _forward(self, batch: dict[str, np.ndarray]) -> list[np.ndarray]:
         with torch.inference_mode():
             inputs = [torch.from_numpy(batch[s.name]).to(self.device) for s in self.specs]
-            return [t.detach().cpu().numpy() for t in _flatten(self.model(*inputs))]
+            return [t.detach().cpu().numpy() for t in flatten_outputs(self.model(*inputs))]
