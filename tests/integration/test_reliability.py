@@ -38,10 +38,18 @@ def _ports() -> dict[str, int]:
     }
 
 
+# The formats these tests serve (the session export also holds a .pt2, served in test_serving).
+TS_AND_ONNX = ("torchscript", "onnx")
+
+
 @pytest.fixture(scope="module")
 def store(exported: ExportResult, tmp_path_factory: pytest.TempPathFactory) -> Path:
     store = tmp_path_factory.mktemp("reliability_store")
-    archive(ArchiveConfig(model="digits_lenet", export_dir=exported.out_dir, store=store))
+    archive(
+        ArchiveConfig(
+            model="digits_lenet", export_dir=exported.out_dir, store=store, formats=TS_AND_ONNX
+        )
+    )
     return store
 
 
@@ -112,7 +120,11 @@ def test_a_model_that_fails_to_load_does_not_take_the_others_down(
     exported: ExportResult, tmp_path: Path
 ) -> None:
     store = tmp_path / "store"
-    archive(ArchiveConfig(model="digits_lenet", export_dir=exported.out_dir, store=store))
+    archive(
+        ArchiveConfig(
+            model="digits_lenet", export_dir=exported.out_dir, store=store, formats=TS_AND_ONNX
+        )
+    )
     # A copy of the ONNX archive under another name, with its model file tampered.
     bad = store / "broken_onnx.mar"
     with zipfile.ZipFile(store / f"{ONNX}.mar") as src, zipfile.ZipFile(bad, "w") as dst:
