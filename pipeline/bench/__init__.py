@@ -430,41 +430,58 @@ def _cell_fields(row: dict) -> dict:
     return {k: v for k, v in row.items() if k in names}
 
 
-def _served_markdown(served: list[dict]) -> str:
-    if not served:
+def _table(title: str, header: list[str], align: str, rows: list[list[str]]) -> str:
+    """A titled Markdown table, or "" for no rows; `align` has one l or r per column."""
+    if not rows:
         return ""
-    rows = [
-        "#### Served (TorchServe behind the gateway; one single-threaded worker per core; .npy bodies)",
-        "",
-        "| model | backend | batching | concurrency | requests | failed | median ms | p90 ms | p99 ms | req/s |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    rows += [
-        f"| {s['model']} | {s['backend']} | {s['batching']} | {s['concurrency']} | {s['requests']} "
-        f"| {s['failed']} | {s['median_ms']:.2f} | {s['p90_ms']:.2f} | {s['p99_ms']:.2f} "
-        f"| {s['throughput']:.1f} |"
-        for s in served
-    ]
-    return "\n".join(rows)
+    clean = [[" ".join(str(cell).split()).replace("|", "/") for cell in row] for row in rows]
+    lines = [f"#### {title}", "", "| " + " | ".join(header) + " |"]
+    lines.append("|" + "|".join("---:" if a == "r" else "---" for a in align) + "|")
+    lines += ["| " + " | ".join(row) + " |" for row in clean]
+    return "\n".join(lines)
+
+
+def _served_markdown(served: list[dict]) -> str:
+    return _table(
+        "Served (TorchServe behind the gateway; one single-threaded worker per core; .npy bodies)",
+        [
+            "model",
+            "backend",
+            "batching",
+            "concurrency",
+            "requests",
+            "failed",
+            "median ms",
+            "p90 ms",
+            "p99 ms",
+            "req/s",
+        ],
+        "lllrrrrrrr",
+        [
+            [s["model"], s["backend"], s["batching"], s["concurrency"], s["requests"], s["failed"]]
+            + [f"{s[k]:.2f}" for k in ("median_ms", "p90_ms", "p99_ms")]
+            + [f"{s['throughput']:.1f}"]
+            for s in served
+        ],
+    )
 
 
 def _targets_markdown(targets: list[dict]) -> str:
-    if not targets:
-        return ""
-    rows = ["#### Targets", "", "| target | reached | detail | met |", "|---|---:|---|---|"]
-    rows += [
-        f"| {t['target']} | {t['value']:.2f} | {t['detail']} | {'yes' if t['met'] else 'no'} |"
-        for t in targets
-    ]
-    return "\n".join(rows)
+    return _table(
+        "Targets",
+        ["target", "reached", "detail", "met"],
+        "lrll",
+        [
+            [t["target"], f"{t['value']:.2f}", t["detail"], "yes" if t["met"] else "no"]
+            for t in targets
+        ],
+    )
 
 
 def _skipped_markdown(skipped: list[dict]) -> str:
-    if not skipped:
-        return ""
-    rows = ["#### Skipped", "", "| model | batch | backend | why |", "|---|---:|---|---|"]
-    rows += [
-        f"| {s['model']} | {s['batch']} | {s['backend']} | {' '.join(s['why'].split()).replace('|', '/')} |"
-        for s in skipped
-    ]
-    return "\n".join(rows)
+    return _table(
+        "Skipped",
+        ["model", "batch", "backend", "why"],
+        "lrll",
+        [[s["model"], s["batch"], s["backend"], s["why"]] for s in skipped],
+    )

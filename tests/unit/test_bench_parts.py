@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.bench import _targets
+from pipeline.bench import _skipped_markdown, _targets
 from pipeline.bench.inprocess import (
     Cell,
     Runner,
@@ -253,6 +253,21 @@ def test_to_markdown_has_one_sorted_table_per_model_with_ratios_to_eager() -> No
     assert rows[2].endswith("| 4.00 |")  # onnxruntime vs eager at batch 32
     assert rows[5].startswith("| eager |") and "| — | — | 1.00 |" in rows[5]  # no FLOPs
     assert rows[4].endswith("| 100.00 |")
+
+
+def test_skipped_table_keeps_one_row_per_line_whatever_the_reason_says() -> None:
+    assert _skipped_markdown([]) == ""
+    md = _skipped_markdown(
+        [{"model": "m", "batch": 32, "backend": "cpp", "why": "no binary |\n  build it"}]
+    )
+    lines = md.splitlines()
+    assert lines[:4] == [
+        "#### Skipped",
+        "",
+        "| model | batch | backend | why |",
+        "|---|---:|---|---|",
+    ]
+    assert lines[4:] == ["| m | 32 | cpp | no binary / build it |"]
 
 
 def test_charts_write_png_files(tmp_path: Path) -> None:
