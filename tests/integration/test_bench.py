@@ -35,6 +35,15 @@ def test_quick_bench_writes_json_table_charts_and_the_fastest_backend(
     assert data["machine"]["cores_physical"] >= 1
     assert data["machine"]["versions"]["torch"].startswith("2.14")
     assert data["matmul_peak_gflops"] > 0
+    # Every phase timed, and together they are the whole run (to rounding); the
+    # one-thread twins are measured only where the in-process runs use more.
+    twins = {"digits_lenet in-process, one thread (the served workers' twins)"}
+    assert set(data["phase_seconds"]) == {
+        "setup (C++ client, matmul peak)",
+        "digits_lenet in-process (verify + every batch size)",
+        "digits_lenet served",
+    } | (twins if data["threads"] > 1 else set())
+    assert sum(data["phase_seconds"].values()) <= data["duration_s"] + 0.5
 
     assert "pt2" in read_manifest(export_dir)["artifacts"]  # `exported` writes every format
     backends = {c["backend"] for c in data["cells"]}
