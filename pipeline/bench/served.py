@@ -38,7 +38,7 @@ FORMATS = ("torchscript", "onnx", "pt2")  # each measured when the export holds 
 # Warm-up per format and level: one request per client opens its connection and
 # fills the worker's batch path; two per client (64 resnet18 requests at 32
 # clients) took 3 s a level and a minute of `make bench` for no change in p50.
-WARMUP_BUDGET_S = 2.0
+WARMUP_BUDGET_S = 1.5
 
 
 def served_formats(manifest: dict[str, Any]) -> tuple[str, ...]:
