@@ -40,7 +40,7 @@ SERVE_FLAGS ?=
 
 CPP_BUILD ?= cpp_client/build
 
-.PHONY: help venv train train-ddp export verify demo test lint format clean archive serve stop infer cpp latency loadtest bench
+.PHONY: help venv train train-ddp export verify demo test lint format clean archive serve stop infer cpp latency loadtest bench bench-export
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
@@ -86,22 +86,29 @@ latency: | $(STAMP)  ## C++ client vs Python TorchScript at batch 1 (digits CNN,
 
 BENCH_FLAGS ?=
 # The bench measures the .pt2 too: an export without one is redone with --format all.
-# The C++ client builds in the background while the exports run: they leave a
-# core idle most of the time, and the build takes a minute and a half on its own.
+BENCH_MODELS := torchvision:resnet18 digits_lenet my_decision_gate my_cell my_rnn_loop wrap_rnn
+
+# Exports run two at a time (resnet18, the longest, first) and the C++ client
+# builds beside them: each export is mostly one busy thread (the Python exporter,
+# then one compiler process), so one after the other left a core idle.
 bench: | $(STAMP)  ## every backend side by side: artifacts/bench/{bench.json,bench.md,*.png} (exports what is missing)
 	@set -e; mkdir -p $(ARTIFACTS); \
 	$(BIN)/pipeline build-cpp --build-dir $(CPP_BUILD) > $(ARTIFACTS)/bench-cpp-build.log 2>&1 & cpp=$$!; \
 	trap 'kill $$cpp 2>/dev/null || true' EXIT; \
-	for m in digits_lenet my_decision_gate my_cell my_rnn_loop wrap_rnn; do \
-		grep -qs '"pt2"' $(ARTIFACTS)/$$m/export/manifest.json || { \
-			test -f $(ARTIFACTS)/$$m/checkpoint.pt || $(PIPELINE) train --model $$m --no-progress; \
-			$(PIPELINE) export --model $$m --format all; }; \
-	done; \
-	grep -qs '"pt2"' $(ARTIFACTS)/torchvision_resnet18/export/manifest.json || $(PIPELINE) export \
-		--model torchvision:resnet18 --format all \
-		$$(test -f $(ARTIFACTS)/torchvision_resnet18/checkpoint.pt || echo --random-init); \
+	printf '%s\n' $(BENCH_MODELS) | xargs -P 2 -I{} $(MAKE) --no-print-directory bench-export BENCH_MODEL={}; \
 	wait $$cpp || { cat $(ARTIFACTS)/bench-cpp-build.log; echo "error: the C++ client did not build (log above)"; exit 1; }
 	$(PIPELINE) bench $(BENCH_FLAGS)
+
+# One model for make bench: trained (or, for torchvision, random weights) and
+# exported in every format, unless its export already holds a .pt2.
+bench-export: | $(STAMP)
+	@set -e; dir=$(ARTIFACTS)/$(subst :,_,$(BENCH_MODEL)); \
+	grep -qs '"pt2"' $$dir/export/manifest.json && exit 0; \
+	init=; case "$(BENCH_MODEL)" in \
+		torchvision:*) test -f $$dir/checkpoint.pt || init=--random-init ;; \
+		*) test -f $$dir/checkpoint.pt || $(PIPELINE) train --model $(BENCH_MODEL) --no-progress ;; \
+	esac; \
+	$(PIPELINE) export --model $(BENCH_MODEL) --format all $$init
 
 LOADTEST_REQUESTS ?= 20000
 LOADTEST_RESNET_REQUESTS ?= 1000

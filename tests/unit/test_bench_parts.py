@@ -17,6 +17,7 @@ import torch
 
 from pipeline.bench import _skipped_markdown, _targets
 from pipeline.bench.inprocess import (
+    MIN_RUNS,
     Cell,
     Runner,
     cells,
@@ -119,9 +120,21 @@ def test_measure_interleaved_gives_slow_backends_fewer_calls_to_fit_the_budget()
     )
     # 0.4 s / 2 rounds / 2 backends: 0.1 s a round each, about ten 10 ms calls.
     assert {r["runs"] for r in rounds["fast"]} == {30}
-    assert all(5 <= r["runs"] <= 10 for r in rounds["slow"])
+    assert all(MIN_RUNS <= r["runs"] <= 10 for r in rounds["slow"])
+    assert all(r["runs"] >= 5 for r in rounds["slow"])  # the budget's share, not the floor
     unbudgeted = measure_interleaved({"slow": slow}, warmup=0, repeat=12, rounds=1)
     assert unbudgeted["slow"][0]["runs"] == 12
+
+
+def test_measure_interleaved_keeps_every_round_for_slow_backends_at_the_floor() -> None:
+    # A share of 0.33 s / 3 rounds / 3 backends = 37 ms holds one 20 ms call (like
+    # resnet18 at batch 32): MIN_RUNS each, and three rounds (0.36 s) still run
+    # because the budget is checked only between rounds and two take 0.24 s.
+    slow = {n: Runner(n, timed(lambda: time.sleep(0.02))) for n in ("a", "b", "c")}
+    rounds = measure_interleaved(slow, warmup=0, repeat=30, rounds=3, time_budget_s=0.33)
+    assert {n: [r["runs"] for r in rs] for n, rs in rounds.items()} == {
+        n: [MIN_RUNS] * 3 for n in slow
+    }
 
 
 def test_a_failing_backend_becomes_a_skipped_one_and_the_others_go_on() -> None:
