@@ -55,7 +55,9 @@ def add_cpp_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def add_bench_command(sub: argparse._SubParsersAction) -> None:
-    from pipeline.bench import DEFAULT_MODELS, SERVED_MODELS
+    from pipeline.bench import DEFAULT_MODELS, SERVED_MODELS, BenchConfig
+
+    defaults = BenchConfig()  # one place for the defaults: the config the CLI fills in
 
     p = sub.add_parser(
         "bench",
@@ -80,12 +82,24 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--threads", type=int, help="in-process intra-op threads (default: physical cores)"
     )
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: 3)")
     p.add_argument(
-        "--repeat", type=int, default=30, help="timed calls per backend per round (default: 30)"
+        "--rounds",
+        type=int,
+        default=defaults.rounds,
+        help=f"interleaved rounds (default: {defaults.rounds})",
     )
     p.add_argument(
-        "--served-requests", type=int, default=300, help="per concurrency level (default: 300)"
+        "--repeat",
+        type=int,
+        default=defaults.repeat,
+        help=f"timed calls per backend per round (default: {defaults.repeat})",
+    )
+    p.add_argument(
+        "--served-requests",
+        type=int,
+        default=defaults.served_requests,
+        help=f"per concurrency level, at most {defaults.served_level_budget_s:g} s each "
+        f"(default: {defaults.served_requests})",
     )
     p.add_argument("--no-cpp", action="store_true", help="leave the C++ client out")
     p.add_argument(
