@@ -69,7 +69,7 @@ class BenchConfig:
     cpp: bool = True
     out_dir: Path | None = None  # default: <artifacts>/bench
     artifacts_root: Path | None = None
-    # Per model and batch size, in-process. Only resnet18 reaches it (eight backends
+    # Per model and batch size, in-process. Only resnet18 reaches it (seven backends
     # at up to 1.5 s a call at batch 32); the small models end on `repeat`.
     time_budget_s: float = 45.0
     update_manifest: bool = True

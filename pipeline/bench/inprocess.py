@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 
 SEED = 0
 # Fewest timed calls per backend and round when the time budget scales them down.
-# Two, not five: resnet18 at batch 32 (eight backends, over a second a call) then
-# still fits three interleaved rounds in the budget; with five it got one round,
+# Two, not five: resnet18 at batch 32 (seven backends, over a second a call) then
+# gets two or three interleaved rounds in the budget; with five it got one round,
 # in which a noisy moment lands on whichever backend it happens to hit.
 MIN_RUNS = 2
 # Warm-up stops after this long (at least MIN_WARMUP calls): ten warm-up calls of
