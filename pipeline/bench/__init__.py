@@ -36,14 +36,8 @@ DEFAULT_MODELS = (
 )
 SERVED_MODELS = ("digits_lenet", "torchvision:resnet18")
 ONE_THREAD = " (1 thread)"  # suffix of the in-process twins of the single-threaded workers
-# Verify's backend names (its report rows) → the bench's.
-_VERIFIED_AS = {
-    "torchscript": "torchscript",
-    "onnxruntime": "onnxruntime",
-    "pt2": "pt2",
-    "cpp": "cpp",
-    "cpp/pt2": "cpp/pt2",
-}
+# Verify's report rows that are also bench backends (the names are the same).
+_VERIFIED_BACKENDS = frozenset({"torchscript", "onnxruntime", "pt2", "cpp", "cpp/pt2"})
 # served format → its in-process counterpart, for the serving-cost targets
 _SERVED_VS_INPROCESS = (("torchscript", "torchscript"), ("onnx", "onnxruntime"), ("pt2", "pt2"))
 
@@ -139,7 +133,7 @@ def _verified(export_dir: Path, cpp_binary: Path | None) -> set[str]:
     )
     failed = {r.backend for r in report.failures}
     ran = {r.backend for r in report.rows}
-    return {"eager"} | {_VERIFIED_AS[b] for b in ran - failed if b in _VERIFIED_AS}
+    return {"eager"} | ((ran - failed) & _VERIFIED_BACKENDS)
 
 
 def _targets(cells: list[dict], served: list[dict], peak: float) -> list[dict[str, Any]]:

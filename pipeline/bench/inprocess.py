@@ -319,8 +319,10 @@ def measure_interleaved(
 
     With a time budget, a backend whose calls are slow (resnet18 at batch 32:
     about a second) runs fewer than `repeat` calls a round, never fewer than
-    MIN_RUNS, so that all `rounds` fit in the budget: several interleaved
+    MIN_RUNS, so that the `rounds` fit in the budget: several interleaved
     rounds of fewer calls, rather than one long round that the budget ends.
+    The budget is checked between rounds, so at the MIN_RUNS floor fewer
+    rounds may run.
 
     A backend that fails (the C++ client refusing a format, say) is skipped from
     then on: its `settings["skipped"]` says why, and the others go on.
