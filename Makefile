@@ -72,7 +72,7 @@ demo: | $(STAMP)  ## train, export and verify every built-in model (eager vs Tor
 		echo "==> $$m"; \
 		$(PIPELINE) train --model $$m --no-progress; \
 		$(PIPELINE) export --model $$m --format all; \
-		$(PIPELINE) verify --model $$m --backend torchscript --backend onnxruntime --backend pt2 --backend cpp; \
+		$(PIPELINE) verify --model $$m --with-cpp; \
 	done
 
 cpp: | $(STAMP)  ## build the LibTorch C++ client (cpp_client/build/run_torchscript)
@@ -81,11 +81,11 @@ cpp: | $(STAMP)  ## build the LibTorch C++ client (cpp_client/build/run_torchscr
 latency: | $(STAMP)  ## C++ client vs Python TorchScript at batch 1 (digits CNN, resnet18), one run
 	$(BIN)/pipeline build-cpp --build-dir $(CPP_BUILD)
 	test -f $(ARTIFACTS)/digits_lenet/export/manifest.json || { $(PIPELINE) train --model digits_lenet --no-progress && $(PIPELINE) export --model digits_lenet; }
-	test -f $(ARTIFACTS)/torchvision_resnet18/export/manifest.json || $(PIPELINE) export --model torchvision:resnet18 --random-init
+	$(PIPELINE) export --model torchvision:resnet18 --random-init --if-missing
 	$(PIPELINE) latency --model digits_lenet --model torchvision:resnet18
 
 BENCH_FLAGS ?=
-# The bench measures the .pt2 too: an export without one is redone with --format all.
+# The bench measures every format: an export missing one is redone with --format all.
 BENCH_MODELS := torchvision:resnet18 digits_lenet my_decision_gate my_cell my_rnn_loop wrap_rnn
 
 # Exports run two at a time (resnet18, the longest, first) and the C++ client
@@ -100,21 +100,21 @@ bench: | $(STAMP)  ## every backend side by side: artifacts/bench/{bench.json,be
 	$(PIPELINE) bench $(BENCH_FLAGS)
 
 # One model for make bench: trained (or, for torchvision, random weights) and
-# exported in every format, unless its export already holds a .pt2.
+# exported in every registered format, unless its export already holds them all.
+# Paths come from the pipeline (`pipeline where`), formats from its registry.
 bench-export: | $(STAMP)
-	@set -e; dir=$(ARTIFACTS)/$(subst :,_,$(BENCH_MODEL)); \
-	grep -qs '"pt2"' $$dir/export/manifest.json && exit 0; \
+	@set -e; ckpt=$$($(PIPELINE) where --model $(BENCH_MODEL) --what checkpoint); \
 	init=; case "$(BENCH_MODEL)" in \
-		torchvision:*) test -f $$dir/checkpoint.pt || init=--random-init ;; \
-		*) test -f $$dir/checkpoint.pt || $(PIPELINE) train --model $(BENCH_MODEL) --no-progress ;; \
+		torchvision:*) test -f $$ckpt || init=--random-init ;; \
+		*) test -f $$ckpt || $(PIPELINE) train --model $(BENCH_MODEL) --no-progress ;; \
 	esac; \
-	$(PIPELINE) export --model $(BENCH_MODEL) --format all $$init
+	$(PIPELINE) export --model $(BENCH_MODEL) --format all --if-missing $$init
 
 LOADTEST_REQUESTS ?= 20000
 LOADTEST_RESNET_REQUESTS ?= 1000
 loadtest: | $(STAMP)  ## load runs on private servers: digits CNN (SIGKILL mid-run) and resnet18, answers checked
 	test -f $(ARTIFACTS)/digits_lenet/export/manifest.json || { $(PIPELINE) train --model digits_lenet --no-progress && $(PIPELINE) export --model digits_lenet; }
-	test -f $(ARTIFACTS)/torchvision_resnet18/export/manifest.json || $(PIPELINE) export --model torchvision:resnet18 --random-init
+	$(PIPELINE) export --model torchvision:resnet18 --random-init --if-missing
 	$(PIPELINE) loadtest --serve --model digits_lenet --requests $(LOADTEST_REQUESTS) --concurrency 32 \
 		--kill-worker-after $$(( $(LOADTEST_REQUESTS) / 2 )) --json $(ARTIFACTS)/loadtest/digits_lenet.json
 	$(PIPELINE) loadtest --serve --model torchvision:resnet18 --requests $(LOADTEST_RESNET_REQUESTS) --concurrency 32 \

@@ -79,7 +79,7 @@ def all_exports(exported: ExportResult, family: dict[str, ExportResult]) -> dict
 @pytest.fixture(scope="session")
 def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The C++ client, built for real once per session under pytest's temp dir."""
-    from pipeline import cpp
+    from pipeline.formats import cpp
 
     return cpp.build(tmp_path_factory.mktemp("cpp_build"))
 

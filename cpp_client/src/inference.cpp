@@ -27,6 +27,10 @@ void Flatten(const c10::IValue& value, Case* out) {
     for (const auto& item : value.toTupleRef().elements()) Flatten(item, out);
   } else if (value.isList()) {
     for (const auto& item : value.toListRef()) Flatten(item, out);
+  } else if (value.isGenericDict()) {
+    // A model returning {"logits": ..., "embedding": ...}: c10::Dict keeps insertion
+    // order, the order the manifest lists the outputs' names in.
+    for (const auto& item : value.toGenericDict()) Flatten(item.value(), out);
   } else {
     throw std::runtime_error(std::string("unsupported model output type ") + value.tagKind());
   }

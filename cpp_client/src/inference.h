@@ -48,7 +48,8 @@ struct LatencyStats {
   double p50_ms = 0, p90_ms = 0, p99_ms = 0, mean_ms = 0, min_ms = 0, max_ms = 0;
 };
 
-// Runs one case; tuple and list outputs are flattened into a list of tensors.
+// Runs one case; tuple, list and dict outputs are flattened into a list of tensors
+// (dicts in insertion order: the manifest's output order).
 // Throws std::runtime_error with the model's own message when the inputs do not fit.
 Case RunCase(Runner& runner, const Case& inputs, const torch::Device& device);
 

@@ -15,6 +15,8 @@ from typing import Any
 import psutil
 import torch
 
+from pipeline_runtime.runners import ort_session_options
+
 FLAGS_OF_INTEREST = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
 
 
@@ -76,8 +78,6 @@ def _ort_matmul_gflops(threads: int, n: int, seconds: float) -> float:
     import numpy as np
     import onnxruntime as ort
     from onnx import TensorProto, helper
-
-    from pipeline.verify.backends import ort_session_options
 
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["a", "b"], ["c"])],

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.bench.inprocess import Cell
-from pipeline.fileio import atomic_write
+from pipeline.core.fileio import atomic_write
 
 
 def _fmt(value: float | None, spec: str = ".1f") -> str:
@@ -120,3 +120,73 @@ def throughput_chart(points: list[dict], path: Path) -> Path:
         ax.legend(fontsize=7)
     fig.tight_layout()
     return _save(fig, path)
+
+
+def _table(title: str, header: list[str], align: str, rows: list[list[str]]) -> str:
+    """A titled Markdown table, or "" for no rows; `align` has one l or r per column."""
+    if not rows:
+        return ""
+    clean = [[" ".join(str(cell).split()).replace("|", "/") for cell in row] for row in rows]
+    lines = [f"#### {title}", "", "| " + " | ".join(header) + " |"]
+    lines.append("|" + "|".join("---:" if a == "r" else "---" for a in align) + "|")
+    lines += ["| " + " | ".join(row) + " |" for row in clean]
+    return "\n".join(lines)
+
+
+def served_markdown(served: list[dict]) -> str:
+    return _table(
+        "Served (TorchServe behind the gateway; one single-threaded worker per core; .npy bodies)",
+        [
+            "model",
+            "backend",
+            "batching",
+            "concurrency",
+            "requests",
+            "failed",
+            "median ms",
+            "p90 ms",
+            "p99 ms",
+            "req/s",
+        ],
+        "lllrrrrrrr",
+        [
+            [s["model"], s["backend"], s["batching"], s["concurrency"], s["requests"], s["failed"]]
+            + [f"{s[k]:.2f}" for k in ("median_ms", "p90_ms", "p99_ms")]
+            + [f"{s['throughput']:.1f}"]
+            for s in served
+        ],
+    )
+
+
+def targets_markdown(targets: list[dict]) -> str:
+    return _table(
+        "Targets",
+        ["target", "reached", "detail", "met"],
+        "lrll",
+        [
+            [t["target"], f"{t['value']:.2f}", t["detail"], "yes" if t["met"] else "no"]
+            for t in targets
+        ],
+    )
+
+
+def skipped_markdown(skipped: list[dict]) -> str:
+    return _table(
+        "Skipped",
+        ["model", "batch", "backend", "why"],
+        "lrll",
+        [[s["model"], s["batch"], s["backend"], s["why"]] for s in skipped],
+    )
+
+
+def fastest_markdown(fastest: dict[str, dict[str, Any] | None]) -> str:
+    return _table(
+        "Fastest verified backend at batch 1 (fastest.json)",
+        ["model", "backend", "format", "median ms"],
+        "lllr",
+        [
+            [model, f["backend"], f["format"], f"{f['median_ms']:.3f}"]
+            for model, f in fastest.items()
+            if f
+        ],
+    )

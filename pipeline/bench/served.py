@@ -20,17 +20,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
+import psutil
 import torch
 
-from pipeline.archive import FORMATS as ARCHIVE_FORMATS
-from pipeline.archive import ArchiveConfig, archive, archive_name
-from pipeline.client import numpy_body, tls_context
-from pipeline.errors import PipelineError
-from pipeline.manifest import read_manifest
-from pipeline.serve import ServeConfig, Server, free_port, start, stop
-from pipeline.verify import load_reference
+from pipeline.core.compare import compare_outputs
+from pipeline.core.errors import PipelineError
+from pipeline.export.opened import open_export
+from pipeline.serving import client
+from pipeline.serving.archive import ArchiveConfig, archive
+from pipeline.serving.torchserve import Server, private_config, start, stop
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +37,6 @@ log = logging.getLogger(__name__)
 # fills the worker's batch path; two per client (64 resnet18 requests at 32
 # clients) took 3 s a level and a minute of `make bench` for no change in p50.
 WARMUP_BUDGET_S = 1.5
-
-
-def served_formats(manifest: dict[str, Any]) -> tuple[str, ...]:
-    """Every archive format this export holds an artifact for (each one is measured)."""
-    return tuple(f for f, (key, *_) in ARCHIVE_FORMATS.items() if key in manifest["artifacts"])
 
 
 @dataclass
@@ -75,29 +69,19 @@ async def _load(
     budget_s: float | None = None,
 ) -> tuple[list[float], int, float]:
     """`requests` requests from `concurrency` clients; no new ones after `budget_s`."""
-    url = f"{server.inference_url}/predictions/{name}"
-    headers = {
-        "Authorization": f"Bearer {server.keys()['inference']}",
-        "Content-Type": "application/octet-stream",
-    }
     latencies: list[float] = []
     failed = 0
     left = requests
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits, verify=tls_context(server)) as c:
+    async with client.AsyncClient(server, concurrency=concurrency, timeout=timeout) as http:
 
         async def lane() -> None:
             nonlocal left, failed
             while left > 0 and (deadline is None or time.perf_counter() < deadline):
                 left -= 1
                 t0 = time.perf_counter()
-                try:
-                    resp = await c.post(url, content=body, headers=headers)
-                    ok = resp.status_code == 200
-                except httpx.HTTPError:
-                    ok = False
+                answer = await http.send(name, body, "application/octet-stream")
                 latencies.append((time.perf_counter() - t0) * 1e3)
-                failed += not ok
+                failed += not answer.ok
 
         start_t = time.perf_counter()
         deadline = start_t + budget_s if budget_s else None
@@ -106,30 +90,31 @@ async def _load(
     return latencies, failed, elapsed
 
 
-def _check_answer(server: Server, name: str, body: bytes, expected: list[torch.Tensor]) -> float:
+def _check_answer(
+    server: Server, name: str, body: bytes, expected: dict[str, torch.Tensor]
+) -> float:
     """The first request after READY: checked against eager; returns its latency (ms).
 
     The client is built before the clock starts (building one costs more than
     a request), so the figure is the server's first-request cost.
     """
-    headers = {
-        "Authorization": f"Bearer {server.keys()['inference']}",
-        "Content-Type": "application/octet-stream",
-    }
-    with httpx.Client(timeout=120, verify=tls_context(server)) as client:
+    with client.Client(server, timeout=120, retries=0) as http:
         t0 = time.perf_counter()
-        resp = client.post(
-            f"{server.inference_url}/predictions/{name}", content=body, headers=headers
-        )
+        answer = http.send(name, body, "application/octet-stream")
         elapsed_ms = (time.perf_counter() - t0) * 1e3
-    if resp.status_code != 200:
-        raise PipelineError(f"{name} answered {resp.status_code}: {resp.text[:300]}")
-    got = [torch.tensor(v) for v in resp.json()["outputs"].values()]
-    for e, g in zip(expected, got, strict=True):
-        if not torch.allclose(g.reshape(e.shape).to(e.dtype), e, atol=1e-3, rtol=1e-3):
-            raise PipelineError(
-                f"{name} answered outside tolerance; not benchmarking a wrong server."
-            )
+    if not answer.ok:
+        raise PipelineError(f"{name}: {answer.problem}")
+    got = answer.response.json()["outputs"]
+    mismatch = compare_outputs(
+        list(expected.values()),
+        [torch.tensor(got[n]).reshape(e.shape).to(e.dtype) for n, e in expected.items()],
+        atol=1e-3,
+        rtol=1e-3,
+    )
+    if mismatch:
+        raise PipelineError(
+            f"{name} answered outside tolerance ({mismatch}); not benchmarking a wrong server."
+        )
     return elapsed_ms
 
 
@@ -147,21 +132,17 @@ def bench_served(
 
     Returns the points and the formats skipped (model, batch, backend, why).
     """
-    manifest = read_manifest(export_dir)
-    formats = served_formats(manifest)
-    entry, eager = load_reference(export_dir, manifest)
-    inputs = entry.sample_inputs(entry.sizes(batch=1), torch.Generator().manual_seed(0))
-    with torch.inference_mode():
-        from pipeline.compare import flatten_outputs
-
-        expected = flatten_outputs(eager(*inputs.values()))
-    body = numpy_body(inputs)  # binary: JSON text would measure number parsing, not serving
+    exported = open_export(export_dir, model=model)
+    formats = tuple(f.key for f in exported.formats())  # every format it holds is measured
+    inputs = exported.sample(1, seed=0)
+    expected = exported.eager(inputs)
+    body = client.numpy_body(inputs)  # binary: JSON text would measure number parsing, not serving
     points: list[ServedPoint] = []
     skipped: list[dict[str, Any]] = []
     for mode in batching:
         with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
             store, run_dir = Path(tmp) / "store", Path(tmp) / "run"
-            archive(
+            mars = archive(
                 ArchiveConfig(
                     model=model,
                     export_dir=export_dir,
@@ -172,15 +153,10 @@ def bench_served(
                     response_timeout_s=int(timeout),
                 )
             )
-            import psutil
-
             server = start(
-                ServeConfig(
-                    store=store,
-                    run_dir=run_dir,
-                    inference_port=free_port(),
-                    management_port=free_port(),
-                    metrics_port=free_port(),
+                private_config(
+                    store,
+                    run_dir,
                     # Each format as `pipeline serve` runs a model served alone (one
                     # single-threaded worker per core); the idle formats cost nothing.
                     workers_per_model=psutil.cpu_count(logical=False) or 1,
@@ -188,12 +164,12 @@ def bench_served(
                 )
             )
             try:
-                names = {fmt: archive_name(model, fmt) for fmt in formats}
+                names = {fmt: mar.stem for fmt, mar in zip(formats, mars, strict=True)}
                 first: dict[str, float] = {}
                 for fmt, name in names.items():
                     try:
                         first[fmt] = _check_answer(server, name, body, expected)
-                    except (PipelineError, httpx.HTTPError) as err:
+                    except (PipelineError, KeyError, ValueError) as err:
                         why = " ".join(str(err).split())[:200]
                         log.warning("%s (batching %s) is left out: %s", name, mode, why)
                         backend = f"torchserve/{fmt} (batching {mode})"

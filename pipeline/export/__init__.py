@@ -2,49 +2,58 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
-import io
 import logging
 import math
 import os
 import shutil
 import tempfile
-import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pipeline import paths
-from pipeline.checkpoint import (
+from pipeline.core import paths
+from pipeline.core.checkpoint import (
     Checkpoint,
     import_state_dict,
     load_checkpoint,
     save_checkpoint,
     sidecar_path,
 )
-from pipeline.compare import DEFAULT_ATOL, DEFAULT_RTOL, flatten_outputs
-from pipeline.errors import CheckpointError, ExportError
-from pipeline.export.onnx_export import DEFAULT_OPSET, OPSET_REASON, to_onnx
-from pipeline.export.pt2_export import Pt2Device, to_pt2
-from pipeline.export.torchscript import METHODS, Method, ScriptResult, to_torchscript
-from pipeline.fileio import sha256_file, write_json
-from pipeline.manifest import MANIFEST_FORMAT, MANIFEST_NAME, tool_versions
+from pipeline.core.compare import DEFAULT_ATOL, DEFAULT_RTOL
+from pipeline.core.errors import CheckpointError, ExportError
+from pipeline.core.fileio import atomic_write, sha256_file
+from pipeline.core.manifest import (
+    MANIFEST_NAME,
+    ArtifactRecord,
+    CheckpointRef,
+    Manifest,
+    ModelRecord,
+    Serving,
+    TensorRecord,
+    Tolerance,
+    tool_versions,
+)
+from pipeline.export.staging import save_tensors, swap_in
+from pipeline.formats import base as registry
+from pipeline.formats.onnx import DEFAULT_OPSET
+from pipeline.formats.pt2 import Pt2Device
+from pipeline.formats.torchscript import METHODS, Method
 from pipeline.zoo import DEFAULT_MODEL, resolve_entry
 from pipeline.zoo.spec import Inputs, TensorSpec, ZooEntry, dtype_name
+from pipeline_runtime.outputs import flatten_outputs, output_keys
 
 log = logging.getLogger(__name__)
 
-TORCHSCRIPT_FILE = "model.torchscript.pt"
-ONNX_FILE = "model.onnx"
-PT2_FILE = "model.pt2"
-# The formats `pipeline export --format` offers; "all" means every one.
-FORMATS: tuple[str, ...] = ("torchscript", "onnx", "pt2")
-# Exported unless --format says otherwise: .pt2 is opt-in because
-# AOTInductor compiles C++ for each model (tens of seconds on a small CPU).
-DEFAULT_FORMATS: tuple[str, ...] = ("torchscript", "onnx")
+# The formats `pipeline export --format` offers ("all" means every one) and the
+# ones written without --format: both from the registry (pipeline/formats/).
+FORMATS: tuple[str, ...] = registry.keys()
+DEFAULT_FORMATS: tuple[str, ...] = registry.default_keys()
 GOLDEN_FILE = "golden.pt"
+GOLDEN_KEY, PROBES_KEY = "golden", "probes"  # their manifest keys
 PROBES_FILE = "probes.pt"
 EXPORT_SEED = 1234  # seeds the random example/golden inputs of models without data
 
@@ -74,6 +83,40 @@ class ExportConfig:
     random_init: bool = False  # seeded random initialisation
     seed: int = 0
 
+    @classmethod
+    def from_args(
+        cls, args: argparse.Namespace, *, inputs: list | None = None, outputs: list | None = None
+    ) -> ExportConfig:
+        """The config `pipeline export` ARGS describe (inputs/outputs parsed by the CLI)."""
+        from pipeline.zoo.user import parse_kwargs
+
+        chosen = args.format or ()
+        if not chosen:
+            formats = DEFAULT_FORMATS
+        elif "all" in chosen:
+            formats = FORMATS
+        else:
+            formats = tuple(dict.fromkeys(chosen))  # in the order given, once each
+        return cls(
+            model=args.model,
+            model_kwargs=parse_kwargs(args.model_kwargs),
+            inputs=inputs,
+            outputs=outputs,
+            probes_file=args.probes,
+            weights=args.weights,
+            random_init=args.random_init,
+            seed=args.seed,
+            checkpoint=args.checkpoint or paths.checkpoint_path(args.model, args.artifacts_dir),
+            out_dir=args.out_dir or paths.export_dir(args.model, args.artifacts_dir),
+            formats=formats,
+            pt2_device=args.pt2_device,
+            method=args.method,
+            allow_unsafe_trace=args.allow_unsafe_trace,
+            opset=args.opset,
+            atol=args.atol,
+            rtol=args.rtol,
+        )
+
     def validate(self) -> None:
         unknown = [f for f in self.formats if f not in FORMATS]
         if unknown or not self.formats:
@@ -98,29 +141,7 @@ class ExportConfig:
 @dataclass(frozen=True)
 class ExportResult:
     out_dir: Path
-    manifest: dict[str, Any]
-
-
-def _plain(value: Any) -> Any:
-    """Fresh, detached copies of every tensor in `value`.
-
-    A tensor that picked up Python attributes on its way through the model is
-    pickled with its `__dict__` (a `set` among them), which LibTorch's
-    `torch::pickle_load` cannot read; a clone carries only the data.
-    """
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone().contiguous()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_plain(v) for v in value)
-    return value
-
-
-def _save_tensors(target: Path, payload: dict[str, Any]) -> None:
-    buffer = io.BytesIO()  # in memory first: see checkpoint.state_dict_bytes
-    torch.save(_plain(payload), buffer)
-    target.write_bytes(buffer.getvalue())
+    manifest: Manifest
 
 
 def _output_shapes(entry: ZooEntry, outputs: list[torch.Tensor], batch: int) -> dict[str, tuple]:
@@ -135,29 +156,18 @@ def _output_shapes(entry: ZooEntry, outputs: list[torch.Tensor], batch: int) -> 
     }
 
 
-def _swap_in(staging: Path, out_dir: Path) -> None:
-    """Replace `out_dir` with `staging` so readers see the old export or the new one."""
-    old = None
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-        out_dir.rename(old)
-    try:
-        staging.rename(out_dir)
-    except BaseException:
-        # An error or Ctrl-C between the two renames left no export at all (the old
-        # one set aside under a hidden name, the new one deleted by the caller's
-        # cleanup): put the old one back. (A SIGKILL here still needs two renames.)
-        if old is not None:
-            old.rename(out_dir)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+def _output_names(outputs: Any, count: int) -> tuple[str, ...]:
+    """A dict output's keys (`{"logits": ..}` → logits), else output_0, output_1, ..."""
+    keys = output_keys(outputs)
+    if all(keys) and len(set(keys)) == len(keys):
+        return tuple(keys)
+    return tuple(f"output_{i}" for i in range(count))
 
 
-def _model_file(name: str) -> dict[str, str]:
+def _model_file(name: str) -> str | None:
     """The absolute path of a `file.py:Class` model, so verify works from any directory."""
     where = name.rpartition(":")[0]
-    return {"file": str(Path(where).resolve())} if where.endswith(".py") else {}
+    return str(Path(where).resolve()) if where.endswith(".py") else None
 
 
 def _checkpoint_for(entry: ZooEntry, ckpt_path: Path, config: ExportConfig) -> Checkpoint:
@@ -190,82 +200,28 @@ def _write_artifacts(
     probes: list[tuple[str, Inputs]],
     output_shapes: dict[str, tuple],
     staging: Path,
-) -> dict[str, dict[str, Any]]:
-    """Write the requested formats into `staging`; their manifest records."""
-    records: dict[str, dict[str, Any]] = {}
-    ts_cache: list[ScriptResult] = []
-
-    def scripted() -> tuple[torch.jit.ScriptModule, str]:
-        # TorchScript is made when asked for, or when ONNX falls back to the
-        # TorchScript-based exporter; never twice.
-        if not ts_cache:
-            log.info("TorchScript (%s)…", config.method)
-            ts_cache.append(
-                to_torchscript(
-                    model,
-                    golden_inputs,
-                    probes,
-                    method=config.method,
-                    allow_unsafe_trace=config.allow_unsafe_trace,
-                    atol=config.atol,
-                    rtol=config.rtol,
-                    # A train-mode export is wrong on purpose (see ExportConfig.train_mode).
-                    check=not config.train_mode,
-                )
-            )
-        return ts_cache[0].module, ts_cache[0].method
-
-    if "torchscript" in config.formats:
-        scripted()
-        ts = ts_cache[0]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # jit deprecation: see DESIGN.md
-            torch.jit.save(ts.module, str(staging / TORCHSCRIPT_FILE))
-        records["torchscript"] = {
-            "file": TORCHSCRIPT_FILE,
-            "format": "torchscript",
-            "method": ts.method,
-            "reason": ts.reason,
-            "sha256": sha256_file(staging / TORCHSCRIPT_FILE),
-        }
-    if "onnx" in config.formats:
-        log.info("ONNX (opset %d)…", config.opset)
-        onnx_result = to_onnx(
-            model, scripted, golden_inputs, entry, staging / ONNX_FILE, output_shapes, config.opset
-        )
-        records["onnx"] = {
-            "file": ONNX_FILE,
-            "format": "onnx",
-            "exporter": onnx_result.exporter,
-            "reason": onnx_result.reason,
-            "opset": onnx_result.opset,
-            "opset_reason": OPSET_REASON if config.opset == DEFAULT_OPSET else "set by --opset",
-            "sha256": sha256_file(staging / ONNX_FILE),
-        }
-    if "pt2" in config.formats:
-        log.info(".pt2 (torch.export + AOTInductor, %s)…", config.pt2_device)
-        pt2 = to_pt2(
-            model,
-            golden_inputs,
-            probes,
-            entry,
-            staging / PT2_FILE,
-            device=config.pt2_device,
-            atol=config.atol,
-            rtol=config.rtol,
-            check=not config.train_mode,  # wrong on purpose: see ExportConfig.train_mode
-        )
-        model.to("cpu")
-        records["pt2"] = {
-            "file": PT2_FILE,
-            "format": "pt2",
-            "method": pt2.method,
-            "reason": pt2.reason,
-            "device": pt2.device,
-            "compile_seconds": round(pt2.compile_seconds, 1),
-            "sha256": sha256_file(staging / PT2_FILE),
-        }
-    return records
+) -> dict[str, ArtifactRecord]:
+    """Each requested format's exporter, in registry order, writing into `staging`."""
+    ctx = registry.ExportContext(
+        entry=entry,
+        golden=golden_inputs,
+        probes=probes,
+        output_shapes=output_shapes,
+        out_dir=staging,
+        method=config.method,
+        allow_unsafe_trace=config.allow_unsafe_trace,
+        opset=config.opset,
+        pt2_device=config.pt2_device,
+        atol=config.atol,
+        rtol=config.rtol,
+        # A train-mode export is wrong on purpose (see ExportConfig.train_mode).
+        check=not config.train_mode,
+    )
+    return {
+        fmt.key: fmt.export(model, ctx)
+        for fmt in registry.all_formats()
+        if fmt.key in config.formats
+    }
 
 
 def export(config: ExportConfig) -> ExportResult:
@@ -333,7 +289,8 @@ def _export(
         entry.check_inputs(probe)
     try:
         with torch.no_grad():
-            golden_outputs = flatten_outputs(model(*golden_inputs.values()))
+            raw_outputs = model(*golden_inputs.values())
+            golden_outputs = flatten_outputs(raw_outputs)
     except Exception as err:  # noqa: BLE001 - the user's forward rejected the declared inputs
         shapes = {
             k: f"{tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}"
@@ -344,8 +301,8 @@ def _export(
             f"{type(err).__name__}: {' '.join(str(err).split())[:300]}. Check --input/--input-spec "
             "(names in forward() order, shapes, dtypes, value ranges)."
         ) from None
-    if not entry.outputs:  # a user model without output names: number them
-        entry = replace(entry, outputs=tuple(f"output_{i}" for i in range(len(golden_outputs))))
+    if not entry.outputs:  # a user model without output names: its dict's keys, else numbers
+        entry = replace(entry, outputs=_output_names(raw_outputs, len(golden_outputs)))
     batch = next(iter(golden_inputs.values())).shape[0]
     output_shapes = _output_shapes(entry, golden_outputs, batch)
 
@@ -356,59 +313,57 @@ def _export(
         artifacts = _write_artifacts(
             config, model, entry, golden_inputs, probes, output_shapes, staging
         )
-        _save_tensors(
+        save_tensors(
             staging / GOLDEN_FILE,
             {
                 "inputs": golden_inputs,
                 "outputs": dict(zip(entry.outputs, golden_outputs, strict=True)),
             },
         )
-        _save_tensors(staging / PROBES_FILE, {"probes": [[label, p] for label, p in probes]})
-        manifest = {
-            "format": MANIFEST_FORMAT,
-            "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "model": {
-                "name": entry.name,
-                "kwargs": checkpoint.model_kwargs,
-                "task": entry.task,
-                "source": entry.source,
-                **_model_file(entry.name),
-                "init": checkpoint.meta.get("init", "trained"),
-            },
-            "mode": "train" if config.train_mode else "eval",
-            "checkpoint": {
-                "path": os.path.relpath(ckpt_path.resolve(), out_dir.resolve()),
-                "sha256": checkpoint.meta["weights_sha256"],
-                "metrics": {
+        save_tensors(staging / PROBES_FILE, {"probes": [[label, p] for label, p in probes]})
+        artifacts[PROBES_KEY] = ArtifactRecord(
+            PROBES_FILE,
+            "torch.save (weights_only)",
+            sha256_file(staging / PROBES_FILE),
+            details={"count": len(probes)},
+        )
+        artifacts[GOLDEN_KEY] = ArtifactRecord(
+            GOLDEN_FILE,
+            "torch.save (weights_only)",
+            sha256_file(staging / GOLDEN_FILE),
+            details={"batch": batch},
+        )
+        manifest = Manifest(
+            created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            model=ModelRecord(
+                name=entry.name,
+                kwargs=checkpoint.model_kwargs,
+                task=entry.task,
+                source=entry.source,
+                file=_model_file(entry.name),
+                init=checkpoint.meta.get("init", "trained"),
+            ),
+            mode="train" if config.train_mode else "eval",
+            checkpoint=CheckpointRef(
+                path=os.path.relpath(ckpt_path.resolve(), out_dir.resolve()),
+                sha256=checkpoint.meta["weights_sha256"],
+                metrics={
                     k: v for k, v in checkpoint.meta.get("metrics", {}).items() if k != "history"
                 },
-            },
-            "inputs": [s.to_json() for s in entry.inputs],
-            "outputs": [
-                {"name": n, "shape": list(output_shapes[n]), "dtype": dtype_name(t.dtype)}
+            ),
+            inputs=tuple(s.record() for s in entry.inputs),
+            outputs=tuple(
+                TensorRecord(n, output_shapes[n], dtype_name(t.dtype))
                 for n, t in zip(entry.outputs, golden_outputs, strict=True)
-            ],
-            "tolerance": {"atol": config.atol, "rtol": config.rtol},
-            "serving": dict(entry.serving),
-            "artifacts": {
-                **artifacts,
-                "probes": {
-                    "file": PROBES_FILE,
-                    "format": "torch.save (weights_only)",
-                    "count": len(probes),
-                    "sha256": sha256_file(staging / PROBES_FILE),
-                },
-                "golden": {
-                    "file": GOLDEN_FILE,
-                    "format": "torch.save (weights_only)",
-                    "batch": batch,
-                    "sha256": sha256_file(staging / GOLDEN_FILE),
-                },
-            },
-            "versions": tool_versions(),
-        }
-        write_json(staging / MANIFEST_NAME, manifest)
-        _swap_in(staging, out_dir)
+            ),
+            tolerance=Tolerance(config.atol, config.rtol),
+            serving=Serving.from_json(entry.serving),
+            artifacts=artifacts,
+            versions=tool_versions(),
+        )
+        manifest.validate()
+        atomic_write(staging / MANIFEST_NAME, lambda tmp: tmp.write_text(manifest.dumps()))
+        swap_in(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return ExportResult(out_dir=out_dir, manifest=manifest)

@@ -2,39 +2,36 @@
 
 from __future__ import annotations
 
-import contextlib
+import argparse
 import datetime as dt
 import logging
 import math
-import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from pipeline import paths
-from pipeline.checkpoint import load_checkpoint
-from pipeline.compare import compare_tensor
-from pipeline.errors import ArtifactError, PipelineError
-from pipeline.fileio import write_json
-from pipeline.manifest import artifact_path, read_manifest
+from pipeline.core import paths
+from pipeline.core.compare import compare_tensor
+from pipeline.core.errors import PipelineError
+from pipeline.core.fileio import write_json
+from pipeline.export.opened import ExportedModel, open_export
 from pipeline.verify.backends import (
-    BACKENDS,
+    CPP,
+    SERVED,
     Backend,
-    EagerBackend,
+    backend_names,
     load_backends,
     local_backends,
-    served_backends,
 )
 from pipeline.verify.report import ParityReport, Row
-from pipeline.zoo import DEFAULT_MODEL, get_entry
-from pipeline.zoo.spec import Inputs, ZooEntry
-from pipeline.zoo.user import entry_from_manifest
+from pipeline.zoo import DEFAULT_MODEL
+from pipeline.zoo.spec import Inputs
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BACKENDS", "ParityReport", "VerifyConfig", "verify"]
+__all__ = ["ParityReport", "VerifyConfig", "backend_names", "verify"]
 
 
 @dataclass
@@ -42,10 +39,10 @@ class VerifyConfig:
     model: str = DEFAULT_MODEL
     export_dir: Path | None = None  # default: artifacts/<model>/export
     checkpoint: Path | None = None  # default: the one recorded in the manifest
-    # None: the local backends, plus TorchServe when a server from run_dir is
-    # running and serves this model.
+    # None: the in-process backend of every format the export holds. Served
+    # backends ("torchserve") are built by the caller and passed to verify().
     backends: tuple[str, ...] | None = None
-    run_dir: Path | None = None  # where `pipeline serve` recorded its server
+    with_cpp: bool = False  # with the default backends: the C++ client too, on every format it runs
     cpp_binary: Path | None = None  # default: cpp_client/build/run_torchscript, built if needed
     atol: float | None = None  # default: the manifest's tolerance
     rtol: float | None = None
@@ -53,11 +50,28 @@ class VerifyConfig:
     seed: int = 0
     report: Path | None = None  # default: artifacts/<model>/parity.json
 
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> VerifyConfig:
+        """The config `pipeline verify` ARGS describe."""
+        return cls(
+            model=args.model,
+            export_dir=args.export_dir or paths.export_dir(args.model, args.artifacts_dir),
+            checkpoint=args.checkpoint,
+            backends=tuple(args.backend) if args.backend else None,
+            with_cpp=args.with_cpp,
+            atol=args.atol,
+            rtol=args.rtol,
+            batch_sizes=tuple(args.batch_sizes),
+            seed=args.seed,
+            report=args.report or paths.report_path(args.model, args.artifacts_dir),
+        )
+
     def validate(self) -> None:
-        unknown = [b for b in self.backends or () if b not in BACKENDS]
+        known = backend_names()
+        unknown = [b for b in self.backends or () if b not in known]
         if unknown:
             raise PipelineError(
-                f"Unknown backend(s) {', '.join(unknown)}; choose from {', '.join(BACKENDS)}."
+                f"Unknown backend(s) {', '.join(unknown)}; choose from {', '.join(known)}."
             )
         if any(b < 1 for b in self.batch_sizes):
             raise PipelineError("--batch-sizes must all be at least 1.")
@@ -67,16 +81,8 @@ class VerifyConfig:
                 raise PipelineError(f"--{name} must be finite and non-negative, got {value}.")
 
 
-def _load_tensors(export_dir: Path, manifest: dict[str, Any], key: str) -> Any:
-    path = artifact_path(export_dir, manifest, key)
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - report any unreadable file the same way
-        raise ArtifactError(f"{path} cannot be read ({err}); re-run `pipeline export`.") from None
-
-
 def _cases(
-    entry: ZooEntry, export_dir: Path, manifest: dict[str, Any], config: VerifyConfig
+    exported: ExportedModel, config: VerifyConfig
 ) -> list[tuple[str, Inputs, dict[str, torch.Tensor] | None]]:
     """(label, inputs, stored golden outputs or None) for every input set.
 
@@ -84,13 +90,12 @@ def _cases(
     C++ client included, sees the same tensors); fresh random batches are
     drawn here from the input spec.
     """
-    golden = _load_tensors(export_dir, manifest, "golden")
+    entry = exported.entry
+    golden_inputs, golden_outputs = exported.golden()
     cases: list[tuple[str, Inputs, dict[str, torch.Tensor] | None]] = [
-        ("golden", dict(golden["inputs"]), dict(golden["outputs"]))
+        ("golden", golden_inputs, golden_outputs)
     ]
-    if "probes" in manifest["artifacts"]:
-        stored = _load_tensors(export_dir, manifest, "probes")["probes"]
-        cases += [(f"probe {label}", dict(inputs), None) for label, inputs in stored]
+    cases += [(f"probe {label}", inputs, None) for label, inputs in exported.probes()]
     fresh_gen = torch.Generator().manual_seed(config.seed)
     for batch in config.batch_sizes:
         cases.append(
@@ -107,65 +112,37 @@ def _cases(
     return cases
 
 
-def load_reference(
-    export_dir: Path, manifest: dict[str, Any], checkpoint: Path | None = None
-) -> tuple[ZooEntry, torch.nn.Module]:
-    """The zoo entry and the eager model holding the checkpoint this export came from."""
-    entry = (
-        entry_from_manifest(manifest)
-        if manifest["model"].get("source", "zoo") != "zoo"
-        else get_entry(manifest["model"]["name"])
-    )
-    ckpt_path = Path(checkpoint) if checkpoint else (export_dir / manifest["checkpoint"]["path"])
-    loaded = load_checkpoint(ckpt_path)
-    if loaded.meta["weights_sha256"] != manifest["checkpoint"]["sha256"]:
-        raise ArtifactError(
-            f"Checkpoint {ckpt_path} is not the one {export_dir} was exported from (sha256 "
-            f"{loaded.meta['weights_sha256'][:12]}… vs {manifest['checkpoint']['sha256'][:12]}…). "
-            "Re-run `pipeline export` for this checkpoint."
-        )
-    model = entry.build(**loaded.model_kwargs)
-    model.load_state_dict(loaded.state_dict)
-    return entry, model.eval()
-
-
-def verify(config: VerifyConfig) -> ParityReport:
+def verify(config: VerifyConfig, served: Sequence[Backend] = ()) -> ParityReport:
     """Compare every backend with eager on every case; write the JSON report.
 
-    Returns the report; the caller decides what a failure does (the CLI exits 1).
+    `served`: backends of a running server (`pipeline.serving.parity`), checked
+    like the in-process ones. Returns the report; the caller decides what a
+    failure does (the CLI exits 1).
     """
     config.validate()
     export_dir = Path(config.export_dir) if config.export_dir else paths.export_dir(config.model)
-    manifest = read_manifest(export_dir)
-    if manifest["model"]["name"] != config.model:
-        raise ArtifactError(
-            f"{export_dir} holds an export of {manifest['model']['name']!r}, not {config.model!r}. "
-            f"Pass --model {manifest['model']['name']!r} or another --export-dir."
+    exported = open_export(export_dir, model=config.model, checkpoint=config.checkpoint)
+    manifest = exported.manifest
+    atol = config.atol if config.atol is not None else manifest.tolerance.atol
+    rtol = config.rtol if config.rtol is not None else manifest.tolerance.rtol
+    entry = exported.entry
+    if SERVED in (config.backends or ()) and not served:
+        raise PipelineError(
+            "--backend torchserve needs a running server that serves this model: start one "
+            "with `pipeline serve`."
         )
-    atol = config.atol if config.atol is not None else float(manifest["tolerance"]["atol"])
-    rtol = config.rtol if config.rtol is not None else float(manifest["tolerance"]["rtol"])
-    entry, model = load_reference(export_dir, manifest, config.checkpoint)
-    eager = EagerBackend(model)
+    wanted = config.backends or (*local_backends(exported), *((CPP,) if config.with_cpp else ()))
+    backends: list[Backend] = [
+        backend
+        for name in wanted
+        if name != SERVED
+        for backend in load_backends(name, exported, config.cpp_binary)
+    ]
+    backends += served
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        wanted = config.backends or local_backends(manifest)
-        backends: list[Backend] = [
-            backend
-            for name in wanted
-            if name != "torchserve"
-            for backend in load_backends(name, export_dir, manifest, config.cpp_binary)
-        ]
-    if "torchserve" in (config.backends or ()):
-        backends += served_backends(config.model, manifest, config.run_dir)
-    elif config.backends is None:
-        # No server running for this model: verify the local backends only.
-        with contextlib.suppress(PipelineError):
-            backends += served_backends(config.model, manifest, config.run_dir)
-
-    output_names = [o["name"] for o in manifest["outputs"]]
+    output_names = manifest.output_names
     rows: list[Row] = []
-    cases = _cases(entry, export_dir, manifest, config)
+    cases = _cases(exported, config)
     for backend in backends:
         prepare = getattr(backend, "prepare", None)
         if prepare is not None:  # backends that run every case in one go (the C++ client)
@@ -176,7 +153,7 @@ def verify(config: VerifyConfig) -> ParityReport:
     for label, inputs, stored in cases:
         entry.check_inputs(inputs)
         try:
-            expected = eager.run(inputs)
+            expected = list(exported.eager(inputs).values())
         except Exception as err:  # noqa: BLE001 - the reference itself cannot run these inputs
             raise PipelineError(
                 f"Eager {entry.name!r} fails on the {label!r} inputs, so there is no reference to "
@@ -226,9 +203,11 @@ def verify(config: VerifyConfig) -> ParityReport:
         tolerance={"atol": atol, "rtol": rtol},
         artifacts={
             k: {
-                kk: v.get(kk) for kk in ("file", "method", "exporter", "opset", "reason") if kk in v
+                kk: v
+                for kk, v in a.to_json().items()
+                if kk in ("file", "method", "exporter", "opset", "reason")
             }
-            for k, v in manifest["artifacts"].items()
+            for k, a in manifest.artifacts.items()
         },
         rows=rows,
     )

@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.compare import Comparison
+from pipeline.core.compare import Comparison
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline.data import DIGITS_CLASSES, DIGITS_SIZE, digits_sample
-from pipeline.errors import InputSpecError, UnknownModelError
+from pipeline.core.errors import InputSpecError, UnknownModelError
+from pipeline.core.paths import is_external
 from pipeline.zoo import rnn
+from pipeline.zoo.data import DIGITS_CLASSES, DIGITS_SIZE, digits_sample
 from pipeline.zoo.lenet import DigitsLeNet, DigitsMLP
 from pipeline.zoo.spec import Inputs, TensorSpec, ZooEntry
-from pipeline.zoo.user import _file_probes, external_entry, is_external
+from pipeline.zoo.user import _file_probes, external_entry
 
 __all__ = [
     "DEFAULT_MODEL",

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline.errors import InputSpecError
+from pipeline.core.errors import InputSpecError
+from pipeline_runtime.manifest import TensorRecord
 
 # One set of named input tensors, in the order the model's forward takes them.
 Inputs = dict[str, torch.Tensor]
@@ -50,7 +51,10 @@ class TensorSpec:
     name: str
     shape: tuple[int | str, ...]
     dtype: torch.dtype = torch.float32
-    low: float = 0.0  # range of the random values `sample` draws
+    # The range random values are drawn from, as torch.rand/torch.randint draw
+    # them: floats uniform in [low, high), integers low..high-1 (high exclusive,
+    # so an embedding of 50 words is declared 0:50).
+    low: float = 0.0
     high: float = 1.0
 
     def dynamic_axes(self) -> dict[int, str]:
@@ -69,7 +73,7 @@ class TensorSpec:
         if self.dtype.is_floating_point:
             x = torch.rand(shape, generator=generator, dtype=torch.float32)
             return (self.low + (self.high - self.low) * x).to(self.dtype)
-        return torch.randint(int(self.low), int(self.high) + 1, shape, generator=generator).to(
+        return torch.randint(int(self.low), int(self.high), shape, generator=generator).to(
             self.dtype
         )
 
@@ -90,14 +94,12 @@ class TensorSpec:
     def describe_shape(self) -> str:
         return "(" + ", ".join(str(d) for d in self.shape) + ")"
 
+    def record(self) -> TensorRecord:
+        """This input as the manifest records it."""
+        return TensorRecord(self.name, self.shape, dtype_name(self.dtype), self.low, self.high)
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "shape": list(self.shape),
-            "dtype": dtype_name(self.dtype),
-            "low": self.low,
-            "high": self.high,
-        }
+        return self.record().to_json()
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ class ZooEntry:
     builder: Callable[..., nn.Module]
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[str, ...]
-    task: str | None  # key into pipeline.tasks; None: nothing to train
+    task: str | None  # key into pipeline.train.tasks; None: nothing to train
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     # Sizes of the dynamic axes for golden and random inputs.
     default_sizes: Mapping[str, int] = field(default_factory=lambda: {"batch": 4})

@@ -32,39 +32,28 @@ import torch
 import yaml
 from torch import nn
 
-from pipeline.errors import InputSpecError, UnknownModelError
+from pipeline.core.errors import InputSpecError, UnknownModelError
+from pipeline.core.paths import model_slug
 from pipeline.zoo.spec import Inputs, TensorSpec, ZooEntry, parse_dtype
+from pipeline_runtime.manifest import Manifest
 
 TORCHVISION_PREFIX = "torchvision:"
 TORCHVISION_INPUT = TensorSpec("image", ("batch", 3, 224, 224), low=-2.0, high=2.0)
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def is_external(name: str) -> bool:
-    """True for `module:Class`, `file.py:Class` and `torchvision:NAME` specs."""
-    return ":" in name
-
-
-def model_slug(name: str) -> str:
-    """A directory name for a model spec: 'torchvision:resnet18' → 'torchvision_resnet18'."""
-    if not is_external(name):
-        return name
-    where, _, cls = name.rpartition(":")
-    stem = Path(where).stem if where.endswith(".py") else where
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{stem}_{cls}").strip("_")
-
-
 def parse_input(text: str) -> TensorSpec:
     """'image:float32:batch,3,32,32[:LOW:HIGH]' → TensorSpec.
 
     Names in the shape are dynamic axes; LOW:HIGH is the range random inputs
-    are drawn from (default -1:1 for floats, 0:9 for integers, 0:1 for bool).
+    are drawn from, high exclusive as in torch.randint (default -1:1 for
+    floats, 0:10 for integers, i.e. 0..9, and 0:2 for bool).
     """
     parts = text.split(":")
     if len(parts) not in (3, 5) or not all(parts):
         raise InputSpecError(
             f"Bad --input {text!r}: expected NAME:DTYPE:SHAPE[:LOW:HIGH], for example "
-            "'image:float32:batch,3,32,32' or 'tokens:int64:batch,seq:0:999' (a name in SHAPE "
+            "'image:float32:batch,3,32,32' or 'tokens:int64:batch,seq:0:1000' (a name in SHAPE "
             "marks a dynamic axis)."
         )
     name, dtype, shape = parts[:3]
@@ -74,10 +63,10 @@ def parse_input(text: str) -> TensorSpec:
 
 def _default_range(dtype: torch.dtype) -> tuple[float, float]:
     if dtype == torch.bool:
-        return 0.0, 1.0
+        return 0.0, 2.0  # high exclusive: False and True
     if dtype.is_floating_point:
         return -1.0, 1.0
-    return 0.0, 9.0  # integer inputs are often indices: never negative by default
+    return 0.0, 10.0  # integer inputs are often indices: 0..9, never negative by default
 
 
 def _number(value: Any, what: str, source: str) -> float:
@@ -121,6 +110,11 @@ def _spec(
     hi = default_high if high is None else _number(high, "high", source)
     if lo > hi:
         raise InputSpecError(f"{source}: low ({lo}) must not exceed high ({hi}).")
+    if not torch_dtype.is_floating_point and int(hi) <= int(lo):
+        raise InputSpecError(
+            f"{source}: integer range {lo:g}:{hi:g} is empty; high is exclusive (as in "
+            f"torch.randint), so {int(lo)}:{int(lo) + 1} draws only {int(lo)}."
+        )
     return TensorSpec(name, tuple(dims), torch_dtype, low=lo, high=hi)
 
 
@@ -335,27 +329,19 @@ def external_entry(
     )
 
 
-def entry_from_manifest(manifest: Mapping[str, Any]) -> ZooEntry:
+def entry_from_manifest(manifest: Manifest) -> ZooEntry:
     """Rebuild an external model's entry from what export recorded."""
-    model = manifest["model"]
-    name = str(model["name"])
-    where, _, cls = name.rpartition(":")
-    if where.endswith(".py") and not Path(where).is_file() and model.get("file"):
+    model = manifest.model
+    where, _, cls = model.name.rpartition(":")
+    name = model.name
+    if where.endswith(".py") and not Path(where).is_file() and model.file:
         # Exported from another working directory: use the absolute path recorded then.
-        entry = entry_from_manifest(
-            {**manifest, "model": {**model, "name": f"{model['file']}:{cls}"}}
-        )
-        return replace(entry, name=name)
+        name = f"{model.file}:{cls}"
     specs = [
-        _spec(i["name"], i["dtype"], i["shape"], "manifest", i.get("low"), i.get("high"))
-        for i in manifest["inputs"]
+        _spec(i.name, i.dtype, list(i.shape), "manifest", i.low, i.high) for i in manifest.inputs
     ]
-    return external_entry(
-        name,
-        kwargs=model.get("kwargs", {}),
-        inputs=specs,
-        outputs=[o["name"] for o in manifest["outputs"]],
-    )
+    entry = external_entry(name, kwargs=model.kwargs, inputs=specs, outputs=manifest.output_names)
+    return replace(entry, name=model.name)
 
 
 def parse_kwargs(text: str | None) -> dict[str, Any]:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.checkpoint import sidecar_path
-from pipeline.fileio import sha256_file
+from pipeline.core.checkpoint import sidecar_path
+from pipeline.core.fileio import sha256_file
 from pipeline.train import TrainResult
 from tests.conftest import run_cli
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import pipeline.export as export_stage
+import pipeline.formats.onnx as onnx_format
 from pipeline.export import ExportConfig, ExportResult, export
 from pipeline.train import TrainResult
 from pipeline.verify import VerifyConfig, verify
@@ -38,7 +38,7 @@ def test_an_interrupted_export_keeps_the_previous_one(
         raise interruption("interrupted while writing the ONNX file")
 
     # After TorchScript was written to the staging folder, before ONNX: mid-export.
-    monkeypatch.setattr(export_stage, "to_onnx", interrupted)
+    monkeypatch.setattr(onnx_format, "to_onnx", interrupted)
     with pytest.raises(interruption):
         export(ExportConfig(checkpoint=trained.checkpoint.path, out_dir=out_dir))
     assert _digests(out_dir) == before  # every previous file, byte for byte

@@ -7,24 +7,29 @@ import shutil
 from pathlib import Path
 
 from pipeline.bench import BenchConfig, run_bench
-from pipeline.checkpoint import sidecar_path
+from pipeline.core.checkpoint import sidecar_path
+from pipeline.core.manifest import read_manifest
 from pipeline.export import ExportResult
-from pipeline.manifest import read_manifest
 
 
 def test_quick_bench_writes_json_table_charts_and_the_fastest_backend(
     exported: ExportResult, tmp_path: Path
 ) -> None:
-    # A copy (bench records the fastest backend in the manifest), with its checkpoint
-    # where the manifest's relative path points.
+    # A copy (the session's export stays pristine whatever bench does), with its
+    # checkpoint where the manifest's relative path points.
     export_dir = tmp_path / "copy" / "digits_lenet" / "export"
     shutil.copytree(exported.out_dir, export_dir)
-    relative = read_manifest(export_dir)["checkpoint"]["path"]
+    relative = read_manifest(export_dir).checkpoint.path
     source = exported.out_dir / relative
     target = (export_dir / relative).resolve()
     target.parent.mkdir(parents=True)
     shutil.copy2(source, target)
     shutil.copy2(sidecar_path(source), sidecar_path(target))
+    manifest_before = (export_dir / "manifest.json").read_bytes()
+    # An earlier run's entry for another model: bench merges, it does not overwrite.
+    other = {"backend": "pt2", "format": "pt2", "median_ms": 1.0, "batch": 1}
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "fastest.json").write_text(json.dumps({"my_cell": other}))
     result = run_bench(
         BenchConfig.quick(out_dir=tmp_path / "bench", export_dirs={"digits_lenet": export_dir})
     )
@@ -45,9 +50,21 @@ def test_quick_bench_writes_json_table_charts_and_the_fastest_backend(
     } | (twins if data["threads"] > 1 else set())
     assert sum(data["phase_seconds"].values()) <= data["duration_s"] + 0.5
 
-    assert "pt2" in read_manifest(export_dir)["artifacts"]  # `exported` writes every format
+    assert "pt2" in read_manifest(export_dir).artifacts  # `exported` writes every format
     backends = {c["backend"] for c in data["cells"]}
     assert {"eager", "torchscript", "onnxruntime", "pt2"} <= backends
+    # Each backend names the registry format that serving it would archive.
+    formats = {c["backend"]: c["format"] for c in data["cells"]}
+    assert (
+        formats.items()
+        >= {
+            "eager": "torchscript",
+            "torchscript": "torchscript",
+            "torchscript_frozen": "torchscript",
+            "onnxruntime": "onnx",
+            "pt2": "pt2",
+        }.items()
+    )
     for cell in data["cells"]:
         assert cell["runs"] >= 5 and cell["settings"]["rounds"] >= 1
         assert 0 < cell["median_ms"] <= cell["p90_ms"] <= cell["p99_ms"]
@@ -75,7 +92,18 @@ def test_quick_bench_writes_json_table_charts_and_the_fastest_backend(
         assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert {c.name for c in result.charts} == {"latency.png", "throughput.png"}
 
-    fastest = read_manifest(export_dir)["fastest"]
+    # The fastest verified backend goes to the bench's own fastest.json, with the
+    # registry format it runs; the export is left exactly as export wrote it.
+    assert (export_dir / "manifest.json").read_bytes() == manifest_before
+    assert result.fastest_path == tmp_path / "bench" / "fastest.json"
+    written = json.loads(result.fastest_path.read_text())
+    assert written["my_cell"] == other
+    fastest = written["digits_lenet"]
     assert fastest["backend"] in backends
     assert fastest["ranking"][0] == fastest["backend"]
+    assert fastest["format"] in {"torchscript", "onnx", "pt2"}
+    best = next(c for c in data["cells"] if c["backend"] == fastest["backend"] and c["batch"] == 1)
+    assert fastest["format"] == best["format"]
+    assert fastest["batch"] == 1 and fastest["median_ms"] == round(best["median_ms"], 4)
     assert data["fastest"]["digits_lenet"] == fastest
+    assert "fastest.json" in table

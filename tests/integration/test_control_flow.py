@@ -15,7 +15,7 @@ from tests.conftest import FAMILY
 
 @pytest.mark.parametrize("name", FAMILY)
 def test_auto_rejects_the_trace_and_scripts(family: dict[str, ExportResult], name: str) -> None:
-    ts = family[name].manifest["artifacts"]["torchscript"]
+    ts = family[name].manifest.to_json()["artifacts"]["torchscript"]
     assert ts["method"] == "script"
     assert "trace rejected: TracerWarning at" in ts["reason"]
     assert "rnn.py:" in ts["reason"]
@@ -26,7 +26,7 @@ def test_auto_rejects_the_trace_and_scripts(family: dict[str, ExportResult], nam
 def test_onnx_keeps_control_flow_and_dynamic_axes(
     family: dict[str, ExportResult], name: str
 ) -> None:
-    art = family[name].manifest["artifacts"]["onnx"]
+    art = family[name].manifest.to_json()["artifacts"]["onnx"]
     # The default exporter, on the zoo's torch.cond formulation: no legacy exporter.
     assert art["exporter"] == "torch.export (dynamo=True), torch.cond formulation"
     assert "the default exporter failed on the model as written" in art["reason"]
@@ -72,14 +72,14 @@ def test_verify_passes_on_both_branches_and_new_lengths(
 
 def test_rnn_training_loss_falls(family: dict[str, ExportResult]) -> None:
     for name in ("my_cell", "my_rnn_loop", "wrap_rnn"):
-        history = family[name].manifest["checkpoint"]["metrics"]
+        history = family[name].manifest.checkpoint.metrics
         assert history["val_loss"] < 0.05, name
 
 
 def test_unsafe_trace_is_exported_but_verify_shows_the_mismatch(
     family: dict[str, ExportResult], tmp_path: Path
 ) -> None:
-    ckpt = family["my_rnn_loop"].out_dir / family["my_rnn_loop"].manifest["checkpoint"]["path"]
+    ckpt = family["my_rnn_loop"].out_dir / family["my_rnn_loop"].manifest.checkpoint.path
     result = export(
         ExportConfig(
             model="my_rnn_loop",
@@ -89,7 +89,7 @@ def test_unsafe_trace_is_exported_but_verify_shows_the_mismatch(
             allow_unsafe_trace=True,
         )
     )
-    ts = result.manifest["artifacts"]["torchscript"]
+    ts = result.manifest.to_json()["artifacts"]["torchscript"]
     assert ts["method"] == "trace"
     assert ts["reason"].startswith("UNSAFE trace kept by --allow-unsafe-trace")
     report = verify(
@@ -108,7 +108,7 @@ def test_plain_trace_of_the_trained_cell_is_wrong_on_the_other_branch(
 
     entry = get_entry("my_cell")
     model = entry.build()
-    ckpt = family["my_cell"].out_dir / family["my_cell"].manifest["checkpoint"]["path"]
+    ckpt = family["my_cell"].out_dir / family["my_cell"].manifest.checkpoint.path
     model.load_state_dict(torch.load(ckpt, weights_only=True))
     model.eval()
     probes = dict(entry.probe_inputs(torch.Generator().manual_seed(0), model))

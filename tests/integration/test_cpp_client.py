@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import cpp
 from pipeline.export import ExportResult
+from pipeline.formats import cpp
 from pipeline.verify import VerifyConfig, verify
 
 MODELS = ["digits_lenet", "my_decision_gate", "my_cell", "my_rnn_loop", "wrap_rnn"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import cpp
+from pipeline.formats import cpp
 
 ATOL = RTOL = 1e-5
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from pipeline.errors import ArtifactError, CheckpointError
+from pipeline.core.errors import ArtifactError, CheckpointError
+from pipeline.core.fileio import sha256_file, write_json
+from pipeline.core.manifest import MANIFEST_NAME
 from pipeline.export import ExportConfig, ExportResult, export
-from pipeline.fileio import sha256_file, write_json
-from pipeline.manifest import MANIFEST_NAME
 from pipeline.train import TrainResult
 from pipeline.verify import VerifyConfig, verify
 
@@ -34,7 +34,7 @@ def _copy_export(exported: ExportResult, tmp_path: Path) -> Path:
 
 
 def test_manifest_records_how_and_why(exported: ExportResult) -> None:
-    m = exported.manifest
+    m = exported.manifest.to_json()
     assert m["mode"] == "eval"
     ts, ox = m["artifacts"]["torchscript"], m["artifacts"]["onnx"]
     assert ts["method"] == "trace" and "probe inputs" in ts["reason"]
@@ -90,7 +90,7 @@ def test_export_in_train_mode_fails_verify(trained: TrainResult, tmp_path: Path)
             checkpoint=trained.checkpoint.path, out_dir=tmp_path / "export", train_mode=True
         )
     )
-    assert result.manifest["mode"] == "train"
+    assert result.manifest.mode == "train"
     report = verify(VerifyConfig(export_dir=result.out_dir, report=tmp_path / "parity.json"))
     assert not report.passed
     failed = {r.backend for r in report.failures}
@@ -145,7 +145,7 @@ def test_interrupted_export_keeps_previous_artifacts(
     def fail(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt  # as if the user pressed Ctrl-C mid-export
 
-    monkeypatch.setattr("pipeline.export.to_onnx", fail)
+    monkeypatch.setattr("pipeline.formats.onnx.to_onnx", fail)
     with pytest.raises(KeyboardInterrupt):
         export(ExportConfig(checkpoint=trained.checkpoint.path, out_dir=export_dir))
     assert {p.name: sha256_file(p) for p in export_dir.iterdir()} == before
@@ -153,7 +153,7 @@ def test_interrupted_export_keeps_previous_artifacts(
 
 
 def test_export_refuses_checkpoint_of_another_shape(trained: TrainResult, tmp_path: Path) -> None:
-    from pipeline.checkpoint import save_checkpoint
+    from pipeline.core.checkpoint import save_checkpoint
 
     bad = save_checkpoint(
         tmp_path / "c.pt",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.errors import ExportError, PipelineError
+from pipeline.core.errors import ExportError, PipelineError
 from pipeline.export import ExportConfig, ExportResult, export
 from pipeline.verify import VerifyConfig, verify
 from tests.conftest import FAMILY, run_cli
@@ -25,7 +25,7 @@ def test_every_model_exports_to_pt2_and_verifies(
     all_exports: dict[str, ExportResult], name: str, tmp_path: Path
 ) -> None:
     result = all_exports[name]
-    art = result.manifest["artifacts"]["pt2"]
+    art = result.manifest.to_json()["artifacts"]["pt2"]
     assert (result.out_dir / art["file"]).is_file()
     assert art["device"] == "cpu"
     if name == "digits_lenet":
@@ -77,7 +77,7 @@ def test_digits_mlp_exports_to_pt2(tmp_path: Path) -> None:
             random_init=True,
         )
     )
-    assert set(result.manifest["artifacts"]) == {"pt2", "golden", "probes"}
+    assert set(result.manifest.to_json()["artifacts"]) == {"pt2", "golden", "probes"}
     report = verify(
         VerifyConfig(model="digits_mlp", export_dir=result.out_dir, report=tmp_path / "p.json")
     )
@@ -98,7 +98,7 @@ def test_a_tampered_pt2_is_refused(exported: ExportResult, tmp_path: Path) -> No
             VerifyConfig(
                 model="digits_lenet",
                 export_dir=copy,
-                checkpoint=exported.out_dir / exported.manifest["checkpoint"]["path"],
+                checkpoint=exported.out_dir / exported.manifest.checkpoint.path,
                 backends=("pt2",),
                 report=tmp_path / "p.json",
             )
@@ -159,14 +159,14 @@ def test_users_gate_without_a_formulation_still_gets_onnx_from_the_legacy_export
 
 def test_cond_formulation_is_what_the_package_runs(family: dict[str, ExportResult]) -> None:
     """The package answers like eager on inputs chosen here, not only on the stored probes."""
-    from pipeline.compare import flatten_outputs
-    from pipeline.export.pt2_export import load_package
+    from pipeline.core.compare import flatten_outputs
+    from pipeline.formats.pt2 import load_package
     from pipeline.zoo import get_entry
 
     result = family["wrap_rnn"]
     entry = get_entry("wrap_rnn")
     model = entry.build()
-    ckpt = result.out_dir / result.manifest["checkpoint"]["path"]
+    ckpt = result.out_dir / result.manifest.checkpoint.path
     model.load_state_dict(torch.load(ckpt, weights_only=True))
     model.eval()
     runner = load_package(result.out_dir / "model.pt2")
@@ -183,7 +183,7 @@ def test_the_package_checks_its_inputs_and_takes_a_batch_of_one(
     family: dict[str, ExportResult],
 ) -> None:
     """AOTInductor's code trusts its inputs unless asked to check them; load_package asks."""
-    from pipeline.export.pt2_export import load_package
+    from pipeline.formats.pt2 import load_package
 
     runner = load_package(family["my_cell"].out_dir / "model.pt2")
     one = torch.randn(1, 4)

@@ -19,12 +19,13 @@ import httpx
 import pytest
 import torch
 
-from pipeline.archive import ArchiveConfig, archive, archive_name
-from pipeline.client import post, tensors_body
-from pipeline.data import digits_sample
 from pipeline.export import ExportResult
-from pipeline.loadtest import LoadConfig, run, worker_pids
-from pipeline.serve import ServeConfig, Server, _orphans, free_port, start, stop
+from pipeline.serving.archive import ArchiveConfig, archive, archive_name
+from pipeline.serving.client import post, tensors_body
+from pipeline.serving.loadtest import LoadConfig, run, worker_pids
+from pipeline.serving.server import orphans
+from pipeline.serving.torchserve import ServeConfig, Server, free_port, start, stop
+from pipeline.zoo.data import digits_sample
 
 TS = archive_name("digits_lenet", "torchscript")
 ONNX = archive_name("digits_lenet", "onnx")
@@ -155,7 +156,7 @@ def test_a_model_that_fails_to_load_does_not_take_the_others_down(
         (run_dir / "server.json").unlink(missing_ok=True)
         stopped = stop(run_dir)
     assert stopped
-    assert not _orphans(run_dir.resolve())
+    assert not orphans(run_dir.resolve())
 
 
 def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
@@ -230,7 +231,7 @@ def test_https_with_a_self_signed_certificate(exported: ExportResult, tmp_path: 
 
 
 def test_tls_needs_both_files(tmp_path: Path) -> None:
-    from pipeline.serve import ServeError
+    from pipeline.serving.torchserve import ServeError
 
     with pytest.raises(ServeError, match="both --tls-cert and --tls-key"):
         start(ServeConfig(store=tmp_path, run_dir=tmp_path / "run", tls_cert=tmp_path / "c.pem"))

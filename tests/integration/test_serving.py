@@ -9,6 +9,7 @@ printed at teardown (pytest shows them when something failed).
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import threading
@@ -22,13 +23,16 @@ import pytest
 import torch
 from PIL import Image
 
-from pipeline.archive import FORMATS, ArchiveConfig, archive, archive_name
-from pipeline.client import numpy_body, post, tensors_body
-from pipeline.data import digits_sample, preprocess_digits
+from pipeline.core.manifest import read_manifest
 from pipeline.export import ExportConfig, ExportResult, export
-from pipeline.serve import ServeConfig, ServeError, Server, free_port, start, stop
+from pipeline.formats import base as registry
+from pipeline.serving.archive import ArchiveConfig, archive, archive_name
+from pipeline.serving.client import management, numpy_body, post, resolve_model, tensors_body
+from pipeline.serving.parity import served_backends
+from pipeline.serving.torchserve import ServeConfig, ServeError, Server, free_port, start, stop
 from pipeline.train import TrainResult
-from pipeline.verify import VerifyConfig, verify
+from pipeline.verify import ParityReport, VerifyConfig, verify
+from pipeline.zoo.data import digits_sample, preprocess_digits
 
 SERVED = ["digits_lenet", "my_decision_gate", "my_cell", "my_rnn_loop", "wrap_rnn"]
 PT2_SERVED = ("digits_lenet", "my_cell")
@@ -51,7 +55,9 @@ def exports(all_exports: dict[str, ExportResult]) -> dict[str, ExportResult]:
 def store(exports: dict[str, ExportResult], tmp_path_factory: pytest.TempPathFactory) -> Path:
     store = tmp_path_factory.mktemp("model_store")
     for name, result in exports.items():
-        formats = tuple(f for f in FORMATS if f != "pt2" or name in PT2_SERVED)
+        formats = tuple(
+            f.key for f in registry.all_formats() if f.key != "pt2" or name in PT2_SERVED
+        )
         # A longer batch delay makes concurrent requests land in one batch.
         archive(
             ArchiveConfig(
@@ -78,6 +84,17 @@ def server(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Se
             print(
                 "---- model_log.log (tail) ----\n" + "\n".join(log.read_text().splitlines()[-60:])
             )
+
+
+def _verify_served(
+    model: str, export_dir: Path, run_dir: Path, report: Path, **tolerance: float
+) -> ParityReport:
+    """verify with the served backends of `model`, as `pipeline verify --backend torchserve`."""
+    served = served_backends(model, read_manifest(export_dir), run_dir)
+    config = VerifyConfig(
+        model=model, export_dir=export_dir, backends=("torchserve",), report=report, **tolerance
+    )
+    return verify(config, served=served)
 
 
 def _pids(server: Server) -> dict[str, list[int]]:
@@ -126,15 +143,7 @@ def test_secure_config(server: Server, store: Path) -> None:
 def test_served_parity_every_format(
     server: Server, exports: dict[str, ExportResult], name: str, tmp_path: Path
 ) -> None:
-    report = verify(
-        VerifyConfig(
-            model=name,
-            export_dir=exports[name].out_dir,
-            backends=("torchserve",),
-            run_dir=Path(server.run_dir),
-            report=tmp_path / "p.json",
-        )
-    )
+    report = _verify_served(name, exports[name].out_dir, Path(server.run_dir), tmp_path / "p.json")
     assert report.passed, report.failure_message()
     assert {r.backend for r in report.rows} == {
         "golden file",
@@ -146,6 +155,23 @@ def test_served_parity_every_format(
         labels = {r.inputs for r in report.rows}
         assert any("+" in label or ">0" in label for label in labels)
         assert any("-" in label or "<0" in label for label in labels)
+
+
+def test_describe_answers_the_io_contract_and_serve_records_each_archive(server: Server) -> None:
+    """TorchServe's describe request reaches the handler's describe_handle; server.json says
+    which model and format each archive is, so clients never parse archive names."""
+    resp = management(server, "GET", "/models/my_cell_pt2", params={"customized": "true"})
+    assert resp.status_code == 200, resp.text
+    contract = resp.json()[0]["customizedMetadata"]
+    contract = json.loads(contract) if isinstance(contract, str) else contract
+    assert (contract["model"], contract["format"]) == ("my_cell", "pt2")
+    assert [i["name"] for i in contract["inputs"]] == ["x", "h"]
+    assert contract["inputs"][0]["shape"] == ["batch", 4]
+    assert contract["stack_requests"] is False
+    recorded = Server.load(Path(server.run_dir)).archives
+    assert set(recorded) == set(server.models)
+    assert (recorded["my_cell_pt2"].model, recorded["my_cell_pt2"].format) == ("my_cell", "pt2")
+    assert resolve_model(server, "digits_lenet") == "digits_lenet_ts"  # the reference format
 
 
 @pytest.mark.parametrize("fmt", ["torchscript", "pt2"])
@@ -481,9 +507,12 @@ def test_cuda_pt2_without_cuda_is_refused_at_load(
 
     export_dir = tmp_path / "export"
     shutil.copytree(exports["digits_lenet"].out_dir, export_dir)
-    manifest = json.loads((export_dir / "manifest.json").read_text())
-    manifest["artifacts"]["pt2"]["device"] = "cuda"  # as `--pt2-device cuda` records it
-    (export_dir / "manifest.json").write_text(json.dumps(manifest))
+    manifest = read_manifest(export_dir)
+    pt2 = manifest.artifact("pt2")
+    # As `--pt2-device cuda` records it.
+    cuda = dataclasses.replace(pt2, details={**pt2.details, "device": "cuda"})
+    cuda_manifest = dataclasses.replace(manifest, artifacts={**manifest.artifacts, "pt2": cuda})
+    (export_dir / "manifest.json").write_text(cuda_manifest.dumps())
     store = tmp_path / "store"
     archive(
         ArchiveConfig(model="digits_lenet", export_dir=export_dir, store=store, formats=("pt2",))
@@ -521,11 +550,9 @@ def test_gpu_serving_parity(exports: dict[str, ExportResult], tmp_path: Path) ->
             f"{srv.management_url}/models/digits_lenet_ts", headers=headers, timeout=10
         ).json()
         assert body[0]["workers"][0]["gpu"] is True
-        report = verify(
-            VerifyConfig(
-                export_dir=exports["digits_lenet"].out_dir, backends=("torchserve",), run_dir=run_dir,
-                report=tmp_path / "p.json", atol=1e-4, rtol=1e-3,
-            )
+        report = _verify_served(
+            "digits_lenet", exports["digits_lenet"].out_dir, run_dir, tmp_path / "p.json",
+            atol=1e-4, rtol=1e-3,
         )  # fmt: skip
         assert report.passed, report.failure_message()
     finally:
@@ -566,11 +593,9 @@ def test_gpu_serving_pt2(
                 f"{srv.management_url}/models/digits_lenet_pt2", headers=headers, timeout=10
             ).json()
             assert body[0]["workers"][0]["gpu"] is True
-            report = verify(
-                VerifyConfig(
-                    export_dir=export_dir, backends=("torchserve",), run_dir=run_dir,
-                    report=tmp_path / compiled_for / "p.json", atol=1e-4, rtol=1e-3,
-                )
+            report = _verify_served(
+                "digits_lenet", export_dir, run_dir, tmp_path / compiled_for / "p.json",
+                atol=1e-4, rtol=1e-3,
             )  # fmt: skip
             assert report.passed, report.failure_message()
             assert "torchserve/pt2" in {r.backend for r in report.rows}

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.checkpoint import load_checkpoint, sidecar_path
-from pipeline.errors import PipelineError
+from pipeline.core.checkpoint import load_checkpoint, sidecar_path
+from pipeline.core.errors import PipelineError
 from pipeline.train import TrainConfig, TrainResult, train
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from pipeline.checkpoint import load_checkpoint
+from pipeline.core.checkpoint import load_checkpoint
 from pipeline.train import TrainConfig, train
 
 TRAINABLE = ["digits_lenet", "digits_mlp", "my_cell", "my_rnn_loop", "wrap_rnn"]
@@ -103,7 +103,7 @@ def test_interrupted_then_resumed_run_ends_with_the_same_weights(tmp_path: Path)
 
 
 def test_resume_without_state_is_a_clear_error(tmp_path: Path) -> None:
-    from pipeline.errors import CheckpointError
+    from pipeline.core.errors import CheckpointError
 
     with pytest.raises(CheckpointError, match=r"Cannot resume: .*state\.pt does not exist"):
         train(TrainConfig(out=tmp_path / "c.pt", resume=True, progress=False))
@@ -153,7 +153,7 @@ def test_ddp_run_stopped_and_resumed_matches_an_uninterrupted_one(tmp_path: Path
 
 
 def test_resume_with_other_settings_is_refused(tmp_path: Path) -> None:
-    from pipeline.errors import PipelineError
+    from pipeline.core.errors import PipelineError
 
     common = {"out": tmp_path / "c.pt", "progress": False, "report": False, "device": "cpu"}
     train(TrainConfig(epochs=2, stop_after_epoch=1, **common))

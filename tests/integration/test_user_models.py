@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.errors import CheckpointError, InputSpecError, PipelineError, UnknownModelError
+from pipeline.core.errors import CheckpointError, InputSpecError, PipelineError, UnknownModelError
+from pipeline.core.paths import model_slug
 from pipeline.export import ExportConfig, ExportResult, export
 from pipeline.train import TrainConfig, train
 from pipeline.verify import VerifyConfig, verify
-from pipeline.zoo.user import load_spec_file, model_slug, parse_input
+from pipeline.zoo.user import load_spec_file, parse_input
 from tests.conftest import run_cli
 
 USER_FILE = Path(__file__).parent / "data" / "user_gated.py"
@@ -72,7 +73,7 @@ def test_module_model_with_spec_file_weights_and_probes(tmp_path: Path) -> None:
                 out_dir=tmp_path / "art" / "export",
             )
         )
-        m = result.manifest
+        m = result.manifest.to_json()
         assert m["model"]["source"] == "user"
         assert m["model"]["init"] == "imported"
         assert m["outputs"][0]["name"] == "scores"
@@ -192,7 +193,7 @@ def test_sequence_axis_of_a_user_model_stays_dynamic(tmp_path: Path) -> None:
     import onnx
 
     result = _export(tmp_path, f"{USER_FILE}:SeqLoop", "xs:float32:seq,batch,4")
-    assert result.manifest["artifacts"]["torchscript"]["method"] == "script"
+    assert result.manifest.to_json()["artifacts"]["torchscript"]["method"] == "script"
     graph = onnx.load(str(result.out_dir / "model.onnx")).graph
     dims = [d.dim_param or d.dim_value for d in graph.input[0].type.tensor_type.shape.dim]
     assert dims == ["seq", "batch", 4]
@@ -212,7 +213,8 @@ def test_model_no_method_can_compile_fails_cleanly(tmp_path: Path) -> None:
 
 def test_integer_inputs_default_to_valid_indices(tmp_path: Path) -> None:
     spec = parse_input("tokens:int64:batch,5")
-    assert (spec.low, spec.high) == (0.0, 9.0)
+    # high is exclusive (torch.randint's rule): 0:10 draws the ten indices 0..9
+    assert (spec.low, spec.high) == (0.0, 10.0)
     result = _export(tmp_path, f"{USER_FILE}:Embedder", "tokens:int64:batch,seq:0:9")
     report = verify(
         VerifyConfig(
@@ -285,3 +287,44 @@ def test_more_user_errors_are_clear(tmp_path: Path) -> None:
 
     with pytest.raises(InputSpecError, match="holds a int"):
         load_probes(tmp_path / "probes.pt")
+
+
+def test_integer_range_high_is_exclusive_everywhere(tmp_path: Path) -> None:
+    """`ids:int64:batch,seq:0:50` for a 50-word vocabulary: export and verify never draw 50."""
+    spec = parse_input("ids:int64:batch,seq:0:50")
+    drawn = spec.sample({"batch": 64, "seq": 64}, torch.Generator().manual_seed(0))
+    assert int(drawn.min()) >= 0 and int(drawn.max()) == 49
+    with pytest.raises(InputSpecError, match="empty"):
+        parse_input("ids:int64:batch:3:3")
+    result = _export(tmp_path, f"{USER_FILE}:Vocab50", "ids:int64:batch,seq:0:50")
+    report = verify(
+        VerifyConfig(
+            model=f"{USER_FILE}:Vocab50", export_dir=result.out_dir, report=tmp_path / "p.json"
+        )
+    )
+    assert report.passed, report.failure_message()
+
+
+def test_dict_outputs_keep_their_names(tmp_path: Path, binary: Path) -> None:
+    """A model returning a dict: manifest, ONNX graph, every backend's rows, the C++ client."""
+    import onnx
+
+    result = _export(tmp_path, f"{USER_FILE}:DictHeads", "x:float32:batch,4")
+    assert result.manifest.output_names == ["logits", "embedding"]
+    graph = onnx.load(str(result.out_dir / "model.onnx")).graph
+    assert [o.name for o in graph.output] == ["logits", "embedding"]
+    golden = torch.load(result.out_dir / "golden.pt", weights_only=True)
+    assert list(golden["outputs"]) == ["logits", "embedding"]
+    report = verify(
+        VerifyConfig(
+            model=f"{USER_FILE}:DictHeads",
+            export_dir=result.out_dir,
+            backends=("torchscript", "onnxruntime", "cpp"),
+            cpp_binary=binary,
+            report=tmp_path / "p.json",
+        )
+    )
+    assert report.passed, report.failure_message()
+    assert {(r.backend, r.output) for r in report.rows} >= {
+        (b, o) for b in ("torchscript", "onnxruntime", "cpp") for o in ("logits", "embedding")
+    }

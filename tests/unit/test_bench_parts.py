@@ -1,4 +1,5 @@
-"""The benchmark's parts on their own: machine facts, FLOPs, interleaving, summaries, report.
+"""The benchmark's parts on their own: machine facts, FLOPs, interleaving, summaries, report,
+targets and fastest.json.
 
 Fast and real (no mocks): tiny callables stand in for the exported backends,
 whose end-to-end run is covered by tests/integration/test_bench.py.
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.bench import _skipped_markdown, _targets
+from pipeline.bench.backends import format_runner, pt2_kernel_threads
+from pipeline.bench.fastest import fastest_of, read_fastest, write_fastest
 from pipeline.bench.inprocess import (
     MIN_RUNS,
     Cell,
@@ -23,12 +25,21 @@ from pipeline.bench.inprocess import (
     cells,
     measure_interleaved,
     model_flops,
-    pt2_kernel_threads,
-    pt2_runner,
     timed,
 )
 from pipeline.bench.machine import machine_info, matmul_peak_gflops
-from pipeline.bench.report import latency_chart, throughput_chart, to_markdown
+from pipeline.bench.report import latency_chart, skipped_markdown, throughput_chart, to_markdown
+from pipeline.bench.targets import targets
+from pipeline.export.opened import ExportedModel
+from pipeline.formats import base as registry
+from pipeline_runtime.manifest import (
+    ArtifactRecord,
+    CheckpointRef,
+    Manifest,
+    ModelRecord,
+    TensorRecord,
+    Tolerance,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -183,17 +194,28 @@ def test_pt2_kernel_threads_reads_the_openmp_pragmas(tmp_path: Path) -> None:
     assert pt2_kernel_threads(_fake_package(tmp_path / "d.pt2", {"k.so": ""})).startswith("unknown")
 
 
-def _pt2_manifest(path: Path, device: str = "cpu") -> dict:
+def _pt2_export(path: Path, device: str = "cpu") -> ExportedModel:
+    """An opened export holding only the .pt2 at PATH (no eager model: none is needed)."""
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    return {"artifacts": {"pt2": {"file": path.name, "sha256": digest, "device": device}}}
+    record = ArtifactRecord(path.name, "pt2", digest, details={"device": device})
+    manifest = Manifest(
+        model=ModelRecord("fake"),
+        inputs=(TensorRecord("x", ("batch", 3), "float32"),),
+        outputs=(TensorRecord("y", ("batch", 3), "float32"),),
+        tolerance=Tolerance(1e-5, 1e-4),
+        checkpoint=CheckpointRef("checkpoint.pt", "0" * 64),
+        artifacts={"pt2": record},
+    )
+    return ExportedModel(path.parent, manifest, None, None, path.parent / "checkpoint.pt")  # type: ignore[arg-type]
 
 
 def test_pt2_runner_skips_what_it_cannot_run_here_and_says_why(tmp_path: Path) -> None:
     args = [torch.zeros(1, 3)]
     broken = _fake_package(tmp_path / "model.pt2", {"k.kernel.cpp": ""})  # no compiled model
-    runner = pt2_runner(tmp_path, _pt2_manifest(broken), args, threads=1)
-    assert runner.name == "pt2" and runner.settings["skipped"]
-    cuda = pt2_runner(tmp_path, _pt2_manifest(broken, device="cuda"), args, threads=1)
+    pt2 = registry.get("pt2")
+    runner, loaded = format_runner(_pt2_export(broken), pt2, args, threads=1)
+    assert runner.name == "pt2" and runner.settings["skipped"] and loaded is None
+    cuda, _ = format_runner(_pt2_export(broken, device="cuda"), pt2, args, threads=1)
     assert cuda.settings == {"skipped": "the package was compiled for cuda"}
     assert measure_interleaved({"pt2": runner, "cuda": cuda}, warmup=1, repeat=1, rounds=1) == {}
 
@@ -269,8 +291,8 @@ def test_to_markdown_has_one_sorted_table_per_model_with_ratios_to_eager() -> No
 
 
 def test_skipped_table_keeps_one_row_per_line_whatever_the_reason_says() -> None:
-    assert _skipped_markdown([]) == ""
-    md = _skipped_markdown(
+    assert skipped_markdown([]) == ""
+    md = skipped_markdown(
         [{"model": "m", "batch": 32, "backend": "cpp", "why": "no binary |\n  build it"}]
     )
     lines = md.splitlines()
@@ -330,10 +352,12 @@ def test_targets_compare_the_pt2_backends_like_the_torchscript_ones() -> None:
         _served("torchserve/pt2", 8, "on", 60.0, 45.0),
         _served("torchserve/pt2", 1, "off", 43.0, 23.0),
     ]
-    by_name = {t["target"]: t for t in _targets(cells, served, peak=100.0)}
-    cpp_pt2 = by_name["lenet: C++ client latency ≤ 1.05× Python, both on the .pt2 (batch 1)"]
+    by_name = {t["target"]: t for t in targets(cells, served, peak=100.0)}
+    cpp_pt2 = by_name[
+        "lenet: C++ client latency ≤ 1.05× Python, both on .pt2 (AOTInductor) (batch 1)"
+    ]
     assert cpp_pt2["value"] == pytest.approx(1.2) and cpp_pt2["met"] is False
-    ts = by_name["lenet: C++ client latency ≤ 1.05× Python TorchScript (batch 1)"]
+    ts = by_name["lenet: C++ client latency ≤ 1.05× Python, both on TorchScript (batch 1)"]
     assert ts["value"] == pytest.approx(0.9) and ts["met"] is True
     throughput = next(
         t for n, t in by_name.items() if n.startswith("TorchServe/pt2 at concurrency 8")
@@ -341,3 +365,56 @@ def test_targets_compare_the_pt2_backends_like_the_torchscript_ones() -> None:
     assert throughput["value"] == pytest.approx(45.0 / 50.0)  # vs 1 / 20 ms in-process
     added = next(t for n, t in by_name.items() if "TorchServe/pt2 added p50" in n)
     assert added["value"] == pytest.approx(3.0)  # against the single-threaded twin
+
+
+def test_targets_compare_each_onnx_opset_conversion_with_the_exported_model() -> None:
+    cells = [_row("onnxruntime", 1.0), _row("onnxruntime (opset 20)", 1.25)]
+    cells += [_row("onnxruntime", 2.0, batch=32)]  # no conversion at batch 32: no target
+    opsets = [t for t in targets(cells, [], peak=100.0) if "opset" in t["target"]]
+    assert [t["target"] for t in opsets] == [
+        "lenet batch 1: the exported ONNX opset is at least as fast as opset 20"
+    ]
+    assert opsets[0]["value"] == pytest.approx(0.8) and opsets[0]["met"] is True
+
+
+def _ranked(
+    backend: str, median: float, fmt: str, *, verified: bool = True, batch: int = 1
+) -> dict:
+    return _row(backend, median, batch=batch) | {"format": fmt, "verified": verified}
+
+
+def test_fastest_is_the_quickest_verified_backend_at_batch_1_with_its_format() -> None:
+    rows = [
+        _ranked("eager", 0.5, "torchscript"),
+        _ranked("cpp/pt2", 0.1, "pt2", verified=False),  # failed parity: never chosen
+        _ranked("onnxruntime", 0.3, "onnx"),
+        _ranked("onnxruntime (1 thread)", 0.2, "onnx"),  # a served worker's twin
+        _ranked("pt2", 0.05, "pt2", batch=32),  # ranked at batch 1 only
+        _ranked("torchscript_frozen", 0.4, "torchscript"),
+    ]
+    best = fastest_of(rows, exclude_suffix=" (1 thread)")
+    assert best is not None
+    assert {k: v for k, v in best.items() if k != "measured"} == {
+        "backend": "onnxruntime",
+        "format": "onnx",
+        "median_ms": 0.3,
+        "batch": 1,
+        "ranking": ["onnxruntime", "torchscript_frozen", "eager"],
+    }
+    assert best["measured"].endswith("+00:00")  # ISO 8601, UTC
+    assert fastest_of([_ranked("eager", 0.5, "torchscript", verified=False)]) is None
+
+
+def test_fastest_json_keeps_other_models_and_drops_a_model_with_nothing_verified(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "bench" / "fastest.json"
+    assert read_fastest(path) == {}
+    old = {"backend": "pt2", "format": "pt2", "median_ms": 1.0}
+    write_fastest(path, {"my_cell": old, "wrap_rnn": old, "torchvision:resnet18": old})
+    new = {"backend": "onnxruntime", "format": "onnx", "median_ms": 0.5}
+    write_fastest(path, {"torchvision:resnet18": new, "wrap_rnn": None})
+    assert read_fastest(path) == {"my_cell": old, "torchvision:resnet18": new}
+    path.write_text("not json")  # a broken file is bench's own: written anew, not fatal
+    write_fastest(path, {"my_cell": old})
+    assert read_fastest(path) == {"my_cell": old}

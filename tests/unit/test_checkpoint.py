@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.checkpoint import load_checkpoint, save_checkpoint, sidecar_path
-from pipeline.errors import CheckpointError
-from pipeline.fileio import sha256_file
+from pipeline.core.checkpoint import load_checkpoint, save_checkpoint, sidecar_path
+from pipeline.core.errors import CheckpointError
+from pipeline.core.fileio import sha256_file
 
 META = {"model": {"name": "digits_lenet", "kwargs": {}}, "seed": 0, "epochs": 1, "metrics": {}}
 
@@ -20,7 +20,11 @@ def _fake_checkpoint(path: Path, payload: object) -> Path:
     """A .pt holding `payload` with a sidecar whose sha256 matches it, so the
     loader's later checks (not the hash) are what is exercised."""
     torch.save(payload, path)
-    save_meta = {**META, "format": "pipeline.checkpoint/1", "weights_sha256": sha256_file(path)}
+    save_meta = {
+        **META,
+        "format": "pipeline.core.checkpoint/1",
+        "weights_sha256": sha256_file(path),
+    }
     sidecar_path(path).write_text(json.dumps(save_meta))
     return path
 
@@ -71,7 +75,9 @@ def test_not_a_checkpoint(tmp_path: Path) -> None:
     path = tmp_path / "notes.pt"
     path.write_bytes(os.urandom(2048))
     sidecar_path(path).write_text(
-        json.dumps({**META, "format": "pipeline.checkpoint/1", "weights_sha256": sha256_file(path)})
+        json.dumps(
+            {**META, "format": "pipeline.core.checkpoint/1", "weights_sha256": sha256_file(path)}
+        )
     )
     with pytest.raises(CheckpointError, match=r"notes\.pt: it is not a PyTorch checkpoint"):
         load_checkpoint(path)
@@ -82,7 +88,9 @@ def test_truncated_checkpoint(tmp_path: Path) -> None:
     _fake_checkpoint(path, {"w": torch.zeros(100)})
     path.write_bytes(path.read_bytes()[:200])
     sidecar_path(path).write_text(
-        json.dumps({**META, "format": "pipeline.checkpoint/1", "weights_sha256": sha256_file(path)})
+        json.dumps(
+            {**META, "format": "pipeline.core.checkpoint/1", "weights_sha256": sha256_file(path)}
+        )
     )
     with pytest.raises(CheckpointError, match="not"):
         load_checkpoint(path)

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import io
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "handlers"))
-import pl_codec
+from pipeline_runtime import codec as pl_codec
 
 IMAGE = [pl_codec.InputSpec("image", ("batch", 1, 28, 28), "float32")]
 CELL = [
@@ -190,7 +187,11 @@ def test_bad_numpy_bodies(body: bytes, specs: list, fragment: str) -> None:
 def test_npz_with_wrong_names_or_a_bomb_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     import zipfile
 
-    monkeypatch.setattr(pl_codec, "MAX_ELEMENTS", 1000)  # a small limit: a small bomb will do
+    from pipeline_runtime import binary
+
+    # A small limit, where the .npz reader reads it: a small bomb will do.
+    monkeypatch.setattr(binary, "MAX_ELEMENTS", 1000)
+    monkeypatch.setattr(pl_codec, "MAX_ELEMENTS", 1000)
 
     buf = io.BytesIO()
     np.savez(buf, x=np.ones((1, 4), np.float32))

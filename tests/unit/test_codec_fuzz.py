@@ -11,8 +11,8 @@ pushes further into what those leave out:
    hostile shapes (zeros, huge, > 64 axes) and names, .npy/.npz of any dtype
    and shape and damaged archives, an int64 model, odd scalars in the right shape.
 2. Valid tensors round-trip exactly through every client encoding: JSON
-   (`pipeline.client.tensors_body`), KServe v2, .npy/.npz
-   (`pipeline.client.numpy_body`), with and without the batch axis.
+   (`pipeline.serving.client.tensors_body`), KServe v2, .npy/.npz
+   (`pipeline.serving.client.numpy_body`), with and without the batch axis.
 3. PNG/JPEG images of any mode and size, truncated, bit-flipped or claiming a
    huge size, give a 4xx or a (1, 1, H, W) float32 image in [0, 1].
 
@@ -25,10 +25,8 @@ import io
 import json
 import math
 import struct
-import sys
 import zipfile
 import zlib
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,9 +37,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "handlers"))
-import pl_codec
-from pipeline.client import numpy_body, tensors_body
+from pipeline.serving.client import numpy_body, tensors_body
+from pipeline_runtime import codec as pl_codec
 
 # An image claiming 1-2× the pixel limit makes PIL warn before pl_codec refuses it (413).
 pytestmark = pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")

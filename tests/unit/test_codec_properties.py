@@ -11,8 +11,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,9 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "handlers"))
-import pl_codec
-from pipeline.client import tensors_body
+from pipeline.serving.client import tensors_body
+from pipeline_runtime import codec as pl_codec
 
 IMAGE = [pl_codec.InputSpec("image", ("batch", 1, 28, 28), "float32")]
 CELL = [

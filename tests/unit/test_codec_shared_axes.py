@@ -8,14 +8,11 @@ broadcast (or failed with a 500). pl_codec checks every format's requests.
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "handlers"))
-import pl_codec
+from pipeline_runtime import codec as pl_codec
 
 CELL = [
     pl_codec.InputSpec("x", ("batch", 4), "float32"),

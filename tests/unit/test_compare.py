@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from pipeline.compare import compare_outputs, compare_tensor, flatten_outputs
+from pipeline.core.compare import compare_outputs, compare_tensor, flatten_outputs
 
 
 def test_equal_tensors_pass_with_zero_error() -> None:

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.data import DIGITS_SIZE, load_digits_split, preprocess_digits
+from pipeline.zoo.data import DIGITS_SIZE, load_digits_split, preprocess_digits
 
 
 def test_split_is_fixed_stratified_and_disjoint() -> None:

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.fileio import atomic_write, sha256_file, write_json
+from pipeline.core.fileio import atomic_write, sha256_file, write_json
 
 
 def test_atomic_write_keeps_old_file_when_writer_fails(tmp_path: Path) -> None:

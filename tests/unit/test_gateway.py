@@ -6,8 +6,8 @@ import json
 import os
 from pathlib import Path
 
-from pipeline.gateway import Keys
-from pipeline.serve import ServeConfig, exposure_warning
+from pipeline.serving.gateway import Keys
+from pipeline.serving.torchserve import ServeConfig, exposure_warning
 
 
 def _key_file(path: Path, key: str) -> Path:
@@ -55,7 +55,7 @@ def test_a_non_loopback_address_is_warned_about() -> None:
 def test_worker_plan_fills_the_cores_with_one_thread_each() -> None:
     import psutil
 
-    from pipeline.serve import worker_plan
+    from pipeline.serving.torchserve import worker_plan
 
     cores = psutil.cpu_count(logical=False) or 1
     assert worker_plan(1) == (cores, 1)

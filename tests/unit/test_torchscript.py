@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.errors import ExportError
-from pipeline.export.torchscript import to_torchscript
+from pipeline.core.errors import ExportError
+from pipeline.formats.torchscript import to_torchscript
 from pipeline.zoo.rnn import MyDecisionGate
 
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from pipeline.errors import InputSpecError, UnknownModelError
+from pipeline.core.errors import InputSpecError, UnknownModelError
 from pipeline.zoo import get_entry, zoo_names
 from pipeline.zoo.rnn import MyDecisionGate
 
@@ -85,7 +85,7 @@ def test_wrong_input_name() -> None:
 @pytest.mark.parametrize("name", GATED)
 def test_cond_formulation_computes_the_same_function(name: str) -> None:
     """Same parameters, same outputs, on both branches and on sequence lengths 1 to 13."""
-    from pipeline.compare import flatten_outputs
+    from pipeline.core.compare import flatten_outputs
     from pipeline.zoo.rnn import CondDecisionGate, ScanRNNLoop
 
     entry = get_entry(name)

@@ -52,3 +52,25 @@ class Embedder(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.emb(tokens).sum(dim=1)
+
+
+class DictHeads(nn.Module):
+    """Returns a dict: its keys must name the outputs everywhere."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"logits": self.fc(x), "embedding": torch.tanh(x)}
+
+
+class Vocab50(nn.Module):
+    """An embedding of exactly 50 words: inputs declared 0:50 must never reach 50."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.emb(ids).sum(dim=1)

@@ -1,0 +1,53 @@
+"""Arguments several subcommands share (model, kwargs, input specs, run dir)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipeline.core import paths
+from pipeline.core.errors import PipelineError
+
+
+def model_arg(p: argparse.ArgumentParser) -> None:
+    from pipeline.zoo import DEFAULT_MODEL
+
+    p.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"a zoo model (default: {DEFAULT_MODEL}; see `pipeline models`), "
+        "package.module:ClassName, path/to/file.py:ClassName or torchvision:NAME",
+    )
+
+
+def kwargs_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model-kwargs",
+        metavar="JSON",
+        help="constructor keyword arguments as a JSON object, e.g. '{\"num_classes\": 10}'",
+    )
+
+
+def input_specs(args: argparse.Namespace) -> tuple[list | None, list[str] | None]:
+    from pipeline.zoo.user import load_spec_file, parse_input
+
+    inputs = [parse_input(text) for text in args.input or []]
+    outputs = list(args.output or [])
+    if args.input_spec:
+        if inputs:
+            raise PipelineError("Give inputs either with --input or with --input-spec, not both.")
+        inputs, file_outputs = load_spec_file(args.input_spec)
+        outputs = outputs or file_outputs
+    return inputs or None, outputs or None
+
+
+def run_dir_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        help="where `pipeline serve` keeps its config, logs, token file and pid (default: <artifacts>/serve)",
+    )
+
+
+def serve_run_dir(args: argparse.Namespace) -> Path:
+    return args.run_dir or paths.artifacts_root(args.artifacts_dir) / "serve"

@@ -1,0 +1,251 @@
+"""The `pipeline` subcommands that deploy an export: archive, serve, stop, infer, loadtest.
+
+Like the rest of the CLI, this only parses arguments and calls a stage function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from pipeline.cli.args import model_arg, run_dir_arg, serve_run_dir
+from pipeline.core import paths
+
+
+def add_serving_commands(sub: argparse._SubParsersAction) -> None:
+    from pipeline.formats import base as registry
+    from pipeline.serving.archive import DEFAULT_STORE
+
+    formats = list(registry.keys())
+    p = sub.add_parser(
+        "archive",
+        help="package an export as TorchServe .mar files in model_store/",
+        description="Write one model_store/<model>_<format>.mar per format the export holds "
+        "(artifact, handler and its runtime, manifest, golden inputs for warm-up, "
+        "model-config.yaml, and archive.json naming the model, the format and the fastest "
+        "backend `pipeline bench` measured).",
+    )
+    model_arg(p)
+    p.add_argument("--export-dir", type=Path, help="default: <artifacts>/<model>/export")
+    p.add_argument("--store", type=Path, default=DEFAULT_STORE, help="default: model_store")
+    p.add_argument(
+        "--format",
+        action="append",
+        choices=formats,
+        help="default: every format the export holds",
+    )
+    p.add_argument(
+        "--bench-results",
+        type=Path,
+        help="the fastest.json `pipeline bench` wrote (default: <artifacts>/bench/fastest.json "
+        "when it exists); `pipeline serve` then serves each model's fastest format only",
+    )
+    p.add_argument("--batch-size", type=int, default=8, help="TorchServe batch size (default: 8)")
+    p.add_argument("--max-batch-delay-ms", type=int, default=10, help="default: 10")
+    p.add_argument("--min-workers", type=int, default=1, help="default: 1")
+    p.add_argument("--max-workers", type=int, default=1, help="default: 1")
+    p.add_argument("--response-timeout", type=int, default=30, help="seconds (default: 30)")
+    p.add_argument("--startup-timeout", type=int, default=120, help="seconds (default: 120)")
+    p.add_argument(
+        "--device",
+        choices=["cpu", "gpu"],
+        help="pin workers to cpu or gpu (default: a GPU when the server has one, else CPU)",
+    )
+    p.set_defaults(func=_cmd_archive)
+
+    p = sub.add_parser(
+        "serve",
+        help="start TorchServe over model_store/ with secure defaults",
+        description="Start TorchServe on 127.0.0.1 with token authorization on and the model API off; "
+        "return once every model is READY (or fail with the worker's log).",
+    )
+    p.add_argument("--store", type=Path, default=DEFAULT_STORE, help="default: model_store")
+    p.add_argument(
+        "--models", nargs="+", metavar="NAME", help="archives to serve (default: all in the store)"
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address the inference gateway listens on (default: 127.0.0.1; TorchServe itself "
+        "always stays on loopback). Any other address prints a warning: use HTTPS then.",
+    )
+    p.add_argument("--port", type=int, default=8080, help="inference port (default: 8080)")
+    p.add_argument("--tls-cert", type=Path, help="serve HTTPS with this PEM certificate chain")
+    p.add_argument("--tls-key", type=Path, help="the PEM private key of --tls-cert")
+    p.add_argument(
+        "--all-formats",
+        action="store_true",
+        help="serve every format of every model (default: where a model's archives name the "
+        "fastest verified backend `pipeline bench` measured, only that format)",
+    )
+    p.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="serve the models that load even if others fail (default: any failure stops the start)",
+    )
+    p.add_argument("--management-port", type=int, default=8081, help="default: 8081")
+    p.add_argument("--metrics-port", type=int, default=8082, help="default: 8082")
+    p.add_argument(
+        "--threads-per-worker",
+        type=int,
+        help="intra-op threads per worker (default: physical cores / all workers, at least 1)",
+    )
+    p.add_argument(
+        "--workers-per-model",
+        type=int,
+        help="default: physical cores / models served, at least 1",
+    )
+    p.add_argument(
+        "--max-request-size", type=int, default=4 * 1024 * 1024, help="bytes (default: 4 MiB)"
+    )
+    p.add_argument("--gpu", action="store_true", help="give workers a GPU when CUDA is present")
+    run_dir_arg(p)
+    p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("stop", help="stop the TorchServe started by `pipeline serve`")
+    run_dir_arg(p)
+    p.set_defaults(func=_cmd_stop)
+
+    p = sub.add_parser(
+        "infer",
+        help="send an image or tensors to a served model and print the answer",
+        description="POST a .png/.jpg image, a .json body or a torch.save'd .pt of tensors to "
+        "/predictions/<model> with the inference token.",
+    )
+    p.add_argument(
+        "--model",
+        required=True,
+        help="a served archive (digits_lenet_ts) or a model as exported (digits_lenet, "
+        "torchvision:resnet18): the format it is served in, TorchScript when several",
+    )
+    p.add_argument("input", type=Path, help="the file to send")
+    run_dir_arg(p)
+    p.set_defaults(func=_cmd_infer)
+
+    p = sub.add_parser(
+        "loadtest",
+        help="a bounded load run against a served model, every answer checked against eager",
+        description="Send --requests requests at --concurrency over loopback to a served model, "
+        "check every answer against the eager model, and report failures, p50/p99 latency, "
+        "throughput, worker memory before and after, and (with --kill-worker-after) how long "
+        "TorchServe took to replace a SIGKILLed worker. Exits 1 if any request failed or was wrong.",
+    )
+    p.add_argument(
+        "--model",
+        required=True,
+        help="an exported model (zoo name or user spec, e.g. torchvision:resnet18)",
+    )
+    p.add_argument("--export-dir", type=Path, help="default: <artifacts>/<model>/export")
+    p.add_argument("--format", choices=formats, default="torchscript", help="default: torchscript")
+    p.add_argument("--requests", type=int, default=20_000, help="default: 20000")
+    p.add_argument("--concurrency", type=int, default=32, help="default: 32")
+    p.add_argument("--time-limit", type=float, default=600.0, help="seconds (default: 600)")
+    p.add_argument(
+        "--kill-worker-after",
+        type=int,
+        help="SIGKILL the model's worker once this many requests were answered",
+    )
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="archive the export into a private store and start a private server on free "
+        "loopback ports for this run (stopped afterwards); default: use the running server",
+    )
+    p.add_argument("--json", type=Path, help="also write the report as JSON")
+    run_dir_arg(p)
+    p.set_defaults(func=_cmd_loadtest)
+
+
+def _cmd_loadtest(args: argparse.Namespace) -> int:
+    from pipeline.serving.loadtest import LoadConfig, run_served, to_markdown, write_reports
+
+    config = LoadConfig(
+        export_dir=args.export_dir or paths.export_dir(args.model, args.artifacts_dir),
+        run_dir=serve_run_dir(args),
+        format=args.format,
+        requests=args.requests,
+        concurrency=args.concurrency,
+        time_limit_s=args.time_limit,
+        kill_worker_after=args.kill_worker_after,
+    )
+    report = run_served(config, private=args.serve, say=lambda line: print(line, flush=True))
+    print(report.summary())
+    print(to_markdown([report]))
+    if args.json:
+        write_reports([report], args.json)
+    return 0 if report.passed else 1
+
+
+def _cmd_archive(args: argparse.Namespace) -> int:
+    from pipeline.serving.archive import ArchiveConfig, archive, default_bench_results
+
+    config = ArchiveConfig(
+        model=args.model,
+        export_dir=args.export_dir or paths.export_dir(args.model, args.artifacts_dir),
+        store=args.store,
+        formats=tuple(args.format) if args.format else None,
+        bench_results=args.bench_results or default_bench_results(args.artifacts_dir),
+        batch_size=args.batch_size,
+        max_batch_delay_ms=args.max_batch_delay_ms,
+        min_workers=args.min_workers,
+        max_workers=args.max_workers,
+        response_timeout_s=args.response_timeout,
+        startup_timeout_s=args.startup_timeout,
+        device=args.device,
+    )
+    for path in archive(config):
+        print(f"wrote {path}")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from pipeline.serving.torchserve import ServeConfig, start
+
+    server = start(
+        ServeConfig(
+            store=args.store,
+            run_dir=serve_run_dir(args),
+            models=args.models,
+            host=args.host,
+            inference_port=args.port,
+            management_port=args.management_port,
+            metrics_port=args.metrics_port,
+            threads_per_worker=args.threads_per_worker,
+            workers_per_model=args.workers_per_model,
+            max_request_size=args.max_request_size,
+            gpu=args.gpu,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            keep_going=args.keep_going,
+            fastest_only=not args.all_formats and not args.models,
+        )
+    )
+    if server.failed:
+        print(f"NOT serving (failed to load, see the log): {', '.join(server.failed)}")
+    print(f"TorchServe is up (pid {server.pid}), serving: {', '.join(server.models)}")
+    print(
+        f"  inference:  {server.inference_url}/predictions/<model> (gateway pid {server.gateway_pid})"
+    )
+    print(f"  management: {server.management_url} (register/delete disabled)")
+    print(f"  metrics:    {server.metrics_url}/metrics")
+    print(
+        f"  tokens:     {Path(server.run_dir) / 'key_file.json'} (send 'Authorization: Bearer <inference key>')"
+    )
+    print(f"  logs:       {Path(server.run_dir) / 'logs'}")
+    print("stop it with `pipeline stop` (or `make stop`)")
+    return 0
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    from pipeline.serving.torchserve import stop
+
+    print("stopped TorchServe" if stop(serve_run_dir(args)) else "no TorchServe was running")
+    return 0
+
+
+def _cmd_infer(args: argparse.Namespace) -> int:
+    from pipeline.serving.client import infer
+
+    print(json.dumps(infer(args.model, args.input, serve_run_dir(args)), indent=2))
+    return 0

@@ -1,0 +1,76 @@
+"""`pipeline train`: arguments → `TrainConfig` → `train()`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from pipeline.cli.args import kwargs_arg, model_arg
+
+
+def add_train_command(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a zoo model and write a checkpoint",
+        description="Seeded, deterministic training; writes <model>/checkpoint.pt, its .json "
+        "sidecar, a resumable .state.pt, a .summary.txt and a .png plot, atomically, after every "
+        "epoch. Several processes: torchrun --nproc-per-node N -m pipeline train ... "
+        "(DistributedDataParallel; --batch-size is the global batch).",
+    )
+    model_arg(p)
+    p.add_argument(
+        "--out", type=Path, help="checkpoint path (default: <artifacts>/<model>/checkpoint.pt)"
+    )
+    p.add_argument("--epochs", type=int, help="epochs (default: the model's, else 12)")
+    p.add_argument("--batch-size", type=int, help="batch size (default: the model's, else 64)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default: the model's, else 3e-3)")
+    p.add_argument("--seed", type=int, default=0, help="seed for every RNG (default: 0)")
+    p.add_argument(
+        "--workers", type=int, default=0, help="DataLoader worker processes (default: 0)"
+    )
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--amp",
+        action="store_true",
+        help="mixed precision: fp16 autocast + GradScaler on CUDA, bf16 autocast on CPU "
+        "(the checkpoint stays float32)",
+    )
+    p.add_argument(
+        "--clip-grad-norm",
+        type=float,
+        metavar="MAX",
+        help="clip the gradient norm (after unscaling)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from <checkpoint>.state.pt (model, optimizer, scheduler, scaler, RNG, epoch)",
+    )
+    p.add_argument(
+        "--stop-after-epoch",
+        type=int,
+        metavar="N",
+        help="stop cleanly after epoch N, as an interrupted run would (continue with --resume)",
+    )
+    p.add_argument(
+        "--no-report", action="store_true", help="skip the model summary and the PNG plot"
+    )
+    kwargs_arg(p)
+    p.set_defaults(func=_cmd_train)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from pipeline.train import TrainConfig, train
+
+    config = TrainConfig.from_args(args)
+    result = train(config)
+    meta = result.checkpoint.meta
+    if not meta:  # a non-zero rank under torchrun: rank 0 reports
+        return 0
+    print(f"checkpoint: {result.checkpoint.path}")
+    print(f"sha256:     {meta['weights_sha256']}")
+    metrics = {k: v for k, v in meta["metrics"].items() if k != "history"}
+    print(f"metrics:    {json.dumps(metrics)}  ({result.seconds:.1f} s)")
+    return 0

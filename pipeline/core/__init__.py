@@ -1,0 +1,1 @@
+"""The layer every stage stands on: errors, paths, files, the manifest, checkpoints, comparison."""

@@ -1,0 +1,128 @@
+"""`open_export(dir)`: an export folder as one object, for every stage after export.
+
+Verify, bench, loadtest and serve all start from an export: its typed
+manifest, the eager reference (the zoo entry holding the checkpoint the
+export came from), the golden and probe inputs export stored, and each
+artifact loaded as a Runner through the format registry. Before this, each
+of them opened an export its own way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.core.checkpoint import load_checkpoint
+from pipeline.core.errors import ArtifactError
+from pipeline.core.manifest import GOLDEN_KEY, PROBES_KEY, Manifest, artifact_path, read_manifest
+from pipeline.formats import base as registry
+from pipeline.zoo import get_entry
+from pipeline.zoo.spec import Inputs, ZooEntry
+from pipeline.zoo.user import entry_from_manifest
+from pipeline_runtime.outputs import name_outputs
+from pipeline_runtime.runners import LoadError, Runner
+
+
+@dataclass
+class ExportedModel:
+    """An export folder, opened: the manifest, the eager reference and the artifacts."""
+
+    dir: Path
+    manifest: Manifest
+    entry: ZooEntry
+    model: torch.nn.Module  # eager, eval mode, the export's checkpoint loaded
+    checkpoint: Path
+    _tensors: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.manifest.model.name
+
+    def path(self, key: str) -> Path:
+        """Artifact `key`'s file, after its sha256 check."""
+        return artifact_path(self.dir, self.manifest, key)
+
+    def formats(self) -> list[registry.Format]:
+        """The registered formats this export holds, in registry order."""
+        return [f for f in registry.all_formats() if f.key in self.manifest.artifacts]
+
+    def load(self, key: str, device: str = "cpu", threads: int | None = None) -> Runner:
+        """Artifact `key` as a Runner (named tensors in and out), sha256 checked first."""
+        fmt = registry.get(key)
+        path = self.path(key)
+        try:
+            return fmt.load(
+                path,
+                inputs=self.manifest.input_names,
+                outputs=self.manifest.output_names,
+                device=device,
+                threads=threads,
+                record=self.manifest.artifact(key),
+            )
+        except LoadError as err:
+            raise ArtifactError(str(err)) from None
+
+    @torch.inference_mode()
+    def eager(self, inputs: Inputs) -> dict[str, torch.Tensor]:
+        """The reference outputs, named as the manifest names them."""
+        return name_outputs(self.model(*inputs.values()), self.manifest.output_names)
+
+    def _load_tensors(self, key: str) -> Any:
+        if key not in self._tensors:
+            path = self.path(key)
+            try:
+                self._tensors[key] = torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as err:  # noqa: BLE001 - report any unreadable file the same way
+                raise ArtifactError(
+                    f"{path} cannot be read ({err}); re-run `pipeline export`."
+                ) from None
+        return self._tensors[key]
+
+    def golden(self) -> tuple[Inputs, dict[str, torch.Tensor]]:
+        """The golden inputs and the eager outputs export stored for them."""
+        data = self._load_tensors(GOLDEN_KEY)
+        return dict(data["inputs"]), dict(data["outputs"])
+
+    def probes(self) -> list[tuple[str, Inputs]]:
+        """The probe inputs export stored (chosen to drive every branch)."""
+        if PROBES_KEY not in self.manifest.artifacts:
+            return []
+        return [(str(label), dict(p)) for label, p in self._load_tensors(PROBES_KEY)["probes"]]
+
+    def sample(self, batch: int, seed: int = 0) -> Inputs:
+        """Fresh random inputs of `batch` samples from the declared input spec."""
+        gen = torch.Generator().manual_seed(seed)
+        return self.entry.sample_inputs(self.entry.sizes(batch=batch), gen)
+
+
+def open_export(
+    export_dir: Path, *, model: str | None = None, checkpoint: Path | None = None
+) -> ExportedModel:
+    """Open `export_dir`. `model`: the name the caller expects (a mismatch is an error);
+    `checkpoint`: another copy of the export's checkpoint (its sha256 must match)."""
+    export_dir = Path(export_dir)
+    manifest = read_manifest(export_dir)
+    if model is not None and manifest.model.name != model:
+        raise ArtifactError(
+            f"{export_dir} holds an export of {manifest.model.name!r}, not {model!r}. "
+            f"Pass --model {manifest.model.name!r} or another --export-dir."
+        )
+    entry = (
+        get_entry(manifest.model.name)
+        if manifest.model.source == "zoo"
+        else entry_from_manifest(manifest)
+    )
+    ckpt_path = Path(checkpoint) if checkpoint else export_dir / manifest.checkpoint.path
+    loaded = load_checkpoint(ckpt_path)
+    if loaded.meta["weights_sha256"] != manifest.checkpoint.sha256:
+        raise ArtifactError(
+            f"Checkpoint {ckpt_path} is not the one {export_dir} was exported from (sha256 "
+            f"{loaded.meta['weights_sha256'][:12]}… vs {manifest.checkpoint.sha256[:12]}…). "
+            "Re-run `pipeline export` for this checkpoint."
+        )
+    eager = entry.build(**loaded.model_kwargs)
+    eager.load_state_dict(loaded.state_dict)
+    return ExportedModel(export_dir, manifest, entry, eager.eval(), ckpt_path)

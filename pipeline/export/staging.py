@@ -1,0 +1,52 @@
+"""Writing an export folder so readers see the old one or the new one, never half of either."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def plain(value: Any) -> Any:
+    """Fresh, detached copies of every tensor in `value`.
+
+    A tensor that picked up Python attributes on its way through the model is
+    pickled with its `__dict__` (a `set` among them), which LibTorch's
+    `torch::pickle_load` cannot read; a clone carries only the data.
+    """
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone().contiguous()
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(plain(v) for v in value)
+    return value
+
+
+def save_tensors(target: Path, payload: dict[str, Any]) -> None:
+    buffer = io.BytesIO()  # in memory first: see checkpoint.state_dict_bytes
+    torch.save(plain(payload), buffer)
+    target.write_bytes(buffer.getvalue())
+
+
+def swap_in(staging: Path, out_dir: Path) -> None:
+    """Replace `out_dir` with `staging` so readers see the old export or the new one."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        out_dir.rename(old)
+    try:
+        staging.rename(out_dir)
+    except BaseException:
+        # An error or Ctrl-C between the two renames left no export at all (the old
+        # one set aside under a hidden name, the new one deleted by the caller's
+        # cleanup): put the old one back. (A SIGKILL here still needs two renames.)
+        if old is not None:
+            old.rename(out_dir)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

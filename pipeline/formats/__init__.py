@@ -1,0 +1,1 @@
+"""The format registry: one module per exported format, each registered once (see base.py)."""

@@ -1,0 +1,267 @@
+"""ONNX export with a dynamic batch axis and a deliberately chosen opset.
+
+The `torch.export`-based exporter (`dynamo=True`) runs first. It cannot follow
+data-dependent Python control flow; for zoo models with a torch.cond
+formulation it exports that instead (ONNX `If`/`Scan`). Only models with no
+such formulation fall back to the TorchScript-based exporter (`dynamo=False`)
+on the *scripted* module, which turns `prim::If`/`prim::Loop` into ONNX
+`If`/`Loop` (it warns that it is deprecated).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+import torch
+from torch import nn
+
+from pipeline.core.errors import ExportError
+from pipeline.formats.base import ExportContext, Format, register
+from pipeline.formats.program import dynamic_shapes, quiet
+from pipeline.zoo.spec import Inputs, ZooEntry
+from pipeline_runtime.files import sha256_file
+from pipeline_runtime.manifest import ArtifactRecord
+
+log = logging.getLogger(__name__)
+
+# Opset 18, not the exporter's default 20: ONNX Runtime's AveragePool ran
+# several times slower at opset 20 than at 18 on this project's reference CPU
+# (../shared/DESIGN.md, "Performance traps"), and 18 covers every op the zoo uses.
+DEFAULT_OPSET = 18
+OPSET_REASON = (
+    "opset 18 rather than the exporter default 20: ONNX Runtime's AveragePool ran several "
+    "times slower at opset 20 on the reference CPU, and 18 covers every op used"
+)
+
+
+@dataclass(frozen=True)
+class OnnxResult:
+    exporter: str  # "torch.export (dynamo=True)" or "torchscript (dynamo=False)"
+    opset: int
+    reason: str
+
+
+def _dynamic_axes_legacy(
+    entry: ZooEntry, output_shapes: dict[str, tuple]
+) -> dict[str, dict[int, str]]:
+    axes = {spec.name: spec.dynamic_axes() for spec in entry.inputs}
+    for name, shape in output_shapes.items():
+        axes[name] = {i: d for i, d in enumerate(shape) if isinstance(d, str)}
+    return axes
+
+
+def _export_dynamo(
+    model: nn.Module, example: Inputs, entry: ZooEntry, path: Path, opset: int
+) -> None:
+    with quiet():
+        program = torch.onnx.export(
+            model,
+            tuple(example.values()),
+            dynamo=True,
+            opset_version=opset,
+            input_names=[s.name for s in entry.inputs],
+            output_names=list(entry.outputs),
+            dynamic_shapes=dynamic_shapes(entry),
+            verbose=False,
+        )
+    if program is None:  # pragma: no cover - dynamo=True always returns a program
+        raise ExportError("torch.onnx.export returned no program")
+    program.save(str(path))
+
+
+def _export_legacy(
+    scripted: torch.jit.ScriptModule,
+    example: Inputs,
+    entry: ZooEntry,
+    path: Path,
+    opset: int,
+    output_shapes: dict[str, tuple],
+) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            scripted,
+            tuple(example.values()),
+            str(path),
+            dynamo=False,
+            opset_version=opset,
+            input_names=[s.name for s in entry.inputs],
+            output_names=list(entry.outputs),
+            dynamic_axes=_dynamic_axes_legacy(entry, output_shapes),
+        )
+
+
+def _summary(err: BaseException) -> str:
+    """The line of the exporter's long report that says what went wrong."""
+    return re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", _summary_line(err)).strip()
+
+
+def _summary_line(err: BaseException) -> str:
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    for i, line in enumerate(lines):
+        if line.startswith("## Exception summary") and i + 1 < len(lines):
+            return lines[i + 1][:300]
+    for line in lines:
+        if line.startswith("<class '"):
+            return line[:300]
+    return lines[0][:300] if lines else type(err).__name__
+
+
+def fixed_dynamic_axes(path: Path, entry: ZooEntry) -> list[str]:
+    """Dynamic axes of the spec that the ONNX graph made fixed ("xs axis 0 (seq) = 5")."""
+    graph_inputs = {i.name: i for i in onnx.load(str(path), load_external_data=False).graph.input}
+    problems = []
+    for spec in entry.inputs:
+        graph_input = graph_inputs.get(spec.name)
+        if graph_input is None:
+            problems.append(f"input {spec.name!r} missing from the graph")
+            continue
+        dims = graph_input.type.tensor_type.shape.dim
+        for axis, name in spec.dynamic_axes().items():
+            if axis < len(dims) and dims[axis].HasField("dim_value"):
+                problems.append(f"{spec.name} axis {axis} ({name}) = {dims[axis].dim_value}")
+    return problems
+
+
+def _dynamo_checked(
+    model: nn.Module, example: Inputs, entry: ZooEntry, path: Path, opset: int
+) -> None:
+    """The default exporter, rejecting a graph that made a declared dynamic axis fixed.
+
+    torch.export specialises a size that Python code branched or looped on; the
+    sequence length must stay variable.
+    """
+    _export_dynamo(model, example, entry, path, opset)
+    fixed = fixed_dynamic_axes(path, entry)
+    if fixed:
+        raise ExportError(f"torch.export made dynamic axes fixed: {', '.join(fixed)}")
+
+
+def to_onnx(
+    model: nn.Module,
+    scripted: Callable[[], tuple[torch.jit.ScriptModule, str]],
+    example: Inputs,
+    entry: ZooEntry,
+    path: Path,
+    output_shapes: dict[str, tuple],
+    opset: int = DEFAULT_OPSET,
+) -> OnnxResult:
+    """Write `path` as ONNX; returns which exporter ran and why.
+
+    In order: the default exporter on the model; on the model's torch.cond
+    formulation, if its zoo entry has one (ONNX `If`/`Scan`); the deprecated
+    TorchScript-based exporter on the scripted module (`scripted()` gives it
+    and its method), for models with no such formulation.
+    """
+    try:
+        _dynamo_checked(model, example, entry, path, opset)
+        result = OnnxResult("torch.export (dynamo=True)", opset, "default exporter succeeded")
+    except Exception as err:  # noqa: BLE001 - any failure moves on to the next exporter
+        first = _summary(err)
+        result = None
+        if entry.cond_formulation is not None:
+            try:
+                _dynamo_checked(entry.cond_formulation(model), example, entry, path, opset)
+                result = OnnxResult(
+                    "torch.export (dynamo=True), torch.cond formulation",
+                    opset,
+                    f"the default exporter failed on the model as written ({first}); exported "
+                    "the zoo's torch.cond formulation, which keeps the branch as ONNX If "
+                    "(and the loop as Scan)",
+                )
+            except Exception as cond_err:  # noqa: BLE001 - fall back to the legacy exporter
+                first += f"; on the torch.cond formulation: {_summary(cond_err)}"
+        if result is None:
+            result = _legacy(scripted, example, entry, path, opset, output_shapes, first, err)
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except onnx.checker.ValidationError as err:
+        raise ExportError(f"The exported ONNX file {path} failed onnx.checker: {err}") from err
+    return result
+
+
+def _legacy(
+    scripted: Callable[[], tuple[torch.jit.ScriptModule, str]],
+    example: Inputs,
+    entry: ZooEntry,
+    path: Path,
+    opset: int,
+    output_shapes: dict[str, tuple],
+    first: str,
+    err: BaseException,
+) -> OnnxResult:
+    module, script_method = scripted()
+    try:
+        _export_legacy(module, example, entry, path, opset, output_shapes)
+    except Exception as legacy_err:
+        raise ExportError(
+            f"ONNX export failed with both exporters: torch.export: {first}; "
+            f"TorchScript-based: {_summary(legacy_err)}"
+        ) from legacy_err
+    kept = (
+        "which keeps its control flow as ONNX If/Loop"
+        if script_method in ("script", "hybrid")
+        else "a trace: control flow is NOT kept"
+    )
+    fixed = fixed_dynamic_axes(path, entry)
+    if fixed:
+        raise ExportError(
+            f"The ONNX graph has fixed sizes for dynamic axes ({', '.join(fixed)}) with both "
+            "exporters; the model's code ties those sizes to the example inputs."
+        ) from err
+    return OnnxResult(
+        "torchscript (dynamo=False)",
+        opset,
+        f"torch.export-based exporter failed ({first}); exported the {script_method} "
+        f"TorchScript module instead, {kept}",
+    )
+
+
+# --- the format ---------------------------------------------------------------
+
+FILE = "model.onnx"
+
+
+def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
+    from pipeline.formats.torchscript import scripted
+
+    log.info("ONNX (opset %d)…", ctx.opset)
+
+    def ts() -> tuple[torch.jit.ScriptModule, str]:
+        made = scripted(model, ctx)
+        return made.module, made.method
+
+    path = ctx.out_dir / FILE
+    result = to_onnx(model, ts, ctx.golden, ctx.entry, path, ctx.output_shapes, ctx.opset)
+    return ArtifactRecord(
+        file=FILE,
+        format="onnx",
+        sha256=sha256_file(path),
+        reason=result.reason,
+        details={
+            "exporter": result.exporter,
+            "opset": result.opset,
+            "opset_reason": OPSET_REASON if ctx.opset == DEFAULT_OPSET else "set by --opset",
+        },
+    )
+
+
+FORMAT = register(
+    Format(
+        key="onnx",
+        title="ONNX",
+        file=FILE,
+        archive_suffix="onnx",
+        handler="onnx_handler.py",
+        backend="onnxruntime",
+        export=export,
+        description="torch.onnx (dynamo, else the torch.cond formulation, else TorchScript-based); "
+        "run by ONNX Runtime",
+    )
+)

@@ -1,0 +1,156 @@
+"""torch.export for the exporters built on it (AOTInductor `.pt2`, the default ONNX exporter).
+
+`torch.export` cannot follow data-dependent Python control flow: an `if` on a
+tensor's value fails, and a Python loop over a dynamic axis fixes that axis.
+Zoo models with such code carry a `torch.cond` formulation (`ZooEntry.
+cond_formulation`) that computes the same thing; `export_program` falls back
+to it, and for a user's model it says which line failed and what to write
+instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import traceback
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from pipeline.core.errors import ExportError
+from pipeline.zoo.spec import Inputs, ZooEntry
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+# The exporters (formats/ and the export stage): frames there are not the model's own line.
+_PIPELINE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_EXPORT_DIRS = (os.path.join(_PIPELINE_DIR, "formats"), os.path.join(_PIPELINE_DIR, "export"))
+
+COND_HINT = (
+    "torch.export cannot follow a Python `if` on a tensor's value: write the branch as "
+    "`torch.cond(pred, true_fn, false_fn, (operands,))` (branches must not return an input "
+    "unchanged: return `x.clone()`), or export with --format torchscript/onnx, which script it"
+)
+LOOP_HINT = (
+    "a Python loop over a dynamic axis is unrolled by torch.export, fixing that axis: write it "
+    "with `torch._higher_order_ops.scan`, or declare the axis with a fixed size"
+)
+
+
+@dataclass(frozen=True)
+class Program:
+    program: torch.export.ExportedProgram
+    method: str  # "torch.export" or "torch.export (torch.cond formulation)"
+    reason: str
+
+
+def dynamic_shapes(entry: ZooEntry) -> tuple[dict[int, torch.export.Dim], ...]:
+    """torch.export's dynamic_shapes for the entry's named dynamic axes.
+
+    One `Dim` per axis name, so inputs sharing "batch" share its size.
+    """
+    dims: dict[str, torch.export.Dim] = {}
+    shapes = []
+    for spec in entry.inputs:
+        axes = {}
+        for axis, name in spec.dynamic_axes().items():
+            dims.setdefault(name, torch.export.Dim(name))
+            axes[axis] = dims[name]
+        shapes.append(axes)
+    return tuple(shapes)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Silence torch.export's progress, warnings and the graph it prints on failure.
+
+    The failure's summary reaches the user through the manifest and the CLI.
+    """
+    torch_log = logging.getLogger("torch")
+    level = torch_log.level
+    torch_log.setLevel(logging.ERROR)
+    try:
+        with (
+            contextlib.redirect_stdout(io.StringIO()),
+            contextlib.redirect_stderr(io.StringIO()),
+            warnings.catch_warnings(),
+        ):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        torch_log.setLevel(level)
+
+
+def user_line(err: BaseException) -> str | None:
+    """'file.py:LINE (source)' of the model code where torch.export gave up.
+
+    The deepest traceback frame outside torch and the export stage is the
+    model's own line (non-strict torch.export runs the model's Python as written).
+    """
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        frames = [
+            f
+            for f in traceback.extract_tb(err.__traceback__)
+            if not f.filename.startswith((_TORCH_DIR, *_EXPORT_DIRS)) and f.filename[0] != "<"
+        ]
+        if frames:
+            f = frames[-1]
+            name = os.path.relpath(f.filename) if f.filename.startswith(os.getcwd()) else f.filename
+            return f"{name}:{f.lineno}" + (f" ({f.line.strip()})" if f.line else "")
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def explain(err: BaseException) -> str:
+    """One sentence on why torch.export failed, with the line and what to do."""
+    text = str(err)
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(err).__name__)
+    where = user_line(err)
+    if "specialized it to be a constant" in text or "Constraints violated" in text:
+        what, hint = "the code fixed a dynamic axis", LOOP_HINT
+    elif "data-dependent" in text or "GuardOnDataDependent" in type(err).__name__:
+        what, hint = "the code branches on a tensor's value", COND_HINT
+    else:
+        what, hint = "", "see the torch.export documentation for what it supports"
+    at = f" at {where}" if where else ""
+    what = f" ({what})" if what else ""
+    return f"torch.export failed{at}{what}: {type(err).__name__}: {first[:200]}. Hint: {hint}."
+
+
+def _export(model: nn.Module, example: Inputs, entry: ZooEntry) -> torch.export.ExportedProgram:
+    with quiet():
+        return torch.export.export(
+            model, tuple(example.values()), dynamic_shapes=dynamic_shapes(entry), strict=False
+        )
+
+
+def export_program(model: nn.Module, example: Inputs, entry: ZooEntry) -> Program:
+    """`torch.export` of `model`, or of its torch.cond formulation when it has one.
+
+    Raises `ExportError` naming the failing line when neither works.
+    """
+    try:
+        return Program(_export(model, example, entry), "torch.export", "the model as written")
+    except Exception as err:  # noqa: BLE001 - any failure is explained or retried below
+        first = explain(err)
+        if entry.cond_formulation is None:
+            raise ExportError(first) from None
+    twin = entry.cond_formulation(model)
+    try:
+        program = _export(twin, example, entry)
+    except Exception as err:  # noqa: BLE001 - the formulation itself failed: report both
+        raise ExportError(
+            f"{first} The model's torch.cond formulation failed too: {explain(err)}"
+        ) from None
+    return Program(
+        program,
+        "torch.export (torch.cond formulation)",
+        f"{first.split('. Hint:')[0]}; exported the zoo's torch.cond formulation instead, "
+        "which computes the same function with the branch as torch.cond",
+    )

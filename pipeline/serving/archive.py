@@ -1,0 +1,255 @@
+"""The archive stage: an export folder → TorchServe `.mar` files in model_store/.
+
+One archive per format, `<model>_<suffix>.mar` with the suffix, artifact and
+handler the format registry names. Each holds the artifact, its handler, the
+`pipeline_runtime` package the handler runs (so a worker needs nothing from
+this repository), the export's `manifest.json` (the handler's sha256 check
+and I/O contract), `golden.pt` (warm-up), `model-config.yaml` (batching and
+workers) and `archive.json`: which model and format it is and, when `pipeline
+bench` measured the model, its fastest verified backend. `pipeline serve`
+and the client read `archive.json` instead of parsing archive names.
+
+Packed with model-archiver's Python API; nothing is written into the export.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import threading
+import zipfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+import pipeline_runtime
+from pipeline.core import paths
+from pipeline.core.errors import PipelineError
+from pipeline.core.manifest import GOLDEN_KEY, MANIFEST_NAME, artifact_path, read_manifest
+from pipeline.formats import base as registry
+from pipeline.zoo import DEFAULT_MODEL
+
+log = logging.getLogger(__name__)
+
+HANDLERS_DIR = Path(__file__).resolve().parents[2] / "handlers"
+RUNTIME_DIR = Path(pipeline_runtime.__file__).resolve().parent
+ARCHIVE_INFO = "archive.json"
+DEFAULT_STORE = Path("model_store")
+# Where `pipeline bench` writes each model's fastest verified backend (under the artifacts root).
+
+
+class ArchiveError(PipelineError):
+    """model-archiver failed or its inputs are missing."""
+
+
+@dataclass(frozen=True)
+class ArchiveInfo:
+    """`archive.json`: what an archive holds, for serve and the client."""
+
+    model: str  # as the export names it: "digits_lenet", "torchvision:resnet18"
+    format: str  # registry key
+    sha256: str = ""  # the artifact's, so a served archive can be matched with its export
+    fastest: dict[str, Any] | None = None  # the model's entry in bench's fastest.json
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> ArchiveInfo:
+        if not isinstance(data, dict) or not {"model", "format"} <= set(data):
+            raise ValueError(f"not an {ARCHIVE_INFO} record: {data!r}")
+        fastest = data.get("fastest")
+        return cls(
+            model=str(data["model"]),
+            format=str(data["format"]),
+            sha256=str(data.get("sha256", "")),
+            fastest=dict(fastest) if isinstance(fastest, dict) else None,
+        )
+
+    @classmethod
+    def read(cls, mar: Path) -> ArchiveInfo | None:
+        """The `archive.json` inside `mar`; None for an archive without one (another tool's)."""
+        try:
+            with zipfile.ZipFile(mar) as zf:
+                return cls.from_json(json.loads(zf.read(ARCHIVE_INFO)))
+        except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+            return None
+
+
+@dataclass
+class ArchiveConfig:
+    model: str = DEFAULT_MODEL
+    export_dir: Path | None = None  # default: artifacts/<model>/export
+    store: Path = DEFAULT_STORE
+    # None: every format the export holds.
+    formats: tuple[str, ...] | None = None
+    # bench's fastest.json; None: <artifacts>/bench/fastest.json when it exists.
+    bench_results: Path | None = None
+    # model-config.yaml: TorchServe's per-model settings.
+    batch_size: int = 8
+    max_batch_delay_ms: int = 10
+    min_workers: int = 1
+    max_workers: int = 1
+    response_timeout_s: int = 30
+    startup_timeout_s: int = 120
+    # None: TorchServe decides (a GPU worker when the server has GPUs, else CPU);
+    # "cpu" pins workers to CPU even on a GPU server.
+    device: Literal["cpu", "gpu"] | None = None
+
+    def validate(self) -> None:
+        known = registry.keys()
+        unknown = [f for f in self.formats or () if f not in known]
+        if unknown:
+            raise ArchiveError(f"Unknown format(s) {unknown}; choose from {', '.join(known)}.")
+        for name in (
+            "batch_size",
+            "min_workers",
+            "max_workers",
+            "response_timeout_s",
+            "startup_timeout_s",
+        ):
+            if getattr(self, name) < 1:
+                raise ArchiveError(f"--{name.replace('_', '-')} must be at least 1.")
+        if self.max_batch_delay_ms < 0:
+            raise ArchiveError("--max-batch-delay-ms must be 0 or more.")
+        if self.min_workers > self.max_workers:
+            raise ArchiveError("--min-workers cannot exceed --max-workers.")
+        if self.device not in (None, "cpu", "gpu"):
+            raise ArchiveError("--device must be cpu or gpu.")
+        if self.bench_results is not None and not Path(self.bench_results).is_file():
+            raise ArchiveError(
+                f"Bench results {self.bench_results} do not exist; run `pipeline bench`."
+            )
+
+
+def archive_name(model: str, fmt: str) -> str:
+    """TorchServe model name: 'digits_lenet' + torchscript → 'digits_lenet_ts'."""
+    return f"{paths.model_slug(model)}_{registry.get(fmt).archive_suffix}"
+
+
+def model_config(config: ArchiveConfig) -> dict[str, object]:
+    return {
+        "minWorkers": config.min_workers,
+        "maxWorkers": config.max_workers,
+        "batchSize": config.batch_size,
+        "maxBatchDelay": config.max_batch_delay_ms,
+        "responseTimeout": config.response_timeout_s,
+        "startupTimeout": config.startup_timeout_s,
+        **({"deviceType": config.device} if config.device else {}),
+    }
+
+
+def default_bench_results(artifacts_dir: Path | None = None) -> Path | None:
+    """<artifacts>/bench/fastest.json when `pipeline bench` wrote one, else None."""
+    path = paths.fastest_path(artifacts_dir)
+    return path if path.is_file() else None
+
+
+def fastest_entry(model: str, bench_results: Path | None) -> dict[str, Any] | None:
+    """`model`'s entry in bench's fastest.json (the default file when None), if any."""
+    path = Path(bench_results) if bench_results else default_bench_results()
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        log.warning("%s cannot be read (%s); archiving without a fastest backend", path, err)
+        return None
+    entry = data.get(model) if isinstance(data, dict) else None
+    return dict(entry) if isinstance(entry, dict) and entry.get("format") else None
+
+
+def archive(config: ArchiveConfig) -> list[Path]:
+    """Write one .mar per format; each appears in the store only once complete."""
+    config.validate()
+    export_dir = Path(config.export_dir) if config.export_dir else paths.export_dir(config.model)
+    manifest = read_manifest(export_dir)
+    if manifest.model.name != config.model:
+        raise ArchiveError(f"{export_dir} holds {manifest.model.name!r}, not {config.model!r}.")
+    store = Path(config.store)
+    store.mkdir(parents=True, exist_ok=True)
+    fastest = fastest_entry(config.model, config.bench_results)
+    formats = config.formats or tuple(
+        f.key for f in registry.all_formats() if f.key in manifest.artifacts
+    )
+    written = []
+    for key in formats:
+        fmt = registry.get(key)
+        artifact = artifact_path(export_dir, manifest, key)  # checks its sha256
+        golden = artifact_path(export_dir, manifest, GOLDEN_KEY)
+        name = archive_name(config.model, key)
+        info = ArchiveInfo(config.model, key, manifest.artifact(key).sha256, fastest)
+        with tempfile.TemporaryDirectory(prefix=f".{name}.", dir=store) as tmp:
+            staging = Path(tmp)
+            (staging / "model-config.yaml").write_text(
+                yaml.safe_dump(model_config(config), sort_keys=False)
+            )
+            # A folder in extra_files has its contents copied into the archive's root:
+            # this one holds the runtime package and archive.json.
+            extra = staging / "extra"
+            shutil.copytree(
+                RUNTIME_DIR,
+                extra / RUNTIME_DIR.name,
+                ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+            )
+            (extra / ARCHIVE_INFO).write_text(json.dumps(info.to_json(), indent=2) + "\n")
+            built = _package(
+                name,
+                staging,
+                serialized_file=artifact,
+                handler=HANDLERS_DIR / fmt.handler,
+                extra_files=[extra, export_dir / MANIFEST_NAME, golden],
+            )
+            target = store / f"{name}.mar"
+            built.replace(target)  # same filesystem: atomic
+        log.info("wrote %s", target)
+        written.append(target)
+    return written
+
+
+# model-archiver stages its files in <tempfile.gettempdir()>/<model name> and
+# deletes that folder first, so two archives of one name built at once (bench's
+# private store and a user's) would mix. Each build points it at its own
+# staging folder instead; the lock keeps that swap to one build at a time.
+_TEMPDIR_LOCK = threading.Lock()
+
+
+def _package(
+    name: str, staging: Path, *, serialized_file: Path, handler: Path, extra_files: list[Path]
+) -> Path:
+    """`staging/<name>.mar`, built by model-archiver; ArchiveError says why it failed."""
+    from model_archiver.model_archiver_config import ModelArchiverConfig
+    from model_archiver.model_archiver_error import ModelArchiverError
+    from model_archiver.model_packaging import package_model
+    from model_archiver.model_packaging_utils import ModelExportUtils
+
+    config = ModelArchiverConfig(
+        model_name=name,
+        handler=str(handler),
+        version="1.0",
+        serialized_file=str(serialized_file),
+        extra_files=",".join(str(p) for p in extra_files),
+        export_path=str(staging),
+        force=True,
+        config_file=str(staging / "model-config.yaml"),
+    )
+    scratch = staging / "scratch"
+    scratch.mkdir()
+    # package_model rather than generate_model_archive: the latter also calls
+    # logging.basicConfig, which would reconfigure the caller's logging.
+    with _TEMPDIR_LOCK:
+        saved, tempfile.tempdir = tempfile.tempdir, str(scratch)
+        try:
+            package_model(config, manifest=ModelExportUtils.generate_manifest_json(config))
+        except (ModelArchiverError, OSError, ValueError) as err:
+            raise ArchiveError(f"model-archiver could not build {name}.mar: {err}") from None
+        finally:
+            tempfile.tempdir = saved
+    built = staging / f"{name}.mar"
+    if not built.is_file():
+        raise ArchiveError(f"model-archiver reported success but wrote no {built}.")
+    return built

@@ -1,0 +1,377 @@
+"""The front door: an authenticating reverse proxy in front of TorchServe's inference API.
+
+Why it exists: TorchServe 0.12's Java frontend answers a missing or wrong
+token with `400 InvalidKeyException` and a body over `max_request_size` with
+an empty 413, before any handler code runs; and it has no TLS without a Java
+keystore. The gateway owns the public inference port and answers those cases
+the way HTTP clients expect (401 with `WWW-Authenticate`, JSON 413, JSON 404
+for anything that is not an inference route), optionally over HTTPS, then
+forwards to TorchServe, which stays on 127.0.0.1 behind its own token.
+
+Routes: `POST /predictions/<model>[/<version>]` (token required) and
+`GET /ping` (no token: health probes should not need a secret, and the answer
+says nothing about the models). Everything else is 404.
+
+The token is TorchServe's own inference key (`key_file.json` in the run
+folder), compared in constant time and re-read when the file changes. A
+worker that dies under a request makes TorchServe answer `500 Worker died.`;
+inference is a pure function, so the gateway turns that (and an unreachable
+TorchServe) into `503` with `Retry-After`, which clients retry.
+
+Run by `pipeline serve` as `python -m pipeline.serving.gateway <run_dir>/gateway.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import signal
+import ssl
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+
+log = logging.getLogger("pipeline.serving.gateway")
+
+CONFIG_FILE = "gateway.json"
+# The access log names client, request line, status, size and time; never headers
+# (the token travels in one).
+ACCESS_LOG_FORMAT = '%a "%r" %s %b %Tf'
+
+
+@dataclass
+class GatewayConfig:
+    host: str
+    port: int
+    upstream: str  # TorchServe's inference URL, e.g. http://127.0.0.1:41234
+    key_file: str  # TorchServe's key_file.json
+    max_request_size: int
+    timeout_s: float = 300.0
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    log_file: str | None = None
+    server_pid: int = 0  # TorchServe's launcher: its worker processes are watched (0: not)
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def read(cls, path: Path) -> GatewayConfig:
+        return cls(**json.loads(Path(path).read_text()))
+
+
+def error(status: int, kind: str, message: str, **headers: str) -> web.Response:
+    """TorchServe's own error shape, so clients parse every error the same way."""
+    return web.json_response(
+        {"code": status, "type": kind, "message": message}, status=status, headers=headers
+    )
+
+
+class Keys:
+    """TorchServe's inference key, re-read whenever key_file.json changes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._stamp: tuple[int, int] | None = None
+        self._key = b""
+
+    def current(self) -> bytes:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return self._key
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp != self._stamp:
+            try:
+                self._key = json.loads(self.path.read_text())["inference"]["key"].encode()
+                self._stamp = stamp
+            except (OSError, ValueError, KeyError) as err:
+                log.warning("cannot read %s (%s); keeping the previous key", self.path, err)
+        return self._key
+
+    def accepts(self, header: str | None) -> bool:
+        if not header:
+            return False
+        scheme, _, token = header.partition(" ")
+        key = self.current()
+        # compare_digest: the time taken does not tell an attacker how much matched.
+        return (
+            scheme.lower() == "bearer"
+            and bool(key)
+            and hmac.compare_digest(token.strip().encode(), key)
+        )
+
+
+class WorkerWatch:
+    """Notices when one of TorchServe's worker processes dies.
+
+    TorchServe 0.12 does not always answer the requests a worker was running
+    when it died: under load here, a SIGKILLed worker's batch got no answer at
+    all in about three runs of four (the client waits until its own timeout),
+    and `507` in others. Inference is a pure function, so the gateway sends
+    such requests again itself: every request in flight when a worker dies is
+    resent (at most `MAX_RESENDS` times), and queues until the replacement
+    worker is up. A death in another model's worker costs a duplicate
+    computation, never a wrong or lost answer.
+    """
+
+    INTERVAL_S = 0.25
+
+    def __init__(self, server_pid: int) -> None:
+        self.server_pid = server_pid
+        self.died = asyncio.Event()  # replaced by a fresh one after every death
+        self._workers: set[int] = set()
+
+    def _scan(self) -> set[int]:
+        try:
+            children = psutil.Process(self.server_pid).children(recursive=True)
+        except psutil.Error:
+            return set()
+        found = set()
+        for proc in children:
+            if proc.pid in self._workers:
+                found.add(proc.pid)
+                continue
+            with contextlib.suppress(psutil.Error):
+                if any("model_service_worker" in part for part in proc.cmdline()):
+                    found.add(proc.pid)
+        return found
+
+    async def run(self) -> None:
+        self._workers = await asyncio.to_thread(self._scan)
+        while True:
+            await asyncio.sleep(self.INTERVAL_S)
+            now = await asyncio.to_thread(self._scan)
+            gone = self._workers - now
+            self._workers = now
+            if gone:
+                log.warning(
+                    "worker process(es) %s died; resending the requests in flight", sorted(gone)
+                )
+                died, self.died = self.died, asyncio.Event()
+                died.set()
+
+
+# Resends after a worker death (see WorkerWatch); then the client gets 503 and may retry.
+MAX_RESENDS = 3
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """aiohttp's own 404/405/413 pages are text: give them the JSON shape."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error(exc.status, exc.reason.replace(" ", ""), exc.text or exc.reason)
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes | None:
+    """The body, or None when it is over `limit` (read no further than that)."""
+    if request.content_length is not None and request.content_length > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.content.iter_chunked(1 << 16):
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
+def build_app(config: GatewayConfig) -> web.Application:
+    keys = Keys(Path(config.key_file))
+    app = web.Application(middlewares=[json_errors], client_max_size=config.max_request_size)
+
+    watch = WorkerWatch(config.server_pid)
+
+    async def on_startup(app: web.Application) -> None:
+        app["session"] = ClientSession(
+            connector=TCPConnector(limit=512, force_close=False),
+            timeout=ClientTimeout(total=config.timeout_s),
+            auto_decompress=False,
+        )
+        if config.server_pid:
+            app["watch"] = asyncio.create_task(watch.run())
+
+    async def on_cleanup(app: web.Application) -> None:
+        if "watch" in app:
+            app["watch"].cancel()
+        await app["session"].close()
+
+    async def forward(
+        method: str, path: str, body: bytes, content_type: str | None
+    ) -> web.Response:
+        """Send upstream; resend when a worker dies under the request (see WorkerWatch)."""
+        for attempt in range(MAX_RESENDS + 1):
+            died = watch.died
+            sent = asyncio.ensure_future(_forward_once(method, path, body, content_type))
+            death = asyncio.ensure_future(died.wait())
+            done, _ = await asyncio.wait({sent, death}, return_when=asyncio.FIRST_COMPLETED)
+            if sent in done:
+                death.cancel()
+                resp = sent.result()
+                if (
+                    resp.status != 503
+                    or attempt == MAX_RESENDS
+                    or not resp.headers.get("X-Worker-Died")
+                ):
+                    return resp
+            else:
+                sent.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sent
+            log.info("resending %s %s after a worker death (attempt %d)", method, path, attempt + 2)
+        return error(
+            503,
+            "ServiceUnavailable",
+            "Workers kept dying while this request ran; retry later.",
+            **{"Retry-After": "1"},
+        )
+
+    async def _forward_once(
+        method: str, path: str, body: bytes, content_type: str | None
+    ) -> web.Response:
+        headers = {"Authorization": f"Bearer {keys.current().decode()}"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        try:
+            async with app["session"].request(
+                method, config.upstream + path, data=body, headers=headers
+            ) as resp:
+                data = await resp.read()
+                status = resp.status
+                ctype = resp.headers.get("Content-Type", "application/json")
+        except TimeoutError:
+            # Not 503: the request may still be running, so clients must not resend it blindly.
+            return error(
+                504,
+                "GatewayTimeout",
+                f"TorchServe did not answer within {config.timeout_s:.0f} s.",
+            )
+        except (ClientError, OSError) as err:
+            log.warning("TorchServe unreachable for %s: %s", path, type(err).__name__)
+            return error(
+                503,
+                "ServiceUnavailable",
+                "The model server is not reachable (starting, restarting or overloaded); retry.",
+                **{"Retry-After": "1"},
+            )
+        # TorchServe answers a request whose worker died with 500 "Worker died." or 507.
+        if (status == 500 and b"Worker died" in data) or status == 507:
+            return error(
+                503,
+                "ServiceUnavailable",
+                "The worker serving this model died and is being restarted; retry.",
+                **{"Retry-After": "1", "X-Worker-Died": "1"},
+            )
+        if status >= 400 and not data:
+            return error(status, "UpstreamError", f"TorchServe answered {status} with no body.")
+        return web.Response(body=data, status=status, headers={"Content-Type": ctype})
+
+    async def predictions(request: web.Request) -> web.StreamResponse:
+        if not keys.accepts(request.headers.get("Authorization")):
+            return error(
+                401,
+                "Unauthorized",
+                "A valid inference token is required: send 'Authorization: Bearer <key>' with the "
+                "'inference' key from the server's key_file.json.",
+                **{"WWW-Authenticate": 'Bearer realm="pipeline"'},
+            )
+        body = await _read_body(request, config.max_request_size)
+        if body is None:
+            return error(
+                413,
+                "RequestEntityTooLarge",
+                f"The request body is over the server's limit of {config.max_request_size} bytes "
+                "(max_request_size).",
+            )
+        return await forward(
+            "POST", request.rel_url.path, body, request.headers.get("Content-Type")
+        )
+
+    async def ping(request: web.Request) -> web.StreamResponse:
+        return await forward("GET", "/ping", b"", None)
+
+    app.router.add_post("/predictions/{model}", predictions)
+    app.router.add_post("/predictions/{model}/{version}", predictions)
+    app.router.add_get("/ping", ping)
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+def ssl_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    if not cert:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+async def _serve(config: GatewayConfig) -> None:
+    app = build_app(config)
+    runner = web.AppRunner(app, access_log_format=ACCESS_LOG_FORMAT, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(
+        runner,
+        config.host,
+        config.port,
+        ssl_context=ssl_context(config.tls_cert, config.tls_key),
+        backlog=1024,
+    )
+    await site.start()
+    log.info(
+        "gateway on %s://%s:%d -> %s",
+        "https" if config.tls_cert else "http",
+        config.host,
+        config.port,
+        config.upstream,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.serving.gateway",
+        description="Authenticating HTTP(S) front door for TorchServe's inference API "
+        "(started by `pipeline serve`).",
+    )
+    parser.add_argument("config", type=Path, help=f"the {CONFIG_FILE} written by pipeline serve")
+    args = parser.parse_args(argv)
+    config = GatewayConfig.read(args.config)
+    handler: logging.Handler = (
+        logging.FileHandler(config.log_file) if config.log_file else logging.StreamHandler()
+    )
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=[handler],
+    )
+    try:
+        asyncio.run(_serve(config))
+    except OSError as err:  # port taken, unreadable certificate, ...
+        log.error("gateway cannot start: %s", err)
+        print(f"gateway cannot start: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    os.umask(0o077)  # nothing it writes (logs) is for other users
+    sys.exit(main())

@@ -1,0 +1,339 @@
+"""A bounded load run against a served model, every answer checked against eager.
+
+`run()` sends `requests` requests at `concurrency` from one asyncio loop
+(loopback only), each carrying one of `pool` distinct inputs whose eager
+outputs were computed beforehand, and checks every answer with the
+manifest's tolerance. It retries what is safe to retry (503 and connection
+errors, with a bound and backoff: the client's policy), so that a killed
+worker costs time, not answers. Optionally it SIGKILLs the model's worker
+part-way through and measures how long TorchServe takes to bring a new one
+up. Worker memory (RSS of the model's worker processes) is read once after
+warm-up and once at the end.
+
+`run_served()` is the whole `pipeline loadtest` workflow: against the running
+server, or against a private one (archive into a temporary store, start on
+free loopback ports, run, stop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import torch
+
+from pipeline.core.compare import compare_tensor
+from pipeline.core.errors import PipelineError
+from pipeline.core.manifest import read_manifest
+from pipeline.export.opened import ExportedModel, open_export
+from pipeline.serving import client
+from pipeline.serving.archive import ArchiveConfig, archive
+from pipeline.serving.server import Server, default_run_dir, stop
+from pipeline.serving.torchserve import private_config, start
+
+log = logging.getLogger(__name__)
+
+
+class LoadTestError(PipelineError):
+    """The load run could not be set up."""
+
+
+@dataclass
+class LoadConfig:
+    export_dir: Path
+    # The served archive (e.g. digits_lenet_ts); None: the export's model in
+    # `format`, found in what serve recorded.
+    archive: str | None = None
+    run_dir: Path | None = None  # the running server's; None: <artifacts>/serve
+    format: str = "torchscript"
+    requests: int = 20_000
+    concurrency: int = 32
+    time_limit_s: float = 600.0
+    pool: int = 64  # distinct inputs, each answer checked against its eager output
+    kill_worker_after: int | None = None  # SIGKILL the worker once this many were answered
+    retries: int = 8  # resends per request, with the client's backoff
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.requests < 1 or self.concurrency < 1 or self.pool < 1:
+            raise LoadTestError("--requests, --concurrency and --pool must be at least 1.")
+        if self.time_limit_s <= 0:
+            raise LoadTestError("--time-limit must be positive.")
+        if self.kill_worker_after is not None and not 0 <= self.kill_worker_after < self.requests:
+            raise LoadTestError("--kill-worker-after must be between 0 and --requests - 1.")
+
+
+@dataclass
+class LoadReport:
+    archive: str
+    requests: int
+    concurrency: int
+    answered: int = 0
+    failed: int = 0  # answered with an error after every retry, or never answered
+    wrong: int = 0  # answered 200 with outputs outside tolerance
+    not_sent: int = 0  # left when the time limit ran out
+    retried: int = 0  # extra attempts the retry policy made
+    duration_s: float = 0.0
+    throughput_rps: float = 0.0
+    p50_ms: float = 0.0
+    p90_ms: float = 0.0
+    p99_ms: float = 0.0
+    worker_rss_mb_before: float = 0.0
+    worker_rss_mb_after: float = 0.0
+    worker_pids_before: list[int] = field(default_factory=list)
+    worker_pids_after: list[int] = field(default_factory=list)
+    killed_pid: int | None = None
+    recovery_s: float | None = None  # SIGKILL until a new worker was READY
+    errors: list[str] = field(default_factory=list)  # the first few, for the report
+
+    @property
+    def passed(self) -> bool:
+        return self.failed == 0 and self.wrong == 0 and self.not_sent == 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "passed": self.passed}
+
+    def summary(self) -> str:
+        lines = [
+            f"{self.archive}: {self.requests} requests at concurrency {self.concurrency} in "
+            f"{self.duration_s:.1f} s ({self.throughput_rps:.0f} req/s)",
+            f"  answered {self.answered}, failed {self.failed}, wrong {self.wrong}, "
+            f"not sent {self.not_sent}, retries {self.retried}",
+            f"  latency p50 {self.p50_ms:.1f} ms, p90 {self.p90_ms:.1f} ms, p99 {self.p99_ms:.1f} ms",
+            f"  worker RSS {self.worker_rss_mb_before:.0f} MiB after warm-up, "
+            f"{self.worker_rss_mb_after:.0f} MiB at the end",
+        ]
+        if self.killed_pid is not None:
+            recovery = f"{self.recovery_s:.1f} s" if self.recovery_s is not None else "never"
+            lines.append(
+                f"  worker {self.killed_pid} SIGKILLed; a new worker was READY in {recovery}"
+            )
+        lines += [f"  error: {e}" for e in self.errors]
+        lines.append("  PASSED" if self.passed else "  FAILED")
+        return "\n".join(lines)
+
+
+def worker_pids(server: Server, archive: str) -> list[int]:
+    """The pids of `archive`'s workers that TorchServe reports READY."""
+    workers = client.workers(server, archive)
+    if workers is None:
+        raise LoadTestError(f"The server does not serve {archive}.")
+    return sorted(w["pid"] for w in workers if w.get("status") == "READY")
+
+
+def _rss_mb(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):  # a worker that just died counts as 0
+            total += psutil.Process(pid).memory_info().rss
+    return total / 2**20
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1]
+
+
+def _inputs_pool(
+    config: LoadConfig, exported: ExportedModel
+) -> tuple[list[bytes], list[dict[str, torch.Tensor]]]:
+    """`pool` request bodies with the eager outputs each must get back."""
+    bodies, expected = [], []
+    for i in range(config.pool):
+        inputs = exported.sample(1, seed=config.seed + i)
+        bodies.append(client.tensors_body(inputs))
+        expected.append(exported.eager(inputs))
+    return bodies, expected
+
+
+async def _watch_recovery(
+    server: Server, archive: str, killed: int, count: int, started: float
+) -> float | None:
+    """Seconds from the kill until `count` READY workers again, none of them the killed one."""
+    deadline = started + 120
+    while time.monotonic() < deadline:
+        try:
+            pids = await asyncio.to_thread(worker_pids, server, archive)
+        except (httpx.HTTPError, LoadTestError):
+            pids = []
+        if len(pids) >= count and killed not in pids:
+            return time.monotonic() - started
+        await asyncio.sleep(0.1)
+    return None
+
+
+async def _run(config: LoadConfig, server: Server, archive: str, report: LoadReport) -> None:
+    exported = open_export(config.export_dir)
+    bodies, expected = _inputs_pool(config, exported)
+    tolerance, outputs = exported.manifest.tolerance, exported.manifest.outputs
+    latencies: list[float] = []
+    next_index = 0
+    recovery: asyncio.Task | None = None
+
+    async def one(http: client.AsyncClient, i: int) -> None:
+        nonlocal recovery
+        k = i % len(bodies)
+        t0 = time.perf_counter()
+        answer = await http.send(archive, bodies[k])
+        latencies.append((time.perf_counter() - t0) * 1e3)
+        report.retried += answer.retries
+        if not answer.ok:
+            report.failed += 1
+            if len(report.errors) < 5:
+                report.errors.append(f"request {i}: {answer.problem}")
+            return
+        report.answered += 1
+        try:
+            got = answer.response.json()["outputs"]
+            ok = all(
+                compare_tensor(
+                    expected[k][o.name],
+                    torch.tensor(got[o.name], dtype=getattr(torch, o.dtype)),
+                    tolerance.atol,
+                    tolerance.rtol,
+                ).passed
+                for o in outputs
+            )
+            problem = "outputs outside tolerance"
+        except (ValueError, KeyError, TypeError, RuntimeError) as err:
+            ok, problem = False, f"unreadable answer: {err}"
+        if not ok:
+            report.wrong += 1
+            if len(report.errors) < 5:
+                report.errors.append(f"request {i}: {problem}")
+        if (
+            config.kill_worker_after is not None
+            and report.killed_pid is None
+            and report.answered >= config.kill_worker_after
+        ):
+            pids = worker_pids(server, archive)
+            report.killed_pid = pids[0]
+            os.kill(pids[0], signal.SIGKILL)
+            log.info("SIGKILLed worker %d of %s", pids[0], archive)
+            recovery = asyncio.create_task(
+                _watch_recovery(server, archive, pids[0], len(pids), time.monotonic())
+            )
+
+    async def lane(http: client.AsyncClient, deadline: float) -> None:
+        nonlocal next_index
+        while next_index < config.requests and time.monotonic() < deadline:
+            i = next_index
+            next_index += 1
+            await one(http, i)
+
+    async with client.AsyncClient(
+        server, concurrency=config.concurrency, timeout=60.0, retries=config.retries
+    ) as http:
+        # Warm-up: connections open, the worker past its first calls; then memory.
+        await asyncio.gather(*(one(http, -1 - j) for j in range(config.concurrency)))
+        warm_failed = report.failed
+        report.answered = report.failed = report.wrong = report.retried = 0
+        if warm_failed:
+            report.errors.append(f"{warm_failed} warm-up request(s) failed")
+        latencies.clear()
+        report.worker_pids_before = worker_pids(server, archive)
+        report.worker_rss_mb_before = _rss_mb(report.worker_pids_before)
+        began = time.monotonic()
+        await asyncio.gather(
+            *(lane(http, began + config.time_limit_s) for _ in range(config.concurrency))
+        )
+        report.duration_s = time.monotonic() - began
+    if recovery is not None:
+        report.recovery_s = await recovery
+    report.not_sent = config.requests - next_index
+    report.throughput_rps = report.answered / report.duration_s if report.duration_s else 0.0
+    report.p50_ms = _percentile(latencies, 50)
+    report.p90_ms = _percentile(latencies, 90)
+    report.p99_ms = _percentile(latencies, 99)
+    report.worker_pids_after = worker_pids(server, archive)
+    report.worker_rss_mb_after = _rss_mb(report.worker_pids_after)
+
+
+def run(config: LoadConfig) -> LoadReport:
+    """One load run against the server recorded in `config.run_dir`."""
+    config.validate()
+    server = Server.load(Path(config.run_dir or default_run_dir()))
+    if not server.alive():
+        raise LoadTestError(f"The server recorded in {server.run_dir} is not running.")
+    if config.archive is not None and config.archive not in server.models:
+        raise LoadTestError(
+            f"The server does not serve {config.archive}; it serves {', '.join(server.models)}."
+        )
+    name = config.archive or client.resolve_model(
+        server, read_manifest(config.export_dir).model.name, config.format
+    )
+    report = LoadReport(name, config.requests, config.concurrency)
+    asyncio.run(_run(config, server, name, report))
+    return report
+
+
+def run_served(
+    config: LoadConfig, *, private: bool = False, say: Callable[[str], Any] = log.info
+) -> LoadReport:
+    """`pipeline loadtest`: `run()` against the running server or, with `private`, against a
+    server of its own (the export archived in `config.format` into a temporary store, served
+    on free loopback ports, stopped afterwards)."""
+    if not private:
+        say(f"{config.requests} requests at concurrency {config.concurrency} ...")
+        return run(config)
+    model = read_manifest(config.export_dir).model.name
+    with tempfile.TemporaryDirectory(prefix="loadtest-") as tmp:
+        store, run_dir = Path(tmp) / "store", Path(tmp) / "run"
+        (mar,) = archive(
+            ArchiveConfig(
+                model=model, export_dir=config.export_dir, store=store, formats=(config.format,)
+            )
+        )
+        say(f"starting a private TorchServe for {mar.stem} ...")
+        start(private_config(store, run_dir))
+        try:
+            say(f"{config.requests} requests to {mar.stem} at concurrency {config.concurrency} ...")
+            return run(replace(config, archive=mar.stem, run_dir=run_dir))
+        finally:
+            stop(run_dir)
+
+
+def write_reports(reports: list[LoadReport], path: Path) -> None:
+    from pipeline.core.fileio import write_json
+
+    write_json(path, {"runs": [r.to_json() for r in reports]})
+
+
+def to_markdown(reports: list[LoadReport]) -> str:
+    rows = [
+        "| archive | requests | concurrency | failed | wrong | retries | req/s | p50 ms | p99 ms "
+        "| worker RSS MiB (warm → end) | recovery after SIGKILL |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in reports:
+        recovery = (
+            "—"
+            if r.killed_pid is None
+            else (f"{r.recovery_s:.1f} s" if r.recovery_s is not None else "never")
+        )
+        rows.append(
+            f"| {r.archive} | {r.requests} | {r.concurrency} | {r.failed + r.not_sent} | {r.wrong} "
+            f"| {r.retried} | {r.throughput_rps:.0f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} "
+            f"| {r.worker_rss_mb_before:.0f} → {r.worker_rss_mb_after:.0f} | {recovery} |"
+        )
+    return "\n".join(rows)
+
+
+def dumps(report: LoadReport) -> str:
+    return json.dumps(report.to_json(), indent=2)

@@ -1,0 +1,70 @@
+"""Served backends for verify: each archive of a model that a running server serves.
+
+`served_backends(model, manifest, run_dir)` returns one backend per served
+format, named `torchserve/<format key>`, whose `run(inputs)` sends the named
+inputs over REST (through the client, with the token) and returns the outputs
+in the manifest's order and dtypes. The CLI hands them to
+`verify(config, served=...)`: verify compares them with eager like the
+in-process backends and never imports the serving stage.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from pipeline.serving.client import post, tensors_body
+from pipeline.serving.server import ServeError, Server, default_run_dir
+from pipeline_runtime.manifest import Manifest
+
+SERVED_PREFIX = "torchserve"
+
+
+class ServedBackend:
+    """One served archive, reached over REST with the inference token."""
+
+    def __init__(self, server: Server, archive: str, fmt: str, manifest: Manifest) -> None:
+        self.server = server
+        self.archive = archive
+        self.name = f"{SERVED_PREFIX}/{fmt}"
+        self.outputs = manifest.outputs
+
+    def run(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        resp = post(self.server, self.archive, tensors_body(inputs))
+        if resp.status_code != 200:
+            raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
+        answer = resp.json()["outputs"]
+        return [torch.tensor(answer[o.name], dtype=getattr(torch, o.dtype)) for o in self.outputs]
+
+
+def served_backends(model: str, manifest: Manifest, run_dir: Path | None) -> list[ServedBackend]:
+    """One backend per archive of `model` that the server in `run_dir` serves, in registry
+    order (TorchScript first). ServeError when there is no such server, it serves no archive of the model, or
+    it serves one built from another export (its artifact's sha256 differs)."""
+    server = Server.load(Path(run_dir or default_run_dir()))
+    if not server.alive():
+        raise ServeError(
+            f"The server recorded in {server.run_dir} is not running; start it with `pipeline serve`."
+        )
+    served = server.archives_of(model)
+    stale = [
+        name
+        for name, info in served.items()
+        if info.format in manifest.artifacts
+        and info.sha256
+        and info.sha256 != manifest.artifacts[info.format].sha256
+    ]
+    if stale:
+        raise ServeError(
+            f"The running server serves {', '.join(sorted(stale))} built from another export of "
+            f"{model} than this one (the artifact's sha256 differs): re-archive it "
+            f"(`pipeline archive --model {model}`) and restart the server."
+        )
+    found = [ServedBackend(server, name, info.format, manifest) for name, info in served.items()]
+    if not found:
+        raise ServeError(
+            f"The running server does not serve {model}; archive it (`pipeline archive --model {model}`) "
+            "and restart the server."
+        )
+    return found

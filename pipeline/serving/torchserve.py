@@ -1,0 +1,366 @@
+"""Start and stop a real TorchServe over model_store/, with secure defaults.
+
+`start()` writes `config.properties` into a run folder, starts TorchServe in
+its own process group with that folder as working directory (so its token
+key file lands there and nowhere else), waits until every model has a READY
+worker, and records the process in `server.json`. When a model does not load,
+it raises with the worker's own log lines (TorchServe's API only says the
+model failed; the reason is in `model_log.log`) and stops the server.
+
+The record of a running server and `stop()` live in server.py; workers'
+readiness, scaling and warm-up in workers.py.
+
+Clients never talk to TorchServe directly: `pipeline.serving.gateway` owns the public
+inference port (401 for a missing token, JSON 413, optional HTTPS) and
+forwards to TorchServe's inference API on a private loopback port.
+
+Secure defaults: TorchServe on 127.0.0.1 only (the gateway too, unless the
+user names another host, with a warning), token authorization on, the
+model-management API (register/delete) off, `allowed_urls` limited to the
+local model store, explicit request/response size limits, one thread per
+worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from pipeline.serving.archive import DEFAULT_STORE, ArchiveInfo
+from pipeline.serving.gateway import CONFIG_FILE as GATEWAY_CONFIG
+from pipeline.serving.gateway import GatewayConfig
+from pipeline.serving.server import (
+    CONFIG_PROPERTIES,
+    KEY_FILE,
+    SERVER_FILE,
+    ServeError,
+    Server,
+    default_run_dir,
+    stop,
+)
+from pipeline.serving.workers import scale, status, wait_ready, warm_up, worker_plan
+
+__all__ = [
+    "ServeConfig",
+    "ServeError",
+    "Server",
+    "default_run_dir",
+    "free_port",
+    "preferred_archives",
+    "private_config",
+    "start",
+    "status",
+    "stop",
+    "worker_plan",
+]
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass
+class ServeConfig:
+    store: Path = DEFAULT_STORE
+    run_dir: Path | None = None  # default: <artifacts>/serve
+    models: list[str] | None = None  # archive names (without .mar); default: all in the store
+    host: str = "127.0.0.1"  # where the gateway listens; TorchServe itself stays on loopback
+    inference_port: int = 8080  # the gateway's (public) port
+    management_port: int = 8081
+    metrics_port: int = 8082
+    # gRPC listeners (TorchServe always opens them) and the base of the worker
+    # socket names (/tmp/.ts.sock.<n>): None picks free ones, so that two
+    # servers on one machine (a user's and the tests') never collide.
+    grpc_inference_port: int | None = None
+    grpc_management_port: int | None = None
+    initial_worker_port: int | None = None
+    max_request_size: int = 4 * 1024 * 1024  # bytes
+    max_response_size: int = 16 * 1024 * 1024
+    # None: from the machine (see worker_plan). Measured on 2 cores: two workers
+    # with two threads each fell to ~9 requests/s, one thread per worker gave ~40.
+    threads_per_worker: int | None = None
+    workers_per_model: int | None = None
+    token_expiration_min: int = 24 * 60
+    startup_timeout_s: float = 240.0
+    gpu: bool = False  # let TorchServe hand workers GPUs (number_of_gpu)
+    # HTTPS on the gateway: the user's certificate chain and private key (PEM).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    response_timeout_s: float = 300.0  # the gateway's limit on one forwarded request
+    # Serve the models that load even when others fail (they are listed in
+    # Server.failed and logged); by default one failure stops the start.
+    keep_going: bool = False
+    # Serve one format per model where its archives name the fastest verified
+    # backend `pipeline bench` measured (every format where they do not).
+    fastest_only: bool = False
+    extra_properties: dict[str, str] = field(default_factory=dict)
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def private_config(store: Path, run_dir: Path, **settings: Any) -> ServeConfig:
+    """A server of its own (loadtest, bench): loopback, free ports, `settings` on top."""
+    ports = {
+        "inference_port": free_port(),
+        "management_port": free_port(),
+        "metrics_port": free_port(),
+    }
+    return ServeConfig(store=store, run_dir=run_dir, **{**ports, **settings})
+
+
+def _properties(config: ServeConfig, store: Path, models: list[str], backend_port: int) -> str:
+    host = "127.0.0.1"  # TorchServe is never reachable from outside: the gateway is
+    props = {
+        "inference_address": f"http://{host}:{backend_port}",
+        "management_address": f"http://{host}:{config.management_port}",
+        "metrics_address": f"http://{host}:{config.metrics_port}",
+        "grpc_inference_address": host,
+        "grpc_management_address": host,
+        "grpc_inference_port": str(config.grpc_inference_port or free_port(host)),
+        "grpc_management_port": str(config.grpc_management_port or free_port(host)),
+        "initial_worker_port": str(config.initial_worker_port or random.randint(10_000, 60_000)),
+        "initial_distribution_port": str(random.randint(10_000, 60_000)),
+        "model_store": str(store),
+        "load_models": ",".join(f"{m}.mar" for m in models),
+        # ShellTorch (2023) came from an open management API and unrestricted
+        # model URLs: registration stays off and only the local store is allowed.
+        "enable_model_api": "false",
+        "disable_token_authorization": "false",
+        "token_expiration_min": str(config.token_expiration_min),
+        "allowed_urls": f"file://{store}/.*",
+        "enable_envvars_config": "false",
+        "max_request_size": str(config.max_request_size),
+        "max_response_size": str(config.max_response_size),
+        "default_workers_per_model": "1",
+        "install_py_dep_per_model": "false",
+        "metrics_mode": "prometheus",
+        "number_of_gpu": "1" if config.gpu else "0",
+        **config.extra_properties,
+    }
+    return "".join(f"{k}={v}\n" for k, v in props.items())
+
+
+def archive_infos(store: Path, archives: list[str]) -> dict[str, ArchiveInfo]:
+    """Each archive's archive.json (archives without one are left out)."""
+    found = {name: ArchiveInfo.read(store / f"{name}.mar") for name in archives}
+    return {name: info for name, info in found.items() if info is not None}
+
+
+def preferred_archives(store: Path, archives: list[str]) -> list[str]:
+    """One archive per model whose archives name a measured fastest format that was
+    archived; every archive of the other models, and archives without archive.json."""
+    infos = archive_infos(store, archives)
+    by_model: dict[str, list[str]] = {}
+    for name in archives:
+        if name in infos:
+            by_model.setdefault(infos[name].model, []).append(name)
+    chosen = [name for name in archives if name not in infos]
+    for model, names in by_model.items():
+        fastest = next((infos[n].fastest for n in names if infos[n].fastest), None)
+        pick = [n for n in names if fastest and infos[n].format == fastest.get("format")]
+        if pick and len(names) > 1:
+            log.info(
+                "%s: serving %s, the fastest verified backend (%s)",
+                model,
+                pick[0],
+                fastest.get("backend") if fastest else None,
+            )
+            chosen.append(pick[0])
+        else:
+            chosen += names
+    return sorted(chosen)
+
+
+def exposure_warning(config: ServeConfig) -> str | None:
+    """What to tell a user who asks for the API on a non-loopback address (None on loopback)."""
+    if config.host in LOOPBACK:
+        return None
+    clear = (
+        "" if config.tls_cert else ", and tokens travel in clear text (use --tls-cert/--tls-key)"
+    )
+    return (
+        f"The inference API will listen on {config.host}, not loopback: anyone who can reach "
+        f"this machine can try it{clear}. Keep the token file private. TorchServe itself, its "
+        "management and metrics APIs stay on 127.0.0.1."
+    )
+
+
+def start(config: ServeConfig) -> Server:
+    """Start TorchServe and return once every model is READY."""
+    store = Path(config.store).resolve()
+    run_dir = Path(config.run_dir or default_run_dir()).resolve()
+    warning = exposure_warning(config)
+    if warning:
+        log.warning("%s", warning)
+    if bool(config.tls_cert) != bool(config.tls_key):
+        raise ServeError("HTTPS needs both --tls-cert and --tls-key.")
+    for pem in (config.tls_cert, config.tls_key):
+        if pem and not Path(pem).is_file():
+            raise ServeError(f"TLS file {pem} does not exist.")
+    archives = sorted(p.stem for p in store.glob("*.mar")) if store.is_dir() else []
+    models = config.models or (
+        preferred_archives(store, archives) if config.fastest_only else archives
+    )
+    missing = [m for m in models if m not in archives]
+    if not models or missing:
+        raise ServeError(
+            f"No archive(s) {missing or ''} in {store}. Run `pipeline archive` (or `make archive`) first."
+        )
+    existing = run_dir / SERVER_FILE
+    if existing.is_file():
+        old = Server.load(run_dir)
+        if old.alive():
+            raise ServeError(
+                f"TorchServe is already running from {run_dir} (pid {old.pid}); stop it with `pipeline stop`."
+            )
+        existing.unlink()
+    for host, port in (
+        (config.host, config.inference_port),
+        ("127.0.0.1", config.management_port),
+        ("127.0.0.1", config.metrics_port),
+    ):
+        if not _port_free(host, port):
+            raise ServeError(
+                f"Port {port} on {config.host} is in use; pick others with --port/--management-port/--metrics-port."
+            )
+
+    # A fresh log per start: errors left by an earlier run must not be read
+    # as this run's (the previous logs stay in logs.previous/).
+    if (run_dir / "logs").exists():
+        shutil.rmtree(run_dir / "logs.previous", ignore_errors=True)
+        (run_dir / "logs").rename(run_dir / "logs.previous")
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "tmp").mkdir(exist_ok=True)
+    (run_dir / KEY_FILE).unlink(missing_ok=True)
+    conf = run_dir / CONFIG_PROPERTIES
+    backend_port = free_port()
+    workers, threads = worker_plan(len(models), config.workers_per_model, config.threads_per_worker)
+    log.info("%d worker(s) per model, %d thread(s) per worker", workers, threads)
+    conf.write_text(_properties(config, store, models, backend_port))
+    env = {
+        **os.environ,
+        # TorchServe keeps a pid file in the temp dir; a private one lets
+        # several servers (tests, users) run side by side.
+        "TMPDIR": str(run_dir / "tmp"),
+        "LOG_LOCATION": str(run_dir / "logs"),
+        "METRICS_LOCATION": str(run_dir / "logs"),
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "PIPELINE_WORKER_THREADS": str(threads),
+        "PYTHONWARNINGS": "ignore::FutureWarning",
+    }
+    exe = Path(sys.executable).parent / "torchserve"
+    if not exe.exists():
+        raise ServeError(f"torchserve is not installed next to {sys.executable}; run `make venv`.")
+    cmd = [
+        str(exe),
+        "--start",
+        "--foreground",
+        "--ts-config",
+        str(conf),
+        "--model-store",
+        str(store),
+        "--ncs",
+    ]
+    with (run_dir / "logs" / "torchserve.out").open("ab") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=run_dir, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    server = Server(
+        pid=proc.pid,
+        run_dir=str(run_dir),
+        inference_url=f"{'https' if config.tls_cert else 'http'}://{host}:{config.inference_port}",
+        management_url=f"http://127.0.0.1:{config.management_port}",
+        metrics_url=f"http://127.0.0.1:{config.metrics_port}",
+        models=models,
+        started=psutil.Process(proc.pid).create_time(),
+        backend_url=f"http://127.0.0.1:{backend_port}",
+        ca_file=str(Path(config.tls_cert).resolve()) if config.tls_cert else None,
+        archives=archive_infos(store, models),
+    )
+    server.record()
+    try:
+        failed = wait_ready(server, proc, config.startup_timeout_s, config.keep_going)
+        if failed:
+            server = replace(server, failed=sorted(failed))
+            server.record()
+        if workers > 1:
+            scale(server, [m for m in models if m not in failed], workers)
+        server = _start_gateway(server, config, run_dir)
+        warm_up(server, store, [m for m in models if m not in failed])
+    except BaseException:
+        stop(run_dir)
+        raise
+    return server
+
+
+def _start_gateway(server: Server, config: ServeConfig, run_dir: Path) -> Server:
+    gw = GatewayConfig(
+        host=config.host,
+        port=config.inference_port,
+        upstream=server.backend_url,
+        key_file=str(run_dir / KEY_FILE),
+        max_request_size=config.max_request_size,
+        timeout_s=config.response_timeout_s,
+        tls_cert=str(Path(config.tls_cert).resolve()) if config.tls_cert else None,
+        tls_key=str(Path(config.tls_key).resolve()) if config.tls_key else None,
+        log_file=str(run_dir / "logs" / "gateway.log"),
+        server_pid=server.pid,
+    )
+    gw.write(run_dir / GATEWAY_CONFIG)
+    with (run_dir / "logs" / "gateway.out").open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.serving.gateway", str(run_dir / GATEWAY_CONFIG)],
+            cwd=run_dir,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    server = replace(
+        server, gateway_pid=proc.pid, gateway_started=psutil.Process(proc.pid).create_time()
+    )
+    server.record()
+    host = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
+    deadline = time.monotonic() + 30
+    while True:
+        if proc.poll() is not None:
+            out_text = (run_dir / "logs" / "gateway.out").read_text(errors="replace")
+            raise ServeError(
+                f"The gateway exited with status {proc.returncode}:\n{out_text[-2000:]}"
+            )
+        try:
+            with socket.create_connection((host, config.inference_port), timeout=1):
+                break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise ServeError(
+                    f"The gateway did not open port {config.inference_port} within 30 s."
+                ) from None
+            time.sleep(0.1)
+    log.info("gateway listening on %s", server.inference_url)
+    return server

@@ -1,0 +1,261 @@
+"""The TorchServe handler every format's archive runs, on BaseHandler's template.
+
+`BaseHandler.handle` stays as TorchServe wrote it (it sets `self.context`,
+answers `describe` requests, runs preprocess → inference → postprocess and
+records `HandlerTime`); this class fills in the steps:
+
+* `initialize`: reads the archive's `manifest.json`, refuses an artifact whose
+  sha256 differs from it (the model then does not start), loads the artifact
+  through `pipeline_runtime.runners` (the loader verify and bench use: same
+  device rules, same threads) and warms it up on `golden.pt`;
+* `preprocess`: decodes each request on its own (`pipeline_runtime.codec`); a
+  bad one becomes its own 4xx JSON answer and does not fail its batch;
+* `inference`: runs requests with compatible shapes as one forward pass and
+  splits the outputs back (dynamic batching), unless the model says its
+  samples depend on each other;
+* `postprocess`: one JSON answer per request (tensors, top-k, or the Open
+  Inference Protocol), with its own HTTP status;
+* `describe_handle`: the model's I/O contract, for TorchServe's
+  `GET /models/<name>?customized=true`.
+
+A format's handler file (handlers/) only names its format key.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from ts.handler_utils.timer import timed
+from ts.torch_handler.base_handler import BaseHandler
+
+from pipeline_runtime import codec, runners
+from pipeline_runtime.files import IntegrityError, check_sha256
+from pipeline_runtime.manifest import MANIFEST_NAME, Manifest, TensorRecord
+
+logger = logging.getLogger(__name__)
+
+GOLDEN_FILE = "golden.pt"  # the archive's warm-up inputs
+# Intra-op threads per worker; `pipeline serve` sets both. One when unset:
+# several workers each spinning several threads on a small machine collapse throughput.
+THREADS_ENV = ("PIPELINE_WORKER_THREADS", "OMP_NUM_THREADS")
+
+# One request after `inference`: its error, or its decoded inputs and outputs.
+Result = codec.RequestError | tuple[codec.Decoded, list[np.ndarray]]
+
+
+def worker_threads() -> int:
+    for name in THREADS_ENV:
+        if os.environ.get(name):
+            return max(1, int(os.environ[name]))
+    return 1
+
+
+def _where(device: torch.device) -> str:
+    return "CPU" if device.type == "cpu" else str(device)
+
+
+class PipelineHandler(BaseHandler):
+    format_key = ""  # the format registry key this handler serves: "torchscript", "onnx", "pt2"
+
+    def initialize(self, context: Any) -> None:
+        props = context.system_properties
+        self.model_dir = Path(props["model_dir"])
+        self.model_name = context.model_name or "model"
+        # Not `self.manifest`: BaseHandler keeps TorchServe's MANIFEST.json dict there.
+        self.contract = Manifest.loads((self.model_dir / MANIFEST_NAME).read_bytes())
+        record = self.contract.artifact(self.format_key)
+        path = self.model_dir / record.file
+        try:
+            check_sha256(path, record.sha256)
+        except IntegrityError as err:
+            raise IntegrityError(f"Refusing to serve {record.file}: {err}") from None
+        serving = self.contract.serving
+        self.specs: tuple[TensorRecord, ...] = self.contract.inputs
+        self.image_size = serving.image_size
+        self.topk = serving.topk
+        # An input without a batch axis (a shared scale, say) cannot be stacked either.
+        self.stack_requests = serving.stack_requests and all(
+            s.batch_axis is not None for s in self.specs
+        )
+        self.output_axes = [o.batch_axis or 0 for o in self.contract.outputs]
+        wanted = self._pick_device(props.get("gpu_id"))
+        self.runner = runners.load(
+            self.format_key,
+            path,
+            inputs=self.contract.input_names,
+            outputs=self.contract.output_names,
+            device=wanted,
+            threads=worker_threads(),
+            record=record.details,
+        )
+        self.device = self.runner.device
+        if self.device != wanted:  # a .pt2 compiled for the other device kind, ORT without CUDA
+            compiled = record.get("device")
+            why = f"was compiled for {str(compiled).upper()}" if compiled else "cannot run there"
+            logger.info(
+                "%s %s: serving it on %s, not %s", path.name, why, _where(self.device), wanted
+            )
+        self.initialized = True
+        self._warm_up()
+
+    def _pick_device(self, gpu_id: Any) -> torch.device:
+        if gpu_id is not None and torch.cuda.is_available():
+            return torch.device(f"cuda:{int(gpu_id)}")
+        if gpu_id is not None:
+            logger.info("gpu_id=%s given but CUDA is not available; serving on CPU", gpu_id)
+        return torch.device("cpu")
+
+    def _warm_up(self) -> None:
+        """Run the golden inputs once so the first real request is not the slow one."""
+        golden = self.model_dir / GOLDEN_FILE
+        if not golden.is_file():
+            return
+        started = time.perf_counter()
+        data = torch.load(golden, map_location="cpu", weights_only=True)
+        self._forward({k: v.numpy() for k, v in data["inputs"].items()})
+        logger.info("warm-up took %.1f ms", 1000 * (time.perf_counter() - started))
+
+    def _forward(self, batch: dict[str, np.ndarray]) -> list[np.ndarray]:
+        outputs = self.runner({k: torch.from_numpy(v) for k, v in batch.items()})
+        return [t.numpy() for t in outputs.values()]
+
+    # --- the template's steps -------------------------------------------------
+
+    @timed
+    def preprocess(self, data: list[dict[str, Any]]) -> list[codec.Decoded | codec.RequestError]:
+        out: list[codec.Decoded | codec.RequestError] = []
+        for row in data:
+            body = row.get("data") if row.get("data") is not None else row.get("body")
+            try:
+                if body is None and row:
+                    # A form post: TorchServe turns its fields into the row's keys.
+                    raise codec.RequestError(
+                        f"Got form fields {sorted(map(str, row))[:5]}; send the tensor JSON or the image "
+                        "as the raw request body (Content-Type: application/json, image/png or image/jpeg).",
+                        status=415,
+                    )
+                decoded = codec.decode_request(
+                    body, self.specs, accepts_images=self.image_size is not None
+                )
+                if decoded.protocol == "image":
+                    decoded = self._image_inputs(decoded)
+                out.append(decoded)
+            except codec.RequestError as err:
+                out.append(err)
+            except Exception as err:  # any decoding bug is this request's 400 only (logged)
+                logger.exception("could not decode a request")
+                out.append(
+                    codec.RequestError(
+                        f"The request could not be decoded: {type(err).__name__}: {err}"
+                    )
+                )
+        return out
+
+    def _image_inputs(self, decoded: codec.Decoded) -> codec.Decoded:
+        # The same resize as training (pipeline.zoo.data.preprocess_digits).
+        name = self.specs[0].name
+        x = torch.from_numpy(decoded.arrays[name])
+        size = int(self.image_size or 0)
+        if tuple(x.shape[-2:]) != (size, size):
+            x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+        return codec.Decoded({name: x.contiguous().numpy()}, "image", unbatched=False)
+
+    def _batch_axis(self, spec: TensorRecord) -> int:
+        return spec.batch_axis or 0
+
+    @timed
+    def inference(self, data: list[Any], *args: Any, **kwargs: Any) -> list[Result]:
+        """Stack requests whose non-batch shapes agree; one forward pass per group.
+
+        The batch axis is not always first: for (seq, batch, features) inputs a
+        request's non-batch shape is compared over all the other axes.
+        """
+        results: list[Any] = list(data)
+        groups: dict[tuple, list[int]] = {}
+        for i, item in enumerate(data):
+            if isinstance(item, codec.Decoded):
+                key = tuple(
+                    (
+                        spec.name,
+                        tuple(
+                            d
+                            for ax, d in enumerate(item.arrays[spec.name].shape)
+                            if ax != self._batch_axis(spec)
+                        ),
+                    )
+                    for spec in self.specs
+                )
+                groups.setdefault(key if self.stack_requests else (i,), []).append(i)
+        for members in groups.values():
+            batch = {
+                spec.name: np.concatenate(
+                    [data[i].arrays[spec.name] for i in members], axis=self._batch_axis(spec)
+                )
+                for spec in self.specs
+            }
+            if len(members) > 1:
+                logger.info("dynamic batching: %d requests in one forward pass", len(members))
+            try:
+                outputs = self._forward(batch)
+            except Exception as err:  # a runtime failure fails this group only (logged)
+                logger.exception("inference failed for %d request(s)", len(members))
+                for i in members:
+                    results[i] = codec.RequestError(f"Inference failed: {err}", status=500)
+                continue
+            start = 0
+            first = self.specs[0]
+            for i in members:
+                n = data[i].arrays[first.name].shape[self._batch_axis(first)]
+                parts = [
+                    np.take(o, range(start, start + n), axis=ax)
+                    for o, ax in zip(outputs, self.output_axes, strict=False)
+                ]
+                results[i] = (data[i], parts if len(members) > 1 else outputs)
+                start += n
+        return results
+
+    @timed
+    def postprocess(self, data: list[Result]) -> list[dict[str, Any]]:
+        answers = []
+        for idx, item in enumerate(data):
+            self.context.set_response_content_type(idx, "application/json")
+            if isinstance(item, codec.RequestError):
+                # The phrase becomes the HTTP status line: one line of ASCII only.
+                phrase = " ".join(str(item).split())[:200].encode("ascii", "replace").decode()
+                self.context.set_response_status(item.status, phrase, idx)
+                answers.append(item.to_json())
+                continue
+            decoded, outputs = item
+            answers.append(
+                codec.encode_outputs(
+                    self.contract.output_names,
+                    outputs,
+                    decoded.protocol,
+                    self.model_name,
+                    decoded.unbatched,
+                    self.topk,
+                )
+            )
+        return answers
+
+    def describe_handle(self) -> dict[str, Any]:
+        """What a client must send and gets back (TorchServe's `describe` request)."""
+        return {
+            "model": self.contract.model.name,
+            "format": self.format_key,
+            "device": str(self.device),
+            "inputs": [s.describe() for s in self.specs],
+            "outputs": [o.describe() for o in self.contract.outputs],
+            "accepts_images": self.image_size is not None,
+            "image_size": self.image_size,
+            "topk": self.topk,
+            "stack_requests": self.stack_requests,
+            "protocols": ["json", "v2", "npy", "npz", *(["image"] if self.image_size else [])],
+        }

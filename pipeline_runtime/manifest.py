@@ -1,0 +1,333 @@
+"""`manifest.json`, typed: what an export folder holds, how it was made, and its I/O contract.
+
+Export is the only writer. Everything downstream (verify, bench, archive,
+serve, the handlers inside a `.mar`, the C++ client's callers) reads it
+through `Manifest.read`, which checks the schema and the fields it needs, and
+says "re-export" for anything it cannot read. Each small class owns its JSON
+(as model-archiver's `manifest_components` do); the JSON keys are the ones
+schema 1 used, so schema-1 manifests still load.
+
+Pure Python (no torch): the handlers import it inside a TorchServe worker.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "pipeline.manifest/2"
+# Schema 1 has the same fields; it loads as it is.
+READABLE_SCHEMAS = ("pipeline.manifest/1", SCHEMA)
+MANIFEST_NAME = "manifest.json"
+GOLDEN_KEY = "golden"
+PROBES_KEY = "probes"
+
+
+class ManifestError(ValueError):
+    """A manifest that is missing, unreadable or not one this version understands."""
+
+
+def _need(data: Mapping[str, Any], key: str, where: str) -> Any:
+    if not isinstance(data, Mapping) or key not in data:
+        raise ManifestError(f"the manifest's {where} has no {key!r} field")
+    return data[key]
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    """One input or output: a name, a shape (a str is a named dynamic axis), a dtype name.
+
+    `low`/`high` are the range random inputs are drawn from (inputs only), with
+    `torch.randint`'s rule for integers: `high` is exclusive.
+    """
+
+    name: str
+    shape: tuple[int | str, ...]
+    dtype: str
+    low: float | None = None
+    high: float | None = None
+
+    @property
+    def batch_axis(self) -> int | None:
+        return self.shape.index("batch") if "batch" in self.shape else None
+
+    def dynamic_axes(self) -> dict[int, str]:
+        return {i: d for i, d in enumerate(self.shape) if isinstance(d, str)}
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+    def to_json(self) -> dict[str, Any]:
+        out = self.describe()
+        if self.low is not None:
+            out["low"] = self.low
+        if self.high is not None:
+            out["high"] = self.high
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TensorRecord:
+        shape = tuple(_need(data, "shape", "tensor record"))
+        if not all(isinstance(d, int | str) and not isinstance(d, bool) for d in shape):
+            raise ManifestError(f"tensor {data.get('name')!r} has a bad shape {list(shape)}")
+        return cls(
+            name=str(_need(data, "name", "tensor record")),
+            shape=shape,
+            dtype=str(_need(data, "dtype", "tensor record")),
+            low=None if data.get("low") is None else float(data["low"]),
+            high=None if data.get("high") is None else float(data["high"]),
+        )
+
+
+@dataclass(frozen=True)
+class ArtifactRecord:
+    """One file of the export: its format, its sha256 and how it was made.
+
+    `details` holds what only its format knows (TorchScript's method, ONNX's
+    exporter and opset, the .pt2's device and compile time); it is written
+    flat beside the common fields, as schema 1 did.
+    """
+
+    file: str
+    format: str
+    sha256: str
+    reason: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def how(self) -> str:
+        """The method or exporter that produced it, in words."""
+        return str(self.details.get("method") or self.details.get("exporter") or self.format)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.details.get(key, default)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {**self.details, "file": self.file, "format": self.format, "sha256": self.sha256}
+        if self.reason:
+            out["reason"] = self.reason
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ArtifactRecord:
+        common = {"file", "format", "sha256", "reason"}
+        return cls(
+            file=str(_need(data, "file", "artifact record")),
+            format=str(data.get("format", "")),
+            sha256=str(_need(data, "sha256", "artifact record")),
+            reason=str(data.get("reason", "")),
+            details={k: v for k, v in data.items() if k not in common},
+        )
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    name: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    task: str | None = None
+    source: str = "zoo"  # "zoo", "torchvision" or "user"
+    file: str | None = None  # absolute path of a file.py:Class model
+    init: str = "trained"  # or "random"
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "name": self.name,
+            "kwargs": self.kwargs,
+            "task": self.task,
+            "source": self.source,
+            "init": self.init,
+        }
+        if self.file:
+            out["file"] = self.file
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ModelRecord:
+        return cls(
+            name=str(_need(data, "name", "model")),
+            kwargs=dict(data.get("kwargs") or {}),
+            task=data.get("task"),
+            source=str(data.get("source", "zoo")),
+            file=data.get("file"),
+            init=str(data.get("init", "trained")),
+        )
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    path: str  # relative to the export folder
+    sha256: str
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "sha256": self.sha256, "metrics": self.metrics}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CheckpointRef:
+        return cls(
+            path=str(_need(data, "path", "checkpoint")),
+            sha256=str(_need(data, "sha256", "checkpoint")),
+            metrics=dict(data.get("metrics") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+
+    def to_json(self) -> dict[str, float]:
+        return {"atol": self.atol, "rtol": self.rtol}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Tolerance:
+        return cls(float(_need(data, "atol", "tolerance")), float(_need(data, "rtol", "tolerance")))
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What serving needs beyond tensors."""
+
+    image_size: int | None = None  # PNG/JPEG requests accepted, resized to this (digits: 28)
+    topk: int = 0  # classifiers: the k most likely classes beside the raw outputs
+    # False for models whose output for one sample depends on the rest of the
+    # batch (the tutorial gate sums over it): never stacked across clients.
+    stack_requests: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.image_size is not None:
+            out["image"] = {"size": self.image_size}
+        if self.topk:
+            out["topk"] = self.topk
+        if not self.stack_requests:
+            out["stack_requests"] = False
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Serving:
+        image = data.get("image")
+        return cls(
+            image_size=int(image["size"]) if isinstance(image, Mapping) else None,
+            topk=int(data.get("topk", 0)),
+            stack_requests=bool(data.get("stack_requests", True)),
+        )
+
+
+@dataclass(frozen=True)
+class Manifest:
+    model: ModelRecord
+    inputs: tuple[TensorRecord, ...]
+    outputs: tuple[TensorRecord, ...]
+    tolerance: Tolerance
+    checkpoint: CheckpointRef
+    artifacts: dict[str, ArtifactRecord]
+    serving: Serving = field(default_factory=Serving)
+    mode: str = "eval"
+    created: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+    schema: str = SCHEMA
+
+    @property
+    def input_names(self) -> list[str]:
+        return [i.name for i in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o.name for o in self.outputs]
+
+    def artifact(self, key: str) -> ArtifactRecord:
+        try:
+            return self.artifacts[key]
+        except KeyError:
+            raise ManifestError(f"the export has no {key!r} artifact") from None
+
+    def validate(self) -> None:
+        """Raise `ManifestError` for a manifest no stage could use."""
+        if not self.inputs:
+            raise ManifestError("the manifest lists no inputs")
+        if not self.outputs:
+            raise ManifestError("the manifest lists no outputs")
+        for group, records in (("input", self.inputs), ("output", self.outputs)):
+            names = [r.name for r in records]
+            if len(set(names)) != len(names):
+                raise ManifestError(f"{group} names repeat: {names}")
+        for key, record in self.artifacts.items():
+            if "/" in record.file or record.file in ("", ".", ".."):
+                raise ManifestError(
+                    f"artifact {key!r} names a file outside the export: {record.file!r}"
+                )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": self.schema,
+            "created": self.created,
+            "model": self.model.to_json(),
+            "mode": self.mode,
+            "checkpoint": self.checkpoint.to_json(),
+            "inputs": [i.to_json() for i in self.inputs],
+            "outputs": [o.to_json() for o in self.outputs],
+            "tolerance": self.tolerance.to_json(),
+            "serving": self.serving.to_json(),
+            "artifacts": {k: a.to_json() for k, a in self.artifacts.items()},
+            "versions": self.versions,
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, data: Any) -> Manifest:
+        if not isinstance(data, Mapping):
+            raise ManifestError("the manifest is not a JSON object")
+        schema = data.get("format")
+        if schema not in READABLE_SCHEMAS:
+            raise ManifestError(
+                f"its schema is {schema!r}; this version reads {', '.join(READABLE_SCHEMAS)}"
+            )
+        try:
+            manifest = cls(
+                model=ModelRecord.from_json(_need(data, "model", "top level")),
+                inputs=tuple(TensorRecord.from_json(i) for i in _need(data, "inputs", "top level")),
+                outputs=tuple(
+                    TensorRecord.from_json(o) for o in _need(data, "outputs", "top level")
+                ),
+                tolerance=Tolerance.from_json(_need(data, "tolerance", "top level")),
+                checkpoint=CheckpointRef.from_json(_need(data, "checkpoint", "top level")),
+                artifacts={
+                    str(k): ArtifactRecord.from_json(v)
+                    for k, v in dict(_need(data, "artifacts", "top level")).items()
+                },
+                serving=Serving.from_json(data.get("serving") or {}),
+                mode=str(data.get("mode", "eval")),
+                created=str(data.get("created", "")),
+                versions=dict(data.get("versions") or {}),
+                schema=SCHEMA,
+            )
+        except (TypeError, ValueError, AttributeError) as err:
+            if isinstance(err, ManifestError):
+                raise
+            raise ManifestError(f"a field has the wrong type ({err})") from None
+        manifest.validate()
+        return manifest
+
+    @classmethod
+    def loads(cls, text: str | bytes) -> Manifest:
+        try:
+            data = json.loads(text)
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ManifestError(f"it is not valid JSON ({err})") from None
+        return cls.from_json(data)
+
+    @classmethod
+    def read(cls, export_dir: Path) -> Manifest:
+        """`export_dir/manifest.json`; `ManifestError` says what is wrong with it."""
+        path = Path(export_dir) / MANIFEST_NAME
+        try:
+            text = path.read_bytes()
+        except FileNotFoundError:
+            raise ManifestError(f"{path} does not exist") from None
+        return cls.loads(text)

@@ -1,0 +1,200 @@
+"""Loading an exported artifact: one loader per format, one Runner contract.
+
+A `Runner` takes named tensors and returns named tensors (the manifest's
+names, in its order), whatever the format. verify, bench and the TorchServe
+handlers all load through `load()`, so a format is loaded in exactly one way:
+same device rules, same thread settings, same input checks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline_runtime.outputs import name_outputs
+
+log = logging.getLogger(__name__)
+
+Tensors = Mapping[str, torch.Tensor]
+
+# AOTInductor's generated code trusts its inputs: a wrong shape, dtype or a
+# size disagreeing with another input's can read out of bounds (a `my_cell`
+# package called with x of batch 2,000,000 and h of batch 1 segfaulted). With
+# this set before loading, the package checks sizes, strides and dtypes and
+# raises instead. Inherited by TorchServe workers and the C++ client.
+CHECK_INPUTS_ENV = "AOTI_RUNTIME_CHECK_INPUTS"
+
+
+class LoadError(RuntimeError):
+    """An artifact that cannot run here (wrong device kind, unreadable file)."""
+
+
+@dataclass
+class Runner:
+    """An artifact ready to run: named tensors in, named tensors out (on CPU)."""
+
+    format: str
+    device: torch.device
+    input_names: list[str]
+    output_names: list[str]
+    call: Callable[[list[torch.Tensor]], Any]  # inputs in forward() order → raw outputs
+    # What it was loaded with (threads, providers, ...), for reports.
+    settings: dict[str, Any]
+
+    def __call__(self, inputs: Tensors) -> dict[str, torch.Tensor]:
+        missing = [n for n in self.input_names if n not in inputs]
+        if missing:
+            raise ValueError(f"missing input(s) {missing}; the model takes {self.input_names}")
+        ordered = [inputs[n] for n in self.input_names]
+        outputs = name_outputs(self.call(ordered), self.output_names)
+        return {k: v.detach().cpu() for k, v in outputs.items()}
+
+    def positional(self, *args: torch.Tensor) -> Any:
+        """The raw call, inputs in forward() order: for timing without the naming."""
+        return self.call(list(args))
+
+
+def ort_session_options(threads: int | None = None) -> Any:
+    """ONNX Runtime options for sharing a process with PyTorch.
+
+    Spinning threads off: with ORT's default spin-waiting, eager PyTorch in the
+    same process ran about 12× slower on the reference 2-core machine
+    (../shared/DESIGN.md); in a TorchServe worker it steals the CPU too.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = max(1, threads or torch.get_num_threads())
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return options
+
+
+def load_torchscript(
+    path: Path, device: torch.device, threads: int | None, record: Mapping[str, Any]
+) -> tuple[Callable[[list[torch.Tensor]], Any], torch.device, dict[str, Any]]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated; see DESIGN.md
+        module = torch.jit.load(str(path), map_location=device).eval()
+
+    def call(args: list[torch.Tensor]) -> Any:
+        with torch.inference_mode():
+            return module(*(t.to(device) for t in args))
+
+    call.module = module  # type: ignore[attr-defined]  # bench freezes it
+    return call, device, {"intra_op_threads": threads or torch.get_num_threads()}
+
+
+def load_onnx(
+    path: Path, device: torch.device, threads: int | None, record: Mapping[str, Any]
+) -> tuple[Callable[[list[torch.Tensor]], Any], torch.device, dict[str, Any]]:
+    import onnxruntime as ort
+
+    providers: list[Any] = ["CPUExecutionProvider"]
+    if device.type == "cuda":
+        if "CUDAExecutionProvider" in ort.get_available_providers():
+            providers = [("CUDAExecutionProvider", {"device_id": device.index or 0}), *providers]
+        else:
+            log.info("onnxruntime has no CUDAExecutionProvider here; running on CPU")
+            device = torch.device("cpu")
+    options = ort_session_options(threads)
+    session = ort.InferenceSession(str(path), options, providers=providers)
+    names = [i.name for i in session.get_inputs()]
+
+    def call(args: list[torch.Tensor]) -> list[torch.Tensor]:
+        feed = {n: t.detach().cpu().numpy() for n, t in zip(names, args, strict=True)}
+        return [torch.from_numpy(a) for a in session.run(None, feed)]
+
+    call.session = session  # type: ignore[attr-defined]  # bench converts its opset
+    settings = {
+        "intra_op_threads": options.intra_op_num_threads,
+        "inter_op_threads": options.inter_op_num_threads,
+        "allow_spinning": "0",
+        "providers": session.get_providers(),
+    }
+    return call, device, settings
+
+
+def load_pt2(
+    path: Path, device: torch.device, threads: int | None, record: Mapping[str, Any]
+) -> tuple[Callable[[list[torch.Tensor]], Any], torch.device, dict[str, Any]]:
+    compiled_for = str(record.get("device", "cpu"))
+    if compiled_for == "cuda" and device.type != "cuda":
+        if not torch.cuda.is_available():
+            raise LoadError(
+                f"{Path(path).name} was compiled by AOTInductor for CUDA and there is no CUDA "
+                "here. Run it on a GPU machine, or re-export with --pt2-device cpu."
+            )
+        log.info("%s was compiled for CUDA: running it on cuda:0", Path(path).name)
+        device = torch.device("cuda:0")
+    elif compiled_for == "cpu" and device.type == "cuda":
+        log.info(
+            "%s was compiled for CPU: running it on CPU, not %s (export with --pt2-device cuda "
+            "for a GPU package)",
+            Path(path).name,
+            device,
+        )
+        device = torch.device("cpu")
+    os.environ.setdefault(CHECK_INPUTS_ENV, "1")  # see CHECK_INPUTS_ENV
+    # -1: the package's own device (CPU, or cuda:0 for a CUDA package); N: cuda:N.
+    index = device.index if device.type == "cuda" and device.index is not None else -1
+    package = aoti_load(path, index)
+
+    def call(args: list[torch.Tensor]) -> Any:
+        with torch.inference_mode():
+            # contiguous: the package's input check holds strides to the exported ones
+            return package(*(t.to(device).contiguous() for t in args))
+
+    return call, device, {"intra_op_threads": threads or torch.get_num_threads()}
+
+
+def aoti_load(path: Path, device_index: int = -1) -> Any:
+    """`torch._inductor.aoti_load_package`, quietly, with the input check on."""
+    import contextlib
+    import io
+
+    os.environ.setdefault(CHECK_INPUTS_ENV, "1")
+    with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch._inductor.aoti_load_package(str(path), device_index=device_index)
+
+
+LOADERS: dict[
+    str, Callable[..., tuple[Callable[[list[torch.Tensor]], Any], torch.device, dict]]
+] = {
+    "torchscript": load_torchscript,
+    "onnx": load_onnx,
+    "pt2": load_pt2,
+}
+
+
+def load(
+    fmt: str,
+    path: Path,
+    *,
+    inputs: Sequence[str],
+    outputs: Sequence[str],
+    device: str | torch.device = "cpu",
+    threads: int | None = None,
+    record: Mapping[str, Any] | None = None,
+) -> Runner:
+    """Load artifact `path` of format `fmt` as a Runner on `device` with `threads` intra-op threads.
+
+    `record` is the artifact's manifest record (the .pt2's compiled device lives there).
+    """
+    try:
+        loader = LOADERS[fmt]
+    except KeyError:
+        raise LoadError(f"No loader for format {fmt!r}; known: {', '.join(LOADERS)}.") from None
+    if threads:
+        torch.set_num_threads(threads)
+    call, used, settings = loader(Path(path), torch.device(device), threads, record or {})
+    return Runner(fmt, used, list(inputs), list(outputs), call, settings)

@@ -1,0 +1,124 @@
+"""Every registered format, end to end: export → load → verify → archive → handler → served answer.
+
+The tests walk the registry (`pipeline.formats.base`), so a new format gets
+this coverage by registering: nothing here names a format.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.export import ExportResult
+from pipeline.export.opened import open_export
+from pipeline.formats import base as registry
+from pipeline.serving.archive import ArchiveConfig, archive, archive_name
+from pipeline.serving.client import post, tensors_body
+from pipeline.serving.torchserve import ServeConfig, Server, free_port, start, stop
+from pipeline.verify import VerifyConfig, verify
+
+FORMATS = [f.key for f in registry.all_formats()]
+MODEL = "digits_lenet"
+
+
+@pytest.fixture(scope="module")
+def store(exported: ExportResult, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One archive per registered format, through the registry's own archive suffix/handler."""
+    store = tmp_path_factory.mktemp("formats_store")
+    archive(ArchiveConfig(model=MODEL, export_dir=exported.out_dir, store=store, formats=None))
+    return store
+
+
+@pytest.fixture(scope="module")
+def server(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    run_dir = tmp_path_factory.mktemp("formats_run")
+    srv = start(
+        ServeConfig(
+            store=store,
+            run_dir=run_dir,
+            inference_port=free_port(),
+            management_port=free_port(),
+            metrics_port=free_port(),
+            workers_per_model=1,
+            threads_per_worker=1,
+            startup_timeout_s=420,
+        )
+    )
+    try:
+        yield srv
+    finally:
+        stop(run_dir)
+
+
+def test_the_registry_is_consistent() -> None:
+    handlers = Path(__file__).resolve().parents[2] / "handlers"
+    seen: dict[str, set] = {"key": set(), "file": set(), "archive_suffix": set(), "backend": set()}
+    for fmt in registry.all_formats():
+        for attr, values in seen.items():
+            assert getattr(fmt, attr) not in values, f"{fmt.key} repeats {attr}"
+            values.add(getattr(fmt, attr))
+        assert (handlers / fmt.handler).is_file(), fmt.handler
+        assert registry.get(fmt.key) is fmt
+        assert registry.by_backend(fmt.backend) is fmt
+        assert registry.by_suffix(fmt.archive_suffix) is fmt
+    with pytest.raises(ValueError, match="reuses"):
+        registry.register(registry.all_formats()[0])
+
+
+@pytest.mark.parametrize("key", FORMATS)
+def test_export_holds_the_format_and_its_runner_matches_eager(
+    exported: ExportResult, key: str
+) -> None:
+    fmt = registry.get(key)
+    record = exported.manifest.artifact(key)
+    assert record.file == fmt.file and record.format == key
+    opened = open_export(exported.out_dir)
+    runner = opened.load(key)
+    inputs, stored = opened.golden()
+    got = runner(inputs)
+    assert list(got) == opened.manifest.output_names
+    for name, value in got.items():
+        torch.testing.assert_close(value, stored[name], atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("key", FORMATS)
+def test_verify_passes_for_the_format(exported: ExportResult, key: str, tmp_path: Path) -> None:
+    backend = registry.get(key).backend
+    report = verify(
+        VerifyConfig(
+            model=MODEL,
+            export_dir=exported.out_dir,
+            backends=(backend,),
+            report=tmp_path / "parity.json",
+        )
+    )
+    assert report.passed, report.failure_message()
+    assert {r.backend for r in report.rows} == {"golden file", backend}
+
+
+@pytest.mark.parametrize("key", FORMATS)
+def test_archive_carries_the_handler_and_the_runtime(store: Path, key: str) -> None:
+    fmt = registry.get(key)
+    mar = store / f"{archive_name(MODEL, key)}.mar"
+    assert mar.name.endswith(f"_{fmt.archive_suffix}.mar")
+    with zipfile.ZipFile(mar) as zf:
+        names = set(zf.namelist())
+    assert {fmt.file, fmt.handler, "manifest.json", "golden.pt"} <= names
+    assert "pipeline_runtime/runners.py" in names
+
+
+@pytest.mark.parametrize("key", FORMATS)
+def test_served_answer_matches_eager(exported: ExportResult, server: Server, key: str) -> None:
+    opened = open_export(exported.out_dir)
+    inputs = opened.sample(batch=3, seed=7)
+    expected = opened.eager(inputs)
+    resp = post(server, archive_name(MODEL, key), tensors_body(inputs))
+    assert resp.status_code == 200, resp.text
+    outputs = resp.json()["outputs"]
+    assert list(outputs) == opened.manifest.output_names
+    for name, value in outputs.items():
+        torch.testing.assert_close(torch.tensor(value), expected[name], atol=1e-4, rtol=1e-3)

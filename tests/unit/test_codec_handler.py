@@ -1,0 +1,229 @@
+"""The handler around the codec, run as a TorchServe worker runs it, without Java.
+
+A tiny hand-made export (a scripted module, its manifest and golden inputs)
+is archived through `pipeline.serving.archive`, unpacked, and loaded with
+TorchServe's own `TsModelLoader` (which imports the archive's handler file and
+calls `initialize` with a real `ts.context.Context`); requests then go through
+`BaseHandler.handle` exactly as `Service.predict` passes them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from pipeline.serving.archive import ARCHIVE_INFO, ArchiveConfig, ArchiveInfo, archive
+from pipeline_runtime.files import IntegrityError, sha256_file
+from pipeline_runtime.manifest import (
+    ArtifactRecord,
+    CheckpointRef,
+    Manifest,
+    ModelRecord,
+    Serving,
+    TensorRecord,
+    Tolerance,
+)
+
+
+class Tiny(nn.Module):
+    """Sums a (seq, batch, 3) input over seq: its batch axis is not the first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 5)
+
+    def forward(self, xs: torch.Tensor) -> torch.Tensor:
+        return self.linear(xs.sum(0))
+
+
+def _export(root: Path, *, stack_requests: bool = True) -> Path:
+    torch.manual_seed(0)
+    model = Tiny().eval()
+    out = root / "export"
+    out.mkdir(parents=True)
+    torch.jit.script(model).save(str(out / "model.torchscript.pt"))
+    golden = torch.randn(2, 4, 3)
+    torch.save({"inputs": {"xs": golden}, "outputs": {"logits": model(golden)}}, out / "golden.pt")
+    manifest = Manifest(
+        model=ModelRecord("tiny"),
+        inputs=(TensorRecord("xs", ("seq", "batch", 3), "float32"),),
+        outputs=(TensorRecord("logits", ("batch", 5), "float32"),),
+        tolerance=Tolerance(1e-5, 1e-4),
+        checkpoint=CheckpointRef("../checkpoint.pt", "0" * 64),
+        artifacts={
+            "torchscript": ArtifactRecord(
+                "model.torchscript.pt", "torchscript", sha256_file(out / "model.torchscript.pt")
+            ),
+            "golden": ArtifactRecord("golden.pt", "torch.save", sha256_file(out / "golden.pt")),
+        },
+        serving=Serving(topk=2, stack_requests=stack_requests),
+    )
+    (out / "manifest.json").write_text(manifest.dumps())
+    return out
+
+
+def _unpacked(root: Path, export_dir: Path) -> Path:
+    (mar,) = archive(
+        ArchiveConfig(
+            model="tiny", export_dir=export_dir, store=root / "store", formats=("torchscript",)
+        )
+    )
+    model_dir = root / "model_dir"
+    with zipfile.ZipFile(mar) as zf:
+        zf.extractall(model_dir)
+    return model_dir
+
+
+def _load(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The archive loaded as a TorchServe worker loads it: a `ts.service.Service`."""
+    import ts
+    from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+    from ts.model_loader import TsModelLoader
+
+    monkeypatch.syspath_prepend(str(model_dir))  # TorchServe runs workers in the model dir
+    monkeypatch.delitem(sys.modules, "torchscript_handler", raising=False)
+    metrics = MetricsCacheYamlImpl(
+        os.path.join(os.path.dirname(ts.__file__), "configs", "metrics.yaml")
+    )
+    metrics.initialize_cache()
+    return TsModelLoader().load(
+        "tiny_ts", str(model_dir), "torchscript_handler.py", None, 8, metrics_cache=metrics
+    )
+
+
+def _handle(
+    service: Any, bodies: list[Any], headers: dict[str, str] | None = None
+) -> list[tuple[int, Any]]:
+    """One batch through the handler; (status, answer) per request."""
+    from ts.service import Service
+
+    batch = [
+        {
+            "requestId": f"r{i}".encode(),
+            "parameters": [{"name": "body", "value": body, "contentType": "application/json"}]
+            if body is not None
+            else [{"name": "field", "value": b"abc", "contentType": "text/plain"}],
+            "headers": [
+                {"name": k.encode(), "value": v.encode()} for k, v in (headers or {}).items()
+            ],
+        }
+        for i, body in enumerate(bodies)
+    ]
+    processors, inputs, ids = Service.retrieve_data_for_inference(batch)
+    service.context.request_ids = ids
+    service.context.request_processor = processors
+    service.context.metrics.request_ids = ids
+    answers = service._entry_point(inputs, service.context)
+    return [(service.context.get_response_status(i)[0], a) for i, a in enumerate(answers)]
+
+
+@pytest.fixture
+def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Path]:
+    export_dir = _export(tmp_path)
+    return _load(_unpacked(tmp_path, export_dir), monkeypatch), export_dir
+
+
+def _expected(export_dir: Path, xs: torch.Tensor) -> torch.Tensor:
+    return torch.jit.load(str(export_dir / "model.torchscript.pt"))(xs)
+
+
+def test_archive_json_names_the_model_and_format(tmp_path: Path) -> None:
+    export_dir = _export(tmp_path)
+    model_dir = _unpacked(tmp_path, export_dir)
+    info = json.loads((model_dir / ARCHIVE_INFO).read_text())
+    assert (info["model"], info["format"], info["fastest"]) == ("tiny", "torchscript", None)
+    assert not list(model_dir.rglob("__pycache__"))
+    handler = (model_dir / "torchscript_handler.py").read_text()
+    assert "import pipeline_runtime" in handler or "from pipeline_runtime" in handler
+    assert "from pipeline." not in handler and "import pipeline\n" not in handler
+
+
+def test_archive_json_carries_the_fastest_backend_bench_measured(tmp_path: Path) -> None:
+    export_dir = _export(tmp_path)
+    entry = {"backend": "torchscript_frozen", "format": "torchscript", "median_ms": 0.1}
+    results = tmp_path / "fastest.json"
+    results.write_text(json.dumps({"tiny": entry, "other": {"format": "onnx"}}))
+    (mar,) = archive(
+        ArchiveConfig(
+            model="tiny",
+            export_dir=export_dir,
+            store=tmp_path / "store",
+            formats=("torchscript",),
+            bench_results=results,
+        )
+    )
+    info = ArchiveInfo.read(mar)
+    assert info is not None and info.fastest == entry
+    assert info.sha256 == sha256_file(export_dir / "model.torchscript.pt")
+    # The export itself is never written to after export.
+    assert "fastest" not in json.loads((export_dir / "manifest.json").read_text())
+
+
+def test_requests_are_batched_on_their_batch_axis_and_fail_alone(
+    served: tuple[Any, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    service, export_dir = served
+    a, b = torch.randn(4, 1, 3), torch.randn(4, 2, 3)  # same seq, batch on axis 1
+    bodies = [
+        json.dumps({"inputs": a.tolist()}).encode(),
+        b'{"inputs": [[1.0, 2.0]]}',
+        {"inputs": {"xs": b.tolist()}},  # TorchServe hands JSON bodies over parsed
+        None,  # a form post
+    ]
+    with caplog.at_level(logging.INFO):
+        answers = _handle(service, bodies)
+    assert [status for status, _ in answers] == [200, 400, 200, 415]
+    assert "must have shape" in answers[1][1]["error"]
+    assert "form fields" in answers[3][1]["error"]
+    assert any("dynamic batching: 2 requests" in r.getMessage() for r in caplog.records)
+    for (_, answer), xs in ((answers[0], a), (answers[2], b)):
+        expected = _expected(export_dir, xs)
+        torch.testing.assert_close(torch.tensor(answer["outputs"]["logits"]), expected)
+        assert len(answer["topk"]) == xs.shape[1] and len(answer["topk"][0]) == 2
+    # BaseHandler.handle ran the steps: it records HandlerTime.
+    assert any("[METRICS]HandlerTime" in r.getMessage() for r in caplog.records)
+
+
+def test_describe_answers_the_io_contract(served: tuple[Any, Path]) -> None:
+    service, _ = served
+    ((status, contract),) = _handle(service, [b"{}"], {"describe": "True"})
+    assert status == 200
+    assert contract["model"] == "tiny" and contract["format"] == "torchscript"
+    assert contract["inputs"] == [{"name": "xs", "shape": ["seq", "batch", 3], "dtype": "float32"}]
+    assert contract["outputs"] == [{"name": "logits", "shape": ["batch", 5], "dtype": "float32"}]
+    assert contract["topk"] == 2 and contract["accepts_images"] is False
+
+
+def test_models_that_must_not_be_stacked_run_each_request_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    export_dir = _export(tmp_path, stack_requests=False)
+    service = _load(_unpacked(tmp_path, export_dir), monkeypatch)
+    xs = [torch.randn(2, 1, 3), torch.randn(2, 1, 3)]
+    with caplog.at_level(logging.INFO):
+        answers = _handle(service, [json.dumps({"inputs": x.tolist()}).encode() for x in xs])
+    assert not any("dynamic batching" in r.getMessage() for r in caplog.records)
+    for (status, answer), x in zip(answers, xs, strict=True):
+        assert status == 200
+        torch.testing.assert_close(
+            torch.tensor(answer["outputs"]["logits"]), _expected(export_dir, x)
+        )
+
+
+def test_a_tampered_artifact_is_refused_at_initialize(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model_dir = _unpacked(tmp_path, _export(tmp_path))
+    artifact = model_dir / "model.torchscript.pt"
+    artifact.write_bytes(artifact.read_bytes() + b"\x00")
+    with pytest.raises(IntegrityError, match=r"Refusing to serve model\.torchscript\.pt"):
+        _load(model_dir, monkeypatch)
