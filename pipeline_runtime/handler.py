@@ -86,13 +86,17 @@ class PipelineHandler(BaseHandler):
         )
         self.output_axes = [o.batch_axis or 0 for o in self.contract.outputs]
         wanted = self._pick_device(props.get("gpu_id"))
+        threads = worker_threads()
+        # One thread per worker unless told otherwise: several workers each
+        # spinning several threads on a small machine collapse throughput.
+        torch.set_num_threads(threads)
         self.runner = runners.load(
             self.format_key,
             path,
             inputs=self.contract.input_names,
             outputs=self.contract.output_names,
             device=wanted,
-            threads=worker_threads(),
+            threads=threads,
             record=record.details,
         )
         self.device = self.runner.device

@@ -186,15 +186,16 @@ def load(
     threads: int | None = None,
     record: Mapping[str, Any] | None = None,
 ) -> Runner:
-    """Load artifact `path` of format `fmt` as a Runner on `device` with `threads` intra-op threads.
+    """Load artifact `path` of format `fmt` as a Runner on `device`.
 
+    `threads` sizes ONNX Runtime's own pool and is recorded in the settings;
+    torch's process-wide thread count is the caller's to set (a TorchServe
+    worker sets it once, bench per measurement), never a loader's.
     `record` is the artifact's manifest record (the .pt2's compiled device lives there).
     """
     try:
         loader = LOADERS[fmt]
     except KeyError:
         raise LoadError(f"No loader for format {fmt!r}; known: {', '.join(LOADERS)}.") from None
-    if threads:
-        torch.set_num_threads(threads)
     call, used, settings = loader(Path(path), torch.device(device), threads, record or {})
     return Runner(fmt, used, list(inputs), list(outputs), call, settings)

@@ -10,12 +10,11 @@ the C++ client on every format it runs (named as verify names it).
 
 from __future__ import annotations
 
-import contextlib
 import re
 import tempfile
 import warnings
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,22 +23,12 @@ import torch
 from pipeline.bench.inprocess import Runner, skipped, timed
 from pipeline.export.opened import ExportedModel, open_export
 from pipeline.formats import base as registry
+from pipeline.formats.cpp import is_pt2
 
 SEED = 0
 EAGER = "eager"
 # Outputs of an opset conversion must match the exported model's this closely.
 OPSET_ATOL, OPSET_RTOL = 1e-5, 1e-4
-
-
-@contextlib.contextmanager
-def _same_torch_threads() -> Iterator[None]:
-    # Loading sets torch's thread count for the process (runners.load); each
-    # measure() sets its own, so loading must leave the caller's as it was.
-    previous = torch.get_num_threads()
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _torch_settings(threads: int) -> dict[str, Any]:
@@ -59,14 +48,13 @@ def format_runner(
     if device != "cpu":  # the bench compares CPU backends
         return skipped(fmt.backend, f"the package was compiled for {device}"), None
     try:
-        with _same_torch_threads():
-            loaded = exported.load(fmt.key, threads=threads)
+        loaded = exported.load(fmt.key, threads=threads)
         loaded.positional(*args)  # a first call: lazy initialisation, and it must run here
     except Exception as err:  # noqa: BLE001 - an artifact that cannot run here is left out
         return skipped(fmt.backend, err), None
     settings = _torch_settings(threads) | loaded.settings
     path = exported.path(fmt.key)
-    if _is_aoti_package(path):
+    if is_pt2(path):
         settings["omp_kernel_threads"] = pt2_kernel_threads(path)
     runner = Runner(
         fmt.backend,
@@ -176,13 +164,12 @@ def _converted(
         with tempfile.TemporaryDirectory(prefix="pipeline-opset-") as tmp:
             path = Path(tmp) / f"opset{opset}.onnx"
             path.write_bytes(converted.SerializeToString())
-            with _same_torch_threads():
-                other = fmt.load(
-                    path,
-                    inputs=loaded.input_names,
-                    outputs=loaded.output_names,
-                    threads=threads,
-                )  # the session holds the model in memory: the file may go
+            other = fmt.load(
+                path,
+                inputs=loaded.input_names,
+                outputs=loaded.output_names,
+                threads=threads,
+            )  # the session holds the model in memory: the file may go
         expected = loaded(dict(zip(loaded.input_names, args, strict=True)))
         got = other(dict(zip(other.input_names, args, strict=True)))
         if not all(
@@ -212,12 +199,6 @@ def _cpp_measure(
         return {k: float(stats[k]) for k in ("p50_ms", "p90_ms", "p99_ms")} | {"runs": repeat}
 
     return measure
-
-
-def _is_aoti_package(path: Path) -> bool:
-    from pipeline.formats.cpp import is_pt2
-
-    return is_pt2(path)
 
 
 def pt2_kernel_threads(path: Path) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from pipeline.core.errors import PipelineError
+from pipeline_runtime.runners import aoti_load
 
 log = logging.getLogger(__name__)
 
@@ -191,12 +192,12 @@ def is_pt2(model: Path) -> bool:
 
 
 def _load_for_python(model: Path) -> Callable[..., Any]:
-    """MODEL loaded on CPU as Python runs it: aoti_load_package for .pt2, else torch.jit.load."""
+    """MODEL loaded on CPU as Python runs it: the runtime's aoti_load for .pt2, else torch.jit.load."""
     import warnings
 
     if is_pt2(model):
         try:
-            return torch._inductor.aoti_load_package(str(model))
+            return aoti_load(model)  # the runtime's loader: input checks on, as everywhere
         except Exception as e:  # the loader raises RuntimeError/zip errors of several kinds
             raise CppError(f"Cannot load the AOTInductor package {model}: {e}") from e
     with warnings.catch_warnings():

@@ -176,11 +176,11 @@ def archive(config: ArchiveConfig) -> list[Path]:
     formats = config.formats or tuple(
         f.key for f in registry.all_formats() if f.key in manifest.artifacts
     )
+    golden = artifact_path(export_dir, manifest, GOLDEN_KEY)  # checked once, packed in each
     written = []
     for key in formats:
         fmt = registry.get(key)
         artifact = artifact_path(export_dir, manifest, key)  # checks its sha256
-        golden = artifact_path(export_dir, manifest, GOLDEN_KEY)
         name = archive_name(config.model, key)
         info = ArchiveInfo(config.model, key, manifest.artifact(key).sha256, fastest)
         with tempfile.TemporaryDirectory(prefix=f".{name}.", dir=store) as tmp:

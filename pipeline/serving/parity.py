@@ -16,9 +16,8 @@ import torch
 
 from pipeline.serving.client import post, tensors_body
 from pipeline.serving.server import ServeError, Server, default_run_dir
+from pipeline.verify.backends import SERVED
 from pipeline_runtime.manifest import Manifest
-
-SERVED_PREFIX = "torchserve"
 
 
 class ServedBackend:
@@ -27,7 +26,7 @@ class ServedBackend:
     def __init__(self, server: Server, archive: str, fmt: str, manifest: Manifest) -> None:
         self.server = server
         self.archive = archive
-        self.name = f"{SERVED_PREFIX}/{fmt}"
+        self.name = f"{SERVED}/{fmt}"
         self.outputs = manifest.outputs
 
     def run(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
