@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import __version__
-from pipeline.cli.args import input_specs, kwargs_arg, model_arg, run_dir_arg, serve_run_dir
+from pipeline.cli.args import input_specs, kwargs_arg, model_arg
 from pipeline.cli.deploy import add_serving_commands
 from pipeline.cli.measure import add_bench_command, add_cpp_commands
 from pipeline.cli.train import add_train_command
+from pipeline.cli.verify import add_verify_command
 from pipeline.core import paths
-from pipeline.core.errors import ParityError, PipelineError
+from pipeline.core.errors import PipelineError
 
 log = logging.getLogger("pipeline")
 
@@ -90,45 +91,12 @@ def _export_holds(config: Any) -> bool:
     )
 
 
-def _cmd_verify(args: argparse.Namespace) -> int:
-    from pipeline.verify import VerifyConfig, verify
-
-    config = VerifyConfig.from_args(args)
-    report = verify(config, served=_served_backends(args, config))
-    report.print_table()
-    if not report.passed:
-        raise ParityError(report.failure_message())
-    return 0
-
-
-def _served_backends(args: argparse.Namespace, config: Any) -> list:
-    """TorchServe's backends for verify: asked for with --backend torchserve, or by
-    default when a server started by `pipeline serve` serves the model."""
-    from pipeline.verify.backends import SERVED
-
-    asked = SERVED in (config.backends or ())
-    if not asked and config.backends is not None:
-        return []
-    from pipeline.core.manifest import read_manifest
-    from pipeline.serving.parity import served_backends
-
-    manifest = read_manifest(config.export_dir)
-    if asked:
-        return served_backends(config.model, manifest, serve_run_dir(args))
-    try:
-        return served_backends(config.model, manifest, serve_run_dir(args))
-    except PipelineError as err:  # no server for this model: the local backends only
-        log.info("not checking a served model: %s", err)
-        return []
-
-
 def build_parser() -> argparse.ArgumentParser:
     from pipeline.core.compare import DEFAULT_ATOL, DEFAULT_RTOL
     from pipeline.export import DEFAULT_FORMATS
     from pipeline.export import FORMATS as EXPORT_FORMATS
     from pipeline.formats.onnx import DEFAULT_OPSET
     from pipeline.formats.torchscript import METHODS
-    from pipeline.verify.backends import backend_names
 
     parser = argparse.ArgumentParser(
         prog="pipeline",
@@ -252,50 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0, help="seed for --random-init (default: 0)")
     p.set_defaults(func=_cmd_export)
 
-    p = sub.add_parser(
-        "verify",
-        help="compare every backend with eager PyTorch",
-        description="Run eager, TorchScript and ONNX Runtime on the golden inputs, "
-        "the model's probe inputs and fresh random batches; print a table, write a "
-        "JSON report, exit 1 listing every check out of tolerance.",
-    )
-    model_arg(p)
-    p.add_argument("--export-dir", type=Path, help="default: <artifacts>/<model>/export")
-    p.add_argument(
-        "--checkpoint", type=Path, help="eager reference (default: the one in the manifest)"
-    )
-    p.add_argument(
-        "--backend",
-        action="append",
-        choices=backend_names(),
-        default=None,
-        help="backend to check; repeat for several (default: the in-process backend of every "
-        "format the export holds, plus torchserve when a server started by `pipeline serve` "
-        "serves the model)",
-    )
-    p.add_argument(
-        "--with-cpp",
-        action="store_true",
-        help="with the default backends, also run the LibTorch C++ client on every format it runs",
-    )
-    p.add_argument("--atol", type=float, help="absolute tolerance (default: the manifest's)")
-    p.add_argument("--rtol", type=float, help="relative tolerance (default: the manifest's)")
-    p.add_argument(
-        "--batch-sizes",
-        type=int,
-        nargs="+",
-        default=[1, 7],
-        help="fresh random batches (default: 1 7)",
-    )
-    p.add_argument(
-        "--seed", type=int, default=0, help="seed of the fresh random inputs (default: 0)"
-    )
-    p.add_argument(
-        "--report", type=Path, help="JSON report path (default: <artifacts>/<model>/parity.json)"
-    )
-    run_dir_arg(p)
-    p.set_defaults(func=_cmd_verify)
-
+    add_verify_command(sub)
     add_serving_commands(sub)
     add_cpp_commands(sub)
     add_bench_command(sub)
