@@ -40,7 +40,7 @@ SERVE_FLAGS ?=
 
 CPP_BUILD ?= cpp_client/build
 
-.PHONY: help venv train train-ddp export verify demo test lint format clean archive serve stop infer cpp latency loadtest bench bench-export
+.PHONY: help venv train train-ddp export verify verify-example demo test lint format clean archive serve stop infer cpp latency loadtest bench bench-export
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
@@ -65,6 +65,9 @@ export: $(MANIFEST)  ## export MODEL's checkpoint to TorchScript + ONNX (EXPORT_
 
 verify: $(MANIFEST)  ## compare TorchScript and ONNX Runtime with eager; fails on any mismatch
 	$(PIPELINE) verify --model $(MODEL)
+
+verify-example: | $(STAMP)  ## regenerate docs/verify-example/: a real failing parity report (altered ONNX weights)
+	$(BIN)/python docs/verify-example/make_example.py
 
 demo: | $(STAMP)  ## train, export and verify every built-in model (eager vs TorchScript, ONNX Runtime, .pt2, C++)
 	$(BIN)/pipeline build-cpp --build-dir $(CPP_BUILD)

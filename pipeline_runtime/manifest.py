@@ -130,7 +130,10 @@ class ModelRecord:
     task: str | None = None
     source: str = "zoo"  # "zoo", "torchvision" or "user"
     file: str | None = None  # absolute path of a file.py:Class model
-    init: str = "trained"  # or "random"
+    init: str = "trained"  # "trained", "imported" or "random"
+    # What was done beyond the init itself, in words: for "random", the
+    # normalisation statistics calibrated and the output scale reached.
+    init_note: str = ""
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -142,6 +145,8 @@ class ModelRecord:
         }
         if self.file:
             out["file"] = self.file
+        if self.init_note:
+            out["init_note"] = self.init_note
         return out
 
     @classmethod
@@ -153,6 +158,7 @@ class ModelRecord:
             source=str(data.get("source", "zoo")),
             file=data.get("file"),
             init=str(data.get("init", "trained")),
+            init_note=str(data.get("init_note", "")),
         )
 
 
@@ -230,6 +236,10 @@ class Manifest:
     created: str = ""
     versions: dict[str, str] = field(default_factory=dict)
     schema: str = SCHEMA
+    # Formats export was asked for but could not write: format key → why, in
+    # one line. The export holds the others (`pipeline export` exits 3). Absent
+    # from the JSON when empty, so older manifests and readers are unaffected.
+    failed: dict[str, str] = field(default_factory=dict)
 
     @property
     def input_names(self) -> list[str]:
@@ -243,7 +253,8 @@ class Manifest:
         try:
             return self.artifacts[key]
         except KeyError:
-            raise ManifestError(f"the export has no {key!r} artifact") from None
+            why = f" (its export failed: {self.failed[key]})" if key in self.failed else ""
+            raise ManifestError(f"the export has no {key!r} artifact{why}") from None
 
     def validate(self) -> None:
         """Raise `ManifestError` for a manifest no stage could use."""
@@ -260,9 +271,12 @@ class Manifest:
                 raise ManifestError(
                     f"artifact {key!r} names a file outside the export: {record.file!r}"
                 )
+        both = sorted(set(self.failed) & set(self.artifacts))
+        if both:
+            raise ManifestError(f"format(s) {both} are listed both as written and as failed")
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "format": self.schema,
             "created": self.created,
             "model": self.model.to_json(),
@@ -275,6 +289,9 @@ class Manifest:
             "artifacts": {k: a.to_json() for k, a in self.artifacts.items()},
             "versions": self.versions,
         }
+        if self.failed:
+            out["failed"] = dict(self.failed)
+        return out
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n"
@@ -306,6 +323,7 @@ class Manifest:
                 created=str(data.get("created", "")),
                 versions=dict(data.get("versions") or {}),
                 schema=SCHEMA,
+                failed={str(k): str(v) for k, v in dict(data.get("failed") or {}).items()},
             )
         except (TypeError, ValueError, AttributeError) as err:
             if isinstance(err, ManifestError):

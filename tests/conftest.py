@@ -45,6 +45,22 @@ def exported(trained: TrainResult, tmp_path_factory: pytest.TempPathFactory) -> 
     )
 
 
+@pytest.fixture(scope="session")
+def mobilenet(tmp_path_factory: pytest.TempPathFactory) -> ExportResult:
+    """torchvision's mobilenet_v3_small, --random-init (BatchNorm statistics calibrated,
+    so its outputs have a realistic scale), as TorchScript and ONNX."""
+    root = tmp_path_factory.mktemp("mobilenet")
+    return export(
+        ExportConfig(
+            model="torchvision:mobilenet_v3_small",
+            random_init=True,
+            checkpoint=root / "checkpoint.pt",
+            out_dir=root / "export",
+            formats=("torchscript", "onnx"),
+        )
+    )
+
+
 # The built-in models with data-dependent control flow (the TorchScript tutorial's).
 FAMILY = ["my_decision_gate", "my_cell", "my_rnn_loop", "wrap_rnn"]
 

@@ -10,7 +10,6 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from pipeline import __version__
 from pipeline.cli.args import input_specs, kwargs_arg, model_arg
@@ -26,7 +25,8 @@ log = logging.getLogger("pipeline")
 _EPILOG = """\
 stages run left to right, each reading what the one before wrote:
   pipeline train   → artifacts/<model>/checkpoint.pt (+ .json sidecar)
-  pipeline export  → artifacts/<model>/export/ (TorchScript, ONNX, golden I/O, manifest.json)
+  pipeline export  → artifacts/<model>/export/ (TorchScript, ONNX, golden I/O, manifest.json);
+                     exit 3 when only some formats could be written (see export --help)
   pipeline verify  → artifacts/<model>/parity.json, and a table; exit 1 on any mismatch
   pipeline archive → model_store/<model>_ts.mar, <model>_onnx.mar; then serve / infer / stop
   pipeline build-cpp → cpp_client/build/run_torchscript; verify --backend cpp uses it
@@ -62,33 +62,54 @@ def _cmd_where(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from pipeline.export import ExportConfig, export
+    from pipeline.export import EXIT_PARTIAL, ExportConfig, export
+    from pipeline.export.partial import one_line, partial_message, settled
 
     inputs, outputs = input_specs(args)
     config = ExportConfig.from_args(args, inputs=inputs, outputs=outputs)
-    if args.if_missing and _export_holds(config):
-        print(f"{config.out_dir} already holds {', '.join(config.formats)}; nothing to do")
-        return 0
+    held = settled(config.out_dir, config.model, config.formats) if args.if_missing else None
+    if held is not None:
+        failed = {k: v for k, v in held.failed.items() if k in config.formats}
+        have = [f for f in config.formats if f not in failed]
+        print(f"{config.out_dir} already holds {', '.join(have) or 'none of them'}; nothing to do")
+        if not failed:
+            return 0
+        print(
+            f"partial export: {', '.join(failed)} failed at the last export of {config.model} "
+            f"({'; '.join(f'{k}: {one_line(v)}' for k, v in failed.items())}). --if-missing "
+            f"does not retry a recorded failure; export without it to try again. Exit status "
+            f"{EXIT_PARTIAL} (partial).",
+            file=sys.stderr,
+        )
+        return EXIT_PARTIAL
     result = export(config)
     print(f"exported {args.model} to {result.out_dir}")
     for art in result.manifest.artifacts.values():
         reason = f": {art.reason}" if art.reason else ""
         print(f"  {art.file:22s} {art.how}{reason}")
+    if result.failed:
+        print(partial_message(result.manifest, result.out_dir), file=sys.stderr)
+        return EXIT_PARTIAL
     return 0
 
 
-def _export_holds(config: Any) -> bool:
-    """Whether the export folder already holds every asked-for format (for --if-missing)."""
-    from pipeline.core.errors import ArtifactError
-    from pipeline.core.manifest import read_manifest
+_EXPORT_EPILOG = """exit status:
+  0  every requested format written and checked
+  1  failed: nothing written, a previous export and checkpoint are kept. Also when a
+     setting cannot be honoured (--method trace refused, --pt2-device cuda without CUDA)
+  2  bad arguments
+  3  partial: some formats written and checked, the others could not express the model
+     (e.g. an op ONNX has no conversion for); manifest.json lists them under "failed"
+     with the reason, verify/archive/serve use what was written, and the checkpoint
+     made by --weights/--random-init is kept. With --if-missing, a format recorded as
+     failed is not retried (export without --if-missing to try again) and the status is 3.
+  130  interrupted (Ctrl-C): nothing written
 
-    try:
-        manifest = read_manifest(config.out_dir)
-    except ArtifactError:
-        return False
-    return manifest.model.name == config.model and all(
-        f in manifest.artifacts for f in config.formats
-    )
+--random-init calibrates BatchNorm/InstanceNorm running statistics on a few seeded
+random batches (the statistics of a freshly built model do not match its activations)
+and warns when the outputs still stay tiny; the manifest's model.init_note says what
+was done and the output scale reached.
+"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,7 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="export a checkpoint to TorchScript, ONNX and/or .pt2 (AOTInductor)",
         description="Load a checkpoint (sha256-checked), put the model in eval mode, "
         "write TorchScript, ONNX (dynamic batch) and, with --format pt2, an AOTInductor "
-        "package, plus golden I/O and manifest.json.",
+        "package, plus golden I/O and manifest.json. A format that cannot express the model "
+        "is recorded as failed while the others are written (exit status 3).",
+        epilog=_EXPORT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     model_arg(p)
     p.add_argument("--checkpoint", type=Path, help="default: <artifacts>/<model>/checkpoint.pt")
@@ -173,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--if-missing",
         action="store_true",
-        help="do nothing when the export folder already holds every asked-for format",
+        help="do nothing when the export folder already holds every asked-for format, "
+        "or recorded it as failed (exit status 3 then)",
     )
     p.add_argument(
         "--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset (default: {DEFAULT_OPSET})"
@@ -215,7 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="a state_dict saved with torch.save; imported (weights_only) as the checkpoint",
     )
     w.add_argument(
-        "--random-init", action="store_true", help="export with seeded random weights (see --seed)"
+        "--random-init",
+        action="store_true",
+        help="export with seeded random weights (see --seed), normalisation statistics "
+        "calibrated on random batches",
     )
     g.add_argument("--seed", type=int, default=0, help="seed for --random-init (default: 0)")
     p.set_defaults(func=_cmd_export)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.cli.args import model_arg, run_dir_arg, serve_run_dir
-from pipeline.core.errors import ParityError, PipelineError
+from pipeline.core.errors import PipelineError
 
 log = logging.getLogger("pipeline")
 
@@ -19,9 +19,14 @@ def add_verify_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "verify",
         help="compare every backend with eager PyTorch",
-        description="Run eager, TorchScript and ONNX Runtime on the golden inputs, "
-        "the model's probe inputs and fresh random batches; print a table, write a "
-        "JSON report, exit 1 listing every check out of tolerance.",
+        description="Run every backend and eager PyTorch on the golden inputs, the model's "
+        "probe inputs and fresh random batches; print a table (max abs/rel error, p99, the "
+        "reference's scale, the smallest passing atol/rtol, top-1 agreement for classifiers), "
+        "write parity.json and a Markdown report with |error| histograms, and exit 1 listing "
+        "every failed check. A failing backend is localised: the first module whose output "
+        "departs from eager's is named. Failure kinds: tolerance, shape, non-finite (NaN/Inf), "
+        "missing output, crashed, and vacuous (a tolerance so large that all zeros would pass).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     model_arg(p)
     p.add_argument("--export-dir", type=Path, help="default: <artifacts>/<model>/export")
@@ -45,6 +50,25 @@ def add_verify_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--atol", type=float, help="absolute tolerance (default: the manifest's)")
     p.add_argument("--rtol", type=float, help="relative tolerance (default: the manifest's)")
     p.add_argument(
+        "--atol-scale",
+        type=float,
+        metavar="FRACTION",
+        help="absolute tolerance relative to each output's scale: atol = FRACTION * max|eager "
+        "output|, per output and input set (replaces --atol; e.g. 1e-4)",
+    )
+    p.add_argument(
+        "--allow-vacuous",
+        action="store_true",
+        help="accept checks whose tolerance cannot tell the output from zeros (they are "
+        "reported as a note instead of failing)",
+    )
+    p.add_argument(
+        "--bisect",
+        action="store_true",
+        help="when the ONNX backend fails, also write the smallest failing ONNX subgraph "
+        "(runnable alone, with its inputs) beside the report",
+    )
+    p.add_argument(
         "--batch-sizes",
         type=int,
         nargs="+",
@@ -55,7 +79,10 @@ def add_verify_command(sub: argparse._SubParsersAction) -> None:
         "--seed", type=int, default=0, help="seed of the fresh random inputs (default: 0)"
     )
     p.add_argument(
-        "--report", type=Path, help="JSON report path (default: <artifacts>/<model>/parity.json)"
+        "--report",
+        type=Path,
+        help="JSON report path (default: <artifacts>/<model>/parity.json); the Markdown report "
+        "and its histograms go beside it (parity.md, parity_files/)",
     )
     run_dir_arg(p)
     p.set_defaults(func=_cmd_verify)
@@ -67,8 +94,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     config = VerifyConfig.from_args(args)
     report = verify(config, served=_served_backends(args, config))
     report.print_table()
-    if not report.passed:
-        raise ParityError(report.failure_message())
+    report.raise_for_failures()  # a ParityError subclass per failure kind; the CLI exits 1
     return 0
 
 

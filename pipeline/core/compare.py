@@ -2,29 +2,88 @@
 
 The pass rule is `torch.allclose`'s: |actual - expected| <= atol + rtol * |expected|
 elementwise, with NaN equal only to NaN in the same place.
+
+Verify asks for two stricter rules (`strict=True`), because a check that
+cannot fail proves nothing:
+
+- **non-finite**: NaN or Inf in a backend's output (or in the reference) is a
+  failure of its own kind, even where both sides agree;
+- **vacuous**: when the tolerance at the reference's largest magnitude,
+  atol + rtol * max|ref|, is at least `VACUOUS_FRACTION` of that magnitude,
+  an output of zeros (or anything within that band) would pass too. Such a
+  check is not a pass unless the caller accepts it.
+
+Besides pass/fail a `Comparison` carries what a person needs to judge the
+numbers: max abs/rel error, the 99th percentile of the abs error, the
+reference's scale (max |ref| and standard deviation), the smallest atol (at
+the given rtol) and rtol (at the given atol) that would have passed, top-1
+agreement for classifier outputs, and a histogram of |error| by decade.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from typing import Any
 
 import torch
 
+from pipeline.core.errors import (
+    BackendCrashError,
+    MissingOutputError,
+    NonFiniteOutputError,
+    ParityError,
+    ShapeMismatchError,
+    ToleranceError,
+    VacuousToleranceError,
+)
 from pipeline_runtime.outputs import flatten_outputs
 
 DEFAULT_ATOL = 1e-5  # fp32 on CPU; see issue 2 / DESIGN.md
 DEFAULT_RTOL = 1e-4
+# A tolerance that, at the reference's largest magnitude, allows a tenth of
+# that magnitude cannot tell the reference from a clearly wrong answer.
+VACUOUS_FRACTION = 0.1
+# The |error| histogram's bins: exact zero, then one per decade from 1e-12 to
+# 1e+3 (values below 1e-12 fall in the first decade, above 1e3 in the last).
+HIST_DECADES = tuple(range(-12, 4))
 
 __all__ = [
     "DEFAULT_ATOL",
     "DEFAULT_RTOL",
+    "HIST_DECADES",
+    "VACUOUS_FRACTION",
     "Comparison",
+    "Kind",
     "compare_outputs",
     "compare_tensor",
     "flatten_outputs",
 ]
+
+
+class Kind(StrEnum):
+    """What a comparison found; each failing kind has its own exception class."""
+
+    PASS = "pass"
+    TOLERANCE = "tolerance"
+    SHAPE = "shape"  # shape or dtype differs
+    NON_FINITE = "non-finite"
+    VACUOUS = "vacuous"
+    MISSING = "missing output"
+    CRASHED = "crashed"
+
+    @property
+    def error(self) -> type[ParityError]:
+        return {
+            Kind.TOLERANCE: ToleranceError,
+            Kind.SHAPE: ShapeMismatchError,
+            Kind.NON_FINITE: NonFiniteOutputError,
+            Kind.VACUOUS: VacuousToleranceError,
+            Kind.MISSING: MissingOutputError,
+            Kind.CRASHED: BackendCrashError,
+        }.get(self, ParityError)
 
 
 @dataclass(frozen=True)
@@ -32,41 +91,172 @@ class Comparison:
     max_abs: float
     max_rel: float
     passed: bool
-    problem: str = ""  # shape/dtype/NaN mismatch, empty when values were compared
+    problem: str = ""  # why it failed, in words; empty for a pass
+    kind: Kind = Kind.PASS
+    p99_abs: float = 0.0
+    ref_max: float = 0.0  # max |expected|
+    ref_std: float = 0.0
+    min_atol: float = 0.0  # smallest atol that passes at the given rtol
+    min_rtol: float = 0.0  # smallest rtol that passes at the given atol (inf: never)
+    top1: float | None = None  # classifiers: fraction of rows whose argmax agrees
+    hist: tuple[int, ...] = ()  # |error| counts: [== 0, then one per HIST_DECADES decade]
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["kind"] = str(self.kind)
+        out["hist"] = list(self.hist)
+        return {k: json_number(v) for k, v in out.items()}
+
+    @classmethod
+    def failed(cls, kind: Kind, problem: str) -> Comparison:
+        """A comparison that never got to the values (shape, missing, crashed)."""
+        inf = float("inf")
+        return cls(inf, inf, False, problem, kind, inf, 0.0, 0.0, inf, inf)
+
+    def error(self, where: str) -> ParityError | None:
+        """The typed exception for this failure (None for a pass), naming `where`."""
+        if self.passed:
+            return None
+        return self.kind.error(f"{where}: {self.problem}")
+
+
+def json_number(value: Any) -> Any:
+    # JSON has no Infinity: the reports write "inf" instead.
+    return "inf" if isinstance(value, float) and math.isinf(value) else value
+
+
+def _histogram(diff: torch.Tensor) -> tuple[int, ...]:
+    flat = diff.flatten()
+    zero = int((flat == 0).sum())
+    nonzero = flat[flat > 0]
+    if nonzero.numel() == 0:
+        return (zero, *([0] * len(HIST_DECADES)))
+    decade = nonzero.log10().floor().clamp(HIST_DECADES[0], HIST_DECADES[-1]) - HIST_DECADES[0]
+    counts = torch.bincount(decade.long(), minlength=len(HIST_DECADES))
+    return (zero, *(int(c) for c in counts))
+
+
+def _percentile(values: torch.Tensor, q: float) -> float:
+    flat = values.flatten()
+    k = max(1, math.ceil(q * flat.numel()))
+    return float(flat.kthvalue(k).values)  # kthvalue: no size limit, unlike torch.quantile
+
+
+def _top1(expected: torch.Tensor, actual: torch.Tensor) -> float | None:
+    if expected.dim() != 2 or expected.shape[1] < 2 or not expected.is_floating_point():
+        return None
+    return float((expected.argmax(1) == actual.argmax(1)).double().mean())
 
 
 def compare_tensor(
-    expected: torch.Tensor, actual: torch.Tensor, atol: float, rtol: float
+    expected: torch.Tensor,
+    actual: torch.Tensor,
+    atol: float,
+    rtol: float,
+    *,
+    strict: bool = False,
+    allow_vacuous: bool = False,
+    classifier: bool = False,
 ) -> Comparison:
+    """Compare one output with its reference.
+
+    `strict`: verify's rules (non-finite values and vacuous tolerances fail;
+    see the module docstring); `allow_vacuous` accepts a vacuous tolerance
+    anyway. `classifier`: also measure top-1 agreement of a [batch, classes] output.
+    """
     expected = expected.detach().cpu()
     actual = actual.detach().cpu()
     if tuple(expected.shape) != tuple(actual.shape):
-        return Comparison(
-            float("inf"),
-            float("inf"),
-            False,
-            f"shape {tuple(actual.shape)} != expected {tuple(expected.shape)}",
+        return Comparison.failed(
+            Kind.SHAPE, f"shape {tuple(actual.shape)} != expected {tuple(expected.shape)}"
         )
     if expected.dtype != actual.dtype:
-        return Comparison(
-            float("inf"), float("inf"), False, f"dtype {actual.dtype} != expected {expected.dtype}"
-        )
+        return Comparison.failed(Kind.SHAPE, f"dtype {actual.dtype} != expected {expected.dtype}")
     if expected.numel() == 0:
-        return Comparison(0.0, 0.0, True)
+        return Comparison(0.0, 0.0, True, hist=(0, *([0] * len(HIST_DECADES))))
     exp = expected.double()
     act = actual.double()
     nan_mismatch = bool((exp.isnan() != act.isnan()).any())
-    diff = (act - exp).abs().nan_to_num(nan=0.0, posinf=float("inf"))
+    diff = (act - exp).abs()
+    # Inf - Inf is NaN: equal infinities are no error, anything else non-finite is an infinite one.
+    same = (exp == act) | (exp.isnan() & act.isnan())
+    diff = torch.where(same, torch.zeros_like(diff), diff.nan_to_num(nan=float("inf")))
+    scale = exp.abs().nan_to_num(nan=0.0, posinf=0.0)
     max_abs = float(diff.max())
-    scale = exp.abs()
     # Relative error is only meaningful where the reference is not ~0.
     rel = torch.where(scale > atol, diff / scale.clamp_min(atol), torch.zeros_like(diff))
-    max_rel = float(rel.nan_to_num(nan=0.0).max())
+    max_rel = float(rel.max())
+    finite_ref = exp[exp.isfinite()]
+    ref_max = float(finite_ref.abs().max()) if finite_ref.numel() else 0.0
+    ref_std = float(finite_ref.std()) if finite_ref.numel() > 1 else 0.0
+    min_atol = float((diff - rtol * scale).clamp_min(0).max())
+    over = diff > atol
+    if bool((over & (scale == 0)).any()):
+        min_rtol = float("inf")
+    else:
+        min_rtol = float(((diff - atol).clamp_min(0) / scale.clamp_min(1e-300)).max())
+    top1 = _top1(exp, act) if classifier else None
+    stats = dict(
+        p99_abs=_percentile(diff, 0.99),
+        ref_max=ref_max,
+        ref_std=ref_std,
+        min_atol=min_atol,
+        min_rtol=min_rtol,
+        top1=top1,
+        hist=_histogram(diff),
+    )
     passed = not nan_mismatch and torch.allclose(act, exp, atol=atol, rtol=rtol, equal_nan=True)
-    return Comparison(max_abs, max_rel, passed, "NaN in different places" if nan_mismatch else "")
+    if nan_mismatch:
+        return Comparison(
+            max_abs, max_rel, False, "NaN in different places", Kind.NON_FINITE, **stats
+        )
+    if strict:
+        bad = int((~act.isfinite()).sum())
+        if bad:
+            return Comparison(
+                max_abs,
+                max_rel,
+                False,
+                f"{bad} NaN/Inf value(s) in the output",
+                Kind.NON_FINITE,
+                **stats,
+            )
+        if not bool(exp.isfinite().all()):
+            return Comparison(
+                max_abs,
+                max_rel,
+                False,
+                "the eager reference itself holds NaN/Inf: there is nothing to compare",
+                Kind.NON_FINITE,
+                **stats,
+            )
+    if not passed:
+        problem = (
+            f"max abs err {max_abs:.3g}, max rel err {max_rel:.3g}; "
+            f"would pass with atol {min_atol:.3g} or rtol {min_rtol:.3g}"
+        )
+        return Comparison(max_abs, max_rel, False, problem, Kind.TOLERANCE, **stats)
+    if strict and not allow_vacuous and exp.is_floating_point():
+        problem = vacuous_problem(ref_max, atol, rtol)
+        if problem:
+            return Comparison(max_abs, max_rel, False, problem, Kind.VACUOUS, **stats)
+    return Comparison(max_abs, max_rel, True, **stats)
+
+
+def vacuous_problem(ref_max: float, atol: float, rtol: float) -> str:
+    """Why a tolerance cannot tell a reference of largest magnitude `ref_max` from
+    zeros, or "" when it can. A reference of exact zeros is not vacuous: zeros are right."""
+    if ref_max == 0:
+        return ""
+    allowed = atol + rtol * ref_max
+    if allowed < VACUOUS_FRACTION * ref_max:
+        return ""
+    return (
+        f"vacuous: the tolerance ({allowed:.3g} at the largest value) is at least "
+        f"{VACUOUS_FRACTION:g} of the reference's largest magnitude {ref_max:.3g}, so all zeros "
+        f"would pass too. Use a smaller --atol (or --atol-scale, a tolerance relative to the "
+        f"output's scale), weights/inputs of realistic scale, or --allow-vacuous to accept it"
+    )
 
 
 def compare_outputs(

@@ -36,3 +36,35 @@ class InputSpecError(PipelineError):
 
 class ParityError(PipelineError):
     """One or more backends disagree with eager PyTorch beyond tolerance."""
+
+
+# The kinds of parity failure, as optimum's exporters type theirs (ShapeError,
+# AtolError, OutputMatchError), so that a caller can catch the one it handles.
+class ShapeMismatchError(ParityError):
+    """A backend's output has another shape or dtype than eager's."""
+
+
+class ToleranceError(ParityError):
+    """A backend's values differ from eager's beyond atol + rtol * |ref|."""
+
+
+class MissingOutputError(ParityError):
+    """A backend did not return one of the outputs the manifest names."""
+
+
+class NonFiniteOutputError(ParityError):
+    """NaN or Inf in a backend's output (or in the eager reference)."""
+
+
+class VacuousToleranceError(ParityError):
+    """The tolerance cannot tell the reference from zeros, so the check proves nothing."""
+
+
+class BackendCrashError(ParityError):
+    """A backend raised instead of answering."""
+
+
+class ExportRequestError(ExportError):
+    """An export setting that cannot be honoured (--method trace refused, --pt2-device cuda
+    without CUDA). Unlike a format that cannot express the model, which the export records
+    and skips, this stops the whole export: the user asked for exactly this."""

@@ -16,15 +16,9 @@ from typing import Any
 import torch
 
 from pipeline.core import paths
-from pipeline.core.checkpoint import (
-    Checkpoint,
-    import_state_dict,
-    load_checkpoint,
-    save_checkpoint,
-    sidecar_path,
-)
+from pipeline.core.checkpoint import Checkpoint, sidecar_path
 from pipeline.core.compare import DEFAULT_ATOL, DEFAULT_RTOL
-from pipeline.core.errors import CheckpointError, ExportError
+from pipeline.core.errors import ExportError, ExportRequestError
 from pipeline.core.fileio import atomic_write, sha256_file
 from pipeline.core.manifest import (
     MANIFEST_NAME,
@@ -37,7 +31,10 @@ from pipeline.core.manifest import (
     Tolerance,
     tool_versions,
 )
-from pipeline.export.staging import save_tensors, swap_in
+from pipeline.export.partial import EXIT_PARTIAL as EXIT_PARTIAL  # re-exported for scripts
+from pipeline.export.partial import one_line
+from pipeline.export.staging import remove_new, save_tensors, swap_in
+from pipeline.export.weights import checkpoint_for, model_from
 from pipeline.formats import base as registry
 from pipeline.formats.onnx import DEFAULT_OPSET
 from pipeline.formats.pt2 import Pt2Device
@@ -143,6 +140,11 @@ class ExportResult:
     out_dir: Path
     manifest: Manifest
 
+    @property
+    def failed(self) -> dict[str, str]:
+        """Requested formats that could not be written (key → why); empty when all were."""
+        return self.manifest.failed
+
 
 def _output_shapes(entry: ZooEntry, outputs: list[torch.Tensor], batch: int) -> dict[str, tuple]:
     if len(outputs) != len(entry.outputs):
@@ -170,28 +172,6 @@ def _model_file(name: str) -> str | None:
     return str(Path(where).resolve()) if where.endswith(".py") else None
 
 
-def _checkpoint_for(entry: ZooEntry, ckpt_path: Path, config: ExportConfig) -> Checkpoint:
-    """Our checkpoint at `ckpt_path`, first imported or initialised when asked."""
-    meta = {
-        "model": {"name": entry.name, "kwargs": dict(entry.kwargs)},
-        "seed": config.seed,
-        "epochs": 0,
-    }
-    if config.weights is not None:
-        return import_state_dict(config.weights, ckpt_path, meta)
-    if config.random_init:
-        torch.manual_seed(config.seed)
-        model = entry.build()
-        return save_checkpoint(ckpt_path, model.state_dict(), {**meta, "init": "random"})
-    if not ckpt_path.exists() and entry.source != "zoo":
-        raise CheckpointError(
-            f"Cannot use checkpoint {ckpt_path}: the file does not exist. {entry.name!r} is not "
-            "trained by this pipeline: pass --weights FILE (a state_dict saved with torch.save) "
-            "or --random-init to export it with seeded random weights."
-        )
-    return load_checkpoint(ckpt_path)
-
-
 def _write_artifacts(
     config: ExportConfig,
     model: torch.nn.Module,
@@ -200,8 +180,15 @@ def _write_artifacts(
     probes: list[tuple[str, Inputs]],
     output_shapes: dict[str, tuple],
     staging: Path,
-) -> dict[str, ArtifactRecord]:
-    """Each requested format's exporter, in registry order, writing into `staging`."""
+) -> tuple[dict[str, ArtifactRecord], dict[str, str]]:
+    """Each requested format's exporter, in registry order, writing into `staging`.
+
+    Returns the formats written and those that failed (key → why). A format
+    that cannot express the model (an `ExportError`) is recorded, its files are
+    removed and the next format runs; a setting that cannot be honoured
+    (`ExportRequestError`), an interruption or a bug stops the export. When
+    every format fails, the error is raised: nothing is written.
+    """
     ctx = registry.ExportContext(
         entry=entry,
         golden=golden_inputs,
@@ -217,19 +204,41 @@ def _write_artifacts(
         # A train-mode export is wrong on purpose (see ExportConfig.train_mode).
         check=not config.train_mode,
     )
-    return {
-        fmt.key: fmt.export(model, ctx)
-        for fmt in registry.all_formats()
-        if fmt.key in config.formats
-    }
+    written: dict[str, ArtifactRecord] = {}
+    errors: dict[str, ExportError] = {}
+    for fmt in registry.all_formats():
+        if fmt.key not in config.formats:
+            continue
+        before = set(staging.iterdir())
+        try:
+            written[fmt.key] = fmt.export(model, ctx)
+        except ExportRequestError:
+            raise
+        except ExportError as err:
+            remove_new(staging, before)  # a half-written file must not ship
+            log.debug("%s failed: %s", fmt.title, err)
+            errors[fmt.key] = err
+    if not written:
+        if len(errors) == 1:
+            raise next(iter(errors.values()))
+        raise ExportError(
+            f"No format could be exported for {entry.name!r}, so nothing was written. "
+            + " ".join(f"{registry.get(k).title}: {one_line(str(e))}" for k, e in errors.items())
+        )
+    return written, {k: one_line(str(e)) for k, e in errors.items()}
 
 
 def export(config: ExportConfig) -> ExportResult:
     """Export a trained checkpoint; every file is checked before the folder appears.
 
+    A format that cannot express the model is recorded in the manifest's
+    `failed` (and `ExportResult.failed`) while the others are written: check it
+    (`pipeline export` exits `EXIT_PARTIAL`). When no format can be written the
+    error is raised and nothing is written.
+
     With --weights or --random-init the new checkpoint is written to a pending
-    folder and moved into place only when the export succeeded, so a failed
-    export never replaces a good checkpoint.
+    folder and moved into place only when at least one format was written, so
+    a failed export never replaces a good checkpoint.
     """
     config.validate()
     entry = resolve_entry(
@@ -245,8 +254,20 @@ def export(config: ExportConfig) -> ExportResult:
         ckpt_path.parent.mkdir(parents=True, exist_ok=True)
         pending = Path(tempfile.mkdtemp(prefix=".checkpoint-pending-", dir=ckpt_path.parent))
     try:
-        checkpoint = _checkpoint_for(
-            entry, pending / ckpt_path.name if pending else ckpt_path, config
+        checkpoint = checkpoint_for(
+            entry,
+            pending / ckpt_path.name if pending else ckpt_path,
+            weights=config.weights,
+            random_init=config.random_init,
+            seed=config.seed,
+            # The golden inputs _export uses: a random-init model's scale is measured on them.
+            golden=(
+                entry.golden_inputs(torch.Generator().manual_seed(EXPORT_SEED))
+                if config.random_init
+                else {}
+            ),
+            atol=config.atol,
+            rtol=config.rtol,
         )
         result = _export(config, entry, checkpoint, ckpt_path)
         if pending is not None:
@@ -261,24 +282,7 @@ def export(config: ExportConfig) -> ExportResult:
 def _export(
     config: ExportConfig, entry: ZooEntry, checkpoint: Checkpoint, ckpt_path: Path
 ) -> ExportResult:
-    if checkpoint.model_name != entry.name:
-        raise CheckpointError(
-            f"Checkpoint {ckpt_path} holds model {checkpoint.model_name!r}, not {entry.name!r}. "
-            f"Pass --model {checkpoint.model_name} or the checkpoint of {entry.name}."
-        )
-    model = entry.build(**checkpoint.model_kwargs)
-    try:
-        model.load_state_dict(checkpoint.state_dict, strict=True)
-    except RuntimeError as err:
-        raise CheckpointError(
-            f"Checkpoint {ckpt_path} does not fit model {entry.name!r}: "
-            f"{' '.join(str(err).split())[:400]} "
-            + (
-                "Train it again with `pipeline train`."
-                if entry.source == "zoo"
-                else "Check that --weights and --model-kwargs belong to this class."
-            )
-        ) from None
+    model = model_from(entry, checkpoint, ckpt_path)
     model.train(config.train_mode)
 
     generator = torch.Generator().manual_seed(EXPORT_SEED)
@@ -310,7 +314,7 @@ def _export(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
     try:
-        artifacts = _write_artifacts(
+        artifacts, failed = _write_artifacts(
             config, model, entry, golden_inputs, probes, output_shapes, staging
         )
         save_tensors(
@@ -342,6 +346,7 @@ def _export(
                 source=entry.source,
                 file=_model_file(entry.name),
                 init=checkpoint.meta.get("init", "trained"),
+                init_note=str(checkpoint.meta.get("init_note", "")),
             ),
             mode="train" if config.train_mode else "eval",
             checkpoint=CheckpointRef(
@@ -360,6 +365,7 @@ def _export(
             serving=Serving.from_json(entry.serving),
             artifacts=artifacts,
             versions=tool_versions(),
+            failed=failed,
         )
         manifest.validate()
         atomic_write(staging / MANIFEST_NAME, lambda tmp: tmp.write_text(manifest.dumps()))

@@ -41,8 +41,19 @@ class ExportedModel:
     def name(self) -> str:
         return self.manifest.model.name
 
+    @property
+    def failed(self) -> dict[str, str]:
+        """Formats the export was asked for but could not write (key → why)."""
+        return self.manifest.failed
+
     def path(self, key: str) -> Path:
         """Artifact `key`'s file, after its sha256 check."""
+        if key in self.manifest.failed:
+            raise ArtifactError(
+                f"{self.dir} has no {key!r} artifact: its export could not write it "
+                f"({' '.join(self.manifest.failed[key].split())}). Use the formats it holds "
+                f"({', '.join(f.key for f in self.formats()) or 'none'}) or re-export."
+            )
         return artifact_path(self.dir, self.manifest, key)
 
     def formats(self) -> list[registry.Format]:

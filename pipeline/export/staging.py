@@ -33,6 +33,15 @@ def save_tensors(target: Path, payload: dict[str, Any]) -> None:
     target.write_bytes(buffer.getvalue())
 
 
+def remove_new(folder: Path, before: set[Path]) -> None:
+    """Delete what appeared in `folder` since `before` (a failed format's partial files)."""
+    for path in set(folder.iterdir()) - before:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
 def swap_in(staging: Path, out_dir: Path) -> None:
     """Replace `out_dir` with `staging` so readers see the old export or the new one."""
     old = None

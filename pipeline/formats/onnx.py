@@ -21,9 +21,9 @@ import onnx
 import torch
 from torch import nn
 
-from pipeline.core.errors import ExportError
+from pipeline.core.errors import ExportError, ExportRequestError
 from pipeline.formats.base import ExportContext, Format, register
-from pipeline.formats.program import dynamic_shapes, quiet
+from pipeline.formats.program import captured_output, dynamic_shapes, op_lines, quiet
 from pipeline.zoo.spec import Inputs, ZooEntry
 from pipeline_runtime.files import sha256_file
 from pipeline_runtime.manifest import ArtifactRecord
@@ -59,7 +59,7 @@ def _dynamic_axes_legacy(
 def _export_dynamo(
     model: nn.Module, example: Inputs, entry: ZooEntry, path: Path, opset: int
 ) -> None:
-    with quiet():
+    with quiet("torch.onnx.export (dynamo=True)"):
         program = torch.onnx.export(
             model,
             tuple(example.values()),
@@ -83,7 +83,8 @@ def _export_legacy(
     opset: int,
     output_shapes: dict[str, tuple],
 ) -> None:
-    with warnings.catch_warnings():
+    # captured_output: this exporter prints the TorchScript graph on any failure.
+    with warnings.catch_warnings(), captured_output("torch.onnx.export (dynamo=False)"):
         warnings.simplefilter("ignore")
         torch.onnx.export(
             scripted,
@@ -111,6 +112,39 @@ def _summary_line(err: BaseException) -> str:
         if line.startswith("<class '"):
             return line[:300]
     return lines[0][:300] if lines else type(err).__name__
+
+
+# How each exporter names an op it cannot convert:
+# "No ONNX function found for <OpOverload(op='aten.linalg_eig', overload='default')>"
+# "Exporting the operator 'aten::linalg_eigvals' to ONNX opset version 18 is not supported"
+_MISSING_OP = re.compile(r"No ONNX function found for <OpOverload\(op='(aten\.\w+)'")
+_MISSING_OP_LEGACY = re.compile(r"Exporting the operator '(aten)::(\w+)' to ONNX")
+
+
+def missing_ops(*errors: BaseException) -> list[str]:
+    """The ATen ops ("aten.linalg_eig") the exporters said they have no conversion for."""
+    found: list[str] = []
+    for err in errors:
+        text = str(err)
+        names = _MISSING_OP.findall(text) + [
+            f"{ns}.{op}" for ns, op in _MISSING_OP_LEGACY.findall(text)
+        ]
+        found += [n for n in names if n not in found]
+    return found
+
+
+def python_name(op: str) -> str | None:
+    """The torch function an ATen op comes from: aten.linalg_eigvals → torch.linalg.eigvals."""
+    name = op.removeprefix("aten.")
+    for namespace in ("linalg", "fft", "special"):
+        short = name.removeprefix(f"{namespace}_")
+        if short != name and hasattr(getattr(torch, namespace), short):
+            return f"torch.{namespace}.{short}"
+    if hasattr(torch, name):
+        return f"torch.{name}"
+    if hasattr(torch.nn.functional, name):
+        return f"torch.nn.functional.{name}"
+    return None
 
 
 def fixed_dynamic_axes(path: Path, entry: ZooEntry) -> list[str]:
@@ -178,7 +212,9 @@ def to_onnx(
             except Exception as cond_err:  # noqa: BLE001 - fall back to the legacy exporter
                 first += f"; on the torch.cond formulation: {_summary(cond_err)}"
         if result is None:
-            result = _legacy(scripted, example, entry, path, opset, output_shapes, first, err)
+            result = _legacy(
+                model, scripted, example, entry, path, opset, output_shapes, first, err
+            )
     try:
         onnx.checker.check_model(str(path), full_check=True)
     except onnx.checker.ValidationError as err:
@@ -187,6 +223,7 @@ def to_onnx(
 
 
 def _legacy(
+    model: nn.Module,
     scripted: Callable[[], tuple[torch.jit.ScriptModule, str]],
     example: Inputs,
     entry: ZooEntry,
@@ -196,14 +233,21 @@ def _legacy(
     first: str,
     err: BaseException,
 ) -> OnnxResult:
-    module, script_method = scripted()
+    try:
+        module, script_method = scripted()
+    except ExportRequestError:
+        raise  # a --method the user chose that cannot be honoured: not ONNX's failure
+    except ExportError as ts_err:
+        raise ExportError(
+            f"ONNX export failed: torch.export-based exporter: {first}; the TorchScript-based "
+            # Its first clause only: the TorchScript format reports the rest.
+            f"exporter needs the model's TorchScript, which failed too: "
+            f"{' '.join(str(ts_err).split()).split('; ')[0]}"
+        ) from None
     try:
         _export_legacy(module, example, entry, path, opset, output_shapes)
-    except Exception as legacy_err:
-        raise ExportError(
-            f"ONNX export failed with both exporters: torch.export: {first}; "
-            f"TorchScript-based: {_summary(legacy_err)}"
-        ) from legacy_err
+    except Exception as legacy_err:  # noqa: BLE001 - every exporter failed: say why, once
+        raise ExportError(_failure(model, example, entry, opset, first, err, legacy_err)) from None
     kept = (
         "which keeps its control flow as ONNX If/Loop"
         if script_method in ("script", "hybrid")
@@ -220,6 +264,33 @@ def _legacy(
         opset,
         f"torch.export-based exporter failed ({first}); exported the {script_method} "
         f"TorchScript module instead, {kept}",
+    )
+
+
+def _failure(
+    model: nn.Module,
+    example: Inputs,
+    entry: ZooEntry,
+    opset: int,
+    first: str,
+    err: BaseException,
+    legacy_err: BaseException,
+) -> str:
+    """Why neither exporter wrote the ONNX file, naming the op (and the model's line) when
+    an op without an ONNX conversion was the cause."""
+    both = f"torch.export-based exporter: {first}; TorchScript-based: {_summary(legacy_err)}"
+    ops = missing_ops(err, legacy_err)
+    if not ops:
+        return f"ONNX export failed with both exporters: {both}"
+    functions = list(dict.fromkeys(n for n in map(python_name, ops) if n))
+    lines = op_lines(model, example, entry, set(ops))
+    return (
+        f"ONNX has no conversion for {' / '.join(ops)}"
+        + (f" ({', '.join(functions)})" if functions else "")
+        + (f" called at {'; '.join(lines)}" if lines else "")
+        + f", in either exporter at opset {opset} ({both}). Hint: compute it with ops "
+        "ONNX has, or give torch.onnx.export a custom_translation_table entry for it; "
+        "formats that do not go through ONNX (TorchScript, .pt2) may still take the model."
     )
 
 

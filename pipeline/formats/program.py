@@ -14,6 +14,9 @@ import contextlib
 import io
 import logging
 import os
+import re
+import sys
+import tempfile
 import traceback
 import warnings
 from collections.abc import Iterator
@@ -64,21 +67,70 @@ def dynamic_shapes(entry: ZooEntry) -> tuple[dict[int, torch.export.Dim], ...]:
     return tuple(shapes)
 
 
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """Silence torch.export's progress, warnings and the graph it prints on failure.
+log = logging.getLogger(__name__)
 
-    The failure's summary reaches the user through the manifest and the CLI.
+
+def _flush_c_streams() -> None:
+    """Flush C stdio: LibTorch prints through std::cout (synced with C stdio), which
+    buffers when fd 1 is a file, so its text must be out before the fd is put back."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+
+
+@contextlib.contextmanager
+def captured_output(what: str) -> Iterator[None]:
+    """Run with everything printed captured, then logged at DEBUG (`pipeline -v` shows it).
+
+    Both levels are captured: Python's sys.stdout/sys.stderr, and file
+    descriptors 1 and 2, because some of torch's dumps come from C++. The
+    TorchScript-based ONNX exporter prints "Torch IR graph at exception: graph(...)"
+    to std::cout on every failure (torch 2.14 turns its ONNX log on
+    unconditionally: `setup_onnx_logging` tests the function
+    `_C._jit_is_onnx_log_enabled` instead of calling it).
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _flush_c_streams()
+    py_out, py_err = io.StringIO(), io.StringIO()
+    with tempfile.TemporaryFile() as sink:
+        try:
+            saved = (os.dup(1), os.dup(2))
+        except OSError:  # no fd 1/2 (a detached process): Python's streams only
+            saved = None
+        try:
+            if saved is not None:
+                os.dup2(sink.fileno(), 1)
+                os.dup2(sink.fileno(), 2)
+            with contextlib.redirect_stdout(py_out), contextlib.redirect_stderr(py_err):
+                yield
+        finally:
+            if saved is not None:
+                _flush_c_streams()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+                os.close(saved[0])
+                os.close(saved[1])
+            if log.isEnabledFor(logging.DEBUG):
+                sink.seek(0)
+                text = sink.read().decode(errors="replace") + py_out.getvalue() + py_err.getvalue()
+                if text.strip():
+                    log.debug("%s printed:\n%s", what, text.rstrip())
+
+
+@contextlib.contextmanager
+def quiet(what: str = "torch.export") -> Iterator[None]:
+    """Keep torch's progress, warnings and the graphs it prints on failure from the user.
+
+    The failure's summary reaches the user through the manifest and the CLI;
+    what torch printed is logged at DEBUG.
     """
     torch_log = logging.getLogger("torch")
     level = torch_log.level
     torch_log.setLevel(logging.ERROR)
     try:
-        with (
-            contextlib.redirect_stdout(io.StringIO()),
-            contextlib.redirect_stderr(io.StringIO()),
-            warnings.catch_warnings(),
-        ):
+        with captured_output(what), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
@@ -107,6 +159,27 @@ def user_line(err: BaseException) -> str | None:
     return None
 
 
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in [^\n]*\n[ \t]*([^\n]*)')
+
+
+def node_line(stack_trace: str | None) -> str | None:
+    """'file.py:LINE (source)' of the model code an FX node came from.
+
+    `stack_trace` is the node's `meta["stack_trace"]`, innermost frame last;
+    the deepest frame outside torch and the exporters is the model's own line.
+    """
+    frames = [
+        (path, line, source.strip())
+        for path, line, source in _FRAME.findall(stack_trace or "")
+        if not path.startswith((_TORCH_DIR, *_EXPORT_DIRS)) and path[0] != "<"
+    ]
+    if not frames:
+        return None
+    path, line, source = frames[-1]
+    name = os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
+    return f"{name}:{line}" + (f" ({source})" if source else "")
+
+
 def explain(err: BaseException) -> str:
     """One sentence on why torch.export failed, with the line and what to do."""
     text = str(err)
@@ -128,6 +201,26 @@ def _export(model: nn.Module, example: Inputs, entry: ZooEntry) -> torch.export.
         return torch.export.export(
             model, tuple(example.values()), dynamic_shapes=dynamic_shapes(entry), strict=False
         )
+
+
+def op_lines(model: nn.Module, example: Inputs, entry: ZooEntry, ops: set[str]) -> list[str]:
+    """Where the model calls the ATen ops `ops` ("aten.linalg_eigvals"): its own lines.
+
+    Best effort, for an error message: torch.export records each node's Python
+    stack; an empty list when the model cannot be exported or none matches.
+    """
+    try:
+        program = _export(model, example, entry)
+    except Exception:  # noqa: BLE001 - only an error message's detail is lost
+        return []
+    found: list[str] = []
+    for node in program.graph.nodes:
+        packet = getattr(node.target, "overloadpacket", node.target)  # aten.x.default → aten.x
+        if node.op == "call_function" and str(packet) in ops:
+            line = node_line(node.meta.get("stack_trace"))
+            if line and line not in found:
+                found.append(line)
+    return found
 
 
 def export_program(model: nn.Module, example: Inputs, entry: ZooEntry) -> Program:

@@ -21,7 +21,7 @@ import torch.fx.experimental._config as fx_config
 from torch import nn
 
 from pipeline.core.compare import compare_outputs, flatten_outputs
-from pipeline.core.errors import ExportError
+from pipeline.core.errors import ExportError, ExportRequestError
 from pipeline.formats.base import ExportContext, Format, register
 from pipeline.formats.program import export_program, quiet
 from pipeline.zoo.spec import Inputs, ZooEntry
@@ -95,7 +95,7 @@ def to_pt2(
 ) -> Pt2Result:
     """Export `model`, compile it into `path` and check the package on every probe."""
     if device == "cuda" and not torch.cuda.is_available():
-        raise ExportError(
+        raise ExportRequestError(
             "--pt2-device cuda needs CUDA at export time (AOTInductor compiles for the device "
             "it runs on), and none is available here. Export on a GPU machine or use "
             "--pt2-device cpu."
@@ -110,7 +110,7 @@ def to_pt2(
         # from the example's batch size and Inductor bakes the guard it took
         # into the package: a CNN exported with a batch of 8 refused every
         # batch above 15 (torch 2.14).
-        with quiet(), fx_config.patch(backed_size_oblivious=True):
+        with quiet("AOTInductor"), fx_config.patch(backed_size_oblivious=True):
             torch._inductor.aoti_compile_and_package(
                 program.program, package_path=str(path), inductor_configs=INDUCTOR_CONFIGS
             )

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from pipeline.core.compare import compare_outputs, flatten_outputs
-from pipeline.core.errors import ExportError
+from pipeline.core.errors import ExportError, ExportRequestError
 from pipeline.formats.base import ExportContext, Format, register
 from pipeline.zoo.spec import Inputs
 from pipeline_runtime.files import sha256_file
@@ -254,7 +254,7 @@ def to_torchscript(
     if method == "script":
         scripted, why = try_script(model)
         if scripted is None:
-            raise ExportError(f"--method script failed: {why}. Try --method auto.")
+            raise ExportRequestError(f"--method script failed: {why}. Try --method auto.")
         result = ScriptResult(scripted, "script", "scripted because --method script was given")
     else:
         traced, rejected = try_trace(model, example, probes, atol, rtol)
@@ -266,7 +266,7 @@ def to_torchscript(
             )
         if method == "trace":
             if not allow_unsafe_trace:
-                raise ExportError(
+                raise ExportRequestError(
                     f"--method trace refused: {rejected}. The model has data-dependent behaviour "
                     "that a trace would bake in. Use --method auto or --method script, or pass "
                     "--allow-unsafe-trace to keep the trace anyway (verify will show the mismatch)."
@@ -310,20 +310,30 @@ FILE = "model.torchscript.pt"
 
 
 def scripted(model: nn.Module, ctx: ExportContext) -> ScriptResult:
-    """The model's TorchScript, made once per export run (ONNX's fallback reuses it)."""
+    """The model's TorchScript, made once per export run (ONNX's fallback reuses it).
+
+    A failure is kept too: when the TorchScript format failed, ONNX's fallback
+    gets the same error at once instead of tracing, scripting and splitting again.
+    """
     if "torchscript" not in ctx.cache:
         log.info("TorchScript (%s)…", ctx.method)
-        ctx.cache["torchscript"] = to_torchscript(
-            model,
-            ctx.golden,
-            ctx.probes,
-            method=ctx.method,  # type: ignore[arg-type]
-            allow_unsafe_trace=ctx.allow_unsafe_trace,
-            atol=ctx.atol,
-            rtol=ctx.rtol,
-            check=ctx.check,
-        )
-    return ctx.cache["torchscript"]
+        try:
+            ctx.cache["torchscript"] = to_torchscript(
+                model,
+                ctx.golden,
+                ctx.probes,
+                method=ctx.method,  # type: ignore[arg-type]
+                allow_unsafe_trace=ctx.allow_unsafe_trace,
+                atol=ctx.atol,
+                rtol=ctx.rtol,
+                check=ctx.check,
+            )
+        except ExportError as err:
+            ctx.cache["torchscript"] = err
+    made = ctx.cache["torchscript"]
+    if isinstance(made, ExportError):
+        raise made
+    return made
 
 
 def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:

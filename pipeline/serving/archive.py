@@ -176,6 +176,7 @@ def archive(config: ArchiveConfig) -> list[Path]:
     formats = config.formats or tuple(
         f.key for f in registry.all_formats() if f.key in manifest.artifacts
     )
+    _check_failed(export_dir, manifest.failed, asked=config.formats, held=formats)
     golden = artifact_path(export_dir, manifest, GOLDEN_KEY)  # checked once, packed in each
     written = []
     for key in formats:
@@ -209,6 +210,27 @@ def archive(config: ArchiveConfig) -> list[Path]:
         log.info("wrote %s", target)
         written.append(target)
     return written
+
+
+def _check_failed(
+    export_dir: Path, failed: dict[str, str], *, asked: tuple[str, ...] | None, held: tuple
+) -> None:
+    """Say which formats a partial export lacks: skipped when every format is archived,
+    an error when one was asked for by name."""
+    for key, reason in failed.items():
+        why = " ".join(reason.split())
+        if asked and key in asked:
+            raise ArchiveError(
+                f"{export_dir} has no {key} artifact: its export could not write it ({why}). "
+                f"Archive the formats it holds ({', '.join(held) or 'none'}) or re-export."
+            )
+        if not asked:
+            log.warning(
+                "not archiving %s: the export could not write it (%s); archiving %s",
+                key,
+                why[:300] + ("…" if len(why) > 300 else ""),
+                ", ".join(held),
+            )
 
 
 # model-archiver stages its files in <tempfile.gettempdir()>/<model name> and

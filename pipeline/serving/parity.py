@@ -23,18 +23,26 @@ from pipeline_runtime.manifest import Manifest
 class ServedBackend:
     """One served archive, reached over REST with the inference token."""
 
+    in_process = False
+
     def __init__(self, server: Server, archive: str, fmt: str, manifest: Manifest) -> None:
         self.server = server
         self.archive = archive
         self.name = f"{SERVED}/{fmt}"
+        self.format_key = fmt
         self.outputs = manifest.outputs
 
-    def run(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The outputs the server answered, by name (verify reports any it left out)."""
         resp = post(self.server, self.archive, tensors_body(inputs))
         if resp.status_code != 200:
             raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
         answer = resp.json()["outputs"]
-        return [torch.tensor(answer[o.name], dtype=getattr(torch, o.dtype)) for o in self.outputs]
+        return {
+            o.name: torch.tensor(answer[o.name], dtype=getattr(torch, o.dtype))
+            for o in self.outputs
+            if o.name in answer
+        }
 
 
 def served_backends(model: str, manifest: Manifest, run_dir: Path | None) -> list[ServedBackend]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from pipeline.core import paths
-from pipeline.core.compare import compare_tensor
+from pipeline.core.compare import VACUOUS_FRACTION
 from pipeline.core.errors import PipelineError
 from pipeline.core.fileio import write_json
 from pipeline.export.opened import ExportedModel, open_export
@@ -25,7 +25,9 @@ from pipeline.verify.backends import (
     load_backends,
     local_backends,
 )
-from pipeline.verify.report import ParityReport, Row
+from pipeline.verify.check import Tol, check_cases, locate_failures
+from pipeline.verify.page import write_page
+from pipeline.verify.report import ParityReport
 from pipeline.zoo import DEFAULT_MODEL
 from pipeline.zoo.spec import Inputs
 
@@ -46,6 +48,11 @@ class VerifyConfig:
     cpp_binary: Path | None = None  # default: cpp_client/build/run_torchscript, built if needed
     atol: float | None = None  # default: the manifest's tolerance
     rtol: float | None = None
+    # atol as a fraction of each output's largest reference magnitude (replaces atol).
+    atol_scale: float | None = None
+    allow_vacuous: bool = False  # accept tolerances that cannot tell the reference from zeros
+    bisect: bool = False  # also write the smallest failing ONNX subgraph
+    page: bool = True  # write the Markdown report with histograms beside the JSON
     batch_sizes: tuple[int, ...] = (1, 7)
     seed: int = 0
     report: Path | None = None  # default: artifacts/<model>/parity.json
@@ -61,6 +68,9 @@ class VerifyConfig:
             with_cpp=args.with_cpp,
             atol=args.atol,
             rtol=args.rtol,
+            atol_scale=args.atol_scale,
+            allow_vacuous=args.allow_vacuous,
+            bisect=args.bisect,
             batch_sizes=tuple(args.batch_sizes),
             seed=args.seed,
             report=args.report or paths.report_path(args.model, args.artifacts_dir),
@@ -75,10 +85,17 @@ class VerifyConfig:
             )
         if any(b < 1 for b in self.batch_sizes):
             raise PipelineError("--batch-sizes must all be at least 1.")
-        for name in ("atol", "rtol"):
+        for name in ("atol", "rtol", "atol_scale"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
-                raise PipelineError(f"--{name} must be finite and non-negative, got {value}.")
+                flag = name.replace("_", "-")
+                raise PipelineError(f"--{flag} must be finite and non-negative, got {value}.")
+        if self.atol_scale is not None and self.atol_scale >= VACUOUS_FRACTION:
+            raise PipelineError(
+                f"--atol-scale {self.atol_scale:g} allows at least {VACUOUS_FRACTION:g} of each "
+                "output's largest value: such a check cannot tell the output from zeros. "
+                f"Use a value below {VACUOUS_FRACTION:g}, e.g. 1e-4."
+            )
 
 
 def _cases(
@@ -113,19 +130,23 @@ def _cases(
 
 
 def verify(config: VerifyConfig, served: Sequence[Backend] = ()) -> ParityReport:
-    """Compare every backend with eager on every case; write the JSON report.
+    """Compare every backend with eager on every case; write the JSON and Markdown reports.
 
     `served`: backends of a running server (`pipeline.serving.parity`), checked
     like the in-process ones. Returns the report; the caller decides what a
-    failure does (the CLI exits 1).
+    failure does (the CLI exits 1; `report.raise_for_failures()` raises the
+    typed error).
     """
     config.validate()
     export_dir = Path(config.export_dir) if config.export_dir else paths.export_dir(config.model)
     exported = open_export(export_dir, model=config.model, checkpoint=config.checkpoint)
     manifest = exported.manifest
-    atol = config.atol if config.atol is not None else manifest.tolerance.atol
-    rtol = config.rtol if config.rtol is not None else manifest.tolerance.rtol
-    entry = exported.entry
+    tol = Tol(
+        config.atol if config.atol is not None else manifest.tolerance.atol,
+        config.rtol if config.rtol is not None else manifest.tolerance.rtol,
+        config.atol_scale,
+        config.allow_vacuous,
+    )
     if SERVED in (config.backends or ()) and not served:
         raise PipelineError(
             "--backend torchserve needs a running server that serves this model: start one "
@@ -140,8 +161,6 @@ def verify(config: VerifyConfig, served: Sequence[Backend] = ()) -> ParityReport
     ]
     backends += served
 
-    output_names = manifest.output_names
-    rows: list[Row] = []
     cases = _cases(exported, config)
     for backend in backends:
         prepare = getattr(backend, "prepare", None)
@@ -150,57 +169,13 @@ def verify(config: VerifyConfig, served: Sequence[Backend] = ()) -> ParityReport
                 prepare([inputs for _, inputs, _ in cases])
             except Exception as err:  # noqa: BLE001 - reported per case below, via run()
                 log.warning("%s could not run all cases at once: %s", backend.name, err)
-    for label, inputs, stored in cases:
-        entry.check_inputs(inputs)
-        try:
-            expected = list(exported.eager(inputs).values())
-        except Exception as err:  # noqa: BLE001 - the reference itself cannot run these inputs
-            raise PipelineError(
-                f"Eager {entry.name!r} fails on the {label!r} inputs, so there is no reference to "
-                f"compare with: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
-            ) from None
-        if stored is not None:
-            for name, ref in zip(output_names, expected, strict=True):
-                rows.append(
-                    Row.of(
-                        "golden file",
-                        label,
-                        name,
-                        compare_tensor(ref, stored[name], atol, rtol),
-                        atol,
-                        rtol,
-                    )
-                )
-        for backend in backends:
-            try:
-                actual = backend.run(inputs)
-            except Exception as err:  # noqa: BLE001 - a crashing backend is a failed check
-                rows += [Row.crashed(backend.name, label, n, err, atol, rtol) for n in output_names]
-                continue
-            if len(actual) != len(expected):
-                rows.append(
-                    Row.crashed(
-                        backend.name,
-                        label,
-                        "*",
-                        RuntimeError(f"returned {len(actual)} outputs, expected {len(expected)}"),
-                        atol,
-                        rtol,
-                    )
-                )
-                continue
-            for name, ref, got in zip(output_names, expected, actual, strict=True):
-                rows.append(
-                    Row.of(
-                        backend.name, label, name, compare_tensor(ref, got, atol, rtol), atol, rtol
-                    )
-                )
-
+    checked = check_cases(exported, backends, cases, tol)
+    report_path = Path(config.report) if config.report else paths.report_path(exported.name)
     report = ParityReport(
-        model=entry.name,
+        model=exported.name,
         export_dir=str(export_dir),
         created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        tolerance={"atol": atol, "rtol": rtol},
+        tolerance=tol.to_json(),
         artifacts={
             k: {
                 kk: v
@@ -209,9 +184,18 @@ def verify(config: VerifyConfig, served: Sequence[Backend] = ()) -> ParityReport
             }
             for k, a in manifest.artifacts.items()
         },
-        rows=rows,
+        rows=checked.rows,
+        notes=checked.notes
+        + [
+            f"{key} was not checked: export could not write it ({' '.join(why.split())[:300]})"
+            for key, why in exported.failed.items()
+        ],
     )
-    report_path = Path(config.report) if config.report else paths.report_path(entry.name)
+    if not report.passed:
+        bisect_dir = report_path.with_name(report_path.stem + "_bisect") if config.bisect else None
+        report.localisations = locate_failures(exported, backends, checked, tol, bisect_dir)
+    if config.page:
+        report.page = write_page(report, report_path.with_suffix(".md"))
     write_json(report_path, report.to_json())
     report.path = report_path
     return report

@@ -10,6 +10,7 @@ its caller: verify does not depend on the serving stage.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -26,20 +27,31 @@ SERVED = "torchserve"  # the served backends' prefix: torchserve/<format>
 
 
 class Backend(Protocol):
-    name: str
+    """What verify checks: named inputs in, outputs out (named, or in manifest order).
 
-    def run(self, inputs: Inputs) -> list[torch.Tensor]: ...
+    `format_key`: the format of the artifact it runs (None when unknown);
+    `in_process`: whether verify can look inside it to localise a divergence.
+    """
+
+    name: str
+    format_key: str | None
+    in_process: bool
+
+    def run(self, inputs: Inputs) -> Sequence[torch.Tensor] | Mapping[str, torch.Tensor]: ...
 
 
 class RunnerBackend:
     """A format's Runner, in-process."""
 
-    def __init__(self, name: str, runner: Runner) -> None:
+    in_process = True
+
+    def __init__(self, name: str, runner: Runner, format_key: str | None = None) -> None:
         self.name = name
         self.runner = runner
+        self.format_key = format_key
 
-    def run(self, inputs: Inputs) -> list[torch.Tensor]:
-        return list(self.runner(inputs).values())
+    def run(self, inputs: Inputs) -> dict[str, torch.Tensor]:
+        return self.runner(inputs)
 
 
 class CppBackend:
@@ -49,10 +61,13 @@ class CppBackend:
     case in one invocation and `run` hands back the stored outputs.
     """
 
+    in_process = False
+
     def __init__(self, exported: ExportedModel, fmt: registry.Format, binary: Path | None) -> None:
         from pipeline.formats import cpp
 
         self.name = cpp_backend_name(fmt)
+        self.format_key = fmt.key
         self.model = exported.path(fmt.key)
         self.binary = Path(binary) if binary else cpp.ensure_built()
         self.results: dict[int, list[torch.Tensor]] = {}
@@ -102,9 +117,11 @@ def load_backends(
     fmt = registry.by_backend(name)
     if fmt is None:
         raise ArtifactError(f"Unknown backend {name!r}; choose from {', '.join(backend_names())}.")
+    if fmt.key in exported.failed:
+        exported.path(fmt.key)  # raises, with the reason export recorded
     if fmt.key not in exported.manifest.artifacts:
         raise ArtifactError(
             f"The manifest in {exported.dir} has no {fmt.key!r} artifact for backend {name!r}; "
             f"re-run `pipeline export --format {fmt.key}`."
         )
-    return [RunnerBackend(name, exported.load(fmt.key))]
+    return [RunnerBackend(name, exported.load(fmt.key), fmt.key)]

@@ -1,4 +1,4 @@
-"""The parity report: rows of (backend, input, output) → error vs tolerance."""
+"""The parity report: rows of (backend, input set, output) → a Comparison vs tolerance."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.core.compare import Comparison
+from pipeline.core.compare import Comparison, Kind, json_number
+from pipeline.core.errors import ParityError
 
 
 @dataclass(frozen=True)
@@ -17,55 +18,76 @@ class Row:
     backend: str
     inputs: str
     output: str
-    max_abs: float
-    max_rel: float
     atol: float
     rtol: float
-    passed: bool
-    problem: str = ""
+    comparison: Comparison
 
     @classmethod
     def of(
         cls, backend: str, inputs: str, output: str, c: Comparison, atol: float, rtol: float
     ) -> Row:
-        return cls(backend, inputs, output, c.max_abs, c.max_rel, atol, rtol, c.passed, c.problem)
+        return cls(backend, inputs, output, atol, rtol, c)
 
     @classmethod
     def crashed(
         cls, backend: str, inputs: str, output: str, err: BaseException, atol: float, rtol: float
     ) -> Row:
         text = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
-        return cls(
-            backend,
-            inputs,
-            output,
-            float("inf"),
-            float("inf"),
-            atol,
-            rtol,
-            False,
-            f"raised {type(err).__name__}: {text}",
-        )
+        problem = f"raised {type(err).__name__}: {text}"
+        return cls(backend, inputs, output, atol, rtol, Comparison.failed(Kind.CRASHED, problem))
+
+    @classmethod
+    def missing(cls, backend: str, inputs: str, output: str, atol: float, rtol: float) -> Row:
+        problem = "the backend did not return this output"
+        return cls(backend, inputs, output, atol, rtol, Comparison.failed(Kind.MISSING, problem))
+
+    @property
+    def passed(self) -> bool:
+        return self.comparison.passed
+
+    @property
+    def kind(self) -> Kind:
+        return self.comparison.kind
+
+    @property
+    def problem(self) -> str:
+        return self.comparison.problem
+
+    @property
+    def max_abs(self) -> float:
+        return self.comparison.max_abs
+
+    @property
+    def max_rel(self) -> float:
+        return self.comparison.max_rel
+
+    @property
+    def where(self) -> str:
+        return f"{self.backend} / {self.inputs} / {self.output}"
 
     def describe(self) -> str:
-        what = self.problem or f"max abs err {self.max_abs:.3g}, max rel err {self.max_rel:.3g}"
-        return f"{self.backend} / {self.inputs} / {self.output}: {what} (atol {self.atol:g}, rtol {self.rtol:g})"
+        c = self.comparison
+        what = c.problem or f"max abs err {c.max_abs:.3g}, max rel err {c.max_rel:.3g}"
+        kind = "" if c.passed or c.kind is Kind.TOLERANCE else f" [{c.kind}]"
+        return f"{self.where}: {what} (atol {self.atol:g}, rtol {self.rtol:g}){kind}"
+
+    def error(self) -> ParityError | None:
+        return self.comparison.error(self.where)
 
     def to_json(self) -> dict[str, Any]:
-        def num(x: float) -> float | str:
-            return x if x != float("inf") else "inf"
-
         return {
             "backend": self.backend,
             "inputs": self.inputs,
             "output": self.output,
-            "max_abs": num(self.max_abs),
-            "max_rel": num(self.max_rel),
             "atol": self.atol,
             "rtol": self.rtol,
-            "passed": self.passed,
-            "problem": self.problem,
+            **self.comparison.to_json(),
         }
+
+
+# The order in which failure kinds are raised when a report holds several:
+# a backend that cannot answer hides whatever its numbers would have said.
+_SEVERITY = (Kind.CRASHED, Kind.MISSING, Kind.SHAPE, Kind.NON_FINITE, Kind.TOLERANCE, Kind.VACUOUS)
 
 
 @dataclass
@@ -73,10 +95,14 @@ class ParityReport:
     model: str
     export_dir: str
     created: str
-    tolerance: dict[str, float]
+    tolerance: dict[str, Any]
     artifacts: dict[str, Any]
     rows: list[Row]
+    # Per failing backend: where it first departs from eager (Localisation.to_json()).
+    localisations: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # warnings that do not fail a check
     path: Path | None = field(default=None)
+    page: Path | None = field(default=None)  # the human report (Markdown + histograms)
 
     @property
     def failures(self) -> list[Row]:
@@ -85,6 +111,22 @@ class ParityReport:
     @property
     def passed(self) -> bool:
         return bool(self.rows) and not self.failures
+
+    def errors(self) -> list[ParityError]:
+        """One typed exception per failing check."""
+        return [e for r in self.rows if (e := r.error()) is not None]
+
+    def raise_for_failures(self) -> None:
+        """Raise the most severe failure's typed error (its `.errors` holds every one)."""
+        if self.passed:
+            return
+        if not self.rows:
+            raise ParityError(f"Parity for {self.model}: no check ran.")
+        worst = min(self.failures, key=lambda r: _SEVERITY.index(r.kind))
+        err = worst.kind.error(self.failure_message())
+        err.errors = self.errors()  # type: ignore[attr-defined]
+        err.report = self  # type: ignore[attr-defined]
+        raise err
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -96,15 +138,23 @@ class ParityReport:
             "passed": self.passed,
             "checks": len(self.rows),
             "failures": [r.describe() for r in self.failures],
+            "failure_kinds": sorted({str(r.kind) for r in self.failures}),
+            "localisation": self.localisations,
+            "notes": self.notes,
+            "page": str(self.page) if self.page else None,
             "rows": [r.to_json() for r in self.rows],
         }
 
     def failure_message(self) -> str:
         lines = [
-            f"Parity FAILED for {self.model}: {len(self.failures)} of {len(self.rows)} checks out of tolerance:"
+            f"Parity FAILED for {self.model}: {len(self.failures)} of {len(self.rows)} checks "
+            f"failed ({', '.join(sorted({str(r.kind) for r in self.failures}))}):"
         ]
         lines += [f"  - {r.describe()}" for r in self.failures]
-        if self.path:
+        lines += [f"  where: {loc['line']}" for loc in self.localisations]
+        if self.page:
+            lines.append(f"Report: {self.page}")
+        elif self.path:
             lines.append(f"Full report: {self.path}")
         return "\n".join(lines)
 
@@ -112,37 +162,58 @@ class ParityReport:
         if console is None:
             console = Console()
             if not console.is_terminal:  # pipes and CI logs: wide enough for one line a row
-                console = Console(width=150)
+                console = Console(width=200)
         table = Table(title=f"Parity vs eager PyTorch — {self.model}", title_justify="left")
-        for col, justify in [
+        columns = [
             ("backend", "left"),
             ("inputs", "left"),
             ("output", "left"),
-            ("max abs err", "right"),
-            ("max rel err", "right"),
-            ("atol", "right"),
-            ("rtol", "right"),
-            ("result", "center"),
-        ]:
+            ("max abs", "right"),
+            ("max rel", "right"),
+            ("p99 abs", "right"),
+            ("max|ref|", "right"),
+            ("ref std", "right"),
+            ("min atol", "right"),
+            ("min rtol", "right"),
+            ("top-1", "right"),
+            ("result", "left"),
+        ]
+        for col, justify in columns:
             table.add_column(col, justify=justify)  # type: ignore[arg-type]
         for r in self.rows:
-            result = "[green]✓ pass[/]" if r.passed else f"[bold red]✗ FAIL[/] {r.problem}"
+            c = r.comparison
+            nums = (c.max_abs, c.max_rel, c.p99_abs, c.ref_max, c.ref_std, c.min_atol, c.min_rtol)
+            result = "[green]✓ pass[/]" if r.passed else f"[bold red]✗ {c.kind}[/]"
             table.add_row(
                 r.backend,
                 r.inputs,
                 r.output,
-                f"{r.max_abs:.2e}",
-                f"{r.max_rel:.2e}",
-                f"{r.atol:g}",
-                f"{r.rtol:g}",
+                *(_fmt(x) for x in nums),
+                "" if c.top1 is None else f"{c.top1:.0%}",
                 result,
             )
         console.print(table)
+        tol = self.tolerance
+        console.print(
+            f"  tolerance: atol {tol['atol']:g}, rtol {tol['rtol']:g}"
+            + (f", atol scale {tol['atol_scale']:g}" if tol.get("atol_scale") else "")
+            + "; min atol / min rtol: the smallest that would have passed, the other held fixed"
+        )
         for name, art in self.artifacts.items():
             how = art.get("method") or art.get("exporter") or ""
             console.print(f"  {name}: {art.get('file')}  {how}  {art.get('reason', '')}".rstrip())
+        for note in self.notes:
+            console.print(f"  [yellow]note:[/] {note}")
+        for loc in self.localisations:
+            console.print(f"  [bold]where:[/] {loc['line']}")
         verdict = "[green]PASS[/]" if self.passed else "[bold red]FAIL[/]"
         console.print(
             f"{verdict}: {len(self.rows) - len(self.failures)}/{len(self.rows)} checks within tolerance"
             + (f"; report written to {self.path}" if self.path else "")
         )
+        if self.page:
+            console.print(f"  report with histograms: {self.page}")
+
+
+def _fmt(x: float) -> str:
+    return str(json_number(x)) if x == float("inf") else f"{x:.1e}"

@@ -55,7 +55,13 @@ def test_an_interrupted_export_keeps_the_previous_one(
         )
     )
     assert report.passed, report.failure_message()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "parity.json"]
+    # No staging folder left: the export and verify's reports (JSON, Markdown, histograms).
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "export",
+        "parity.json",
+        "parity.md",
+        "parity_files",
+    ]
 
 
 @pytest.mark.parametrize("interruption", [KeyboardInterrupt, OSError])

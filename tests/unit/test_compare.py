@@ -1,8 +1,25 @@
 import math
 
+import pytest
 import torch
 
-from pipeline.core.compare import compare_outputs, compare_tensor, flatten_outputs
+from pipeline.core.compare import (
+    HIST_DECADES,
+    VACUOUS_FRACTION,
+    Kind,
+    compare_outputs,
+    compare_tensor,
+    flatten_outputs,
+)
+from pipeline.core.errors import (
+    MissingOutputError,
+    NonFiniteOutputError,
+    ParityError,
+    ShapeMismatchError,
+    ToleranceError,
+    VacuousToleranceError,
+)
+from pipeline.verify.report import ParityReport, Row
 
 
 def test_equal_tensors_pass_with_zero_error() -> None:
@@ -40,3 +57,105 @@ def test_flatten_and_compare_outputs() -> None:
     assert compare_outputs([a, b], [a, b], 1e-5, 1e-4) is None
     assert compare_outputs([a, b], [a], 1e-5, 1e-4) == "1 outputs, expected 2"
     assert "output 1" in compare_outputs([a, b], [a, b + 1], 1e-5, 1e-4)
+
+
+# --- verify's strict rules (issue 16): a check must be able to fail ----------------------
+
+
+def test_a_tolerance_that_cannot_tell_the_reference_from_zeros_is_not_a_pass() -> None:
+    ref = torch.randn(4, 10, generator=torch.Generator().manual_seed(0)) * 2e-9
+    zeros = torch.zeros_like(ref)
+    plain = compare_tensor(ref, zeros, atol=1e-5, rtol=1e-4)
+    assert plain.passed  # allclose alone is fooled: this is what the strict rule is for
+    strict = compare_tensor(ref, zeros, atol=1e-5, rtol=1e-4, strict=True)
+    assert not strict.passed and strict.kind is Kind.VACUOUS
+    assert "zeros would pass" in strict.problem and "--atol-scale" in strict.problem
+    assert isinstance(strict.error("onnxruntime / golden / logits"), VacuousToleranceError)
+    # The same numbers at realistic scale: the tolerance discriminates, the check passes.
+    assert compare_tensor(ref * 1e9, ref * 1e9, 1e-5, 1e-4, strict=True).passed
+    # Accepted explicitly: a pass.
+    assert compare_tensor(ref, zeros, 1e-5, 1e-4, strict=True, allow_vacuous=True).passed
+
+
+def test_the_vacuous_threshold_is_the_stated_fraction_of_the_largest_reference_value() -> None:
+    ref = torch.tensor([1.0, -0.5])
+    just_below = VACUOUS_FRACTION * 0.99
+    assert compare_tensor(ref, ref, just_below, 0.0, strict=True).passed
+    c = compare_tensor(ref, ref, VACUOUS_FRACTION, 0.0, strict=True)
+    assert not c.passed and c.kind is Kind.VACUOUS
+    # rtol counts too: atol 0 with rtol 0.5 allows half of every value.
+    assert compare_tensor(ref, ref, 0.0, 0.5, strict=True).kind is Kind.VACUOUS
+
+
+def test_an_all_zero_reference_is_compared_exactly_not_called_vacuous() -> None:
+    ref = torch.zeros(3)
+    assert compare_tensor(ref, ref.clone(), 1e-5, 1e-4, strict=True).passed
+    assert compare_tensor(ref, ref + 1, 1e-5, 1e-4, strict=True).kind is Kind.TOLERANCE
+
+
+def test_nan_or_inf_in_a_backend_output_is_a_failure_of_its_own_kind() -> None:
+    ref = torch.ones(4)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        got = ref.clone()
+        got[1] = bad
+        c = compare_tensor(ref, got, 1e-5, 1e-4, strict=True)
+        assert not c.passed and c.kind is Kind.NON_FINITE, bad
+        assert isinstance(c.error("x"), NonFiniteOutputError)
+    # Strict: NaN in the same place on both sides still fails (the reference is not a reference).
+    both = torch.tensor([1.0, float("nan")])
+    c = compare_tensor(both, both.clone(), 1e-5, 1e-4, strict=True)
+    assert not c.passed and c.kind is Kind.NON_FINITE
+
+
+def test_statistics_say_how_far_off_and_what_would_have_passed() -> None:
+    ref = torch.linspace(-3, 3, 1000, dtype=torch.float64).float()
+    got = ref.clone()
+    got[10] += 0.25
+    c = compare_tensor(ref, got, atol=1e-5, rtol=1e-4, strict=True)
+    assert c.kind is Kind.TOLERANCE and not c.passed
+    assert isinstance(c.error("w"), ToleranceError) and isinstance(c.error("w"), ParityError)
+    assert math.isclose(c.max_abs, 0.25, rel_tol=1e-5)
+    assert c.p99_abs == 0.0  # one bad value in a thousand is above the 99th percentile
+    assert math.isclose(c.ref_max, 3.0, rel_tol=1e-6)
+    assert math.isclose(c.ref_std, float(ref.double().std()), rel_tol=1e-6)
+    # The smallest passing tolerances really pass, and a hair less does not.
+    assert compare_tensor(ref, got, c.min_atol, 1e-4).passed
+    assert not compare_tensor(ref, got, c.min_atol * 0.99, 1e-4).passed
+    assert compare_tensor(ref, got, 1e-5, c.min_rtol * 1.0001).passed
+    assert not compare_tensor(ref, got, 1e-5, c.min_rtol * 0.99).passed
+    assert sum(c.hist) == ref.numel() and len(c.hist) == len(HIST_DECADES) + 1
+    assert c.hist[0] == ref.numel() - 1  # every other value is exactly equal
+
+
+def test_top1_agreement_for_classifier_outputs() -> None:
+    ref = torch.tensor([[0.0, 1.0, 0.5], [2.0, 0.0, 1.0]])
+    got = torch.tensor([[0.0, 1.0, 0.5], [0.0, 0.0, 1.0]])
+    assert compare_tensor(ref, got, 1e-5, 1e-4, classifier=True).top1 == 0.5
+    assert compare_tensor(ref, got, 1e-5, 1e-4).top1 is None
+
+
+def test_shape_and_dtype_failures_are_typed() -> None:
+    c = compare_tensor(torch.zeros(2, 3), torch.zeros(3, 2), 1e-5, 1e-4, strict=True)
+    assert c.kind is Kind.SHAPE and isinstance(c.error("x"), ShapeMismatchError)
+    assert c.to_json()["max_abs"] == "inf"  # JSON has no Infinity
+
+
+def test_a_report_raises_its_most_severe_failure_kind_with_every_error_attached() -> None:
+    ref = torch.ones(3)
+    off = compare_tensor(ref, ref + 1, 1e-5, 1e-4, strict=True)
+    nan = compare_tensor(ref, ref * float("nan"), 1e-5, 1e-4, strict=True)
+    ok = compare_tensor(ref, ref, 1e-5, 1e-4, strict=True)
+    rows = [
+        Row.of("a", "golden", "y", ok, 1e-5, 1e-4),
+        Row.of("b", "golden", "y", off, 1e-5, 1e-4),
+        Row.of("c", "golden", "y", nan, 1e-5, 1e-4),
+        Row.missing("d", "golden", "z", 1e-5, 1e-4),
+    ]
+    report = ParityReport("m", "/x", "now", {"atol": 1e-5, "rtol": 1e-4}, {}, rows)
+    with pytest.raises(ParityError) as caught:
+        report.raise_for_failures()
+    assert isinstance(caught.value, MissingOutputError)  # missing outranks the numbers
+    kinds = {type(e) for e in caught.value.errors}  # type: ignore[attr-defined]
+    assert kinds == {ToleranceError, NonFiniteOutputError, MissingOutputError}
+    assert "b / golden / y" in str(caught.value)
+    ParityReport("m", "/x", "now", {"atol": 1e-5, "rtol": 1e-4}, {}, rows[:1]).raise_for_failures()

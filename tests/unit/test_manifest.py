@@ -76,6 +76,28 @@ def test_round_trip_keeps_every_field() -> None:
     assert json.loads(m.dumps())["artifacts"]["torchscript"]["method"] == "script"
 
 
+def test_failed_formats_round_trip_and_are_absent_when_none() -> None:
+    """A partial export lists what it could not write; complete ones carry no `failed` key."""
+    assert Manifest.from_json(SCHEMA_1).failed == {}
+    assert "failed" not in json.loads(Manifest.from_json(SCHEMA_1).dumps())
+    why = "ONNX has no conversion for aten.linalg_eig (torch.linalg.eigvals)"
+    m = Manifest.from_json({**SCHEMA_1, "failed": {"onnx": why}})
+    assert m.failed == {"onnx": why}
+    assert Manifest.loads(m.dumps()) == m
+    assert json.loads(m.dumps())["failed"] == {"onnx": why}
+    with pytest.raises(ManifestError, match=r"no 'onnx' artifact \(its export failed: ONNX has"):
+        m.artifact("onnx")
+
+
+def test_init_note_round_trips() -> None:
+    note = "34 normalisation layers' running statistics calibrated on 4 random batches of 8"
+    data = {**SCHEMA_1, "model": {**SCHEMA_1["model"], "init": "random", "init_note": note}}
+    m = Manifest.from_json(data)
+    assert (m.model.init, m.model.init_note) == ("random", note)
+    assert Manifest.loads(m.dumps()) == m
+    assert "init_note" not in Manifest.from_json(SCHEMA_1).to_json()["model"]
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -85,6 +107,8 @@ def test_round_trip_keeps_every_field() -> None:
         ({"checkpoint": {"path": "x"}}, "sha256"),
         ({"artifacts": {"onnx": {"file": "../../etc/passwd", "sha256": "0"}}}, "outside"),
         ({"tolerance": {"atol": "much", "rtol": 1}}, "wrong type"),
+        ({"failed": {"torchscript": "it failed"}}, "both as written and as failed"),
+        ({"failed": ["onnx"]}, "wrong type"),
     ],
 )
 def test_bad_manifests_are_refused_with_the_reason(change: dict, message: str) -> None:

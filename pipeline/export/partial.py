@@ -1,0 +1,67 @@
+"""Partial exports: some formats written and checked, the others recorded as failed.
+
+A model can use an op one format cannot express (`torch.linalg.eigvals` has
+no ONNX conversion) while the other formats take it. Export then keeps what
+it could make, lists the rest under `failed` in the manifest with the reason,
+and `pipeline export` prints one paragraph and exits `EXIT_PARTIAL`, so a
+script can tell "partial" (3) from "failed, nothing written" (1).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.core.errors import ArtifactError
+from pipeline.core.manifest import Manifest, read_manifest
+from pipeline.formats import base as registry
+
+# `pipeline export`'s exit status when at least one requested format was written
+# and at least one failed. 1 stays "failed, nothing written"; 2 is argparse's.
+EXIT_PARTIAL = 3
+
+
+def one_line(text: str) -> str:
+    """`text` with its whitespace (newlines included) collapsed: one paragraph, always."""
+    return " ".join(str(text).split())
+
+
+def _sentence(text: str) -> str:
+    text = one_line(text)
+    return text if text.endswith((".", "!", "?")) else f"{text}."
+
+
+def _titled(key: str) -> str:
+    """'model.onnx (onnx)': the file and the key --format and the manifest use."""
+    return f"{registry.get(key).file} ({key})"
+
+
+def partial_message(manifest: Manifest, out_dir: Path) -> str:
+    """The one paragraph `pipeline export` prints for a partial export."""
+    failed = " ".join(
+        f"{_titled(key)} was not written: {_sentence(reason)}"
+        for key, reason in manifest.failed.items()
+    )
+    written = [f for f in registry.all_formats() if f.key in manifest.artifacts]
+    return (
+        f"partial export of {manifest.model.name}: {failed} Written and checked in {out_dir}: "
+        f"{', '.join(_titled(f.key) for f in written)}. The manifest lists "
+        f"{', '.join(manifest.failed)} under 'failed'; verify, archive and serve use the "
+        f"formats written. Exit status {EXIT_PARTIAL} (partial)."
+    )
+
+
+def settled(out_dir: Path, model: str, formats: tuple[str, ...]) -> Manifest | None:
+    """The export in `out_dir` if it settles every one of `formats`, else None (for --if-missing).
+
+    A format is settled when the export holds it or recorded it as failed: an
+    op ONNX cannot express fails the same way on every run, so --if-missing
+    does not redo it; an export without --if-missing tries every format again.
+    """
+    try:
+        manifest = read_manifest(out_dir)
+    except ArtifactError:
+        return None
+    done = set(manifest.artifacts) | set(manifest.failed)
+    if manifest.model.name != model or not set(formats) <= done:
+        return None
+    return manifest

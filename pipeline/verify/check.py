@@ -1,0 +1,204 @@
+"""The checks behind `pipeline verify`: every backend × input set × output against eager,
+and, for a backend that fails, where it first departs (pipeline/verify/localise.py)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.core.compare import Kind, compare_tensor, vacuous_problem
+from pipeline.core.errors import PipelineError
+from pipeline.export.opened import ExportedModel
+from pipeline.verify.backends import Backend
+from pipeline.verify.report import Row
+from pipeline.zoo.spec import Inputs
+
+log = logging.getLogger(__name__)
+
+Case = tuple[str, Inputs, dict[str, torch.Tensor] | None]  # label, inputs, stored golden outputs
+GOLDEN_FILE_BACKEND = "golden file"  # the outputs export stored, checked against today's eager
+# Failures that say something about the numbers, and so can be localised.
+_LOCALISABLE = (Kind.TOLERANCE, Kind.NON_FINITE, Kind.SHAPE)
+
+
+@dataclass(frozen=True)
+class Tol:
+    """The tolerance verify applies: fixed atol/rtol, or atol relative to each output's scale."""
+
+    atol: float
+    rtol: float
+    atol_scale: float | None = None  # atol = atol_scale * max|ref|, per output and input set
+    allow_vacuous: bool = False
+
+    def atol_for(self, ref: torch.Tensor) -> float:
+        if self.atol_scale is None or not ref.is_floating_point() or ref.numel() == 0:
+            return self.atol
+        finite = ref[ref.isfinite()]
+        return self.atol_scale * float(finite.abs().max()) if finite.numel() else self.atol
+
+    def compare(self, ref: torch.Tensor, got: torch.Tensor, classifier: bool) -> tuple[Any, float]:
+        atol = self.atol_for(ref)
+        c = compare_tensor(
+            ref,
+            got,
+            atol,
+            self.rtol,
+            strict=True,
+            allow_vacuous=self.allow_vacuous,
+            classifier=classifier,
+        )
+        return c, atol
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"atol": self.atol, "rtol": self.rtol}
+        if self.atol_scale is not None:
+            out["atol_scale"] = self.atol_scale
+        if self.allow_vacuous:
+            out["allow_vacuous"] = True
+        return out
+
+
+@dataclass
+class Checked:
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    inputs: dict[str, Inputs] = field(default_factory=dict)  # label → the inputs of that case
+
+
+def _by_name(
+    actual: Sequence[torch.Tensor] | Mapping[str, torch.Tensor], names: list[str]
+) -> dict[str, torch.Tensor]:
+    """A backend's answer keyed by output name: named answers as they are, lists by position."""
+    if isinstance(actual, Mapping):
+        return {n: actual[n] for n in names if n in actual}
+    return dict(zip(names, actual, strict=False))
+
+
+def check_cases(
+    exported: ExportedModel, backends: Sequence[Backend], cases: Sequence[Case], tol: Tol
+) -> Checked:
+    """One row per backend × case × output; the stored golden outputs are a backend too."""
+    names = exported.manifest.output_names
+    # Top-1 agreement for classifiers (serving shows their top k): the first output.
+    classifier = {names[0]} if exported.manifest.serving.topk and names else set()
+    checked = Checked()
+    zero_refs: set[str] = set()
+    vacuous_accepted: set[str] = set()
+    for label, inputs, stored in cases:
+        exported.entry.check_inputs(inputs)
+        checked.inputs[label] = inputs
+        try:
+            expected = exported.eager(inputs)
+        except Exception as err:  # noqa: BLE001 - the reference itself cannot run these inputs
+            raise PipelineError(
+                f"Eager {exported.name!r} fails on the {label!r} inputs, so there is no reference "
+                f"to compare with: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
+            ) from None
+        for name, ref in expected.items():
+            if ref.is_floating_point() and ref.numel() and not bool(ref.ne(0).any()):
+                zero_refs.add(name)
+        answers: list[tuple[str, Any]] = []
+        if stored is not None:
+            answers.append((GOLDEN_FILE_BACKEND, stored))
+        for backend in backends:
+            try:
+                answers.append((backend.name, backend.run(inputs)))
+            except Exception as err:  # noqa: BLE001 - a crashing backend is a failed check
+                checked.rows += [
+                    Row.crashed(backend.name, label, n, err, tol.atol, tol.rtol) for n in names
+                ]
+        for who, actual in answers:
+            got = _by_name(actual, names)
+            for name, ref in expected.items():
+                if name not in got:
+                    checked.rows.append(Row.missing(who, label, name, tol.atol, tol.rtol))
+                    continue
+                c, atol = tol.compare(ref, got[name], name in classifier)
+                checked.rows.append(Row.of(who, label, name, c, atol, tol.rtol))
+                if tol.allow_vacuous and c.passed and vacuous_problem(c.ref_max, atol, tol.rtol):
+                    vacuous_accepted.add(name)
+    for name in sorted(zero_refs):
+        checked.notes.append(
+            f"eager's {name!r} is all zeros on some inputs: those checks only show that the "
+            "backends return zeros too"
+        )
+    for name in sorted(vacuous_accepted):
+        checked.notes.append(
+            f"{name!r}: the tolerance cannot tell the reference from zeros, accepted by "
+            "--allow-vacuous; these passes prove little"
+        )
+    return checked
+
+
+def locate_failures(
+    exported: ExportedModel,
+    backends: Sequence[Backend],
+    checked: Checked,
+    tol: Tol,
+    bisect_dir: Path | None,
+) -> list[dict[str, Any]]:
+    """Where each failing backend first departs from eager, one entry per backend.
+
+    In-process backends are localised on the inputs of their first failing
+    check. A backend out of process (the C++ client, a server) runs an
+    artifact of some format: it gets its in-process twin's finding when that
+    fails too, or is told that its artifact agrees in-process.
+    """
+    found: dict[str, dict[str, Any]] = {}  # format key → the in-process finding
+    out: list[dict[str, Any]] = []
+    by_name = {b.name: b for b in backends}
+    failing = list(dict.fromkeys(r.backend for r in checked.rows if not r.passed))
+    # In-process backends first, so that out-of-process ones can point at their findings.
+    failing.sort(key=lambda n: not getattr(by_name.get(n), "in_process", False))
+    for name in failing:
+        backend = by_name.get(name)
+        fmt = getattr(backend, "format_key", None)
+        row = next((r for r in checked.rows if r.backend == name and r.kind in _LOCALISABLE), None)
+        if backend is None or fmt is None or row is None:
+            continue  # the golden file, or a backend that only crashed: its error says it all
+        if getattr(backend, "in_process", False):
+            from pipeline.verify.localise import localise  # only when something failed
+
+            log.info("localising %s on the %r inputs…", name, row.inputs)
+            try:
+                result = localise(
+                    exported,
+                    fmt,
+                    checked.inputs[row.inputs],
+                    row.atol,
+                    tol.rtol,
+                    bisect_dir=bisect_dir,
+                    backend=name,
+                )
+                loc = {**result.to_json(), "describe": result.describe()}
+            except Exception as err:
+                log.warning("could not localise %s: %s", name, err, exc_info=True)
+                loc = {
+                    "backend": name,
+                    "available": False,
+                    "note": f"{name}: localisation failed: {err}",
+                }
+            loc["line"] = f"{_line(loc)} (on the {row.inputs!r} inputs)"
+            found[fmt] = loc
+        elif fmt in found:
+            loc = {**found[fmt], "backend": name}
+            loc["line"] = f"{name} runs the same {fmt} artifact: {_line(found[fmt])}"
+        else:
+            loc = {
+                "backend": name,
+                "available": False,
+                "note": f"out of process; the same {fmt} artifact agrees with eager in-process, "
+                "so the difference comes from this backend's runtime or transport",
+            }
+            loc["line"] = f"{name}: {loc['note']}"
+        out.append(loc)
+    return out
+
+
+def _line(loc: Mapping[str, Any]) -> str:
+    return str(loc.get("describe") or loc.get("note") or "no finding")
