@@ -27,7 +27,8 @@ stages run left to right, each reading what the one before wrote:
   pipeline train   → artifacts/<model>/checkpoint.pt (+ .json sidecar)
   pipeline export  → artifacts/<model>/export/ (TorchScript, ONNX, golden I/O, manifest.json);
                      exit 3 when only some formats could be written (see export --help)
-  pipeline verify  → artifacts/<model>/parity.json, and a table; exit 1 on any mismatch
+  pipeline verify  → artifacts/<model>/parity.json + parity.md (histograms, where it diverges);
+                     exit 1 on any failed check
   pipeline archive → model_store/<model>_ts.mar, <model>_onnx.mar; then serve / infer / stop
   pipeline build-cpp → cpp_client/build/run_torchscript; verify --backend cpp uses it
 
