@@ -58,7 +58,9 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
         "serve",
         help="start TorchServe over model_store/ with secure defaults",
         description="Start TorchServe on 127.0.0.1 with token authorization on and the model API off; "
-        "return once every model is READY (or fail with the worker's log).",
+        "return once every model is READY (or fail with the worker's log). Clients get the "
+        "inference key alone in <run dir>/inference_key.json; the management key stays in the "
+        "owner-only key_file.json.",
     )
     p.add_argument("--store", type=Path, default=DEFAULT_STORE, help="default: model_store")
     p.add_argument(
@@ -200,6 +202,7 @@ def _cmd_archive(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from pipeline.serving.server import INFERENCE_KEY_FILE, KEY_FILE
     from pipeline.serving.torchserve import ServeConfig, start
 
     server = start(
@@ -227,10 +230,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     print(
         f"  inference:  {server.inference_url}/predictions/<model> (gateway pid {server.gateway_pid})"
     )
-    print(f"  management: {server.management_url} (register/delete disabled)")
+    # Paths only, never a key: this output ends up in terminals, CI logs and tickets.
+    run_dir = Path(server.run_dir)
+    print(
+        f"  management: {server.management_url} (register/delete disabled; scaling needs the "
+        "management key, kept for `pipeline serve` only)"
+    )
     print(f"  metrics:    {server.metrics_url}/metrics")
     print(
-        f"  tokens:     {Path(server.run_dir) / 'key_file.json'} (send 'Authorization: Bearer <inference key>')"
+        f"  token:      {run_dir / INFERENCE_KEY_FILE} (for clients: send "
+        "'Authorization: Bearer <its inference key>')"
+    )
+    print(
+        f"  private:    {run_dir / KEY_FILE} (mode 0600: management and API keys, share it with no one)"
     )
     print(f"  logs:       {Path(server.run_dir) / 'logs'}")
     print("stop it with `pipeline stop` (or `make stop`)")

@@ -2,8 +2,15 @@
 
 The record is what every client of the server starts from (infer, verify's
 served backends, loadtest, bench, stop): its URLs, the processes to
-recognise and signal, the token file, and which model and format each
+recognise and signal, the token files, and which model and format each
 served archive holds (from the archives' `archive.json`).
+
+Two token files, because TorchServe 0.12 writes all its keys into one
+(`key_file.json`: inference, management and the API key that mints new
+ones) and `enable_model_api=false` still lets the management key scale
+workers (`PUT /models/<name>` answers 202). Inference clients get
+`inference_key.json`, which holds the inference key only; `key_file.json`
+stays mode 0600 for `pipeline serve` and the owner's tools.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -26,7 +34,8 @@ from pipeline.serving.archive import ArchiveInfo
 from pipeline.serving.gateway import CONFIG_FILE as GATEWAY_CONFIG
 
 SERVER_FILE = "server.json"
-KEY_FILE = "key_file.json"
+KEY_FILE = "key_file.json"  # TorchServe's own: every key, owner-only
+INFERENCE_KEY_FILE = "inference_key.json"  # the inference key alone, for clients
 CONFIG_PROPERTIES = "config.properties"
 
 log = logging.getLogger(__name__)
@@ -77,14 +86,13 @@ class Server:
         """Write server.json into the run folder."""
         (Path(self.run_dir) / SERVER_FILE).write_text(json.dumps(asdict(self), indent=2))
 
-    def keys(self) -> dict[str, str]:
-        """The tokens TorchServe wrote: {'inference': ..., 'management': ...}."""
-        path = Path(self.run_dir) / KEY_FILE
-        try:
-            data = json.loads(path.read_text())
-            return {"inference": data["inference"]["key"], "management": data["management"]["key"]}
-        except (OSError, ValueError, KeyError) as err:
-            raise ServeError(f"Cannot read TorchServe's token file {path}: {err}") from None
+    def keys(self) -> Mapping[str, str]:
+        """The tokens: 'inference' from inference_key.json, 'management' from key_file.json.
+
+        Each file is read only when its key is asked for, so an inference
+        client that cannot read the private key_file.json still gets its key.
+        """
+        return _Keys(Path(self.run_dir))
 
     def archives_of(self, model: str) -> dict[str, ArchiveInfo]:
         """The served archives of `model` (as the export names it), by archive name, in
@@ -106,6 +114,56 @@ class Server:
 
     def gateway_alive(self) -> bool:
         return is_process(self.gateway_pid, Path(self.run_dir) / GATEWAY_CONFIG)
+
+
+_KEY_FILES = {"inference": INFERENCE_KEY_FILE, "management": KEY_FILE}
+
+
+class _Keys(Mapping[str, str]):
+    def __init__(self, run_dir: Path) -> None:
+        self._run_dir = run_dir
+
+    def __getitem__(self, api: str) -> str:
+        path = self._run_dir / _KEY_FILES[api]
+        try:
+            return str(json.loads(path.read_text())[api]["key"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            hint = " (the management key is readable by the user who ran `pipeline serve` only)"
+            raise ServeError(
+                f"Cannot read the {api} token from {path}: {err}{hint if api == 'management' else ''}"
+            ) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_KEY_FILES)
+
+    def __len__(self) -> int:
+        return len(_KEY_FILES)
+
+
+def publish_inference_key(run_dir: Path) -> Path:
+    """Keep TorchServe's key_file.json owner-only and copy its inference key alone to
+    inference_key.json (0600 too: the owner decides whom to give it to).
+
+    The management and API keys must not reach inference clients: with them
+    anyone can scale workers or mint new keys, and TorchServe has no setting
+    that closes scaling (`enable_model_api=false` only refuses register and
+    delete, see SECURITY.md).
+    """
+    private = run_dir / KEY_FILE
+    private.chmod(0o600)  # TorchServe sets rw------- itself; make sure of it
+    try:
+        inference = json.loads(private.read_text())["inference"]
+    except (OSError, ValueError, KeyError) as err:
+        raise ServeError(f"Cannot read TorchServe's token file {private}: {err}") from None
+    target = run_dir / INFERENCE_KEY_FILE
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    # Created 0600 (O_EXCL: never through a file or link someone left there), then renamed.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"inference": inference}, fh, indent=2)
+    tmp.replace(target)
+    return target
 
 
 def is_process(pid: int, marker: Path) -> bool:
@@ -158,6 +216,7 @@ def stop(run_dir: Path | None = None, timeout: float = 30.0) -> bool:
         was_running = True
     path.unlink(missing_ok=True)
     (run_dir / KEY_FILE).unlink(missing_ok=True)
+    (run_dir / INFERENCE_KEY_FILE).unlink(missing_ok=True)
     return was_running
 
 

@@ -18,7 +18,8 @@ Secure defaults: TorchServe on 127.0.0.1 only (the gateway too, unless the
 user names another host, with a warning), token authorization on, the
 model-management API (register/delete) off, `allowed_urls` limited to the
 local model store, explicit request/response size limits, one thread per
-worker.
+worker. The management key, which can still scale workers, stays in the
+owner-only `key_file.json`; clients get `inference_key.json` (server.py).
 """
 
 from __future__ import annotations
@@ -42,11 +43,13 @@ from pipeline.serving.gateway import CONFIG_FILE as GATEWAY_CONFIG
 from pipeline.serving.gateway import GatewayConfig
 from pipeline.serving.server import (
     CONFIG_PROPERTIES,
+    INFERENCE_KEY_FILE,
     KEY_FILE,
     SERVER_FILE,
     ServeError,
     Server,
     default_run_dir,
+    publish_inference_key,
     stop,
 )
 from pipeline.serving.workers import scale, status, wait_ready, warm_up, worker_plan
@@ -255,7 +258,8 @@ def start(config: ServeConfig) -> Server:
         (run_dir / "logs").rename(run_dir / "logs.previous")
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "tmp").mkdir(exist_ok=True)
-    (run_dir / KEY_FILE).unlink(missing_ok=True)
+    for stale in (KEY_FILE, INFERENCE_KEY_FILE):
+        (run_dir / stale).unlink(missing_ok=True)
     conf = run_dir / CONFIG_PROPERTIES
     backend_port = free_port()
     workers, threads = worker_plan(len(models), config.workers_per_model, config.threads_per_worker)
@@ -287,8 +291,16 @@ def start(config: ServeConfig) -> Server:
         "--ncs",
     ]
     with (run_dir / "logs" / "torchserve.out").open("ab") as out:
+        # umask 077: TorchServe creates key_file.json with the default mode and only
+        # then narrows it to rw-------; born owner-only, nobody can open it in between.
         proc = subprocess.Popen(
-            cmd, cwd=run_dir, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            cwd=run_dir,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            umask=0o077,
         )
     host = f"[{config.host}]" if ":" in config.host else config.host
     server = Server(
@@ -306,6 +318,7 @@ def start(config: ServeConfig) -> Server:
     server.record()
     try:
         failed = wait_ready(server, proc, config.startup_timeout_s, config.keep_going)
+        publish_inference_key(run_dir)
         if failed:
             server = replace(server, failed=sorted(failed))
             server.record()
