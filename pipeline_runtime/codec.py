@@ -34,7 +34,10 @@ from pipeline_runtime.request import (
     MAX_IMAGE_PIXELS,
     MAX_JSON_DEPTH,
     InputSpec,
+    Limits,
     RequestError,
+    check_shapes,
+    sniff,
 )
 
 __all__ = [
@@ -43,6 +46,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "Decoded",
     "InputSpec",
+    "Limits",
     "RequestError",
     "check_arrays",
     "decode_image",
@@ -103,12 +107,11 @@ def parse_body(body: Any) -> tuple[Any, str]:
     if body is None or (isinstance(body, bytes | str) and len(body) == 0):
         raise RequestError('Empty request body. Send JSON like {"inputs": [...]} or an image.')
     if isinstance(body, bytes):
-        if body[:8] == b"\x89PNG\r\n\x1a\n" or body[:3] == b"\xff\xd8\xff":
+        kind = sniff(body[:8])
+        if kind in ("png", "jpeg"):
             return body, "image"
-        if body[:6] == b"\x93NUMPY":
-            return body, "npy"
-        if body[:4] == b"PK\x03\x04":
-            return body, "npz"
+        if kind in ("npy", "npz"):
+            return body, kind
         try:
             body = body.decode("utf-8")
         except UnicodeDecodeError:
@@ -260,64 +263,36 @@ def _collect(body: Any, specs: Sequence[InputSpec]) -> tuple[dict[str, np.ndarra
 
 
 def check_arrays(
-    arrays: dict[str, np.ndarray], specs: Sequence[InputSpec]
+    arrays: dict[str, np.ndarray], specs: Sequence[InputSpec], limits: Limits | None = None
 ) -> tuple[dict[str, np.ndarray], bool]:
-    """Check shapes, add a missing batch axis, refuse NaN/Inf. → (arrays, unbatched).
+    """Check shapes and limits (`check_shapes`), add a missing batch axis, refuse NaN/Inf.
 
-    Inputs sharing a named axis must agree on its size (my_cell's x and h both
-    have "batch"): TorchScript would broadcast or fail with a 500, and a .pt2
-    package could read out of bounds.
+    → (arrays, unbatched).
     """
-    unbatched_flags = set()
+    shapes, unbatched = check_shapes({s.name: arrays[s.name].shape for s in specs}, specs, limits)
     out = {}
-    axis_sizes: dict[str, tuple[str, int]] = {}
     for spec in specs:
-        a = arrays[spec.name]
-        if a.size > MAX_ELEMENTS:
-            raise RequestError(
-                f"Input {spec.name!r} has {a.size} values; the limit is {MAX_ELEMENTS}.", status=413
-            )
-        batch_axis = spec.batch_axis
-        if batch_axis is not None and a.ndim == len(spec.shape) - 1:
-            a = np.expand_dims(a, batch_axis)
-            unbatched_flags.add(True)
-        elif batch_axis is not None:  # inputs without a batch axis have no say
-            unbatched_flags.add(False)
-        if (
-            a.ndim != len(spec.shape)
-            or any(isinstance(d, int) and d != n for d, n in zip(spec.shape, a.shape, strict=False))
-            or any(n == 0 for n in a.shape)
-        ):
-            raise RequestError(
-                f"Input {spec.name!r} must have shape {list(spec.shape)} (named axes are free), "
-                f"got {list(a.shape)}.",
-                expected=spec.describe(),
-            )
-        for dim, n in zip(spec.shape, a.shape, strict=True):
-            if isinstance(dim, str):
-                first, size = axis_sizes.setdefault(dim, (spec.name, n))
-                if size != n:
-                    raise RequestError(
-                        f"Inputs {first!r} and {spec.name!r} share the axis {dim!r} and must "
-                        f"agree on its size; got {size} and {n}.",
-                        expected=[s.describe() for s in specs],
-                    )
+        a = arrays[spec.name].reshape(shapes[spec.name])  # a view: only a batch axis is added
         if a.dtype.kind == "f" and not np.isfinite(a).all():
             raise RequestError(
                 f"Input {spec.name!r} contains NaN or Inf; the model needs finite values.",
                 expected=spec.describe(),
             )
         out[spec.name] = np.ascontiguousarray(a)
-    if len(unbatched_flags) > 1:
-        raise RequestError("Either every input has its batch axis or none does.")
-    return out, unbatched_flags == {True}
+    return out, unbatched
 
 
-def decode_request(body: Any, specs: Sequence[InputSpec], accepts_images: bool) -> Decoded:
-    """One request body → checked arrays. Raises RequestError with a 4xx status."""
+def decode_request(
+    body: Any, specs: Sequence[InputSpec], accepts_images: bool, limits: Limits | None = None
+) -> Decoded:
+    """One request body → checked arrays. Raises RequestError with a 4xx status.
+
+    `limits` bound the samples and decoded bytes of one request; .npy/.npz
+    bodies are checked against them from their headers, before any array is read.
+    """
     value, kind = parse_body(body)
     if kind in ("npy", "npz"):
-        arrays, unbatched = check_arrays(numpy_arrays(value, kind, specs), specs)
+        arrays, unbatched = check_arrays(numpy_arrays(value, kind, specs, limits), specs, limits)
         return Decoded(arrays, kind, unbatched)
     if kind == "image":
         if not accepts_images:
@@ -328,7 +303,7 @@ def decode_request(body: Any, specs: Sequence[InputSpec], accepts_images: bool) 
             )
         return Decoded({specs[0].name: decode_image(value)}, "image", unbatched=False)
     arrays, protocol = _collect(value, specs)
-    arrays, unbatched = check_arrays(arrays, specs)
+    arrays, unbatched = check_arrays(arrays, specs, limits)
     return Decoded(arrays, protocol, unbatched)
 
 

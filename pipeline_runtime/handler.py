@@ -8,8 +8,10 @@ records `HandlerTime`); this class fills in the steps:
   sha256 differs from it (the model then does not start), loads the artifact
   through `pipeline_runtime.runners` (the loader verify and bench use: same
   device rules, same threads) and warms it up on `golden.pt`;
-* `preprocess`: decodes each request on its own (`pipeline_runtime.codec`); a
-  bad one becomes its own 4xx JSON answer and does not fail its batch;
+* `preprocess`: decodes each request on its own (`pipeline_runtime.codec`),
+  within `max_samples` samples and `MAX_INPUT_BYTES` of inputs (checked from
+  .npy/.npz headers before anything is read); a bad one becomes its own 4xx
+  JSON answer and does not fail its batch;
 * `inference`: runs requests with compatible shapes as one forward pass and
   splits the outputs back (dynamic batching), unless the model says its
   samples depend on each other;
@@ -38,6 +40,7 @@ from ts.torch_handler.base_handler import BaseHandler
 from pipeline_runtime import codec, runners
 from pipeline_runtime.files import IntegrityError, check_sha256
 from pipeline_runtime.manifest import MANIFEST_NAME, Manifest, TensorRecord
+from pipeline_runtime.request import MAX_SAMPLES_ENV, SAMPLES_PER_BATCH
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +58,37 @@ def worker_threads() -> int:
         if os.environ.get(name):
             return max(1, int(os.environ[name]))
     return 1
+
+
+def max_samples(batch_size: int, handler_config: Any = None) -> int:
+    """How many samples one request may carry.
+
+    `PIPELINE_MAX_SAMPLES` in the server's environment (workers inherit it),
+    else `handler: {max_samples: N}` in the archive's model-config.yaml, else
+    `SAMPLES_PER_BATCH` times the archive's TorchServe batch size.
+    """
+    config = handler_config if isinstance(handler_config, dict) else {}
+    for source, value in (
+        (MAX_SAMPLES_ENV, os.environ.get(MAX_SAMPLES_ENV)),
+        ("max_samples in model-config.yaml", config.get("max_samples")),
+    ):
+        if value is None or value == "":
+            continue
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            n = 0
+        if n < 1 or isinstance(value, bool | float):
+            raise ValueError(
+                f"{source} must be a whole number of samples, at least 1; got {value!r}."
+            )
+        return n
+    return SAMPLES_PER_BATCH * max(1, int(batch_size or 1))
+
+
+# TorchServe's Java frontend decodes these bodies itself and hands the handler
+# their fields (or nothing, for a body without '='): the body is lost by then.
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 
 def _where(device: torch.device) -> str:
@@ -85,6 +119,15 @@ class PipelineHandler(BaseHandler):
             s.batch_axis is not None for s in self.specs
         )
         self.output_axes = [o.batch_axis or 0 for o in self.contract.outputs]
+        yaml_config = getattr(context, "model_yaml_config", None) or {}
+        self.limits = codec.Limits(
+            max_samples=max_samples(props.get("batch_size", 1), yaml_config.get("handler"))
+        )
+        logger.info(
+            "requests take at most %d samples and %d bytes of inputs",
+            self.limits.max_samples,
+            self.limits.max_bytes,
+        )
         wanted = self._pick_device(props.get("gpu_id"))
         threads = worker_threads()
         # One thread per worker unless told otherwise: several workers each
@@ -135,18 +178,23 @@ class PipelineHandler(BaseHandler):
     @timed
     def preprocess(self, data: list[dict[str, Any]]) -> list[codec.Decoded | codec.RequestError]:
         out: list[codec.Decoded | codec.RequestError] = []
-        for row in data:
+        for idx, row in enumerate(data):
             body = row.get("data") if row.get("data") is not None else row.get("body")
             try:
-                if body is None and row:
-                    # A form post: TorchServe turns its fields into the row's keys.
+                if body is None and (row or self._content_type(idx) in FORM_TYPES):
+                    # A form post: TorchServe turns its fields into the row's keys, and
+                    # drops a body without '=' (JSON, most images) altogether.
                     raise codec.RequestError(
-                        f"Got form fields {sorted(map(str, row))[:5]}; send the tensor JSON or the image "
-                        "as the raw request body (Content-Type: application/json, image/png or image/jpeg).",
+                        f"Got form fields {sorted(map(str, row))[:5]}: TorchServe decodes a body "
+                        "sent as application/x-www-form-urlencoded (curl's default for "
+                        "--data-binary) or multipart/form-data into fields. Send the JSON, "
+                        ".npy/.npz or image as the raw body with its own Content-Type "
+                        "(application/json, application/octet-stream, image/png, image/jpeg), "
+                        "or through the gateway, which recognises the body by its content.",
                         status=415,
                     )
                 decoded = codec.decode_request(
-                    body, self.specs, accepts_images=self.image_size is not None
+                    body, self.specs, accepts_images=self.image_size is not None, limits=self.limits
                 )
                 if decoded.protocol == "image":
                     decoded = self._image_inputs(decoded)
@@ -161,6 +209,18 @@ class PipelineHandler(BaseHandler):
                     )
                 )
         return out
+
+    def _content_type(self, idx: int) -> str:
+        """Request `idx`'s Content-Type media type, lower case ('' when there is none)."""
+        try:
+            headers = self.context.get_all_request_header(idx)
+        except (AttributeError, IndexError, KeyError, TypeError):
+            return ""
+        for name, value in (headers or {}).items():
+            # Parameter entries (name -> {"content-type": ...}) sit in the same dict.
+            if str(name).lower() == "content-type" and isinstance(value, str):
+                return value.split(";", 1)[0].strip().lower()
+        return ""
 
     def _image_inputs(self, decoded: codec.Decoded) -> codec.Decoded:
         # The same resize as training (pipeline.zoo.data.preprocess_digits).
@@ -261,5 +321,7 @@ class PipelineHandler(BaseHandler):
             "image_size": self.image_size,
             "topk": self.topk,
             "stack_requests": self.stack_requests,
+            "max_samples": self.limits.max_samples,
+            "max_input_bytes": self.limits.max_bytes,
             "protocols": ["json", "v2", "npy", "npz", *(["image"] if self.image_size else [])],
         }

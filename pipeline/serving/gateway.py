@@ -8,12 +8,15 @@ the way HTTP clients expect (401 with `WWW-Authenticate`, JSON 413, JSON 404
 for anything that is not an inference route), optionally over HTTPS, then
 forwards to TorchServe, which stays on 127.0.0.1 behind its own token.
 
+Bodies are forwarded with the media type `pipeline.serving.bodies.upstream_body`
+gives them, so TorchServe never decodes a form itself (curl's default type).
+
 Routes: `POST /predictions/<model>[/<version>]` (token required) and
 `GET /ping` (no token: health probes should not need a secret, and the answer
 says nothing about the models). Everything else is 404.
 
-The token is TorchServe's own inference key (`key_file.json` in the run
-folder), compared in constant time and re-read when the file changes. A
+The token is TorchServe's own inference key (read from `key_file.json` in the
+run folder; clients get it from `inference_key.json`), compared in constant time and re-read when the file changes. A
 worker that dies under a request makes TorchServe answer `500 Worker died.`;
 inference is a pure function, so the gateway turns that (and an unreachable
 TorchServe) into `503` with `Retry-After`, which clients retry.
@@ -39,6 +42,8 @@ from typing import Any
 
 import psutil
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+
+from pipeline.serving.bodies import BodyError, upstream_body
 
 log = logging.getLogger("pipeline.serving.gateway")
 
@@ -284,7 +289,7 @@ def build_app(config: GatewayConfig) -> web.Application:
                 401,
                 "Unauthorized",
                 "A valid inference token is required: send 'Authorization: Bearer <key>' with the "
-                "'inference' key from the server's key_file.json.",
+                "'inference' key from the server's inference_key.json.",
                 **{"WWW-Authenticate": 'Bearer realm="pipeline"'},
             )
         body = await _read_body(request, config.max_request_size)
@@ -295,9 +300,15 @@ def build_app(config: GatewayConfig) -> web.Application:
                 f"The request body is over the server's limit of {config.max_request_size} bytes "
                 "(max_request_size).",
             )
-        return await forward(
-            "POST", request.rel_url.path, body, request.headers.get("Content-Type")
-        )
+        declared = request.headers.get("Content-Type")
+        try:
+            if declared and "multipart" in declared.lower():  # parsing 4 MiB: off the loop
+                body, media = await asyncio.to_thread(upstream_body, declared, body)
+            else:
+                body, media = upstream_body(declared, body)
+        except BodyError as err:
+            return error(400, "BadRequest", str(err))
+        return await forward("POST", request.rel_url.path, body, media)
 
     async def ping(request: web.Request) -> web.StreamResponse:
         return await forward("GET", "/ping", b"", None)

@@ -5,7 +5,10 @@
 outputs were computed beforehand, and checks every answer with the
 manifest's tolerance. It retries what is safe to retry (503 and connection
 errors, with a bound and backoff: the client's policy), so that a killed
-worker costs time, not answers. Optionally it SIGKILLs the model's worker
+worker costs time, not answers. Any answer of 500 or more that is left after
+the retries is counted apart (`server_errors`) and fails the run: no request
+may earn a 5xx. `encodings` sends the inputs as JSON or `.npy`/`.npz`, with
+their own Content-Type, none, or curl's default form type, in turn. Optionally it SIGKILLs the model's worker
 part-way through and measures how long TorchServe takes to bring a new one
 up. Worker memory (RSS of the model's worker processes) is read once after
 warm-up and once at the end.
@@ -51,6 +54,19 @@ class LoadTestError(PipelineError):
     """The load run could not be set up."""
 
 
+# name -> (body format, Content-Type): "" sends none, and the form type is what
+# curl sends with --data-binary unless told otherwise; the gateway recognises
+# every body by its content.
+ENCODINGS = {
+    "json": ("json", "application/json"),
+    "npy": ("npy", "application/octet-stream"),
+    "json-untyped": ("json", ""),
+    "npy-untyped": ("npy", ""),
+    "json-form": ("json", "application/x-www-form-urlencoded"),
+    "npy-form": ("npy", "application/x-www-form-urlencoded"),
+}
+
+
 @dataclass
 class LoadConfig:
     export_dir: Path
@@ -66,6 +82,8 @@ class LoadConfig:
     kill_worker_after: int | None = None  # SIGKILL the worker once this many were answered
     retries: int = 8  # resends per request, with the client's backoff
     seed: int = 0
+    # How bodies are sent, in turn (ENCODINGS): the default is JSON as application/json.
+    encodings: tuple[str, ...] = ("json",)
 
     def validate(self) -> None:
         if self.requests < 1 or self.concurrency < 1 or self.pool < 1:
@@ -74,6 +92,11 @@ class LoadConfig:
             raise LoadTestError("--time-limit must be positive.")
         if self.kill_worker_after is not None and not 0 <= self.kill_worker_after < self.requests:
             raise LoadTestError("--kill-worker-after must be between 0 and --requests - 1.")
+        unknown = [e for e in self.encodings if e not in ENCODINGS]
+        if unknown or not self.encodings:
+            raise LoadTestError(
+                f"Unknown encoding(s) {unknown}: pick from {', '.join(ENCODINGS)} (e.g. json,npy-form)."
+            )
 
 
 @dataclass
@@ -83,6 +106,7 @@ class LoadReport:
     concurrency: int
     answered: int = 0
     failed: int = 0  # answered with an error after every retry, or never answered
+    server_errors: int = 0  # answers of 500 or more after the retries, warm-up included
     wrong: int = 0  # answered 200 with outputs outside tolerance
     not_sent: int = 0  # left when the time limit ran out
     retried: int = 0  # extra attempts the retry policy made
@@ -101,7 +125,9 @@ class LoadReport:
 
     @property
     def passed(self) -> bool:
-        return self.failed == 0 and self.wrong == 0 and self.not_sent == 0
+        return (
+            self.failed == 0 and self.server_errors == 0 and self.wrong == 0 and self.not_sent == 0
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "passed": self.passed}
@@ -110,8 +136,8 @@ class LoadReport:
         lines = [
             f"{self.archive}: {self.requests} requests at concurrency {self.concurrency} in "
             f"{self.duration_s:.1f} s ({self.throughput_rps:.0f} req/s)",
-            f"  answered {self.answered}, failed {self.failed}, wrong {self.wrong}, "
-            f"not sent {self.not_sent}, retries {self.retried}",
+            f"  answered {self.answered}, failed {self.failed} ({self.server_errors} with a 5xx), "
+            f"wrong {self.wrong}, not sent {self.not_sent}, retries {self.retried}",
             f"  latency p50 {self.p50_ms:.1f} ms, p90 {self.p90_ms:.1f} ms, p99 {self.p99_ms:.1f} ms",
             f"  worker RSS {self.worker_rss_mb_before:.0f} MiB after warm-up, "
             f"{self.worker_rss_mb_after:.0f} MiB at the end",
@@ -152,12 +178,14 @@ def _percentile(values: list[float], q: float) -> float:
 
 def _inputs_pool(
     config: LoadConfig, exported: ExportedModel
-) -> tuple[list[bytes], list[dict[str, torch.Tensor]]]:
-    """`pool` request bodies with the eager outputs each must get back."""
+) -> tuple[list[tuple[bytes, str]], list[dict[str, torch.Tensor]]]:
+    """`pool` (body, Content-Type) pairs with the eager outputs each must get back."""
     bodies, expected = [], []
     for i in range(config.pool):
         inputs = exported.sample(1, seed=config.seed + i)
-        bodies.append(client.tensors_body(inputs))
+        kind, content_type = ENCODINGS[config.encodings[i % len(config.encodings)]]
+        body = client.tensors_body(inputs) if kind == "json" else client.numpy_body(inputs)
+        bodies.append((body, content_type))
         expected.append(exported.eager(inputs))
     return bodies, expected
 
@@ -190,11 +218,13 @@ async def _run(config: LoadConfig, server: Server, archive: str, report: LoadRep
         nonlocal recovery
         k = i % len(bodies)
         t0 = time.perf_counter()
-        answer = await http.send(archive, bodies[k])
+        answer = await http.send(archive, *bodies[k])
         latencies.append((time.perf_counter() - t0) * 1e3)
         report.retried += answer.retries
         if not answer.ok:
             report.failed += 1
+            if answer.response is not None and answer.response.status_code >= 500:
+                report.server_errors += 1
             if len(report.errors) < 5:
                 report.errors.append(f"request {i}: {answer.problem}")
             return
@@ -243,6 +273,7 @@ async def _run(config: LoadConfig, server: Server, archive: str, report: LoadRep
         # Warm-up: connections open, the worker past its first calls; then memory.
         await asyncio.gather(*(one(http, -1 - j) for j in range(config.concurrency)))
         warm_failed = report.failed
+        # server_errors is not reset: a 5xx during warm-up fails the run too.
         report.answered = report.failed = report.wrong = report.retried = 0
         if warm_failed:
             report.errors.append(f"{warm_failed} warm-up request(s) failed")
@@ -317,9 +348,9 @@ def write_reports(reports: list[LoadReport], path: Path) -> None:
 
 def to_markdown(reports: list[LoadReport]) -> str:
     rows = [
-        "| archive | requests | concurrency | failed | wrong | retries | req/s | p50 ms | p99 ms "
-        "| worker RSS MiB (warm → end) | recovery after SIGKILL |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "| archive | requests | concurrency | failed | 5xx | wrong | retries | req/s | p50 ms "
+        "| p99 ms | worker RSS MiB (warm → end) | recovery after SIGKILL |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in reports:
         recovery = (
@@ -328,7 +359,8 @@ def to_markdown(reports: list[LoadReport]) -> str:
             else (f"{r.recovery_s:.1f} s" if r.recovery_s is not None else "never")
         )
         rows.append(
-            f"| {r.archive} | {r.requests} | {r.concurrency} | {r.failed + r.not_sent} | {r.wrong} "
+            f"| {r.archive} | {r.requests} | {r.concurrency} | {r.failed + r.not_sent} "
+            f"| {r.server_errors} | {r.wrong} "
             f"| {r.retried} | {r.throughput_rps:.0f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} "
             f"| {r.worker_rss_mb_before:.0f} → {r.worker_rss_mb_after:.0f} | {recovery} |"
         )

@@ -227,3 +227,65 @@ def test_a_tampered_artifact_is_refused_at_initialize(
     artifact.write_bytes(artifact.read_bytes() + b"\x00")
     with pytest.raises(IntegrityError, match=r"Refusing to serve model\.torchscript\.pt"):
         _load(model_dir, monkeypatch)
+
+
+def test_a_form_body_torchserve_emptied_gets_a_415_not_empty_body(
+    served: tuple[Any, Path],
+) -> None:
+    """TorchServe decodes curl's default type itself and drops a body without '=' (JSON,
+    most images): the handler sees no field at all, only the request's Content-Type."""
+    from ts.service import Service
+
+    service, _ = served
+    rows = [
+        {"requestId": b"r0", "parameters": [], "headers": [
+            {"name": b"Content-Type", "value": b"application/x-www-form-urlencoded"}]},
+        {"requestId": b"r1", "parameters": [], "headers": []},
+    ]  # fmt: skip
+    processors, inputs, ids = Service.retrieve_data_for_inference(rows)
+    service.context.request_ids = ids
+    service.context.request_processor = processors
+    service.context.metrics.request_ids = ids
+    answers = service._entry_point(inputs, service.context)
+    statuses = [service.context.get_response_status(i)[0] for i in range(2)]
+    assert statuses == [415, 400]
+    assert "curl's default" in answers[0]["error"]
+    assert "Empty request body" in answers[1]["error"]
+
+
+def test_requests_are_limited_to_32_batches_of_samples(served: tuple[Any, Path]) -> None:
+    """The archive was loaded with batch size 8: 256 samples per request at most."""
+    service, _ = served
+    ((_, contract),) = _handle(service, [b"{}"], {"describe": "True"})
+    assert contract["max_samples"] == 256
+    ok, over = _handle(
+        service,
+        [
+            json.dumps({"inputs": torch.zeros(1, 256, 3).tolist()}).encode(),
+            json.dumps({"inputs": torch.zeros(1, 257, 3).tolist()}).encode(),
+        ],
+    )
+    assert ok[0] == 200 and len(ok[1]["outputs"]["logits"]) == 256
+    assert over[0] == 413 and "257 samples" in over[1]["error"]
+
+
+def test_the_sample_limit_comes_from_env_then_model_config_then_batch_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pipeline_runtime.handler import max_samples
+    from pipeline_runtime.request import MAX_SAMPLES_ENV
+
+    monkeypatch.delenv(MAX_SAMPLES_ENV, raising=False)
+    assert max_samples(8) == 256
+    assert max_samples(1, {"other": 1}) == 32
+    assert max_samples(8, {"max_samples": 40}) == 40
+    monkeypatch.setenv(MAX_SAMPLES_ENV, "12")
+    assert max_samples(8, {"max_samples": 40}) == 12
+    for bad in ("0", "-3", "many", "2.5"):
+        monkeypatch.setenv(MAX_SAMPLES_ENV, bad)
+        with pytest.raises(ValueError, match=MAX_SAMPLES_ENV):
+            max_samples(8)
+    monkeypatch.delenv(MAX_SAMPLES_ENV)
+    for bad_value in (0, True, 2.5, "x"):
+        with pytest.raises(ValueError, match=r"model-config\.yaml"):
+            max_samples(8, {"max_samples": bad_value})
