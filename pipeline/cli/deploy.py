@@ -154,6 +154,14 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
         help="archive the export into a private store and start a private server on free "
         "loopback ports for this run (stopped afterwards); default: use the running server",
     )
+    p.add_argument(
+        "--encodings",
+        default="json",
+        metavar="LIST",
+        help="how bodies are sent, in turn, comma-separated: json, npy, json-untyped, "
+        "npy-untyped (no Content-Type), json-form, npy-form (curl's default form type); "
+        "default: json",
+    )
     p.add_argument("--json", type=Path, help="also write the report as JSON")
     run_dir_arg(p)
     p.set_defaults(func=_cmd_loadtest)
@@ -170,6 +178,7 @@ def _cmd_loadtest(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         time_limit_s=args.time_limit,
         kill_worker_after=args.kill_worker_after,
+        encodings=tuple(e.strip() for e in args.encodings.split(",") if e.strip()),
     )
     report = run_served(config, private=args.serve, say=lambda line: print(line, flush=True))
     print(report.summary())
