@@ -32,6 +32,7 @@ import numpy as np
 import onnx
 import torch
 
+from pipeline.core.compare import Kind
 from pipeline.core.errors import ArtifactError, PipelineError
 from pipeline.core.paths import model_slug
 from pipeline.export.opened import ExportedModel
@@ -49,6 +50,7 @@ from pipeline.verify.intermediates import (
     graph_feed,
     module_outputs,
     pair_outputs,
+    problem,
     run_marked,
 )
 from pipeline_runtime.outputs import flatten_outputs
@@ -231,7 +233,7 @@ def _torchscript(
                 bad.max_abs,
                 bad.max_rel,
                 kind="TorchScript submodule",
-                problem=bad.problem,
+                problem=problem(bad),
                 detail="run alone on eager's inputs",
             )
     notes = [f"{departed} of {ran} module calls depart when run alone"] if first else []
@@ -248,8 +250,7 @@ def _compare_all(
     expected: list[torch.Tensor], actual: list[torch.Tensor], atol: float, rtol: float
 ) -> list[Compared]:
     if len(expected) != len(actual):
-        inf = float("inf")
-        return [Compared(False, inf, inf, f"{len(actual)} outputs, eager has {len(expected)}")]
+        return [Compared.failed(Kind.MISSING, f"{len(actual)} outputs, eager has {len(expected)}")]
     return [compare(e, a, atol, rtol) for e, a in zip(expected, actual, strict=True)]
 
 
@@ -345,7 +346,7 @@ def _onnx(
             detail += f", which also computes {fused}: the exporter fused them"
     div = Divergence(
         call.path, type(call.module).__name__, value, c.max_abs, c.max_rel,
-        problem=c.problem, detail=detail,
+        problem=problem(c), detail=detail,
     )  # fmt: skip
     subgraph = None
     if bisect_dir is not None:
