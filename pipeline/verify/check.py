@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from pipeline.core.compare import Kind, compare_tensor, vacuous_problem
+from pipeline.core.compare import Comparison, Kind, compare_tensor, vacuous_problem
 from pipeline.core.errors import PipelineError
 from pipeline.export.opened import ExportedModel
 from pipeline.verify.backends import Backend
@@ -41,7 +41,10 @@ class Tol:
         finite = ref[ref.isfinite()]
         return self.atol_scale * float(finite.abs().max()) if finite.numel() else self.atol
 
-    def compare(self, ref: torch.Tensor, got: torch.Tensor, classifier: bool) -> tuple[Any, float]:
+    def compare(
+        self, ref: torch.Tensor, got: torch.Tensor, classifier: bool
+    ) -> tuple[Comparison, float]:
+        """The comparison under verify's strict rules, and the atol it used."""
         atol = self.atol_for(ref)
         c = compare_tensor(
             ref,
