@@ -90,12 +90,17 @@ def latency_chart(cells: list[Cell], path: Path) -> Path:
 
 
 def throughput_chart(points: list[dict], path: Path) -> Path:
-    """Served requests/s against concurrency: one line per backend and batching setting."""
+    """Served requests/s against concurrency: one line per backend and batching setting.
+
+    TorchServe's own port (measured at concurrency 1 only, for the gateway's
+    cost) is left out: a single point is not a line.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    points = [p for p in points if not p["backend"].startswith("torchserve-direct/")]
     models = list(dict.fromkeys(p["model"] for p in points))
     fig, axes = plt.subplots(
         1, max(1, len(models)), figsize=(4.5 * max(1, len(models)), 3.6), squeeze=False
@@ -135,7 +140,9 @@ def _table(title: str, header: list[str], align: str, rows: list[list[str]]) -> 
 
 def served_markdown(served: list[dict]) -> str:
     return _table(
-        "Served (TorchServe behind the gateway; one single-threaded worker per core; .npy bodies)",
+        "Served (TorchServe behind the gateway, and torchserve-direct: its own port; one "
+        "single-threaded worker per core; .npy bodies; batching: off = batch 1, on = the "
+        "archive defaults, old = batch 8 with 10 ms)",
         [
             "model",
             "backend",

@@ -1,6 +1,14 @@
 """Served throughput and latency: TorchServe (behind the gateway) per format,
 concurrency and dynamic batching setting.
 
+Batching settings (`BATCHING`): "off" (batch size 1), "on" (the archive
+defaults, as `pipeline archive` writes them) and "old" (batch 8 with a 10 ms
+delay, the defaults before they were chosen by measurement; kept so the
+throughput target compares against them in the same run). At concurrency 1
+each format is also measured on TorchServe's own port (backend
+`torchserve-direct/<format>`, same server, same key), interleaved with the
+gateway, so the gateway's cost is a difference of two figures from one run.
+
 One private server per batching setting serves every format of a model that
 its export holds (TorchScript, ONNX, and the .pt2 when exported); the formats
 are measured in turn within each concurrency level (interleaved, so a noisy
@@ -13,6 +21,7 @@ left out of that server's measurements and reported as skipped, with why.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import tempfile
 import time
@@ -24,6 +33,7 @@ import numpy as np
 import psutil
 import torch
 
+from pipeline.bench.targets import DIRECT
 from pipeline.core.compare import compare_outputs
 from pipeline.core.errors import PipelineError
 from pipeline.export.opened import open_export
@@ -38,12 +48,19 @@ log = logging.getLogger(__name__)
 # clients) took 3 s a level and a minute of `make bench` for no change in p50.
 WARMUP_BUDGET_S = 1.5
 
+# Batching setting → (batch size, max batch delay in ms) of the archives measured.
+BATCHING: dict[str, tuple[int, int]] = {
+    "off": (1, 0),
+    "on": (ArchiveConfig.batch_size, ArchiveConfig.max_batch_delay_ms),
+    "old": (8, 10),
+}
+
 
 @dataclass
 class ServedPoint:
     model: str
-    backend: str  # torchserve/<format>
-    batching: str  # "on" (batch_size 8, 5 ms delay) or "off" (batch_size 1)
+    backend: str  # torchserve/<format>, or torchserve-direct/<format> (no gateway)
+    batching: str  # a key of BATCHING
     concurrency: int
     requests: int
     failed: int
@@ -118,6 +135,50 @@ def _check_answer(
     return elapsed_ms
 
 
+def _direct(server: Server) -> Server:
+    """The same server seen without the gateway: TorchServe's own inference port.
+
+    TorchServe checks the same inference key the gateway does, so the client
+    needs nothing else.
+    """
+    return dataclasses.replace(server, inference_url=server.backend_url, ca_file=None)
+
+
+def _measure(
+    server: Server,
+    name: str,
+    body: bytes,
+    level: int,
+    requests: int,
+    timeout: float,
+    budget_s: float,
+    *,
+    model: str,
+    backend: str,
+    batching: str,
+    first_ms: float | None,
+) -> ServedPoint:
+    """Warm up at this level (connections open, the worker's batch path hot), then measure."""
+    asyncio.run(_load(server, name, body, level, level, timeout, WARMUP_BUDGET_S))
+    lat, failed, elapsed = asyncio.run(
+        _load(server, name, body, level, requests, timeout, budget_s)
+    )
+    arr = np.asarray(lat)
+    return ServedPoint(
+        model=model,
+        backend=backend,
+        batching=batching,
+        concurrency=level,
+        requests=len(lat),
+        failed=failed,
+        median_ms=float(np.percentile(arr, 50)),
+        p90_ms=float(np.percentile(arr, 90)),
+        p99_ms=float(np.percentile(arr, 99)),
+        throughput=(len(lat) - failed) / elapsed,
+        first_request_ms=first_ms,
+    )
+
+
 def bench_served(
     model: str,
     export_dir: Path,
@@ -140,6 +201,7 @@ def bench_served(
     points: list[ServedPoint] = []
     skipped: list[dict[str, Any]] = []
     for mode in batching:
+        batch_size, delay_ms = BATCHING[mode]
         with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
             store, run_dir = Path(tmp) / "store", Path(tmp) / "run"
             mars = archive(
@@ -148,8 +210,8 @@ def bench_served(
                     export_dir=export_dir,
                     store=store,
                     formats=formats,
-                    batch_size=8 if mode == "on" else 1,
-                    max_batch_delay_ms=5 if mode == "on" else 0,
+                    batch_size=batch_size,
+                    max_batch_delay_ms=delay_ms,
                     response_timeout_s=int(timeout),
                 )
             )
@@ -178,38 +240,27 @@ def bench_served(
                 for k, level in enumerate(concurrencies):
                     order = live[k % len(live) :] + live[: k % len(live)] if live else []  # rotated
                     for fmt in order:
-                        # Warm-up at this level: connections open, the worker's batch path
-                        # hot (one request per client, or what fits in WARMUP_BUDGET_S).
-                        asyncio.run(
-                            _load(server, names[fmt], body, level, level, timeout, WARMUP_BUDGET_S)
-                        )
-                        lat, failed, elapsed = asyncio.run(
-                            _load(
-                                server,
-                                names[fmt],
-                                body,
-                                level,
-                                requests_per_level,
-                                timeout,
-                                level_budget_s,
+                        targets = [("torchserve", server)]
+                        if level == 1:  # the gateway's cost: TorchServe's own port beside it
+                            targets.append((DIRECT, _direct(server)))
+                        for prefix, where in targets:
+                            points.append(
+                                _measure(
+                                    where,
+                                    names[fmt],
+                                    body,
+                                    level,
+                                    requests_per_level,
+                                    timeout,
+                                    level_budget_s,
+                                    model=model,
+                                    backend=f"{prefix}/{fmt}",
+                                    batching=mode,
+                                    first_ms=first[fmt]
+                                    if level == 1 and prefix != DIRECT
+                                    else None,
+                                )
                             )
-                        )
-                        arr = np.asarray(lat)
-                        points.append(
-                            ServedPoint(
-                                model=model,
-                                backend=f"torchserve/{fmt}",
-                                batching=mode,
-                                concurrency=level,
-                                requests=len(lat),
-                                failed=failed,
-                                median_ms=float(np.percentile(arr, 50)),
-                                p90_ms=float(np.percentile(arr, 90)),
-                                p99_ms=float(np.percentile(arr, 99)),
-                                throughput=(len(lat) - failed) / elapsed,
-                                first_request_ms=first[fmt] if level == 1 else None,
-                            )
-                        )
             finally:
                 stop(run_dir)
     return points, skipped

@@ -16,6 +16,7 @@ from pipeline.formats import base as registry
 from pipeline.verify.backends import cpp_backend_name
 
 RESNET = "torchvision:resnet18"
+DIRECT = "torchserve-direct"  # backend prefix of served points on TorchServe's own port
 OPSET = re.compile(r"^(?P<base>.+) \(opset (?P<opset>\d+)\)$")  # "onnxruntime (opset 20)"
 
 
@@ -31,14 +32,19 @@ def _cell(cells: list[dict], model: str, backend: str, batch: int) -> dict | Non
 
 
 def _served_at(
-    served: list[dict], model: str, fmt: str, concurrency: int, batching: str
+    served: list[dict],
+    model: str,
+    fmt: str,
+    concurrency: int,
+    batching: str,
+    prefix: str = "torchserve",
 ) -> dict | None:
     return next(
         (
             s
             for s in served
             if s["model"] == model
-            and s["backend"] == f"torchserve/{fmt}"
+            and s["backend"] == f"{prefix}/{fmt}"
             and s["concurrency"] == concurrency
             and s["batching"] == batching
         ),
@@ -55,6 +61,7 @@ def targets(cells: list[dict], served: list[dict], peak: float) -> list[dict[str
     return [
         *_peak(cells, peak),
         *_serving_cost(cells, served),
+        *_edges(served),
         *_opsets(cells),
         *_first_request(served),
         *_cpp(cells),
@@ -109,6 +116,63 @@ def _serving_cost(cells: list[dict], served: list[dict]) -> list[dict[str, Any]]
                         added,
                         f"{at1['median_ms']:.2f} vs {inproc['median_ms']:.2f} ms in-process",
                         added <= 5.0,
+                    )
+                )
+    return out
+
+
+def _edges(served: list[dict]) -> list[dict[str, Any]]:
+    """Batching without waiting and a cheap gateway (all figures from one server run each).
+
+    "on" is the archive defaults, "off" batch size 1, "old" the defaults before
+    they were measured (batch 8, 10 ms); direct is TorchServe's own port.
+    """
+    out = []
+    for model in dict.fromkeys(s["model"] for s in served):
+        for fmt in registry.all_formats():
+            on1 = _served_at(served, model, fmt.key, 1, "on")
+            off1 = _served_at(served, model, fmt.key, 1, "off")
+            direct_off = _served_at(served, model, fmt.key, 1, "off", DIRECT)
+            if on1 and direct_off:
+                ratio = on1["median_ms"] / direct_off["median_ms"]
+                out.append(
+                    _target(
+                        f"{model} {fmt.key}: served p50 at concurrency 1 (archive defaults, through the gateway) ≤ 1.1× TorchServe's own port with batching off",
+                        ratio,
+                        f"{on1['median_ms']:.2f} vs {direct_off['median_ms']:.2f} ms",
+                        ratio <= 1.1,
+                    )
+                )
+            if on1 and off1:
+                wait = on1["median_ms"] - off1["median_ms"]
+                out.append(
+                    _target(
+                        f"{model} {fmt.key}: a lone request waits ≤ 1 ms for a batch (p50 at concurrency 1, archive defaults − batching off, both through the gateway)",
+                        wait,
+                        f"{on1['median_ms']:.2f} vs {off1['median_ms']:.2f} ms",
+                        wait <= 1.0,
+                    )
+                )
+            if off1 and direct_off:
+                cost = off1["median_ms"] - direct_off["median_ms"]
+                out.append(
+                    _target(
+                        f"{model} {fmt.key}: gateway cost ≤ 0.5 ms (p50 at concurrency 1, gateway − TorchServe's own port, batching off)",
+                        cost,
+                        f"{off1['median_ms']:.2f} vs {direct_off['median_ms']:.2f} ms",
+                        cost <= 0.5,
+                    )
+                )
+            on8 = _served_at(served, model, fmt.key, 8, "on")
+            old8 = _served_at(served, model, fmt.key, 8, "old")
+            if on8 and old8:
+                ratio = on8["throughput"] / old8["throughput"]
+                out.append(
+                    _target(
+                        f"{model} {fmt.key}: throughput at concurrency 8 with the archive defaults ≥ the old defaults (batch 8, 10 ms)",
+                        ratio,
+                        f"{on8['throughput']:.0f} vs {old8['throughput']:.0f} requests/s",
+                        ratio >= 1.0,
                     )
                 )
     return out

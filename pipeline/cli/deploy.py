@@ -42,7 +42,13 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
         "when it exists); `pipeline serve` then serves each model's fastest format only",
     )
     p.add_argument("--batch-size", type=int, default=8, help="TorchServe batch size (default: 8)")
-    p.add_argument("--max-batch-delay-ms", type=int, default=10, help="default: 10")
+    p.add_argument(
+        "--max-batch-delay-ms",
+        type=int,
+        default=1,
+        help="how long TorchServe waits for a batch to fill; a lone request waits all of it "
+        "(default: 1, its smallest; 0 means TorchServe's 100 ms)",
+    )
     p.add_argument("--min-workers", type=int, default=1, help="default: 1")
     p.add_argument("--max-workers", type=int, default=1, help="default: 1")
     p.add_argument("--response-timeout", type=int, default=30, help="seconds (default: 30)")

@@ -67,7 +67,9 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
         description="Interleaved rounds of eager, every format the export holds (TorchScript "
         "plain and frozen, ONNX Runtime, the .pt2 package when exported) and the C++ client on "
         "each format it runs, at each batch size, then TorchServe per format at each concurrency "
-        "with dynamic batching off and on. Writes <artifacts>/bench/bench.json, bench.md, "
+        "with dynamic batching off, on (the archive defaults) and old (batch 8, 10 ms), and "
+        "TorchServe's own port beside the gateway at concurrency 1. Writes "
+        "<artifacts>/bench/bench.json, bench.md, "
         "latency.png and throughput.png, and fastest.json: each model's fastest verified backend "
         "and its format, which `pipeline archive` reads. Exports are never modified.",
     )

@@ -124,7 +124,7 @@ class WorkerWatch:
     all in about three runs of four (the client waits until its own timeout),
     and `507` in others. Inference is a pure function, so the gateway sends
     such requests again itself: every request in flight when a worker dies is
-    resent (at most `MAX_RESENDS` times), and queues until the replacement
+    cancelled (the handler task waiting on TorchServe) and resent (at most `MAX_RESENDS` times), and queues until the replacement
     worker is up. A death in another model's worker costs a duplicate
     computation, never a wrong or lost answer.
     """
@@ -133,7 +133,8 @@ class WorkerWatch:
 
     def __init__(self, server_pid: int) -> None:
         self.server_pid = server_pid
-        self.died = asyncio.Event()  # replaced by a fresh one after every death
+        self.inflight: set[asyncio.Task[Any]] = set()  # handler tasks waiting on TorchServe
+        self.resend: set[asyncio.Task[Any]] = set()  # cancelled by a death: send again
         self._workers: set[int] = set()
 
     def _scan(self) -> set[int]:
@@ -159,15 +160,23 @@ class WorkerWatch:
             gone = self._workers - now
             self._workers = now
             if gone:
-                log.warning(
-                    "worker process(es) %s died; resending the requests in flight", sorted(gone)
-                )
-                died, self.died = self.died, asyncio.Event()
-                died.set()
+                self.resend_in_flight(gone)
+
+    def resend_in_flight(self, gone: set[int]) -> None:
+        """Cancel every request waiting on TorchServe; forward() sends each again."""
+        log.warning("worker process(es) %s died; resending the requests in flight", sorted(gone))
+        self.resend |= self.inflight
+        for task in self.inflight:
+            task.cancel()
 
 
 # Resends after a worker death (see WorkerWatch); then the client gets 503 and may retry.
 MAX_RESENDS = 3
+
+# Typed application keys (aiohttp warns on plain strings).
+SESSION = web.AppKey("session", ClientSession)
+WORKER_WATCH = web.AppKey("worker_watch", WorkerWatch)
+WATCH_TASK = web.AppKey("watch_task", asyncio.Task)
 
 
 @web.middleware
@@ -198,44 +207,57 @@ def build_app(config: GatewayConfig) -> web.Application:
     app = web.Application(middlewares=[json_errors], client_max_size=config.max_request_size)
 
     watch = WorkerWatch(config.server_pid)
+    app[WORKER_WATCH] = watch
 
     async def on_startup(app: web.Application) -> None:
-        app["session"] = ClientSession(
+        app[SESSION] = ClientSession(
             connector=TCPConnector(limit=512, force_close=False),
             timeout=ClientTimeout(total=config.timeout_s),
             auto_decompress=False,
         )
         if config.server_pid:
-            app["watch"] = asyncio.create_task(watch.run())
+            app[WATCH_TASK] = asyncio.create_task(watch.run())
 
     async def on_cleanup(app: web.Application) -> None:
-        if "watch" in app:
-            app["watch"].cancel()
-        await app["session"].close()
+        if WATCH_TASK in app:
+            app[WATCH_TASK].cancel()
+        await app[SESSION].close()
 
     async def forward(
         method: str, path: str, body: bytes, content_type: str | None
     ) -> web.Response:
-        """Send upstream; resend when a worker dies under the request (see WorkerWatch)."""
-        for attempt in range(MAX_RESENDS + 1):
-            died = watch.died
-            sent = asyncio.ensure_future(_forward_once(method, path, body, content_type))
-            death = asyncio.ensure_future(died.wait())
-            done, _ = await asyncio.wait({sent, death}, return_when=asyncio.FIRST_COMPLETED)
-            if sent in done:
-                death.cancel()
-                resp = sent.result()
-                if (
-                    resp.status != 503
-                    or attempt == MAX_RESENDS
-                    or not resp.headers.get("X-Worker-Died")
-                ):
-                    return resp
-            else:
-                sent.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await sent
-            log.info("resending %s %s after a worker death (attempt %d)", method, path, attempt + 2)
+        """Send upstream; resend when a worker dies under the request (see WorkerWatch).
+
+        The request runs in the handler's own task, which WorkerWatch cancels
+        on a worker death: no second task or race per request (that cost about
+        0.06 ms of the gateway's 0.47 ms at concurrency 1, measured against a
+        trivial upstream).
+        """
+        me = asyncio.current_task()
+        assert me is not None
+        watch.inflight.add(me)
+        try:
+            for attempt in range(MAX_RESENDS + 1):
+                try:
+                    resp = await _forward_once(method, path, body, content_type)
+                except asyncio.CancelledError:
+                    if me not in watch.resend:
+                        raise  # shutdown, not a worker death
+                    watch.resend.discard(me)
+                    me.uncancel()
+                else:
+                    if (
+                        resp.status != 503
+                        or attempt == MAX_RESENDS
+                        or not resp.headers.get("X-Worker-Died")
+                    ):
+                        return resp
+                log.info(
+                    "resending %s %s after a worker death (attempt %d)", method, path, attempt + 2
+                )
+        finally:
+            watch.inflight.discard(me)
+            watch.resend.discard(me)
         return error(
             503,
             "ServiceUnavailable",
@@ -250,7 +272,7 @@ def build_app(config: GatewayConfig) -> web.Application:
         if content_type:
             headers["Content-Type"] = content_type
         try:
-            async with app["session"].request(
+            async with app[SESSION].request(
                 method, config.upstream + path, data=body, headers=headers
             ) as resp:
                 data = await resp.read()
@@ -375,7 +397,12 @@ def main(argv: list[str] | None = None) -> int:
         handlers=[handler],
     )
     try:
-        asyncio.run(_serve(config))
+        if os.environ.get("GW_UVLOOP"):
+            import uvloop
+
+            uvloop.run(_serve(config))
+        else:
+            asyncio.run(_serve(config))
     except OSError as err:  # port taken, unreadable certificate, ...
         log.error("gateway cannot start: %s", err)
         print(f"gateway cannot start: {err}", file=sys.stderr)

@@ -81,9 +81,10 @@ def test_quick_bench_writes_json_table_charts_and_the_fastest_backend(
     assert data["skipped"] == []
 
     served = data["served"]
+    formats = ("torchscript", "onnx", "pt2")
     assert {(p["backend"], p["concurrency"]) for p in served} == {
-        (f"torchserve/{f}", c) for f in ("torchscript", "onnx", "pt2") for c in (1, 8)
-    }
+        (f"torchserve/{f}", c) for f in formats for c in (1, 8)
+    } | {(f"torchserve-direct/{f}", 1) for f in formats}  # the gateway's cost: without it
     assert all(p["failed"] == 0 and p["throughput"] > 0 for p in served)
 
     table = result.markdown_path.read_text()

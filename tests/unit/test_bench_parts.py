@@ -367,6 +367,31 @@ def test_targets_compare_the_pt2_backends_like_the_torchscript_ones() -> None:
     assert added["value"] == pytest.approx(3.0)  # against the single-threaded twin
 
 
+def test_targets_report_batching_wait_gateway_cost_and_throughput_against_old_defaults() -> None:
+    served = [
+        _served("torchserve/onnx", 1, "on", 3.2, 300.0),
+        _served("torchserve/onnx", 1, "off", 2.1, 400.0),
+        _served("torchserve-direct/onnx", 1, "off", 1.7, 500.0),
+        _served("torchserve/onnx", 8, "on", 880.0 / 100, 880.0),
+        _served("torchserve/onnx", 8, "old", 860.0 / 100, 860.0),
+    ]
+    by_name = {t["target"]: t for t in targets([], served, peak=100.0)}
+    model = "torchvision:resnet18 onnx"
+    ratio = by_name[
+        f"{model}: served p50 at concurrency 1 (archive defaults, through the gateway) ≤ 1.1× TorchServe's own port with batching off"
+    ]
+    assert ratio["value"] == pytest.approx(3.2 / 1.7) and ratio["met"] is False
+    wait = next(t for n, t in by_name.items() if n.startswith(f"{model}: a lone request waits"))
+    assert wait["value"] == pytest.approx(1.1) and wait["met"] is False
+    cost = next(t for n, t in by_name.items() if n.startswith(f"{model}: gateway cost"))
+    assert cost["value"] == pytest.approx(0.4) and cost["met"] is True
+    thr = next(t for n, t in by_name.items() if "with the archive defaults ≥ the old" in n)
+    assert thr["value"] == pytest.approx(880 / 860) and thr["met"] is True
+    # Without the direct or the old-defaults figures there is nothing to compare: no row.
+    partial = targets([], served[:2], peak=100.0)
+    assert [t["target"].split(": ")[1][:22] for t in partial] == ["a lone request waits ≤"]
+
+
 def test_targets_compare_each_onnx_opset_conversion_with_the_exported_model() -> None:
     cells = [_row("onnxruntime", 1.0), _row("onnxruntime (opset 20)", 1.25)]
     cells += [_row("onnxruntime", 2.0, batch=32)]  # no conversion at batch 32: no target

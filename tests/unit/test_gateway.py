@@ -202,3 +202,76 @@ def test_torchserve_is_never_handed_a_form(declared: str | None, body: bytes) ->
         assert isinstance(forwarded, bytes)
         return
     assert "multipart form" in message
+
+
+def test_a_request_in_flight_when_a_worker_dies_is_sent_again(tmp_path: Path) -> None:
+    """The gateway's own resend path: a stand-in upstream that never answers the first
+    request (as TorchServe 0.12 often does for a killed worker's batch) and answers the
+    second; the death notice cancels the first and the client gets the second's answer."""
+    import asyncio
+
+    from aiohttp import ClientSession, web
+
+    from pipeline.serving.gateway import WORKER_WATCH, GatewayConfig, build_app
+
+    async def scenario() -> tuple[int, dict, int, int]:
+        calls = 0
+        first_arrived, release = asyncio.Event(), asyncio.Event()
+
+        async def predict(request: web.Request) -> web.Response:
+            nonlocal calls
+            calls += 1
+            await request.read()
+            if calls == 1:
+                first_arrived.set()
+                await release.wait()  # the dead worker's request: no answer until the end
+            return web.json_response({"answer": calls})
+
+        upstream = web.Application()
+        upstream.router.add_post("/predictions/{model}", predict)
+        up_runner = web.AppRunner(upstream)
+        await up_runner.setup()
+        up_site = web.TCPSite(up_runner, "127.0.0.1", 0)
+        await up_site.start()
+        up_port = up_site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+        config = GatewayConfig(
+            host="127.0.0.1",
+            port=0,
+            upstream=f"http://127.0.0.1:{up_port}",
+            key_file=str(_key_file(tmp_path / "key_file.json", "k1")),
+            max_request_size=1024,
+        )
+        app = build_app(config)
+        gw_runner = web.AppRunner(app)
+        await gw_runner.setup()
+        gw_site = web.TCPSite(gw_runner, "127.0.0.1", 0)
+        await gw_site.start()
+        gw_port = gw_site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            async with ClientSession() as http:
+                sent = asyncio.ensure_future(
+                    http.post(
+                        f"http://127.0.0.1:{gw_port}/predictions/m",
+                        data=b"{}",
+                        headers={"Authorization": "Bearer k1"},
+                    )
+                )
+                await asyncio.wait_for(first_arrived.wait(), 10)
+                watch = app[WORKER_WATCH]
+                in_flight = len(watch.inflight)
+                watch.resend_in_flight({12345})
+                resp = await asyncio.wait_for(sent, 10)
+                body = await resp.json()
+                status = resp.status
+                left = len(watch.inflight) + len(watch.resend)
+        finally:
+            release.set()
+            await gw_runner.cleanup()
+            await up_runner.cleanup()
+        return status, body, in_flight, calls + 10 * left
+
+    status, body, in_flight, calls = asyncio.run(scenario())
+    assert in_flight == 1
+    assert (status, body) == (200, {"answer": 2})
+    assert calls == 2  # sent twice, and no task left registered afterwards

@@ -116,3 +116,13 @@ def test_server_json_round_trips_the_archive_records(tmp_path: Path) -> None:
     recorded = Server(**{**server.__dict__, "run_dir": str(tmp_path)})
     recorded.record()
     assert Server.load(tmp_path) == recorded
+
+
+def test_a_zero_batch_delay_with_batching_is_refused(tmp_path: Path) -> None:
+    """TorchServe 0.12 reads maxBatchDelay 0 as unset and waits its 100 ms default."""
+    from pipeline.serving.archive import ArchiveConfig, ArchiveError
+
+    with pytest.raises(ArchiveError, match="100 ms"):
+        ArchiveConfig(batch_size=8, max_batch_delay_ms=0).validate()
+    ArchiveConfig(batch_size=1, max_batch_delay_ms=0).validate()  # no batch: no wait
+    assert ArchiveConfig().max_batch_delay_ms == 1  # the measured default
