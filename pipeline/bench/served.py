@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import http.client
 import logging
+import ssl
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 import psutil
@@ -144,6 +147,90 @@ def _direct(server: Server) -> Server:
     return dataclasses.replace(server, inference_url=server.backend_url, ca_file=None)
 
 
+def _one_connection(server: Server, timeout: float) -> http.client.HTTPConnection:
+    url = urlsplit(server.inference_url)
+    if url.scheme == "https":
+        ctx = client.tls_context(server)
+        return http.client.HTTPSConnection(
+            url.hostname or "127.0.0.1",
+            url.port,
+            timeout=timeout,
+            context=ctx if isinstance(ctx, ssl.SSLContext) else None,
+        )
+    return http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=timeout)
+
+
+def _sequential_pair(
+    server: Server,
+    name: str,
+    body: bytes,
+    requests: int,
+    budget_s: float,
+    *,
+    model: str,
+    fmt: str,
+    batching: str,
+    first_ms: float,
+) -> list[ServedPoint]:
+    """Concurrency 1 through the gateway and on TorchServe's own port, request by request.
+
+    The client is the leanest there is (one kept-alive `http.client`
+    connection each): at concurrency 1 the async client the other levels use
+    cost about 1.5 ms a request here, more than the gateway itself, and would
+    hide what is measured. Alternating the two paths request by request puts
+    them under the same noise, so their difference is the gateway's cost.
+    """
+    paths = {"torchserve": server, DIRECT: _direct(server)}
+    conns = {k: _one_connection(s, timeout=120) for k, s in paths.items()}
+    key = server.keys()["inference"]
+    headers = {"Content-Type": "application/octet-stream"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    lat: dict[str, list[float]] = {k: [] for k in paths}
+    failed = dict.fromkeys(paths, 0)
+    warmup = 10
+    deadline = time.perf_counter() + budget_s
+    try:
+        for i in range(requests + warmup):
+            if i >= warmup and time.perf_counter() > deadline:
+                break
+            for key, conn in conns.items():
+                t0 = time.perf_counter()
+                try:
+                    conn.request("POST", f"/predictions/{name}", body=body, headers=headers)
+                    resp = conn.getresponse()
+                    resp.read()
+                    ok = resp.status == 200
+                except (OSError, http.client.HTTPException):
+                    conn.close()  # reconnects on the next request
+                    ok = False
+                if i >= warmup:
+                    lat[key].append((time.perf_counter() - t0) * 1e3)
+                    failed[key] += not ok
+    finally:
+        for conn in conns.values():
+            conn.close()
+    points = []
+    for key in paths:
+        arr = np.asarray(lat[key])
+        points.append(
+            ServedPoint(
+                model=model,
+                backend=f"{key}/{fmt}",
+                batching=batching,
+                concurrency=1,
+                requests=len(arr),
+                failed=failed[key],
+                median_ms=float(np.percentile(arr, 50)),
+                p90_ms=float(np.percentile(arr, 90)),
+                p99_ms=float(np.percentile(arr, 99)),
+                throughput=(len(arr) - failed[key]) / (arr.sum() / 1e3),
+                first_request_ms=first_ms if key != DIRECT else None,
+            )
+        )
+    return points
+
+
 def _measure(
     server: Server,
     name: str,
@@ -240,27 +327,33 @@ def bench_served(
                 for k, level in enumerate(concurrencies):
                     order = live[k % len(live) :] + live[: k % len(live)] if live else []  # rotated
                     for fmt in order:
-                        targets = [("torchserve", server)]
-                        if level == 1:  # the gateway's cost: TorchServe's own port beside it
-                            targets.append((DIRECT, _direct(server)))
-                        for prefix, where in targets:
-                            points.append(
-                                _measure(
-                                    where,
-                                    names[fmt],
-                                    body,
-                                    level,
-                                    requests_per_level,
-                                    timeout,
-                                    level_budget_s,
-                                    model=model,
-                                    backend=f"{prefix}/{fmt}",
-                                    batching=mode,
-                                    first_ms=first[fmt]
-                                    if level == 1 and prefix != DIRECT
-                                    else None,
-                                )
+                        common = dict(model=model, batching=mode)
+                        if level == 1:  # the gateway and TorchServe's own port, alternately
+                            points += _sequential_pair(
+                                server,
+                                names[fmt],
+                                body,
+                                requests_per_level,
+                                level_budget_s,
+                                fmt=fmt,
+                                first_ms=first[fmt],
+                                **common,
                             )
+                            continue
+                        points.append(
+                            _measure(
+                                server,
+                                names[fmt],
+                                body,
+                                level,
+                                requests_per_level,
+                                timeout,
+                                level_budget_s,
+                                backend=f"torchserve/{fmt}",
+                                first_ms=None,
+                                **common,
+                            )
+                        )
             finally:
                 stop(run_dir)
     return points, skipped
