@@ -182,18 +182,23 @@ def _sequential_pair(
     """
     paths = {"torchserve": server, DIRECT: _direct(server)}
     conns = {k: _one_connection(s, timeout=120) for k, s in paths.items()}
-    key = server.keys()["inference"]
+    token = server.keys()["inference"]
     headers = {"Content-Type": "application/octet-stream"}
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     lat: dict[str, list[float]] = {k: [] for k in paths}
     failed = dict.fromkeys(paths, 0)
-    warmup = 10
-    deadline = time.perf_counter() + budget_s
+    # Warm-up: at least 10 pairs and WARMUP_BUDGET_S. The gateway's cost fell from
+    # about 0.8 to 0.55 ms over the first few hundred pairs here.
+    warm_until = time.perf_counter() + WARMUP_BUDGET_S
+    pairs, measured, deadline = 0, False, 0.0
     try:
-        for i in range(requests + warmup):
-            if i >= warmup and time.perf_counter() > deadline:
+        while True:
+            if not measured and pairs >= 10 and time.perf_counter() > warm_until:
+                measured, pairs, deadline = True, 0, time.perf_counter() + budget_s
+            if measured and (pairs >= requests or time.perf_counter() > deadline):
                 break
+            pairs += 1
             for key, conn in conns.items():
                 t0 = time.perf_counter()
                 try:
@@ -204,7 +209,7 @@ def _sequential_pair(
                 except (OSError, http.client.HTTPException):
                     conn.close()  # reconnects on the next request
                     ok = False
-                if i >= warmup:
+                if measured:
                     lat[key].append((time.perf_counter() - t0) * 1e3)
                     failed[key] += not ok
     finally:
