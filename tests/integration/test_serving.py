@@ -126,15 +126,14 @@ def test_secure_config(server: Server, store: Path) -> None:
     # Every socket TorchServe listens on (HTTP, metrics, gRPC) is on loopback.
     import psutil
 
+    def sockets(proc: psutil.Process) -> list:
+        # net_connections() is psutil 6's name; kserve pins psutil<6 (connections()).
+        return getattr(proc, "net_connections", proc.connections)(kind="inet")
+
     procs = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
-    listening = [
-        c.laddr.ip
-        for p in procs
-        for c in p.net_connections(kind="inet")
-        if c.status == psutil.CONN_LISTEN
-    ]
+    listening = [c.laddr.ip for p in procs for c in sockets(p) if c.status == psutil.CONN_LISTEN]
     assert len(listening) >= 5
-    gateway = psutil.Process(server.gateway_pid).net_connections(kind="inet")
+    gateway = sockets(psutil.Process(server.gateway_pid))
     listening += [c.laddr.ip for c in gateway if c.status == psutil.CONN_LISTEN]
     assert all(ip in ("127.0.0.1", "::ffff:127.0.0.1") for ip in listening), listening
     assert server.inference_url != server.backend_url  # clients go through the gateway
