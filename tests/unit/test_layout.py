@@ -1,7 +1,8 @@
 """The code's shape: stages import only to their left, no import cycles, small modules.
 
 The flow, left to right (README "Layout"):
-pipeline_runtime → core → zoo → formats → train → export → verify → serving → bench → cli.
+pipeline_runtime → core → zoo → formats → train → export → verify → serving → kserve → bench
+→ cli.
 Every import counts, the ones inside functions too.
 """
 
@@ -22,6 +23,7 @@ LAYERS = [
     "pipeline.export",
     "pipeline.verify",
     "pipeline.serving",
+    "pipeline.kserve",
     "pipeline.bench",
     "pipeline.cli",
 ]

@@ -1,0 +1,51 @@
+"""What `pipeline serve --runtime kserve` hands the runtime process: one JSON file.
+
+Shared by the launcher (which writes it into the run folder) and the runtime
+(`python -m pipeline.kserve.runtime <run_dir>/kserve.json`), so neither side
+parses the other's command line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+CONFIG_FILE = "kserve.json"
+
+
+@dataclass(frozen=True)
+class ServedExport:
+    """One model the runtime serves: an export folder and the format to load from it."""
+
+    name: str  # the Open Inference Protocol model name (/v2/models/<name>)
+    export_dir: str
+    format: str  # a registry key: torchscript, onnx, pt2
+
+
+@dataclass
+class RuntimeConfig:
+    models: list[ServedExport]
+    host: str = "127.0.0.1"
+    http_port: int = 8085
+    grpc_port: int = 8086
+    token_file: str = ""  # JSON {"inference": {"key": ...}}; "" only in tests that say so
+    max_request_size: int = 4 * 1024 * 1024  # bytes; 413 before the body is read
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    # Batching: requests already queued are stacked up to max_batch_size; a batch
+    # waits at most max_batch_delay_ms for more (0: only what is already queued).
+    max_batch_size: int = 8
+    max_batch_delay_ms: float = 0.0
+    threads: int = 1  # intra-op threads for the model calls
+    log_file: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def write(self, path: Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def read(cls, path: Path) -> RuntimeConfig:
+        data = json.loads(Path(path).read_text())
+        data["models"] = [ServedExport(**m) for m in data["models"]]
+        return cls(**data)
