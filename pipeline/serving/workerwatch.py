@@ -20,9 +20,10 @@ class WorkerWatch:
     all in about three runs of four (the client waits until its own timeout),
     and `507` in others. Inference is a pure function, so the gateway sends
     such requests again itself: every request in flight when a worker dies is
-    cancelled (the handler task waiting on TorchServe) and resent (at most `MAX_RESENDS` times), and queues until the replacement
-    worker is up. A death in another model's worker costs a duplicate
-    computation, never a wrong or lost answer.
+    cancelled (the handler task waiting on TorchServe) and resent (at most
+    `MAX_RESENDS` times), and queues until the replacement worker is up. A
+    death in another model's worker costs a duplicate computation, never a
+    wrong or lost answer.
     """
 
     INTERVAL_S = 0.25
