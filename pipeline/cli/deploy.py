@@ -6,6 +6,7 @@ Like the rest of the CLI, this only parses arguments and calls a stage function.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 
@@ -108,6 +109,52 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
         "--max-request-size", type=int, default=4 * 1024 * 1024, help="bytes (default: 4 MiB)"
     )
     p.add_argument("--gpu", action="store_true", help="give workers a GPU when CUDA is present")
+    kserve = p.add_argument_group(
+        "--runtime kserve",
+        "KServe's model server over the Open Inference Protocol (REST /v2 and gRPC), one "
+        "model per export, the same token, body limit and loopback default",
+    )
+    kserve.add_argument(
+        "--runtime",
+        choices=["torchserve", "kserve"],
+        default="torchserve",
+        help="torchserve (default: the .mar archives in --store) or kserve (exports directly)",
+    )
+    kserve.add_argument(
+        "--model",
+        action="append",
+        dest="export_models",
+        metavar="MODEL",
+        help="kserve: serve <artifacts>/<MODEL>/export (repeatable)",
+    )
+    kserve.add_argument(
+        "--export-dir",
+        action="append",
+        type=Path,
+        metavar="DIR",
+        help="kserve: serve this export folder (repeatable; default: the default model's)",
+    )
+    kserve.add_argument(
+        "--format",
+        choices=formats,
+        help="kserve: the artifact to serve from each export (default: the first it holds, "
+        "in registry order)",
+    )
+    kserve.add_argument(
+        "--grpc-port", type=int, default=8081, help="kserve gRPC port (default: 8081)"
+    )
+    kserve.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=8,
+        help="kserve: queued requests stacked into one forward pass at most (default: 8)",
+    )
+    kserve.add_argument(
+        "--max-batch-delay-ms",
+        type=float,
+        default=0.0,
+        help="kserve: how long a batch waits for more requests (default: 0, only what is queued)",
+    )
     run_dir_arg(p)
     p.set_defaults(func=_cmd_serve)
 
@@ -216,7 +263,52 @@ def _cmd_archive(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve_kserve(args: argparse.Namespace) -> int:
+    from pipeline.kserve.config import RuntimeConfig
+    from pipeline.kserve.launch import served_export, start
+    from pipeline.serving.server import INFERENCE_KEY_FILE
+    from pipeline.zoo import DEFAULT_MODEL
+
+    dirs = list(args.export_dir or [])
+    dirs += [paths.export_dir(m, args.artifacts_dir) for m in args.export_models or []]
+    dirs = dirs or [paths.export_dir(DEFAULT_MODEL, args.artifacts_dir)]
+    config = RuntimeConfig(
+        models=[served_export(d, args.format) for d in dirs],
+        host=args.host,
+        http_port=args.port,
+        grpc_port=args.grpc_port,
+        max_request_size=args.max_request_size,
+        tls_cert=str(args.tls_cert) if args.tls_cert else None,
+        tls_key=str(args.tls_key) if args.tls_key else None,
+        max_batch_size=args.max_batch_size,
+        max_batch_delay_ms=args.max_batch_delay_ms,
+        threads=args.threads_per_worker or 1,
+    )
+    server = start(config, serve_run_dir(args))
+    print(f"KServe is up (pid {server.pid}), serving: {', '.join(server.models)}")
+    print(f"  REST:    {server.inference_url}/v2/models/<model>/infer")
+    print(f"  gRPC:    {server.grpc_url} (inference.GRPCInferenceService)")
+    print(f"  metrics: {server.metrics_url}/metrics")
+    print(
+        f"  token:   {Path(server.run_dir) / INFERENCE_KEY_FILE} (send "
+        "'Authorization: Bearer <its inference key>', also as gRPC metadata)"
+    )
+    print(f"  logs:    {Path(server.run_dir) / 'logs'}")
+    print("stop it with `pipeline stop`")
+    return 0
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
+    if args.runtime == "kserve":
+        return _cmd_serve_kserve(args)
+    if args.export_dir or args.format:
+        from pipeline.core.errors import PipelineError
+
+        raise PipelineError(
+            "--export-dir and --format are for --runtime kserve; TorchServe serves --store."
+        )
+    if args.export_models:  # before --model existed, argparse read it as --models
+        args.models = [*(args.models or []), *args.export_models]
     from pipeline.serving.server import INFERENCE_KEY_FILE, KEY_FILE
     from pipeline.serving.torchserve import ServeConfig, start
 
@@ -265,9 +357,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
+    from pipeline.serving.server import SERVER_FILE, Server
     from pipeline.serving.torchserve import stop
 
-    print("stopped TorchServe" if stop(serve_run_dir(args)) else "no TorchServe was running")
+    run_dir = serve_run_dir(args)
+    kind = "TorchServe"
+    if (run_dir / SERVER_FILE).is_file():
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            kind = "the KServe runtime" if Server.load(run_dir).runtime == "kserve" else kind
+    print(f"stopped {kind}" if stop(run_dir) else f"no {kind} was running")
     return 0
 
 

@@ -37,6 +37,7 @@ SERVER_FILE = "server.json"
 KEY_FILE = "key_file.json"  # TorchServe's own: every key, owner-only
 INFERENCE_KEY_FILE = "inference_key.json"  # the inference key alone, for clients
 CONFIG_PROPERTIES = "config.properties"
+KSERVE_CONFIG = "kserve.json"  # pipeline.kserve.config.CONFIG_FILE: the KServe runtime's marker
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,8 @@ class Server:
     failed: list[str] = field(default_factory=list)  # models that did not load (keep_going)
     # archive name → its archive.json (absent for archives without one)
     archives: dict[str, ArchiveInfo] = field(default_factory=dict)
+    runtime: str = "torchserve"  # or "kserve" (`pipeline serve --runtime kserve`)
+    grpc_url: str = ""  # the KServe runtime's Open Inference Protocol gRPC address
 
     @classmethod
     def load(cls, run_dir: Path) -> Server:
@@ -110,7 +113,8 @@ class Server:
 
     def alive(self) -> bool:
         """True only if the recorded pid is still *our* launcher (pids are reused)."""
-        return is_process(self.pid, Path(self.run_dir) / CONFIG_PROPERTIES)
+        marker = KSERVE_CONFIG if self.runtime == "kserve" else CONFIG_PROPERTIES
+        return is_process(self.pid, Path(self.run_dir) / marker)
 
     def gateway_alive(self) -> bool:
         return is_process(self.gateway_pid, Path(self.run_dir) / GATEWAY_CONFIG)
@@ -183,8 +187,13 @@ def is_process(pid: int, marker: Path) -> bool:
 
 
 def orphans(run_dir: Path) -> list[int]:
-    """Pids of TorchServe launchers and gateways started from `run_dir` (found by command line)."""
-    markers = {str(run_dir / CONFIG_PROPERTIES), str(run_dir / GATEWAY_CONFIG)}
+    """Pids of TorchServe launchers, gateways and KServe runtimes started from `run_dir`
+    (found by command line)."""
+    markers = {
+        str(run_dir / CONFIG_PROPERTIES),
+        str(run_dir / GATEWAY_CONFIG),
+        str(run_dir / KSERVE_CONFIG),
+    }
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmdline = proc.info.get("cmdline") or []

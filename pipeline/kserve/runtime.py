@@ -1,0 +1,296 @@
+"""The KServe runtime process: `python -m pipeline.kserve.runtime <run_dir>/kserve.json`.
+
+A real kserve 0.21 `ModelServer` serving one model per export over the Open
+Inference Protocol (REST `/v2/...` and gRPC), each model loaded with
+`open_export(dir).load(format)` — the Runner verify uses — and warmed up on
+the export's golden inputs before the server opens its ports, so
+`/v2/health/ready` is 200 only once every model has run.
+
+What kserve lacks and this adds (docs/notes/kserve-runtime-research.md):
+loopback binding (uvicorn and gRPC both bind every address as shipped), the
+inference token on REST and gRPC, the body-size limit, only the OIP routes,
+`{"error": ...}` 4xx answers for every malformed request (kserve gives 422 or
+500 for some), and dynamic batching (`pipeline.kserve.batching`) with its
+batch sizes on /metrics (`pipeline_kserve_batch_size`).
+
+`import kserve` parses sys.argv at import time, so this module hides the
+process's arguments from it; import it only in the runtime process.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import uuid
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+_ARGV, sys.argv = sys.argv, sys.argv[:1]  # kserve's import-time argparse must see nothing
+try:
+    import grpc
+    import kserve
+    import kserve.model_server as ksms
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from kserve.errors import InvalidInput
+    from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
+    from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor, LoggingInterceptor
+    from kserve.protocol.grpc.servicer import InferenceServicer
+    from kserve.utils.numpy_codec import from_np_dtype
+finally:
+    sys.argv = _ARGV
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from prometheus_client import Gauge, Histogram  # noqa: E402
+
+from pipeline.export.opened import open_export  # noqa: E402
+from pipeline.kserve.batching import Batcher  # noqa: E402
+from pipeline.kserve.config import RuntimeConfig, ServedExport  # noqa: E402
+from pipeline.kserve.security import Guard, TokenInterceptor  # noqa: E402
+from pipeline.serving.gateway import Keys  # noqa: E402
+from pipeline_runtime import codec  # noqa: E402
+from pipeline_runtime.request import MAX_ELEMENTS, SAMPLES_PER_BATCH  # noqa: E402
+
+log = logging.getLogger("pipeline.kserve")
+
+BATCH_SIZE = Histogram(
+    "pipeline_kserve_batch_size",
+    "Requests per forward pass (dynamic batching)",
+    ["model_name"],
+    buckets=(1, 2, 4, 8, 16, 32, 64),
+)
+WARMED = Gauge("pipeline_kserve_warmed_up", "1 once the model ran its warm-up", ["model_name"])
+GRACE_S = 5  # seconds the servers get to finish requests on SIGTERM
+
+
+class Refused(InvalidInput):
+    """A client error with its own HTTP status (413 for too many samples); gRPC: INVALID_ARGUMENT."""
+
+    def __init__(self, reason: str, status: int = 400) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+class ExportModel(kserve.Model):
+    """One export, served under `served.name`."""
+
+    def __init__(self, served: ServedExport, config: RuntimeConfig) -> None:
+        super().__init__(served.name)
+        exported = open_export(Path(served.export_dir))
+        manifest = exported.manifest
+        self.format = served.format
+        self.runner = exported.load(served.format, "cpu", config.threads)
+        self.specs = manifest.inputs
+        self.output_specs = manifest.outputs
+        self.output_names = manifest.output_names
+        self.limits = codec.Limits(max_samples=SAMPLES_PER_BATCH * max(1, config.max_batch_size))
+        histogram = BATCH_SIZE.labels(model_name=served.name)
+        self.batcher = Batcher(
+            forward=self._forward,
+            input_axes={s.name: s.batch_axis for s in self.specs},
+            output_axes=[o.batch_axis or 0 for o in manifest.outputs],
+            max_batch_size=config.max_batch_size,
+            max_delay_ms=config.max_batch_delay_ms,
+            stack=manifest.serving.stack_requests,
+            on_batch=histogram.observe,
+        )
+        golden, _ = exported.golden()
+        self._forward({k: v.numpy() for k, v in golden.items()})
+        WARMED.labels(model_name=served.name).set(1)
+        log.info("%s (%s, %s) loaded and warmed up", served.name, served.format, served.export_dir)
+        self.ready = True
+
+    def _forward(self, batch: dict[str, np.ndarray]) -> list[np.ndarray]:
+        with torch.inference_mode():
+            outputs = self.runner({k: torch.from_numpy(v) for k, v in batch.items()})
+        return [t.detach().cpu().numpy() for t in outputs.values()]
+
+    def get_input_types(self) -> list[dict[str, Any]]:
+        return [_describe(s.name, s.dtype, s.shape) for s in self.specs]
+
+    def get_output_types(self) -> list[dict[str, Any]]:
+        return [_describe(o.name, o.dtype, o.shape) for o in self.output_specs]
+
+    def decode(self, payload: Any) -> tuple[dict[str, np.ndarray], bool]:
+        """An InferRequest → checked arrays with their batch axis, and whether it had none."""
+        if not isinstance(payload, kserve.InferRequest):
+            raise Refused("Send an Open Inference Protocol (v2) request.")
+        names = [s.name for s in self.specs]
+        got = [i.name for i in payload.inputs]
+        if sorted(map(str, got)) != sorted(names):
+            raise Refused(f"Inputs must be named {names}, got {got}.")
+        by_name = {s.name: s for s in self.specs}
+        arrays = {}
+        for item in payload.inputs:
+            spec = by_name[item.name]
+            wanted = from_np_dtype(np.dtype(spec.dtype))
+            if item.datatype != wanted:
+                raise Refused(
+                    f"Input {spec.name!r}: datatype must be {wanted}, got {item.datatype!r}."
+                )
+            shape = item.shape
+            if (
+                not isinstance(shape, list | tuple)
+                or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape)
+                or any(d < 1 for d in shape)
+                or len(shape) > len(spec.shape)
+                or math.prod(shape) > MAX_ELEMENTS
+            ):
+                raise Refused(
+                    f"Input {spec.name!r}: shape {shape} is empty, negative, too large or has "
+                    f"too many dimensions; expected {list(spec.shape)}."
+                )
+            try:
+                arrays[spec.name] = np.asarray(item.as_numpy())
+            except InvalidInput:
+                raise
+            except Exception as err:  # noqa: BLE001 - a bad tensor is this request's 400
+                raise Refused(
+                    f"Input {spec.name!r}: data does not match shape {list(shape)} and datatype "
+                    f"{item.datatype} ({type(err).__name__}: {err})."
+                ) from None
+        try:
+            return codec.check_arrays(arrays, self.specs, self.limits)
+        except codec.RequestError as err:
+            raise Refused(str(err), 413 if err.status == 413 else 400) from None
+
+    async def predict(self, payload: Any, headers: dict[str, str] | None = None) -> Any:
+        arrays, unbatched = self.decode(payload)
+        outputs = await self.batcher.submit(arrays)
+        if unbatched:
+            outputs = [o[0] if o.ndim else o for o in outputs]
+        infer_outputs = []
+        for name, array in zip(self.output_names, outputs, strict=True):
+            array = np.ascontiguousarray(array)
+            out = kserve.InferOutput(
+                name=name, shape=list(array.shape), datatype=from_np_dtype(array.dtype)
+            )
+            out.set_data_from_numpy(array, binary_data=payload.use_binary_outputs)
+            infer_outputs.append(out)
+        return kserve.InferResponse(
+            response_id=payload.id or str(uuid.uuid4()),
+            model_name=self.name,
+            infer_outputs=infer_outputs,
+            use_binary_outputs=payload.use_binary_outputs,
+            requested_outputs=payload.request_outputs,
+        )
+
+
+def _describe(name: str, dtype: str, shape: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "datatype": from_np_dtype(np.dtype(dtype)) if dtype else "FP32",
+        "shape": [-1 if isinstance(d, str) else int(d) for d in shape],
+    }
+
+
+async def _bad_request(request: Any, exc: Exception) -> JSONResponse:
+    if isinstance(exc, RequestValidationError):
+        first = (exc.errors() or [{}])[0]
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        message = f"Malformed request: {first.get('msg', 'invalid body')}" + (
+            f" at {where}" if where else ""
+        )
+    else:
+        message = f"Malformed request: {type(exc).__name__}: {exc}"
+    return JSONResponse({"error": message}, status_code=400)
+
+
+async def _refused(request: Any, exc: Refused) -> JSONResponse:
+    return JSONResponse({"error": exc.reason}, status_code=exc.status)
+
+
+def _install(config: RuntimeConfig, models: list[ExportModel]) -> None:
+    """Replace kserve's REST and gRPC servers with ones that bind `config.host`, check
+    the token and the body size, and answer malformed requests with 400 JSON."""
+    keys = Keys(Path(config.token_file)) if config.token_file else None
+    host = config.host
+
+    class Rest(ksms.RESTServer):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.config.host = host  # kserve hard-codes 0.0.0.0
+
+        def _register_endpoints(self, app: Any) -> None:
+            async def ready() -> JSONResponse:
+                warm = all(m.ready for m in models)
+                return JSONResponse({"ready": warm}, status_code=200 if warm else 503)
+
+            # Registered first, so it answers instead of kserve's (always ready).
+            app.add_api_route("/v2/health/ready", ready, methods=["GET"])
+            super()._register_endpoints(app)
+
+        def create_application(self) -> None:
+            super().create_application()
+            app = ksms.app
+            for exc in (RequestValidationError, ValueError, KeyError, TypeError):
+                app.add_exception_handler(exc, _bad_request)
+            app.add_exception_handler(Refused, _refused)
+            app.add_middleware(Guard, keys=keys, max_body=config.max_request_size)
+
+    class Grpc(ksms.GRPCServer):
+        async def start(self, max_workers: int) -> None:
+            interceptors = [LoggingInterceptor(), ExceptionToStatusInterceptor()]
+            if keys is not None:
+                interceptors.insert(0, TokenInterceptor(keys))
+            self._server = grpc.aio.server(
+                futures.ThreadPoolExecutor(max_workers=max_workers),
+                interceptors=interceptors,
+                options=[
+                    ("grpc.max_send_message_length", 64 * 2**20),
+                    ("grpc.max_receive_message_length", config.max_request_size),
+                ],
+            )
+            grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+                InferenceServicer(self._data_plane, self._model_repository_extension),
+                self._server,
+            )
+            addr = f"[{host}]:{config.grpc_port}" if ":" in host else f"{host}:{config.grpc_port}"
+            if config.tls_cert and config.tls_key:
+                creds = grpc.ssl_server_credentials(
+                    [(Path(config.tls_key).read_bytes(), Path(config.tls_cert).read_bytes())]
+                )
+                self._server.add_secure_port(addr, creds)
+            else:
+                self._server.add_insecure_port(addr)
+            log.info("gRPC listening on %s", addr)
+            await self._server.start()
+            await self._server.wait_for_termination()
+
+    ksms.RESTServer = Rest
+    ksms.GRPCServer = Grpc
+
+
+def serve(config: RuntimeConfig) -> None:
+    torch.set_num_threads(max(1, config.threads))
+    models = [ExportModel(m, config) for m in config.models]
+    _install(config, models)
+    server = kserve.ModelServer(
+        http_port=config.http_port,
+        grpc_port=config.grpc_port,
+        workers=1,  # more would be spawned processes: no middleware, one batcher each
+        enable_grpc=True,
+        enable_docs_url=False,
+        grace_period=GRACE_S,
+        ssl_certfile=config.tls_cert,
+        ssl_keyfile=config.tls_key,
+    )
+    server.http_port = config.http_port  # kserve moves 8080 to 8443 with TLS; keep ours
+    server.start(models)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 1:
+        print("usage: python -m pipeline.kserve.runtime <run_dir>/kserve.json", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    serve(RuntimeConfig.read(Path(argv[0])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

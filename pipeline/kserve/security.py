@@ -1,0 +1,179 @@
+"""The KServe runtime's front door: token, body size, allowed routes, JSON errors.
+
+kserve 0.21's ModelServer has none of these (see
+docs/notes/kserve-runtime-research.md §2.4-2.8), so the runtime adds them:
+
+* `Guard`, a raw ASGI middleware in front of the FastAPI app: only the Open
+  Inference Protocol routes and /metrics exist (no /v1, no /openapi.json, no
+  repository load/unload); every route but the health checks needs
+  `Authorization: Bearer <inference key>` (401 JSON with `WWW-Authenticate`);
+  a body whose Content-Length exceeds the limit is refused with a JSON 413
+  before it is read, and a chunked one as soon as it passes the limit;
+* `token_interceptor`, the same token check for gRPC (UNAUTHENTICATED).
+
+Errors have the Open Inference Protocol's shape, `{"error": "..."}`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import grpc
+
+from pipeline.serving.gateway import Keys
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+REALM = 'Bearer realm="pipeline"'
+OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
+_NAME = r"[A-Za-z0-9_.\-]+"
+ALLOWED = (
+    ("GET", re.compile(r"/v2/health/(live|ready)")),
+    ("GET", re.compile(r"/v2")),
+    ("GET", re.compile(r"/metrics")),
+    ("GET", re.compile(rf"/v2/models/{_NAME}(/ready)?")),
+    ("POST", re.compile(rf"/v2/models/{_NAME}/infer")),
+)
+# gRPC methods answered without a token (the health checks).
+OPEN_RPCS = frozenset(
+    {"/inference.GRPCInferenceService/ServerLive", "/inference.GRPCInferenceService/ServerReady"}
+)
+
+
+async def send_json(send: Send, status: int, message: str, **headers: str) -> None:
+    body = json.dumps({"error": message}).encode()
+    raw = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *((k.lower().encode(), v.encode()) for k, v in headers.items()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _allowed(method: str, path: str) -> tuple[bool, bool]:
+    """→ (the path exists, the method is right for it)."""
+    matched = [m for m, rx in ALLOWED if rx.fullmatch(path)]
+    return bool(matched), (method in matched or (method == "HEAD" and "GET" in matched))
+
+
+class Guard:
+    """ASGI middleware: allowed routes, token, body size (see the module doc)."""
+
+    def __init__(self, app: ASGIApp, keys: Keys | None, max_body: int) -> None:
+        self.app = app
+        self.keys = keys  # None: no token (tests that say so)
+        self.max_body = max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        method = scope.get("method", "GET")
+        exists, right_method = _allowed(method, path)
+        if not exists:
+            await send_json(send, 404, f"No such route: {path}")
+            return
+        if path not in OPEN_PATHS and self.keys is not None:
+            header = _header(scope, b"authorization")
+            if not self.keys.accepts(header):
+                await send_json(
+                    send,
+                    401,
+                    "A valid inference token is required: send 'Authorization: Bearer <key>' "
+                    "(the key is in <run dir>/inference_key.json).",
+                    **{"WWW-Authenticate": REALM},
+                )
+                return
+        if not right_method:
+            await send_json(send, 405, f"{method} is not allowed on {path}")
+            return
+        length = _header(scope, b"content-length")
+        if length is not None:
+            try:
+                size = int(length)
+            except ValueError:
+                await send_json(send, 400, "Content-Length is not a number.")
+                return
+            if size > self.max_body:
+                await send_json(send, 413, self._too_big(size), Connection="close")
+                return
+            await self.app(scope, receive, send)
+            return
+        if method in ("POST", "PUT", "PATCH"):
+            # Chunked (no Content-Length): read it here, counting, then replay it.
+            chunks: list[bytes] = []
+            total = 0
+            more = True
+            while more:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return  # the client went away
+                chunk = message.get("body", b"")
+                total += len(chunk)
+                if total > self.max_body:
+                    await send_json(send, 413, self._too_big(total), Connection="close")
+                    return
+                chunks.append(chunk)
+                more = message.get("more_body", False)
+            body = b"".join(chunks)
+            replayed = False
+
+            async def replay() -> Message:
+                nonlocal replayed
+                if not replayed:
+                    replayed = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()
+
+            await self.app(scope, replay, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _too_big(self, size: int) -> str:
+        return (
+            f"The request body ({size} bytes or more) exceeds the limit of {self.max_body} "
+            "bytes; split it or raise --max-request-size."
+        )
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+class TokenInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses gRPC calls without the inference token (UNAUTHENTICATED)."""
+
+    def __init__(self, keys: Keys) -> None:
+        self.keys = keys
+
+    async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        if details.method in OPEN_RPCS:
+            return await continuation(details)
+        header = next(
+            (v for k, v in (details.invocation_metadata or ()) if k.lower() == "authorization"),
+            None,
+        )
+        if isinstance(header, bytes):
+            header = header.decode("latin-1")
+        if self.keys.accepts(header):
+            return await continuation(details)
+
+        async def deny(request: Any, context: grpc.aio.ServicerContext) -> None:
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "A valid inference token is required: send metadata 'authorization: Bearer <key>'.",
+            )
+
+        return grpc.unary_unary_rpc_method_handler(deny)

@@ -1,0 +1,410 @@
+"""`pipeline serve --runtime kserve`: a real kserve ModelServer on 127.0.0.1.
+
+One server for the module (started by a fixture and always stopped) serves
+the digits CNN's ONNX and TorchScript artifacts and the tutorial gate, whose
+manifest says `serving.stack_requests: false`. It runs with a 50 ms batch
+delay so that concurrent requests are stacked deterministically enough to
+see it on /metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import numpy as np
+import psutil
+import pytest
+import torch
+
+from pipeline.export import ExportConfig, ExportResult, export
+from pipeline.export.opened import open_export
+from pipeline.kserve.config import RuntimeConfig
+from pipeline.kserve.launch import served_export, start
+from pipeline.serving.server import INFERENCE_KEY_FILE, SERVER_FILE, Server, stop
+from pipeline.serving.torchserve import free_port
+from pipeline.train import TrainConfig, train
+from tests.conftest import run_cli
+
+DIGITS = "digits_lenet"
+DIGITS_TS = "digits_lenet_ts"
+GATE = "my_decision_gate"
+
+
+def _stubs():
+    """kserve's gRPC stubs; importing kserve parses sys.argv, so hide pytest's."""
+    argv, sys.argv = sys.argv, sys.argv[:1]
+    try:
+        from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+        from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pbg
+    finally:
+        sys.argv = argv
+    return pb, pbg
+
+
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory: pytest.TempPathFactory) -> ExportResult:
+    root = tmp_path_factory.mktemp("gate")
+    ckpt = train(TrainConfig(model=GATE, out=root / "checkpoint.pt", progress=False, device="cpu"))
+    return export(
+        ExportConfig(
+            model=GATE,
+            checkpoint=ckpt.checkpoint.path,
+            out_dir=root / "export",
+            formats=("torchscript",),
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def server(exported: ExportResult, gate: ExportResult, tmp_path_factory: pytest.TempPathFactory):
+    run_dir = tmp_path_factory.mktemp("kserve_run")
+    config = RuntimeConfig(
+        models=[
+            served_export(exported.out_dir, "onnx"),
+            served_export(exported.out_dir, "torchscript", name=DIGITS_TS),
+            served_export(gate.out_dir),
+        ],
+        http_port=free_port(),
+        grpc_port=free_port(),
+        max_batch_size=8,
+        max_batch_delay_ms=50,
+    )
+    try:
+        yield start(config, run_dir)
+    finally:
+        stop(run_dir)
+
+
+def _key(server: Server) -> str:
+    return json.loads((Path(server.run_dir) / INFERENCE_KEY_FILE).read_text())["inference"]["key"]
+
+
+def _auth(server: Server) -> dict[str, str]:
+    return {"Authorization": f"Bearer {_key(server)}"}
+
+
+def _v2(name: str, x: np.ndarray) -> dict:
+    return {
+        "inputs": [
+            {
+                "name": name,
+                "shape": list(x.shape),
+                "datatype": "FP32",
+                "data": x.reshape(-1).tolist(),
+            }
+        ]
+    }
+
+
+def _infer(server: Server, model: str, body: dict, **headers: str) -> httpx.Response:
+    return httpx.post(
+        f"{server.inference_url}/v2/models/{model}/infer",
+        json=body,
+        headers={**_auth(server), **headers},
+        timeout=30,
+    )
+
+
+def _check(answer: dict, expected: torch.Tensor, manifest) -> None:
+    out = answer["outputs"][0]
+    got = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
+    tol = manifest.tolerance
+    np.testing.assert_allclose(got, expected.numpy(), atol=tol.atol, rtol=tol.rtol)
+
+
+def _histogram(server: Server, model: str) -> tuple[float, float]:
+    text = httpx.get(f"{server.inference_url}/metrics", headers=_auth(server)).text
+    values = {}
+    for kind in ("count", "sum"):
+        m = re.search(
+            rf'^pipeline_kserve_batch_size_{kind}{{model_name="{model}"}} (\S+)$', text, re.M
+        )
+        values[kind] = float(m.group(1)) if m else 0.0
+    return values["count"], values["sum"]
+
+
+@pytest.mark.parametrize("model", [DIGITS, DIGITS_TS])
+def test_rest_infer_equals_eager(server: Server, exported: ExportResult, model: str) -> None:
+    opened = open_export(exported.out_dir)
+    inputs, outputs = opened.golden()
+    ((name, x),) = inputs.items()
+    r = _infer(server, model, _v2(name, x.numpy()))
+    assert r.status_code == 200, r.text
+    _check(r.json(), next(iter(outputs.values())), opened.manifest)
+    meta = httpx.get(f"{server.inference_url}/v2/models/{model}", headers=_auth(server)).json()
+    assert meta["inputs"] == [{"name": "image", "datatype": "FP32", "shape": [-1, 1, 28, 28]}]
+
+
+def test_grpc_infer_equals_eager_and_needs_the_token(
+    server: Server, exported: ExportResult
+) -> None:
+    import grpc
+
+    pb, pbg = _stubs()
+    opened = open_export(exported.out_dir)
+    inputs, outputs = opened.golden()
+    x = next(iter(inputs.values())).numpy().astype(np.float32)
+    request = pb.ModelInferRequest(
+        model_name=DIGITS,
+        inputs=[
+            pb.ModelInferRequest.InferInputTensor(name="image", datatype="FP32", shape=x.shape)
+        ],
+        raw_input_contents=[x.tobytes()],
+    )
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = pbg.GRPCInferenceServiceStub(channel)
+        reply = stub.ModelInfer(
+            request, metadata=[("authorization", f"Bearer {_key(server)}")], timeout=30
+        )
+        got = np.frombuffer(reply.raw_output_contents[0], dtype=np.float32).reshape(
+            reply.outputs[0].shape
+        )
+        expected = next(iter(outputs.values())).numpy()
+        tol = opened.manifest.tolerance
+        np.testing.assert_allclose(got, expected, atol=tol.atol, rtol=tol.rtol)
+        for metadata in ([], [("authorization", "Bearer wrong")]):
+            with pytest.raises(grpc.RpcError) as err:
+                stub.ModelInfer(request, metadata=metadata, timeout=30)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        bad = pb.ModelInferRequest(
+            model_name=DIGITS,
+            inputs=[
+                pb.ModelInferRequest.InferInputTensor(name="image", datatype="FP32", shape=[1, 3])
+            ],
+            raw_input_contents=[np.zeros(3, np.float32).tobytes()],
+        )
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ModelInfer(bad, metadata=[("authorization", f"Bearer {_key(server)}")])
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize("token", [None, "wrong"])
+def test_token_required(server: Server, token: str | None) -> None:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    body = _v2("image", np.zeros((1, 1, 28, 28), np.float32))
+    for method, path in (
+        ("POST", f"/v2/models/{DIGITS}/infer"),
+        ("GET", f"/v2/models/{DIGITS}"),
+        ("GET", "/metrics"),
+    ):
+        r = httpx.request(method, server.inference_url + path, json=body, headers=headers)
+        assert r.status_code == 401, (path, r.text)
+        assert r.headers["www-authenticate"] == 'Bearer realm="pipeline"'
+        assert "error" in r.json()
+
+
+def test_oversized_content_length_is_refused_before_the_body(server: Server) -> None:
+    host, port = server.inference_url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(
+            (
+                f"POST /v2/models/{DIGITS}/infer HTTP/1.1\r\nHost: x\r\n"
+                f"Authorization: Bearer {_key(server)}\r\nContent-Type: application/json\r\n"
+                "Content-Length: 1000000000\r\n\r\n"
+            ).encode()
+        )
+        reply = b""
+        while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413"), head
+    assert "error" in json.loads(body)
+
+
+def test_oversized_chunked_body_is_refused(server: Server) -> None:
+    def chunks():
+        for _ in range(6):
+            yield b" " * 2**20
+
+    r = httpx.post(
+        f"{server.inference_url}/v2/models/{DIGITS}/infer",
+        content=chunks(),
+        headers={**_auth(server), "Content-Type": "application/json"},
+    )
+    assert r.status_code == 413 and "error" in r.json()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{not json",
+        b'{"x": 1}',
+        b'{"inputs": [{"name": "image", "shape": [1, 1, 28, 27], "datatype": "FP32", "data": ['
+        + b",".join([b"0.5"] * 756)
+        + b"]}]}",
+        b'{"inputs": [{"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP64", "data": ['
+        + b",".join([b"0.5"] * 784)
+        + b"]}]}",
+        b'{"inputs": [{"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP32", "data": [1, 2]}]}',
+        b'{"inputs": [{"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP32", "data": ["a"]}]}',
+        b'{"inputs": [{"name": "other", "shape": [1], "datatype": "FP32", "data": [1]}]}',
+        b'{"inputs": [{"name": "image", "shape": [1, 10000000000], "datatype": "FP32", "data": [1]}]}',
+        b'{"inputs": [{"name": "image", "shape": "x", "datatype": "FP32", "data": [1]}]}',
+        b'{"inputs": [{"name": "image", "shape": [1, 1, 28, 28], "datatype": "NOPE", "data": [1]}]}',
+    ],
+    ids=[
+        "malformed",
+        "no-inputs",
+        "shape",
+        "dtype",
+        "count",
+        "strings",
+        "name",
+        "huge",
+        "shape-type",
+        "datatype",
+    ],
+)
+def test_bad_input_is_400_json(server: Server, body: bytes) -> None:
+    r = httpx.post(
+        f"{server.inference_url}/v2/models/{DIGITS}/infer",
+        content=body,
+        headers={**_auth(server), "Content-Type": "application/json"},
+    )
+    assert r.status_code == 400, r.text
+    assert isinstance(r.json()["error"], str)
+
+
+def test_health_ready_after_warm_up_and_metrics(server: Server) -> None:
+    for path in ("/v2/health/live", "/v2/health/ready"):
+        assert httpx.get(server.inference_url + path).status_code == 200  # no token needed
+    for path in ("/openapi.json", "/v1/models", f"/v2/repository/models/{DIGITS}/unload"):
+        r = httpx.post(server.inference_url + path, headers=_auth(server))
+        assert r.status_code == 404, path
+    log = (Path(server.run_dir) / "logs" / "kserve.out").read_text()
+    warmed = [log.index(f"{m} (") for m in (DIGITS, DIGITS_TS, GATE)]
+    assert max(warmed) < log.index("Uvicorn running"), "the port opened before warm-up"
+    r = httpx.get(f"{server.inference_url}/metrics", headers=_auth(server))
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    assert f'pipeline_kserve_warmed_up{{model_name="{DIGITS}"}} 1.0' in r.text
+    assert "# TYPE pipeline_kserve_batch_size histogram" in r.text
+
+
+def _concurrently(server: Server, model: str, bodies: list[dict]) -> list[httpx.Response]:
+    answers: list[httpx.Response | None] = [None] * len(bodies)
+    barrier = threading.Barrier(len(bodies))
+
+    def one(i: int) -> None:
+        barrier.wait()
+        answers[i] = _infer(server, model, bodies[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return answers  # type: ignore[return-value]
+
+
+def test_concurrent_requests_are_stacked(server: Server, exported: ExportResult) -> None:
+    opened = open_export(exported.out_dir)
+    count0, sum0 = _histogram(server, DIGITS)
+    xs = [opened.sample(1 + i % 2, seed=i)["image"] for i in range(8)]
+    answers = _concurrently(server, DIGITS, [_v2("image", x.numpy()) for x in xs])
+    for x, r in zip(xs, answers, strict=True):
+        assert r.status_code == 200, r.text
+        _check(r.json(), opened.eager({"image": x})["logits"], opened.manifest)
+    count, total = _histogram(server, DIGITS)
+    assert total - sum0 == 8  # every request in exactly one forward pass
+    assert count - count0 < 8, "no two requests shared a forward pass"
+
+
+def test_stack_requests_false_never_mixes_clients(server: Server, gate: ExportResult) -> None:
+    opened = open_export(gate.out_dir)
+    assert opened.manifest.serving.stack_requests is False
+    count0, sum0 = _histogram(server, GATE)
+    # The gate returns x if x.sum() > 0 else -x, summed over the whole batch: mixing a
+    # positive request with a negative one would flip one of them.
+    xs = [torch.full((1, 4), 0.5 if i % 2 else -0.25) for i in range(8)]
+    answers = _concurrently(server, GATE, [_v2("x", x.numpy()) for x in xs])
+    for x, r in zip(xs, answers, strict=True):
+        assert r.status_code == 200, r.text
+        _check(r.json(), opened.eager({"x": x})["y"], opened.manifest)
+    count, total = _histogram(server, GATE)
+    assert count - count0 == 8 and total - sum0 == 8  # one request per forward pass
+
+
+def test_cli_serve_and_stop_leave_nothing(exported: ExportResult, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    port, grpc_port = free_port(), free_port()
+    served = run_cli(
+        "serve", "--runtime", "kserve", "--export-dir", exported.out_dir, "--format", "onnx",
+        "--port", port, "--grpc-port", grpc_port, "--run-dir", run_dir,
+    )  # fmt: skip
+    try:
+        assert served.returncode == 0, served.stderr
+        assert "KServe is up" in served.stdout
+        record = Server.load(run_dir)
+        assert record.runtime == "kserve" and record.inference_url.startswith("http://127.0.0.1:")
+        key_file = run_dir / INFERENCE_KEY_FILE
+        assert key_file.stat().st_mode & 0o777 == 0o600
+        proc = psutil.Process(record.pid)
+        listening = {
+            c.laddr.ip.removeprefix("::ffff:")  # gRPC's dual-stack socket: still loopback
+            for c in (getattr(proc, "net_connections", None) or proc.connections)(kind="inet")
+            if c.status == psutil.CONN_LISTEN
+        }
+        assert listening == {"127.0.0.1"}, listening
+        r = httpx.get(f"{record.inference_url}/v2/health/ready")
+        assert r.status_code == 200
+    finally:
+        stopped = run_cli("stop", "--run-dir", run_dir)
+    assert stopped.returncode == 0 and "stopped the KServe runtime" in stopped.stdout
+    assert not psutil.pid_exists(record.pid) or psutil.Process(record.pid).status() == "zombie"
+    marker = str(run_dir.resolve() / "kserve.json")
+    assert not [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]
+    assert not (run_dir / SERVER_FILE).exists() and not key_file.exists()
+
+
+def test_https_rest_and_grpc(gate: ExportResult, tmp_path: Path) -> None:
+    import ssl
+
+    import grpc
+
+    from tests.integration.test_reliability import _self_signed
+
+    cert, key = _self_signed(tmp_path)
+    run_dir = tmp_path / "run"
+    config = RuntimeConfig(
+        models=[served_export(gate.out_dir)],
+        http_port=free_port(),
+        grpc_port=free_port(),
+        tls_cert=str(cert),
+        tls_key=str(key),
+    )
+    try:
+        server = start(config, run_dir)
+        assert server.inference_url.startswith("https://127.0.0.1:")
+        x = np.full((1, 4), 0.5, np.float32)
+        ctx = ssl.create_default_context(cafile=str(cert))
+        r = httpx.post(
+            f"{server.inference_url}/v2/models/{GATE}/infer",
+            json=_v2("x", x),
+            headers=_auth(server),
+            verify=ctx,
+        )
+        assert r.status_code == 200, r.text
+        np.testing.assert_allclose(r.json()["outputs"][0]["data"], x.reshape(-1))
+        with pytest.raises(httpx.HTTPError):  # plain HTTP gets no answer
+            httpx.get(server.inference_url.replace("https", "http") + "/v2/health/live")
+        pb, pbg = _stubs()
+        creds = grpc.ssl_channel_credentials(cert.read_bytes())
+        with grpc.secure_channel(server.grpc_url, creds) as channel:
+            reply = pbg.GRPCInferenceServiceStub(channel).ModelReady(
+                pb.ModelReadyRequest(name=GATE),
+                metadata=[("authorization", f"Bearer {_key(server)}")],
+                timeout=30,
+            )
+        assert reply.ready
+    finally:
+        stop(run_dir)
+    assert not (run_dir / SERVER_FILE).exists()

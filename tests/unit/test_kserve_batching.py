@@ -1,0 +1,115 @@
+"""The KServe runtime's batcher: queued requests stacked, split back, never mixed when told."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from pipeline.kserve.batching import Batcher
+
+
+def _batcher(stack: bool = True, **kwargs) -> tuple[Batcher, list[int]]:
+    sizes: list[int] = []
+    gate = threading.Event()
+
+    def forward(batch: dict[str, np.ndarray]) -> list[np.ndarray]:
+        gate.wait(5)  # the first call holds the worker until every request is queued
+        x = batch["x"]
+        return [x * 2, x.sum(axis=1, keepdims=True)]
+
+    b = Batcher(
+        forward=forward,
+        input_axes={"x": 0},
+        output_axes=[0, 0],
+        stack=stack,
+        on_batch=sizes.append,
+        **kwargs,
+    )
+    b.gate = gate  # type: ignore[attr-defined]
+    return b, sizes
+
+
+async def _run(b: Batcher, xs: list[np.ndarray]) -> list[list[np.ndarray]]:
+    tasks = [asyncio.ensure_future(b.submit({"x": x})) for x in xs]
+    await asyncio.sleep(0.05)  # all queued; the first is in its forward pass
+    b.gate.set()  # type: ignore[attr-defined]
+    out = await asyncio.gather(*tasks)
+    await b.close()
+    return out
+
+
+def test_queued_requests_are_stacked_and_split_back() -> None:
+    b, sizes = _batcher(max_batch_size=4)
+    xs = [np.full((1 + i % 2, 3), float(i), np.float32) for i in range(7)]
+    outs = asyncio.run(_run(b, xs))
+    for x, (double, total) in zip(xs, outs, strict=True):
+        np.testing.assert_array_equal(double, x * 2)
+        np.testing.assert_array_equal(total, x.sum(axis=1, keepdims=True))
+    assert sum(sizes) == 7 and max(sizes) == 4 and len(sizes) <= 3
+
+
+def test_different_shapes_are_not_stacked() -> None:
+    b, sizes = _batcher()
+    xs = [np.ones((1, 3), np.float32), np.ones((1, 3), np.float32), np.ones((1, 5), np.float32)]
+    outs = asyncio.run(_run(b, xs))
+    assert [o[0].shape for o in outs] == [(1, 3), (1, 3), (1, 5)]
+    assert sum(sizes) == 3 and max(sizes) <= 2
+
+
+def test_stack_requests_false_runs_each_alone() -> None:
+    b, sizes = _batcher(stack=False)
+    xs = [np.full((1, 3), float(i), np.float32) for i in range(5)]
+    outs = asyncio.run(_run(b, xs))
+    assert sizes == [1] * 5
+    for x, (double, _) in zip(xs, outs, strict=True):
+        np.testing.assert_array_equal(double, x * 2)
+
+
+def test_an_input_without_batch_axis_disables_stacking() -> None:
+    b = Batcher(forward=lambda batch: [], input_axes={"x": 0, "scale": None}, output_axes=[0])
+    assert b.stack is False
+
+
+def test_a_failure_reaches_every_request_of_its_batch() -> None:
+    def forward(batch: dict[str, np.ndarray]) -> list[np.ndarray]:
+        raise RuntimeError("boom")
+
+    b = Batcher(forward=forward, input_axes={"x": 0}, output_axes=[0])
+
+    async def go() -> None:
+        with pytest.raises(RuntimeError, match="boom"):
+            await b.submit({"x": np.ones((1, 2), np.float32)})
+        await b.close()
+
+    asyncio.run(go())
+
+
+def test_delay_waits_for_more_requests() -> None:
+    sizes: list[int] = []
+    b = Batcher(
+        forward=lambda batch: [batch["x"]],
+        input_axes={"x": 0},
+        output_axes=[0],
+        max_batch_size=8,
+        max_delay_ms=200,
+        on_batch=sizes.append,
+    )
+
+    async def go() -> None:
+        first = asyncio.ensure_future(b.submit({"x": np.zeros((1, 2), np.float32)}))
+        await asyncio.sleep(0.02)
+        rest = [b.submit({"x": np.ones((1, 2), np.float32)}) for _ in range(3)]
+        await asyncio.gather(first, *rest)
+        await b.close()
+
+    asyncio.run(go())
+    assert sizes == [4]
+
+
+@pytest.mark.parametrize("kwargs", [{"max_batch_size": 0}, {"max_delay_ms": -1}])
+def test_bad_settings_are_refused(kwargs: dict) -> None:
+    with pytest.raises(ValueError, match="must be"):
+        Batcher(forward=lambda b: [], input_axes={"x": 0}, output_axes=[0], **kwargs)
