@@ -40,7 +40,7 @@ def add_verify_command(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="backend to check; repeat for several (default: the in-process backend of every "
         "format the export holds, plus torchserve when a server started by `pipeline serve` "
-        "serves the model)",
+        "serves the model; kserve checks the KServe runtime over REST and gRPC)",
     )
     p.add_argument(
         "--with-cpp",
@@ -99,21 +99,32 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _served_backends(args: argparse.Namespace, config: Any) -> list:
-    """TorchServe's backends for verify: asked for with --backend torchserve, or by
-    default when a server started by `pipeline serve` serves the model."""
-    from pipeline.verify.backends import SERVED
+    """The served backends for verify: TorchServe's when asked with --backend torchserve,
+    or by default when a server started by `pipeline serve` serves the model; the KServe
+    runtime's (REST and gRPC) when asked with --backend kserve."""
+    from pipeline.verify.backends import KSERVE, SERVED
 
-    asked = SERVED in (config.backends or ())
+    asked = set(config.backends or ()) & {SERVED, KSERVE}
     if not asked and config.backends is not None:
         return []
     from pipeline.core.manifest import read_manifest
-    from pipeline.serving.parity import served_backends
 
     manifest = read_manifest(config.export_dir)
+    if KSERVE in asked:
+        from pipeline.kserve.parity import kserve_backends
+
+        found = kserve_backends(config.model, manifest, serve_run_dir(args))
+        return found + (_torchserve(args, config, manifest) if SERVED in asked else [])
     if asked:
-        return served_backends(config.model, manifest, serve_run_dir(args))
+        return _torchserve(args, config, manifest)
     try:
-        return served_backends(config.model, manifest, serve_run_dir(args))
+        return _torchserve(args, config, manifest)
     except PipelineError as err:  # no server for this model: the local backends only
         log.info("not checking a served model: %s", err)
         return []
+
+
+def _torchserve(args: argparse.Namespace, config: Any, manifest: Any) -> list:
+    from pipeline.serving.parity import served_backends
+
+    return served_backends(config.model, manifest, serve_run_dir(args))

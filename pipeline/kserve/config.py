@@ -29,7 +29,9 @@ class RuntimeConfig:
     host: str = "127.0.0.1"
     http_port: int = 8085
     grpc_port: int = 8086
-    token_file: str = ""  # JSON {"inference": {"key": ...}}; "" only in tests that say so
+    # JSON {"inference": {"key": ...}}. "": no token, for a pod behind KServe's ingress or
+    # mesh (`pipeline deploy kserve`) and tests that say so; `pipeline serve` always sets one.
+    token_file: str = ""
     max_request_size: int = 4 * 1024 * 1024  # bytes; 413 before the body is read
     tls_cert: str | None = None
     tls_key: str | None = None

@@ -19,6 +19,7 @@ from pipeline.core.fileio import write_json
 from pipeline.export.opened import ExportedModel, open_export
 from pipeline.verify.backends import (
     CPP,
+    KSERVE,
     SERVED,
     Backend,
     backend_names,
@@ -147,16 +148,19 @@ def verify(config: VerifyConfig, served: Sequence[Backend] = ()) -> ParityReport
         config.atol_scale,
         config.allow_vacuous,
     )
-    if SERVED in (config.backends or ()) and not served:
-        raise PipelineError(
-            "--backend torchserve needs a running server that serves this model: start one "
-            "with `pipeline serve`."
-        )
+    for runtime, start in ((SERVED, "pipeline serve"), (KSERVE, "pipeline serve --runtime kserve")):
+        if runtime in (config.backends or ()) and not any(
+            b.name.startswith(f"{runtime}/") for b in served
+        ):
+            raise PipelineError(
+                f"--backend {runtime} needs a running server that serves this model: start one "
+                f"with `{start}`."
+            )
     wanted = config.backends or (*local_backends(exported), *((CPP,) if config.with_cpp else ()))
     backends: list[Backend] = [
         backend
         for name in wanted
-        if name != SERVED
+        if name not in (SERVED, KSERVE)
         for backend in load_backends(name, exported, config.cpp_binary)
     ]
     backends += served

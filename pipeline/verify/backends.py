@@ -24,6 +24,7 @@ from pipeline_runtime.runners import Runner
 
 CPP = "cpp"
 SERVED = "torchserve"  # the served backends' prefix: torchserve/<format>
+KSERVE = "kserve"  # the KServe runtime's: kserve/rest/<format>, kserve/grpc/<format>
 
 
 class Backend(Protocol):
@@ -93,8 +94,9 @@ def cpp_backend_name(fmt: registry.Format) -> str:
 
 
 def backend_names() -> tuple[str, ...]:
-    """What `--backend` accepts: each format's in-process backend, the C++ client, TorchServe."""
-    return (*(f.backend for f in registry.all_formats()), CPP, SERVED)
+    """What `--backend` accepts: each format's in-process backend, the C++ client, TorchServe
+    and the KServe runtime."""
+    return (*(f.backend for f in registry.all_formats()), CPP, SERVED, KSERVE)
 
 
 def local_backends(exported: ExportedModel) -> tuple[str, ...]:

@@ -408,3 +408,31 @@ def test_https_rest_and_grpc(gate: ExportResult, tmp_path: Path) -> None:
     finally:
         stop(run_dir)
     assert not (run_dir / SERVER_FILE).exists()
+
+
+def test_verify_checks_the_runtime_over_rest_and_grpc(
+    server: Server, exported: ExportResult, tmp_path: Path
+) -> None:
+    """`pipeline verify --backend kserve` compares both transports of every model the
+    runtime serves from this export with eager, like the in-process backends."""
+    report = tmp_path / "parity.json"
+    run_dir = Path(server.run_dir)
+    proc = run_cli(
+        "verify", "--model", "digits_lenet", "--export-dir", exported.out_dir,
+        "--backend", "kserve", "--run-dir", run_dir, "--report", report,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = json.loads(report.read_text())["rows"]
+    rows = [r for r in rows if r["backend"].startswith("kserve/")]  # not the golden-file check
+    backends = {r["backend"] for r in rows}
+    assert backends == {
+        f"kserve/{t}/{f}" for t in ("rest", "grpc") for f in ("onnx", "torchscript")
+    }
+    assert all(r["passed"] for r in rows)
+    # No runtime in the folder: a clear error naming the command to run, not a traceback.
+    missing = run_cli(
+        "verify", "--model", "digits_lenet", "--export-dir", exported.out_dir,
+        "--backend", "kserve", "--run-dir", tmp_path / "none",
+    )  # fmt: skip
+    assert missing.returncode != 0 and "Traceback" not in missing.stderr
+    assert "pipeline serve" in missing.stdout + missing.stderr

@@ -1,0 +1,194 @@
+"""`pipeline deploy kserve`: everything a user applies to a cluster, in one folder.
+
+    <out>/Dockerfile                      the project's KServe runtime + the export
+    <out>/kserve.json                     its RuntimeConfig (0.0.0.0, 8080 REST, 8081 gRPC)
+    <out>/export/                         a copy of the export (sha256-checked first)
+    <out>/src/                            the project's source the image installs
+    <out>/inferenceservice.yaml           custom-container InferenceService (CPU)
+    <out>/inferenceservice-gpu.yaml       the same with nvidia.com/gpu: 1
+    <out>/torchserve/config/config.properties   KServe's TorchServe layout …
+    <out>/torchserve/model-store/<name>.mar     … (copy both to the storageUri)
+    <out>/torchserve/inferenceservice.yaml      model format pytorch, protocolVersion v2
+    <out>/README.md                       the commands to build and apply
+
+Every manifest is checked against KServe's CRD schema (strict about unknown
+fields) and its webhook's rules before anything is written into <out>.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from pipeline.core.errors import PipelineError
+from pipeline.core.manifest import read_manifest
+from pipeline.kserve import manifests as m
+from pipeline.kserve.validate import check
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+SOURCE_ITEMS = ("pyproject.toml", "README.md", "pipeline", "pipeline_runtime")
+
+
+class DeployError(PipelineError):
+    """The deployment folder cannot be written from this export."""
+
+
+@dataclass
+class DeployResult:
+    out: Path
+    files: list[Path]
+    mar: Path
+    served_name: str  # /v2/models/<served_name> on the runtime image
+    torchserve_name: str  # /v2/models/<torchserve_name> on TorchServe
+
+
+def _dump(doc: dict) -> str:
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+
+
+def deploy_kserve(config: m.DeployConfig, *, force: bool = False) -> DeployResult:
+    from pipeline.formats import base as registry
+    from pipeline.serving.archive import ArchiveConfig, archive, archive_name
+
+    export_dir = Path(config.export_dir)
+    manifest = read_manifest(export_dir)  # raises a PipelineError when missing or unreadable
+    if manifest.model.name != config.model:
+        raise DeployError(f"{export_dir} holds {manifest.model.name!r}, not {config.model!r}.")
+    known = tuple(registry.keys())
+    if config.format not in known:
+        raise DeployError(f"Unknown format {config.format!r}; choose from {', '.join(known)}.")
+    if config.format not in manifest.artifacts or config.format in manifest.failed:
+        held = [k for k in manifest.artifacts if k in known]
+        raise DeployError(
+            f"{export_dir} has no {config.format} artifact; use --format with one it holds "
+            f"({', '.join(held) or 'none'})."
+        )
+    for what, value in (
+        ("--min-replicas", config.min_replicas),
+        ("--max-replicas", config.max_replicas),
+    ):
+        if value < 0:
+            raise DeployError(f"{what} must be 0 or more.")
+    out = Path(config.out)
+    if out.exists() and any(out.iterdir()) and not force:
+        raise DeployError(f"{out} exists and is not empty; choose another --out or pass --force.")
+
+    docs = {
+        "inferenceservice.yaml": m.runtime_isvc(config),
+        "inferenceservice-gpu.yaml": m.runtime_isvc(config, gpu=True),
+        "torchserve/inferenceservice.yaml": m.torchserve_isvc(config),
+    }
+    for rel, doc in docs.items():
+        check(doc, what=rel)  # before anything is written
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for rel, doc in docs.items():
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            (staging / rel).write_text(_dump(doc))
+        (staging / "kserve.json").write_text(json.dumps(m.runtime_config(config), indent=2) + "\n")
+        (staging / "Dockerfile").write_text(m.dockerfile(config))
+        shutil.copytree(export_dir, staging / "export", ignore=_ignored)
+        _copy_source(staging / "src")
+        store = staging / "torchserve" / "model-store"
+        # batch size 1: TorchServe 0.12's kservev2 envelope answers only the first
+        # request of a batch (pytorch/serve#2158).
+        (mar,) = archive(
+            ArchiveConfig(
+                model=config.model,
+                export_dir=export_dir,
+                store=store,
+                formats=(config.format,),
+                batch_size=1,
+                bench_results=None,
+            )
+        )
+        ts_name = archive_name(config.model, config.format)
+        conf = staging / "torchserve" / "config" / "config.properties"
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        conf.write_text(
+            m.properties_text(m.torchserve_properties(ts_name, envelope=config.torchserve_envelope))
+        )
+        (staging / "README.md").write_text(_readme(config, ts_name))
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    files = sorted(
+        p for p in out.rglob("*") if p.is_file() and "src" not in p.relative_to(out).parts[:1]
+    )
+    return DeployResult(
+        out=out,
+        files=files,
+        mar=out / "torchserve" / "model-store" / mar.name,
+        served_name=m.served_name(config.model),
+        torchserve_name=ts_name,
+    )
+
+
+def _ignored(_dir: str, names: list[str]) -> set[str]:
+    return {n for n in names if n == "__pycache__" or n.endswith(".pyc") or n.startswith(".")}
+
+
+def _copy_source(dest: Path) -> None:
+    """The project's source, for the image to `pip install` (no network access to it)."""
+    missing = [i for i in SOURCE_ITEMS if not (PROJECT_ROOT / i).exists()]
+    if missing:
+        raise DeployError(
+            f"The project's source is not next to this installation ({PROJECT_ROOT} lacks "
+            f"{', '.join(missing)}); run `pipeline deploy kserve` from a source checkout."
+        )
+    dest.mkdir(parents=True)
+    for item in SOURCE_ITEMS:
+        src = PROJECT_ROOT / item
+        if src.is_dir():
+            shutil.copytree(src, dest / item, ignore=_ignored)
+        else:
+            shutil.copy2(src, dest / item)
+
+
+def _readme(config: m.DeployConfig, ts_name: str) -> str:
+    name, served = config.name, m.served_name(config.model)
+    return f"""\
+# Deploying {config.model} on KServe
+
+Written by `pipeline deploy kserve`. Every manifest here was validated against the
+InferenceService CRD schema of KServe v0.20.0 (strict about unknown fields).
+
+## The project's runtime (custom container, Open Inference Protocol v2)
+
+    docker build -t {config.image} .
+    docker push {config.image}            # to a registry the cluster can pull from
+    kubectl apply -f inferenceservice.yaml
+    kubectl get inferenceservice {name}   # READY True
+    # REST: POST http://<host>/v2/models/{served}/infer ; gRPC on port {m.GRPC_PORT}
+
+GPU nodes: build `{config.gpu_image}` (see the Dockerfile's header) and apply
+`inferenceservice-gpu.yaml` (requests nvidia.com/gpu: 1).
+
+## TorchServe (KServe's `kserve-torchserve` runtime)
+
+Copy `torchserve/config/` and `torchserve/model-store/` to the storage behind
+`{config.storage_uri}` (so it holds config/config.properties and
+model-store/{ts_name}.mar), then
+
+    kubectl apply -f torchserve/inferenceservice.yaml
+    # POST http://<host>/v2/models/{ts_name}/infer
+
+The manifest pins the runtime image tag to {config.torchserve_image_tag} (`runtimeVersion`):
+KServe's default torchserve-kfs 0.9.0 is older than the TorchServe that built the archive.
+config.properties leaves TorchServe's kservev2 envelope off (and env config off, so
+the runtime's TS_SERVICE_ENVELOPE cannot turn it on): the archive's handler reads
+the Open Inference Protocol body itself and refuses what the envelope passes it.
+"""

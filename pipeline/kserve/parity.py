@@ -1,0 +1,190 @@
+"""The KServe runtime's backends for verify: each served model over REST and over gRPC.
+
+`kserve_backends(model, manifest, run_dir)` returns two backends per model the
+runtime in `run_dir` serves from this export, `kserve/rest/<format>` and
+`kserve/grpc/<format>`. Both speak the Open Inference Protocol with the
+inference token; REST sends JSON tensors, gRPC sends raw little-endian bytes
+(`raw_input_contents`), so the two paths decode differently and each is
+checked on its own. Outputs come back by name, in the manifest's dtypes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import torch
+
+from pipeline.core.manifest import read_manifest
+from pipeline.kserve.config import CONFIG_FILE, RuntimeConfig
+from pipeline.serving import client
+from pipeline.serving.server import ServeError, Server, default_run_dir
+from pipeline.verify.backends import KSERVE
+from pipeline_runtime.manifest import Manifest
+
+# Open Inference Protocol datatypes of the dtypes exports use.
+DATATYPES = {
+    torch.float32: "FP32",
+    torch.float64: "FP64",
+    torch.float16: "FP16",
+    torch.int64: "INT64",
+    torch.int32: "INT32",
+    torch.int8: "INT8",
+    torch.uint8: "UINT8",
+    torch.bool: "BOOL",
+}
+
+
+@contextlib.contextmanager
+def _clean_argv() -> Iterator[None]:
+    """kserve 0.21.0 parses sys.argv when imported (prefix-matching its own options
+    against ours); the client imports its gRPC stubs with an empty command line."""
+    saved = sys.argv
+    sys.argv = saved[:1]
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
+def grpc_stubs() -> tuple[Any, Any]:
+    """kserve's generated Open Inference Protocol messages and service stub."""
+    with _clean_argv():
+        from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+        from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
+    return pb, pb_grpc
+
+
+class KServeBackend:
+    """One model served by the KServe runtime, reached over REST or gRPC."""
+
+    in_process = False
+
+    def __init__(
+        self, server: Server, served_name: str, fmt: str, manifest: Manifest, transport: str
+    ) -> None:
+        self.server, self.served_name, self.transport = server, served_name, transport
+        self.name = f"{KSERVE}/{transport}/{fmt}"
+        self.format_key = fmt
+        self.outputs = manifest.outputs
+        self.token = server.keys()["inference"]
+
+    def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        got = self._rest(inputs) if self.transport == "rest" else self._grpc(inputs)
+        return {
+            o.name: got[o.name].to(getattr(torch, o.dtype)) for o in self.outputs if o.name in got
+        }
+
+    def _rest(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        body = {
+            "inputs": [
+                {
+                    "name": name,
+                    "shape": list(t.shape),
+                    "datatype": DATATYPES[t.dtype],
+                    "data": t.reshape(-1).tolist(),
+                }
+                for name, t in inputs.items()
+            ]
+        }
+        url = f"{self.server.inference_url}/v2/models/{self.served_name}/infer"
+        with httpx.Client(timeout=120, verify=client.tls_context(self.server)) as http:
+            resp = http.post(url, json=body, headers={"Authorization": f"Bearer {self.token}"})
+        if resp.status_code != 200:
+            raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
+        return {
+            out["name"]: torch.tensor(out["data"]).reshape(out["shape"])
+            for out in resp.json()["outputs"]
+        }
+
+    def _grpc(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        import grpc
+
+        pb, pb_grpc = grpc_stubs()
+        request = pb.ModelInferRequest(model_name=self.served_name)
+        for name, t in inputs.items():
+            request.inputs.add(name=name, datatype=DATATYPES[t.dtype], shape=list(t.shape))
+            arr = t.contiguous().numpy()
+            request.raw_input_contents.append(arr.astype(arr.dtype.newbyteorder("<")).tobytes())
+        channel = (
+            grpc.secure_channel(self.server.grpc_url, _grpc_credentials(self.server))
+            if self.server.inference_url.startswith("https://")
+            else grpc.insecure_channel(self.server.grpc_url)
+        )
+        with channel:
+            reply = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
+                request, metadata=(("authorization", f"Bearer {self.token}"),), timeout=120
+            )
+        by_type = {v: k for k, v in DATATYPES.items()}
+        got = {}
+        for i, out in enumerate(reply.outputs):
+            dtype = by_type[out.datatype]
+            np_dtype = torch.empty(0, dtype=dtype).numpy().dtype.newbyteorder("<")
+            raw = reply.raw_output_contents[i]
+            got[out.name] = torch.from_numpy(np.frombuffer(raw, dtype=np_dtype).copy()).reshape(
+                tuple(out.shape)
+            )
+        return got
+
+
+def _grpc_credentials(server: Server) -> Any:
+    import grpc
+
+    ca = Path(server.ca_file).read_bytes() if server.ca_file else None
+    return grpc.ssl_channel_credentials(root_certificates=ca)
+
+
+class _NoArtifact:
+    sha256 = ""
+
+
+_NONE = _NoArtifact()
+
+
+def kserve_backends(model: str, manifest: Manifest, run_dir: Path | None) -> list[KServeBackend]:
+    """REST and gRPC backends for every model the KServe runtime in `run_dir` serves
+    from this export. ServeError when there is no such runtime or it serves none."""
+    server = Server.load(Path(run_dir or default_run_dir()))
+    if server.runtime != KSERVE:
+        raise ServeError(
+            f"The server recorded in {server.run_dir} is TorchServe, not the KServe runtime; "
+            "start one with `pipeline serve --runtime kserve`."
+        )
+    if not server.alive():
+        raise ServeError(
+            f"The KServe runtime recorded in {server.run_dir} is not running; start it with "
+            "`pipeline serve --runtime kserve`."
+        )
+    config = RuntimeConfig.read(Path(server.run_dir) / CONFIG_FILE)
+    served = [
+        m
+        for m in config.models
+        if read_manifest(Path(m.export_dir)).model.name == manifest.model.name
+    ]
+    stale = [
+        m.name
+        for m in served
+        if read_manifest(Path(m.export_dir)).artifacts[m.format].sha256
+        != manifest.artifacts.get(m.format, _NONE).sha256
+    ]
+    if stale:
+        raise ServeError(
+            f"The KServe runtime serves {', '.join(stale)} from another export of {model} than "
+            "this one (the artifact's sha256 differs): restart it with `pipeline stop && "
+            f"pipeline serve --runtime kserve --model {model}`."
+        )
+    if not served:
+        raise ServeError(
+            f"The KServe runtime in {server.run_dir} does not serve {model}; restart it with "
+            f"`pipeline serve --runtime kserve --model {model}`."
+        )
+    return [
+        KServeBackend(server, m.name, m.format, manifest, transport)
+        for m in served
+        for transport in ("rest", "grpc")
+    ]
