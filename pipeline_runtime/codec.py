@@ -72,6 +72,7 @@ _V2_DATATYPES = {
     "BOOL": "bool",
 }
 _V2_NAMES = {v: k for k, v in _V2_DATATYPES.items()}
+V2_DATATYPES, V2_NAMES = _V2_DATATYPES, _V2_NAMES  # public, for Open Inference Protocol clients
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,22 @@ class ServedPoint:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def of(
+        cls, latencies_ms: list[float], failed: int, elapsed_s: float, **point: Any
+    ) -> ServedPoint:
+        """A point from one level's latencies: percentiles and answered requests per second."""
+        arr = np.asarray(latencies_ms)
+        return cls(
+            requests=len(arr),
+            failed=failed,
+            median_ms=float(np.percentile(arr, 50)),
+            p90_ms=float(np.percentile(arr, 90)),
+            p99_ms=float(np.percentile(arr, 99)),
+            throughput=(len(arr) - failed) / elapsed_s,
+            **point,
+        )
+
 
 async def _load(
     server: Server,
@@ -217,19 +233,15 @@ def _sequential_pair(
             conn.close()
     points = []
     for key in paths:
-        arr = np.asarray(lat[key])
         points.append(
-            ServedPoint(
+            ServedPoint.of(
+                lat[key],
+                failed[key],
+                float(np.sum(lat[key])) / 1e3,  # sequential: the requests' own time
                 model=model,
                 backend=f"{key}/{fmt}",
                 batching=batching,
                 concurrency=1,
-                requests=len(arr),
-                failed=failed[key],
-                median_ms=float(np.percentile(arr, 50)),
-                p90_ms=float(np.percentile(arr, 90)),
-                p99_ms=float(np.percentile(arr, 99)),
-                throughput=(len(arr) - failed[key]) / (arr.sum() / 1e3),
                 first_request_ms=first_ms if key != DIRECT else None,
             )
         )
@@ -255,18 +267,14 @@ def _measure(
     lat, failed, elapsed = asyncio.run(
         _load(server, name, body, level, requests, timeout, budget_s)
     )
-    arr = np.asarray(lat)
-    return ServedPoint(
+    return ServedPoint.of(
+        lat,
+        failed,
+        elapsed,
         model=model,
         backend=backend,
         batching=batching,
         concurrency=level,
-        requests=len(lat),
-        failed=failed,
-        median_ms=float(np.percentile(arr, 50)),
-        p90_ms=float(np.percentile(arr, 90)),
-        p99_ms=float(np.percentile(arr, 99)),
-        throughput=(len(lat) - failed) / elapsed,
         first_request_ms=first_ms,
     )
 

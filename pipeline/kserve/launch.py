@@ -38,6 +38,7 @@ from pipeline.serving.server import (
     Server,
     stop,
 )
+from pipeline.serving.torchserve import port_free
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +79,6 @@ def write_token(run_dir: Path) -> Path:
     return target
 
 
-def _port_free(host: str, port: int) -> bool:
-    from pipeline.serving.torchserve import _port_free as free
-
-    return free(host, port)
-
-
 def start(config: RuntimeConfig, run_dir: Path, startup_timeout_s: float = 180.0) -> Server:
     """Start the runtime serving `config.models`; return once /v2/health/ready is 200."""
     run_dir = Path(run_dir).resolve()
@@ -107,7 +102,7 @@ def start(config: RuntimeConfig, run_dir: Path, startup_timeout_s: float = 180.0
             )
         (run_dir / SERVER_FILE).unlink()
     for port in (config.http_port, config.grpc_port):
-        if not _port_free(config.host, port):
+        if not port_free(config.host, port):
             raise ServeError(
                 f"Port {port} on {config.host} is in use; pick others with --port/--grpc-port."
             )

@@ -25,19 +25,13 @@ from pipeline.kserve.config import CONFIG_FILE, RuntimeConfig
 from pipeline.serving import client
 from pipeline.serving.server import ServeError, Server, default_run_dir
 from pipeline.verify.backends import KSERVE
+from pipeline_runtime.codec import V2_DATATYPES, V2_NAMES
 from pipeline_runtime.manifest import Manifest
 
-# Open Inference Protocol datatypes of the dtypes exports use.
-DATATYPES = {
-    torch.float32: "FP32",
-    torch.float64: "FP64",
-    torch.float16: "FP16",
-    torch.int64: "INT64",
-    torch.int32: "INT32",
-    torch.int8: "INT8",
-    torch.uint8: "UINT8",
-    torch.bool: "BOOL",
-}
+
+def _datatype(t: torch.Tensor) -> str:
+    """The Open Inference Protocol datatype of a tensor (the handlers' codec's table)."""
+    return V2_NAMES[str(t.dtype).removeprefix("torch.")]
 
 
 @contextlib.contextmanager
@@ -86,7 +80,7 @@ class KServeBackend:
                 {
                     "name": name,
                     "shape": list(t.shape),
-                    "datatype": DATATYPES[t.dtype],
+                    "datatype": _datatype(t),
                     "data": t.reshape(-1).tolist(),
                 }
                 for name, t in inputs.items()
@@ -108,7 +102,7 @@ class KServeBackend:
         pb, pb_grpc = grpc_stubs()
         request = pb.ModelInferRequest(model_name=self.served_name)
         for name, t in inputs.items():
-            request.inputs.add(name=name, datatype=DATATYPES[t.dtype], shape=list(t.shape))
+            request.inputs.add(name=name, datatype=_datatype(t), shape=list(t.shape))
             arr = t.contiguous().numpy()
             request.raw_input_contents.append(arr.astype(arr.dtype.newbyteorder("<")).tobytes())
         channel = (
@@ -120,11 +114,9 @@ class KServeBackend:
             reply = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
                 request, metadata=(("authorization", f"Bearer {self.token}"),), timeout=120
             )
-        by_type = {v: k for k, v in DATATYPES.items()}
         got = {}
         for i, out in enumerate(reply.outputs):
-            dtype = by_type[out.datatype]
-            np_dtype = torch.empty(0, dtype=dtype).numpy().dtype.newbyteorder("<")
+            np_dtype = np.dtype(V2_DATATYPES[out.datatype]).newbyteorder("<")
             raw = reply.raw_output_contents[i]
             got[out.name] = torch.from_numpy(np.frombuffer(raw, dtype=np_dtype).copy()).reshape(
                 tuple(out.shape)
@@ -137,13 +129,6 @@ def _grpc_credentials(server: Server) -> Any:
 
     ca = Path(server.ca_file).read_bytes() if server.ca_file else None
     return grpc.ssl_channel_credentials(root_certificates=ca)
-
-
-class _NoArtifact:
-    sha256 = ""
-
-
-_NONE = _NoArtifact()
 
 
 def kserve_backends(model: str, manifest: Manifest, run_dir: Path | None) -> list[KServeBackend]:
@@ -161,16 +146,14 @@ def kserve_backends(model: str, manifest: Manifest, run_dir: Path | None) -> lis
             "`pipeline serve --runtime kserve`."
         )
     config = RuntimeConfig.read(Path(server.run_dir) / CONFIG_FILE)
-    served = [
-        m
-        for m in config.models
-        if read_manifest(Path(m.export_dir)).model.name == manifest.model.name
-    ]
+    exports = [(m, read_manifest(Path(m.export_dir))) for m in config.models]
+    served = [m for m, theirs in exports if theirs.model.name == manifest.model.name]
+    mine = manifest.artifacts
     stale = [
         m.name
-        for m in served
-        if read_manifest(Path(m.export_dir)).artifacts[m.format].sha256
-        != manifest.artifacts.get(m.format, _NONE).sha256
+        for m, theirs in exports
+        if m in served
+        and (m.format not in mine or theirs.artifacts[m.format].sha256 != mine[m.format].sha256)
     ]
     if stale:
         raise ServeError(

@@ -60,6 +60,7 @@ __all__ = [
     "Server",
     "default_run_dir",
     "free_port",
+    "port_free",
     "preferred_archives",
     "private_config",
     "start",
@@ -110,7 +111,7 @@ class ServeConfig:
     extra_properties: dict[str, str] = field(default_factory=dict)
 
 
-def _port_free(host: str, port: int) -> bool:
+def port_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         try:
             s.bind((host, port))
@@ -246,7 +247,7 @@ def start(config: ServeConfig) -> Server:
         ("127.0.0.1", config.management_port),
         ("127.0.0.1", config.metrics_port),
     ):
-        if not _port_free(host, port):
+        if not port_free(host, port):
             raise ServeError(
                 f"Port {port} on {config.host} is in use; pick others with --port/--management-port/--metrics-port."
             )
