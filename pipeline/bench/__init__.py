@@ -62,6 +62,9 @@ class BenchConfig:
     # formats × two batching settings × three levels: a third of `make bench`.
     served_level_budget_s: float = 4.0
     cpp: bool = True
+    # The KServe runtime (`pipeline serve --runtime kserve`) beside TorchServe, on the
+    # same exports and levels.
+    kserve: bool = True
     out_dir: Path | None = None  # default: <artifacts>/bench
     artifacts_root: Path | None = None
     # Per model and batch size, in-process. Only resnet18 reaches it (seven backends
@@ -268,7 +271,21 @@ def run_bench(config: BenchConfig) -> BenchResult:
             )
             served += [p.to_json() for p in points]
             skipped += left_out
-            phase_done(f"{model} served")
+            phase_done(f"{model} served by TorchServe")
+            if config.kserve:
+                from pipeline.bench.kserve import bench_kserve
+
+                log.info("%s: the KServe runtime, concurrency %s", model, config.concurrencies)
+                points, left_out = bench_kserve(
+                    model,
+                    config.export_dir(model),
+                    concurrencies=config.concurrencies,
+                    requests_per_level=config.served_requests,
+                    level_budget_s=config.served_level_budget_s,
+                )
+                served += [p.to_json() for p in points]
+                skipped += left_out
+                phase_done(f"{model} served by the KServe runtime")
 
     # Measured again at the end; the better of the two is the machine's peak (a
     # busy moment can only lower it), and the in-process fractions are rescaled.

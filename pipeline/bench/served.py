@@ -20,36 +20,24 @@ left out of that server's measurements and reported as skipped, with why.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import http.client
 import logging
-import ssl
 import tempfile
-import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 import psutil
-import torch
 
+from pipeline.bench.load import ServedPoint, check_answer, measure, sequential
 from pipeline.bench.targets import DIRECT
-from pipeline.core.compare import compare_outputs
 from pipeline.core.errors import PipelineError
 from pipeline.export.opened import open_export
-from pipeline.serving import client
+from pipeline.serving import wire
 from pipeline.serving.archive import ArchiveConfig, archive
 from pipeline.serving.torchserve import Server, private_config, start, stop
 
 log = logging.getLogger(__name__)
-
-# Warm-up per format and level: one request per client opens its connection and
-# fills the worker's batch path; two per client (64 resnet18 requests at 32
-# clients) took 3 s a level and a minute of `make bench` for no change in p50.
-WARMUP_BUDGET_S = 1.5
 
 # Batching setting → (batch size, max batch delay in ms) of the archives measured.
 BATCHING: dict[str, tuple[int, int]] = {
@@ -57,101 +45,6 @@ BATCHING: dict[str, tuple[int, int]] = {
     "on": (ArchiveConfig.batch_size, ArchiveConfig.max_batch_delay_ms),
     "old": (8, 10),
 }
-
-
-@dataclass
-class ServedPoint:
-    model: str
-    backend: str  # torchserve/<format>, or torchserve-direct/<format> (no gateway)
-    batching: str  # a key of BATCHING
-    concurrency: int
-    requests: int
-    failed: int
-    median_ms: float
-    p90_ms: float
-    p99_ms: float
-    throughput: float  # answered requests per second (one sample each)
-    # On the concurrency-1 point: the first request after the model was READY
-    # (handlers warm up in initialize, so it should cost about a steady one).
-    first_request_ms: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def of(
-        cls, latencies_ms: list[float], failed: int, elapsed_s: float, **point: Any
-    ) -> ServedPoint:
-        """A point from one level's latencies: percentiles and answered requests per second."""
-        arr = np.asarray(latencies_ms)
-        return cls(
-            requests=len(arr),
-            failed=failed,
-            median_ms=float(np.percentile(arr, 50)),
-            p90_ms=float(np.percentile(arr, 90)),
-            p99_ms=float(np.percentile(arr, 99)),
-            throughput=(len(arr) - failed) / elapsed_s,
-            **point,
-        )
-
-
-async def _load(
-    server: Server,
-    name: str,
-    body: bytes,
-    concurrency: int,
-    requests: int,
-    timeout: float,
-    budget_s: float | None = None,
-) -> tuple[list[float], int, float]:
-    """`requests` requests from `concurrency` clients; no new ones after `budget_s`."""
-    latencies: list[float] = []
-    failed = 0
-    left = requests
-    async with client.AsyncClient(server, concurrency=concurrency, timeout=timeout) as http:
-
-        async def lane() -> None:
-            nonlocal left, failed
-            while left > 0 and (deadline is None or time.perf_counter() < deadline):
-                left -= 1
-                t0 = time.perf_counter()
-                answer = await http.send(name, body, "application/octet-stream")
-                latencies.append((time.perf_counter() - t0) * 1e3)
-                failed += not answer.ok
-
-        start_t = time.perf_counter()
-        deadline = start_t + budget_s if budget_s else None
-        await asyncio.gather(*(lane() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - start_t
-    return latencies, failed, elapsed
-
-
-def _check_answer(
-    server: Server, name: str, body: bytes, expected: dict[str, torch.Tensor]
-) -> float:
-    """The first request after READY: checked against eager; returns its latency (ms).
-
-    The client is built before the clock starts (building one costs more than
-    a request), so the figure is the server's first-request cost.
-    """
-    with client.Client(server, timeout=120, retries=0) as http:
-        t0 = time.perf_counter()
-        answer = http.send(name, body, "application/octet-stream")
-        elapsed_ms = (time.perf_counter() - t0) * 1e3
-    if not answer.ok:
-        raise PipelineError(f"{name}: {answer.problem}")
-    got = answer.response.json()["outputs"]
-    mismatch = compare_outputs(
-        list(expected.values()),
-        [torch.tensor(got[n]).reshape(e.shape).to(e.dtype) for n, e in expected.items()],
-        atol=1e-3,
-        rtol=1e-3,
-    )
-    if mismatch:
-        raise PipelineError(
-            f"{name} answered outside tolerance ({mismatch}); not benchmarking a wrong server."
-        )
-    return elapsed_ms
 
 
 def _direct(server: Server) -> Server:
@@ -163,120 +56,27 @@ def _direct(server: Server) -> Server:
     return dataclasses.replace(server, inference_url=server.backend_url, ca_file=None)
 
 
-def _one_connection(server: Server, timeout: float) -> http.client.HTTPConnection:
-    url = urlsplit(server.inference_url)
-    if url.scheme == "https":
-        ctx = client.tls_context(server)
-        return http.client.HTTPSConnection(
-            url.hostname or "127.0.0.1",
-            url.port,
-            timeout=timeout,
-            context=ctx if isinstance(ctx, ssl.SSLContext) else None,
-        )
-    return http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=timeout)
-
-
 def _sequential_pair(
-    server: Server,
-    name: str,
-    body: bytes,
-    requests: int,
-    budget_s: float,
-    *,
-    model: str,
-    fmt: str,
-    batching: str,
-    first_ms: float,
+    server: Server, name: str, body: wire.Body, requests: int, budget_s: float, **point: Any
 ) -> list[ServedPoint]:
-    """Concurrency 1 through the gateway and on TorchServe's own port, request by request.
-
-    The client is the leanest there is (one kept-alive `http.client`
-    connection each): at concurrency 1 the async client the other levels use
-    cost about 1.5 ms a request here, more than the gateway itself, and would
-    hide what is measured. Alternating the two paths request by request puts
-    them under the same noise, so their difference is the gateway's cost.
-    """
-    paths = {"torchserve": server, DIRECT: _direct(server)}
-    conns = {k: _one_connection(s, timeout=120) for k, s in paths.items()}
-    token = server.keys()["inference"]
-    headers = {"Content-Type": "application/octet-stream"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    lat: dict[str, list[float]] = {k: [] for k in paths}
-    failed = dict.fromkeys(paths, 0)
-    # Warm-up: at least 10 pairs and WARMUP_BUDGET_S. The gateway's cost fell from
-    # about 0.8 to 0.55 ms over the first few hundred pairs here.
-    warm_until = time.perf_counter() + WARMUP_BUDGET_S
-    pairs, measured, deadline = 0, False, 0.0
-    try:
-        while True:
-            if not measured and pairs >= 10 and time.perf_counter() > warm_until:
-                measured, pairs, deadline = True, 0, time.perf_counter() + budget_s
-            if measured and (pairs >= requests or time.perf_counter() > deadline):
-                break
-            pairs += 1
-            for key, conn in conns.items():
-                t0 = time.perf_counter()
-                try:
-                    conn.request("POST", f"/predictions/{name}", body=body, headers=headers)
-                    resp = conn.getresponse()
-                    resp.read()
-                    ok = resp.status == 200
-                except (OSError, http.client.HTTPException):
-                    conn.close()  # reconnects on the next request
-                    ok = False
-                if measured:
-                    lat[key].append((time.perf_counter() - t0) * 1e3)
-                    failed[key] += not ok
-    finally:
-        for conn in conns.values():
-            conn.close()
-    points = []
-    for key in paths:
-        points.append(
-            ServedPoint.of(
-                lat[key],
-                failed[key],
-                float(np.sum(lat[key])) / 1e3,  # sequential: the requests' own time
-                model=model,
-                backend=f"{key}/{fmt}",
-                batching=batching,
-                concurrency=1,
-                first_request_ms=first_ms if key != DIRECT else None,
-            )
+    """Concurrency 1 through the gateway and on TorchServe's own port, alternately, so the
+    difference of the two is the gateway's cost."""
+    first_ms, fmt = point.pop("first_ms"), point.pop("fmt")
+    got = sequential(
+        {"torchserve": (server, name), DIRECT: (_direct(server), name)}, body, requests, budget_s
+    )
+    return [
+        ServedPoint.of(
+            lat,
+            failed,
+            float(np.sum(lat)) / 1e3,  # sequential: the requests' own time
+            backend=f"{key}/{fmt}",
+            concurrency=1,
+            first_request_ms=first_ms if key != DIRECT else None,
+            **point,
         )
-    return points
-
-
-def _measure(
-    server: Server,
-    name: str,
-    body: bytes,
-    level: int,
-    requests: int,
-    timeout: float,
-    budget_s: float,
-    *,
-    model: str,
-    backend: str,
-    batching: str,
-    first_ms: float | None,
-) -> ServedPoint:
-    """Warm up at this level (connections open, the worker's batch path hot), then measure."""
-    asyncio.run(_load(server, name, body, level, level, timeout, WARMUP_BUDGET_S))
-    lat, failed, elapsed = asyncio.run(
-        _load(server, name, body, level, requests, timeout, budget_s)
-    )
-    return ServedPoint.of(
-        lat,
-        failed,
-        elapsed,
-        model=model,
-        backend=backend,
-        batching=batching,
-        concurrency=level,
-        first_request_ms=first_ms,
-    )
+        for key, (lat, failed) in got.items()
+    ]
 
 
 def bench_served(
@@ -297,7 +97,8 @@ def bench_served(
     formats = tuple(f.key for f in exported.formats())  # every format it holds is measured
     inputs = exported.sample(1, seed=0)
     expected = exported.eager(inputs)
-    body = client.numpy_body(inputs)  # binary: JSON text would measure number parsing, not serving
+    # binary: JSON text would measure number parsing, not serving
+    body = wire.encode(wire.TORCHSERVE, inputs, binary=True)
     points: list[ServedPoint] = []
     skipped: list[dict[str, Any]] = []
     for mode in batching:
@@ -330,7 +131,7 @@ def bench_served(
                 first: dict[str, float] = {}
                 for fmt, name in names.items():
                     try:
-                        first[fmt] = _check_answer(server, name, body, expected)
+                        first[fmt] = check_answer(server, name, body, expected)
                     except (PipelineError, KeyError, ValueError) as err:
                         why = " ".join(str(err).split())[:200]
                         log.warning("%s (batching %s) is left out: %s", name, mode, why)
@@ -354,7 +155,7 @@ def bench_served(
                             )
                             continue
                         points.append(
-                            _measure(
+                            measure(
                                 server,
                                 names[fmt],
                                 body,
@@ -363,7 +164,6 @@ def bench_served(
                                 timeout,
                                 level_budget_s,
                                 backend=f"torchserve/{fmt}",
-                                first_ms=None,
                                 **common,
                             )
                         )

@@ -16,6 +16,8 @@ from pipeline.formats import base as registry
 from pipeline.verify.backends import cpp_backend_name
 
 RESNET = "torchvision:resnet18"
+DIGITS = "digits_lenet"
+KSERVE = "kserve"  # backend prefix of the KServe runtime's served points
 DIRECT = "torchserve-direct"  # backend prefix of served points on TorchServe's own port
 OPSET = re.compile(r"^(?P<base>.+) \(opset (?P<opset>\d+)\)$")  # "onnxruntime (opset 20)"
 
@@ -62,6 +64,7 @@ def targets(cells: list[dict], served: list[dict], peak: float) -> list[dict[str
         *_peak(cells, peak),
         *_serving_cost(cells, served),
         *_edges(served),
+        *_kserve(cells, served),
         *_opsets(cells),
         *_first_request(served),
         *_cpp(cells),
@@ -173,6 +176,50 @@ def _edges(served: list[dict]) -> list[dict[str, Any]]:
                         ratio,
                         f"{on8['throughput']:.0f} vs {old8['throughput']:.0f} requests/s",
                         ratio >= 1.0,
+                    )
+                )
+    return out
+
+
+def _kserve(cells: list[dict], served: list[dict]) -> list[dict[str, Any]]:
+    """The KServe runtime against TorchServe (same run, same exports, same clients) and,
+    for resnet18, against its own format in-process."""
+    out = []
+    for model in dict.fromkeys(s["model"] for s in served):
+        for fmt in registry.all_formats():
+            k1 = _served_at(served, model, fmt.key, 1, "on", KSERVE)
+            ts1 = _served_at(served, model, fmt.key, 1, "on")
+            if k1 and model == DIGITS:
+                versus = f"; TorchServe {ts1['median_ms']:.2f} ms" if ts1 else ""
+                out.append(
+                    _target(
+                        f"{model} kserve/{fmt.key}: p50 at concurrency 1 ≤ 2 ms",
+                        k1["median_ms"],
+                        f"{k1['median_ms']:.2f} ms{versus}",
+                        k1["median_ms"] <= 2.0,
+                    )
+                )
+            k8 = _served_at(served, model, fmt.key, 8, "on", KSERVE)
+            ts8 = _served_at(served, model, fmt.key, 8, "on")
+            if k8 and ts8:
+                ratio = k8["throughput"] / ts8["throughput"]
+                out.append(
+                    _target(
+                        f"{model} kserve/{fmt.key}: throughput at concurrency 8 ≥ 3× TorchServe's (archive defaults)",
+                        ratio,
+                        f"{k8['throughput']:.0f} vs {ts8['throughput']:.0f} requests/s",
+                        ratio >= 3.0,
+                    )
+                )
+            inproc = _cell(cells, model, fmt.backend, 1)
+            if k8 and inproc and model == RESNET:
+                ratio = k8["throughput"] / inproc["throughput"]
+                out.append(
+                    _target(
+                        f"{model} kserve/{fmt.key}: throughput at concurrency 8 ≥ 0.9× in-process {fmt.backend} (batch 1)",
+                        ratio,
+                        f"{k8['throughput']:.1f} vs {inproc['throughput']:.1f} samples/s",
+                        ratio >= 0.9,
                     )
                 )
     return out

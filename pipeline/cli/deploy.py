@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 from pathlib import Path
 
@@ -208,6 +209,13 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
         "loopback ports for this run (stopped afterwards); default: use the running server",
     )
     p.add_argument(
+        "--runtime",
+        choices=["torchserve", "kserve"],
+        default="torchserve",
+        help="with --serve: the private server's runtime (default: torchserve); without, the "
+        "running server's runtime is used",
+    )
+    p.add_argument(
         "--encodings",
         default="json",
         metavar="LIST",
@@ -233,7 +241,17 @@ def _cmd_loadtest(args: argparse.Namespace) -> int:
         kill_worker_after=args.kill_worker_after,
         encodings=tuple(e.strip() for e in args.encodings.split(",") if e.strip()),
     )
-    report = run_served(config, private=args.serve, say=lambda line: print(line, flush=True))
+    say = functools.partial(print, flush=True)
+    if args.serve and args.runtime == "kserve":
+        from dataclasses import replace
+
+        from pipeline.kserve.launch import private, served_export
+
+        say(f"starting a private KServe runtime for {args.model} ({args.format}) ...")
+        with private([served_export(config.export_dir, args.format)]) as server:
+            report = run_served(replace(config, run_dir=Path(server.run_dir)), say=say)
+    else:
+        report = run_served(config, private=args.serve, say=say)
     print(report.summary())
     print(to_markdown([report]))
     if args.json:

@@ -67,8 +67,9 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
         description="Interleaved rounds of eager, every format the export holds (TorchScript "
         "plain and frozen, ONNX Runtime, the .pt2 package when exported) and the C++ client on "
         "each format it runs, at each batch size, then TorchServe per format at each concurrency "
-        "with dynamic batching off, on (the archive defaults) and old (batch 8, 10 ms), and "
-        "TorchServe's own port beside the gateway at concurrency 1. Writes "
+        "with dynamic batching off, on (the archive defaults) and old (batch 8, 10 ms), "
+        "TorchServe's own port beside the gateway at concurrency 1, and the KServe runtime "
+        "(Open Inference Protocol) on the same exports and levels. Writes "
         "<artifacts>/bench/bench.json, bench.md, "
         "latency.png and throughput.png, and fastest.json: each model's fastest verified backend "
         "and its format, which `pipeline archive` reads. Exports are never modified.",
@@ -108,6 +109,9 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--no-cpp", action="store_true", help="leave the C++ client out")
     p.add_argument(
+        "--no-kserve", action="store_true", help="leave the KServe runtime out (TorchServe only)"
+    )
+    p.add_argument(
         "--quick", action="store_true", help="digits only, few runs: checks the output, not speed"
     )
     p.add_argument("--out-dir", type=Path, help="default: <artifacts>/bench")
@@ -128,6 +132,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         overrides["threads"] = args.threads
     if args.no_cpp:
         overrides["cpp"] = False
+    if args.no_kserve:
+        overrides["kserve"] = False
     if args.quick:
         config = BenchConfig.quick(**overrides)
     else:

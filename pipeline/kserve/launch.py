@@ -13,6 +13,7 @@ Nothing here imports kserve (it parses sys.argv on import).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -21,9 +22,12 @@ import secrets
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -31,6 +35,7 @@ import psutil
 from pipeline.core.manifest import read_manifest
 from pipeline.formats import base as registry
 from pipeline.kserve.config import CONFIG_FILE, RuntimeConfig, ServedExport
+from pipeline.serving.archive import ArchiveInfo
 from pipeline.serving.server import (
     INFERENCE_KEY_FILE,
     SERVER_FILE,
@@ -38,11 +43,11 @@ from pipeline.serving.server import (
     Server,
     stop,
 )
-from pipeline.serving.torchserve import port_free
+from pipeline.serving.torchserve import free_port, port_free
 
 log = logging.getLogger(__name__)
 
-__all__ = ["served_export", "start", "stop", "write_token"]
+__all__ = ["private", "served_export", "start", "stop", "write_token"]
 
 
 def served_export(
@@ -143,6 +148,7 @@ def start(config: RuntimeConfig, run_dir: Path, startup_timeout_s: float = 180.0
     host = f"[{config.host}]" if ":" in config.host else config.host
     url = f"{scheme}://{host}:{config.http_port}"
     server = Server(
+        archives=_archives(config),
         pid=proc.pid,
         run_dir=str(run_dir),
         inference_url=url,
@@ -161,6 +167,32 @@ def start(config: RuntimeConfig, run_dir: Path, startup_timeout_s: float = 180.0
         stop(run_dir)
         raise
     return server
+
+
+@contextlib.contextmanager
+def private(exports: list[ServedExport], **settings: Any) -> Iterator[Server]:
+    """A runtime of its own serving `exports` on free loopback ports from a temporary run
+    folder, stopped on exit (loadtest --serve, bench). `settings` are RuntimeConfig's."""
+    with tempfile.TemporaryDirectory(prefix="kserve-") as tmp:
+        config = RuntimeConfig(
+            models=exports, http_port=free_port(), grpc_port=free_port(), **settings
+        )
+        run_dir = Path(tmp) / "run"
+        server = start(config, run_dir)
+        try:
+            yield server
+        finally:
+            stop(run_dir)
+
+
+def _archives(config: RuntimeConfig) -> dict[str, ArchiveInfo]:
+    """What each served name holds, as TorchServe's archives record it (`archive.json`), so
+    infer, loadtest and bench find a model's served name by model and format."""
+    out = {}
+    for m in config.models:
+        manifest = read_manifest(Path(m.export_dir))
+        out[m.name] = ArchiveInfo(manifest.model.name, m.format, manifest.artifact(m.format).sha256)
+    return out
 
 
 def _wait_ready(server: Server, proc: subprocess.Popen, out: Path, timeout_s: float) -> None:

@@ -16,13 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import torch
 
 from pipeline.core.manifest import read_manifest
 from pipeline.kserve.config import CONFIG_FILE, RuntimeConfig
-from pipeline.serving import client
+from pipeline.serving import client, wire
 from pipeline.serving.server import ServeError, Server, default_run_dir
 from pipeline.verify.backends import KSERVE
 from pipeline_runtime.codec import V2_DATATYPES, V2_NAMES
@@ -75,26 +74,17 @@ class KServeBackend:
         }
 
     def _rest(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        body = {
-            "inputs": [
-                {
-                    "name": name,
-                    "shape": list(t.shape),
-                    "datatype": _datatype(t),
-                    "data": t.reshape(-1).tolist(),
-                }
-                for name, t in inputs.items()
-            ]
-        }
-        url = f"{self.server.inference_url}/v2/models/{self.served_name}/infer"
-        with httpx.Client(timeout=120, verify=client.tls_context(self.server)) as http:
-            resp = http.post(url, json=body, headers={"Authorization": f"Bearer {self.token}"})
+        resp = client.post(
+            self.server,
+            self.served_name,
+            wire.oip_json(inputs),
+            token=self.token,
+            timeout=120,
+            retries=0,
+        )
         if resp.status_code != 200:
             raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
-        return {
-            out["name"]: torch.tensor(out["data"]).reshape(out["shape"])
-            for out in resp.json()["outputs"]
-        }
+        return wire.answer_outputs(resp)
 
     def _grpc(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         import grpc

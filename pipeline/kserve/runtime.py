@@ -275,6 +275,7 @@ def serve(config: RuntimeConfig) -> None:
         enable_grpc=True,
         enable_docs_url=False,
         grace_period=GRACE_S,
+        enable_latency_logging=False,
         ssl_certfile=config.tls_cert,
         ssl_keyfile=config.tls_key,
     )

@@ -15,7 +15,9 @@ warm-up and once at the end.
 
 `run_served()` is the whole `pipeline loadtest` workflow: against the running
 server, or against a private one (archive into a temporary store, start on
-free loopback ports, run, stop).
+free loopback ports, run, stop). Against the KServe runtime the same run
+sends Open Inference Protocol bodies (`pipeline.serving.wire`) and reads the
+runtime's one process for memory; a private one is `pipeline.kserve.launch.private`.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from pipeline.core.compare import compare_tensor
 from pipeline.core.errors import PipelineError
 from pipeline.core.manifest import read_manifest
 from pipeline.export.opened import ExportedModel, open_export
-from pipeline.serving import client
+from pipeline.serving import client, wire
 from pipeline.serving.archive import ArchiveConfig, archive
 from pipeline.serving.server import Server, default_run_dir, stop
 from pipeline.serving.torchserve import private_config, start
@@ -153,7 +155,10 @@ class LoadReport:
 
 
 def worker_pids(server: Server, archive: str) -> list[int]:
-    """The pids of `archive`'s workers that TorchServe reports READY."""
+    """The pids of `archive`'s workers that TorchServe reports READY; the KServe runtime's
+    one process (every model it serves runs there)."""
+    if server.runtime == wire.KSERVE:
+        return [server.pid] if server.alive() else []
     workers = client.workers(server, archive)
     if workers is None:
         raise LoadTestError(f"The server does not serve {archive}.")
@@ -177,15 +182,17 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def _inputs_pool(
-    config: LoadConfig, exported: ExportedModel
-) -> tuple[list[tuple[bytes, str]], list[dict[str, torch.Tensor]]]:
-    """`pool` (body, Content-Type) pairs with the eager outputs each must get back."""
+    config: LoadConfig, exported: ExportedModel, runtime: str
+) -> tuple[list[wire.Body], list[dict[str, torch.Tensor]]]:
+    """`pool` bodies in `runtime`'s protocol with the eager outputs each must get back."""
     bodies, expected = [], []
     for i in range(config.pool):
         inputs = exported.sample(1, seed=config.seed + i)
         kind, content_type = ENCODINGS[config.encodings[i % len(config.encodings)]]
-        body = client.tensors_body(inputs) if kind == "json" else client.numpy_body(inputs)
-        bodies.append((body, content_type))
+        body = wire.encode(runtime, inputs, binary=kind == "npy")
+        if runtime != wire.KSERVE:  # TorchServe's gateway also reads bodies sent untyped
+            body = wire.Body(body.content, {"Content-Type": content_type} if content_type else {})
+        bodies.append(body)
         expected.append(exported.eager(inputs))
     return bodies, expected
 
@@ -208,7 +215,7 @@ async def _watch_recovery(
 
 async def _run(config: LoadConfig, server: Server, archive: str, report: LoadReport) -> None:
     exported = open_export(config.export_dir)
-    bodies, expected = _inputs_pool(config, exported)
+    bodies, expected = _inputs_pool(config, exported, server.runtime)
     tolerance, outputs = exported.manifest.tolerance, exported.manifest.outputs
     latencies: list[float] = []
     next_index = 0
@@ -218,7 +225,8 @@ async def _run(config: LoadConfig, server: Server, archive: str, report: LoadRep
         nonlocal recovery
         k = i % len(bodies)
         t0 = time.perf_counter()
-        answer = await http.send(archive, *bodies[k])
+        body = bodies[k]
+        answer = await http.send(archive, body.content, body.content_type, body.headers)
         latencies.append((time.perf_counter() - t0) * 1e3)
         report.retried += answer.retries
         if not answer.ok:
@@ -230,11 +238,11 @@ async def _run(config: LoadConfig, server: Server, archive: str, report: LoadRep
             return
         report.answered += 1
         try:
-            got = answer.response.json()["outputs"]
+            got = wire.answer_outputs(answer.response)
             ok = all(
                 compare_tensor(
                     expected[k][o.name],
-                    torch.tensor(got[o.name], dtype=getattr(torch, o.dtype)),
+                    got[o.name].to(getattr(torch, o.dtype)),
                     tolerance.atol,
                     tolerance.rtol,
                 ).passed
@@ -306,6 +314,18 @@ def run(config: LoadConfig) -> LoadReport:
         raise LoadTestError(
             f"The server does not serve {config.archive}; it serves {', '.join(server.models)}."
         )
+    if server.runtime == wire.KSERVE:
+        if config.kill_worker_after is not None:
+            raise LoadTestError(
+                "--kill-worker-after is for TorchServe, which restarts a killed worker; the "
+                "KServe runtime is one process (in a cluster, Kubernetes restarts its pod)."
+            )
+        binary_only = [e for e in config.encodings if e not in ("json", "npy")]
+        if binary_only:
+            raise LoadTestError(
+                f"The KServe runtime speaks the Open Inference Protocol: encodings json (OIP "
+                f"JSON) and npy (its binary extension), not {', '.join(binary_only)}."
+            )
     name = config.archive or client.resolve_model(
         server, read_manifest(config.export_dir).model.name, config.format
     )

@@ -46,7 +46,8 @@ def test_quick_bench_writes_json_table_charts_and_the_fastest_backend(
     assert set(data["phase_seconds"]) == {
         "setup (C++ client, matmul peak)",
         "digits_lenet in-process (verify + every batch size)",
-        "digits_lenet served",
+        "digits_lenet served by TorchServe",
+        "digits_lenet served by the KServe runtime",
     } | (twins if data["threads"] > 1 else set())
     assert sum(data["phase_seconds"].values()) <= data["duration_s"] + 0.5
 
@@ -84,8 +85,17 @@ def test_quick_bench_writes_json_table_charts_and_the_fastest_backend(
     formats = ("torchscript", "onnx", "pt2")
     assert {(p["backend"], p["concurrency"]) for p in served} == {
         (f"torchserve/{f}", c) for f in formats for c in (1, 8)
-    } | {(f"torchserve-direct/{f}", 1) for f in formats}  # the gateway's cost: without it
+    } | {(f"torchserve-direct/{f}", 1) for f in formats} | {  # the gateway's cost: without it
+        (f"kserve/{f}", c)
+        for f in formats
+        for c in (1, 8)  # the second runtime, same levels
+    }
     assert all(p["failed"] == 0 and p["throughput"] > 0 for p in served)
+    # Both runtimes' targets are computed from the same run: one per format each.
+    named = [t["target"] for t in data["targets"]]
+    for f in formats:
+        assert sum(f"digits_lenet kserve/{f}: p50 at concurrency 1" in t for t in named) == 1
+        assert sum(f"digits_lenet kserve/{f}: throughput at concurrency 8" in t for t in named) == 1
 
     table = result.markdown_path.read_text()
     assert "| backend | batch |" in table and "torchserve/onnx" in table and "× eager" in table

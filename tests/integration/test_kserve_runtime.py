@@ -436,3 +436,55 @@ def test_verify_checks_the_runtime_over_rest_and_grpc(
     )  # fmt: skip
     assert missing.returncode != 0 and "Traceback" not in missing.stderr
     assert "pipeline serve" in missing.stdout + missing.stderr
+
+
+def test_infer_sends_request_files_in_the_open_inference_protocol(
+    server: Server, exported: ExportResult, tmp_path: Path
+) -> None:
+    """`pipeline infer` against the runtime: .npy, the handlers' JSON and a torch.save'd .pt
+    all go out as OIP requests (datatypes from the model's metadata) and answer like eager;
+    an image, which the protocol cannot carry, is refused with advice, not a traceback."""
+    opened = open_export(exported.out_dir)
+    x = opened.sample(1, seed=3)["image"]
+    expected = opened.eager({"image": x})["logits"]
+    np.save(tmp_path / "digit.npy", x.numpy())
+    (tmp_path / "digit.json").write_text(json.dumps({"inputs": x.double().tolist()}))
+    torch.save({"image": x}, tmp_path / "digit.pt")
+    run_dir = Path(server.run_dir)
+    for name in ("digit.npy", "digit.json", "digit.pt"):
+        proc = run_cli("infer", "--model", DIGITS, tmp_path / name, "--run-dir", run_dir)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        answer = json.loads(proc.stdout)
+        assert answer["model_name"] == DIGITS  # a served name is taken as given
+        _check(answer, expected, opened.manifest)
+    (tmp_path / "digit.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 32)
+    image = run_cli("infer", "--model", DIGITS, tmp_path / "digit.png", "--run-dir", run_dir)
+    assert image.returncode != 0 and "Traceback" not in image.stderr
+    assert "not images" in image.stdout + image.stderr
+
+
+def test_loadtest_checks_every_answer_against_eager(
+    server: Server, exported: ExportResult, tmp_path: Path
+) -> None:
+    """`pipeline loadtest` against the runtime: OIP JSON and binary bodies in turn, every
+    answer compared with eager, memory read from the runtime's process."""
+    report_path = tmp_path / "load.json"
+    proc = run_cli(
+        "loadtest", "--model", DIGITS, "--export-dir", exported.out_dir, "--format", "onnx",
+        "--requests", "300", "--concurrency", "8", "--encodings", "json,npy",
+        "--run-dir", server.run_dir, "--json", report_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (report,) = json.loads(report_path.read_text())["runs"]
+    assert report["archive"] == DIGITS  # the ONNX model, found by model and format
+    assert report["passed"] and report["answered"] == 300 and report["wrong"] == 0
+    assert report["worker_pids_before"] == [server.pid]
+    assert report["worker_rss_mb_before"] > 50
+    # What only TorchServe has is refused up front, with the reason.
+    for extra in (["--kill-worker-after", "10"], ["--encodings", "json-form"]):
+        refused = run_cli(
+            "loadtest", "--model", DIGITS, "--export-dir", exported.out_dir,
+            "--requests", "20", "--run-dir", server.run_dir, *extra,
+        )  # fmt: skip
+        assert refused.returncode != 0 and "Traceback" not in refused.stderr
+        assert "KServe runtime" in refused.stdout + refused.stderr

@@ -1,0 +1,184 @@
+"""The KServe runtime beside TorchServe: the same exports, clients and levels.
+
+One private runtime (`pipeline.kserve.launch.private`, free loopback ports)
+serves every format a model's export holds, each under its own name, with
+the runtime's defaults as `pipeline serve --runtime kserve` starts it: batch
+up to 8 requests already queued (no waiting), one forward pass at a time
+per model with one intra-op thread per physical core. Bodies are the Open
+Inference Protocol's binary extension (TorchServe gets `.npy`: neither
+parses numbers). Concurrency 1 alternates the formats request by request
+over one kept-alive connection each, as TorchServe's gateway and own port
+are; higher levels use the same async client as TorchServe's. Points are
+`kserve/<format>` with batching "on".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+from pipeline.bench.load import ServedPoint, check_answer, measure, sequential
+from pipeline.core.errors import PipelineError
+from pipeline.export.opened import open_export
+from pipeline.kserve.config import ServedExport
+from pipeline.kserve.launch import private, served_export
+from pipeline.serving import wire
+from pipeline.serving.server import ServeError, Server
+
+log = logging.getLogger(__name__)
+
+BACKEND = "kserve"  # points are kserve/<format>
+BATCHING = "on"  # the runtime's defaults: up to 8 queued requests, no waiting
+
+
+def default_threads() -> int:
+    """Intra-op threads of the runtime's forward passes: one per physical core (it runs one
+    pass at a time per model, where TorchServe runs a single-threaded worker per core)."""
+    return psutil.cpu_count(logical=False) or 1
+
+
+def bench_kserve(
+    model: str,
+    export_dir: Path,
+    *,
+    concurrencies: tuple[int, ...] = (1, 8, 32),
+    requests_per_level: int = 200,
+    timeout: float = 120.0,
+    level_budget_s: float = 20.0,
+    threads: int | None = None,
+) -> tuple[list[ServedPoint], list[dict[str, Any]]]:
+    """Serve every format of `model` from one KServe runtime and measure each level.
+
+    Returns the points and the formats skipped (model, batch, backend, why).
+    """
+    exported = open_export(export_dir, model=model)
+    formats = [f.key for f in exported.formats()]
+    inputs = exported.sample(1, seed=0)
+    expected = exported.eager(inputs)
+    body = wire.encode(wire.KSERVE, inputs, binary=True)
+    slug = re.sub(r"[^A-Za-z0-9_.\-]", "_", model)
+    exports = [served_export(export_dir, fmt, name=f"{slug}_{fmt}") for fmt in formats]
+    skipped: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        server, exports = _start(stack, model, exports, threads or default_threads(), skipped)
+        if server is None:
+            return [], skipped
+        return _measure_all(
+            server,
+            model,
+            {m.format: m.name for m in exports},
+            body,
+            expected,
+            skipped,
+            concurrencies=concurrencies,
+            requests_per_level=requests_per_level,
+            timeout=timeout,
+            level_budget_s=level_budget_s,
+        ), skipped
+
+
+def _start(
+    stack: contextlib.ExitStack,
+    model: str,
+    exports: list[ServedExport],
+    threads: int,
+    skipped: list[dict[str, Any]],
+) -> tuple[Server | None, list[ServedExport]]:
+    """The runtime serving every export that loads. One that does not stops the runtime
+    from starting at all, so then each is tried alone and the ones that fail are skipped."""
+    try:
+        return stack.enter_context(private(exports, threads=threads)), exports
+    except ServeError as err:
+        if len(exports) == 1:
+            why = " ".join(str(err).split())[-300:]
+            log.warning("the KServe runtime did not start for %s: %s", exports[0].name, why)
+            skipped.append(
+                {
+                    "model": model,
+                    "batch": 1,
+                    "backend": f"{BACKEND}/{exports[0].format}",
+                    "why": why,
+                }
+            )
+            return None, []
+    loads = []
+    for one in exports:
+        alone = contextlib.ExitStack()
+        with alone:
+            server, _ = _start(alone, model, [one], threads, skipped)
+        if server is not None:
+            loads.append(one)
+    if not loads:
+        return None, []
+    return stack.enter_context(private(loads, threads=threads)), loads
+
+
+def _measure_all(
+    server: Server,
+    model: str,
+    names: dict[str, str],
+    body: wire.Body,
+    expected: dict[str, Any],
+    skipped: list[dict[str, Any]],
+    *,
+    concurrencies: tuple[int, ...],
+    requests_per_level: int,
+    timeout: float,
+    level_budget_s: float,
+) -> list[ServedPoint]:
+    """Check each format's first answer, then measure every level."""
+    points: list[ServedPoint] = []
+    first: dict[str, float] = {}
+    for fmt, name in names.items():
+        try:
+            first[fmt] = check_answer(server, name, body, expected)
+        except (PipelineError, KeyError, ValueError) as err:
+            why = " ".join(str(err).split())[:200]
+            log.warning("%s on the KServe runtime is left out: %s", name, why)
+            skipped.append({"model": model, "batch": 1, "backend": f"{BACKEND}/{fmt}", "why": why})
+    live = [f for f in names if f in first]
+    common = dict(model=model, batching=BATCHING)
+    for k, level in enumerate(concurrencies):
+        if not live:
+            break
+        if level == 1:  # every format alternately, over one connection each
+            got = sequential(
+                {fmt: (server, names[fmt]) for fmt in live},
+                body,
+                requests_per_level,
+                level_budget_s,
+            )
+            points += [
+                ServedPoint.of(
+                    lat,
+                    failed,
+                    float(np.sum(lat)) / 1e3,  # sequential: the requests' own time
+                    backend=f"{BACKEND}/{fmt}",
+                    concurrency=1,
+                    first_request_ms=first[fmt],
+                    **common,
+                )
+                for fmt, (lat, failed) in got.items()
+            ]
+            continue
+        for fmt in live[k % len(live) :] + live[: k % len(live)]:  # rotated per level
+            points.append(
+                measure(
+                    server,
+                    names[fmt],
+                    body,
+                    level,
+                    requests_per_level,
+                    timeout,
+                    level_budget_s,
+                    backend=f"{BACKEND}/{fmt}",
+                    **common,
+                )
+            )
+    return points

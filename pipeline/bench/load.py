@@ -1,0 +1,214 @@
+"""Measuring one served model, whatever serves it: the bench's served points.
+
+Both runtimes are measured with the same clients and the same code, so their
+figures compare: concurrency 1 over one kept-alive stdlib connection per
+path, alternating the paths request by request (`sequential`), and higher
+concurrency from one asyncio loop (`measure`). The request body is a
+`wire.Body` in the server's protocol (TorchServe's `.npy`, or the Open
+Inference Protocol's binary extension), and the first answer is checked
+against eager before anything is timed (`check_answer`), so a broken server
+cannot look fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import ssl
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+import torch
+
+from pipeline.core.compare import compare_outputs
+from pipeline.core.errors import PipelineError
+from pipeline.serving import client, wire
+from pipeline.serving.server import Server
+
+# Warm-up per format and level: one request per client opens its connection and
+# fills the worker's batch path; two per client (64 resnet18 requests at 32
+# clients) took 3 s a level and a minute of `make bench` for no change in p50.
+WARMUP_BUDGET_S = 1.5
+
+
+@dataclass
+class ServedPoint:
+    model: str
+    # torchserve/<format>, torchserve-direct/<format> (no gateway), kserve/<format>
+    backend: str
+    batching: str  # served.BATCHING's key, or "on" for the KServe runtime's defaults
+    concurrency: int
+    requests: int
+    failed: int
+    median_ms: float
+    p90_ms: float
+    p99_ms: float
+    throughput: float  # answered requests per second (one sample each)
+    # On the concurrency-1 point: the first request after the model was READY
+    # (handlers warm up in initialize, so it should cost about a steady one).
+    first_request_ms: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def of(
+        cls, latencies_ms: list[float], failed: int, elapsed_s: float, **point: Any
+    ) -> ServedPoint:
+        """A point from one level's latencies: percentiles and answered requests per second."""
+        arr = np.asarray(latencies_ms)
+        return cls(
+            requests=len(arr),
+            failed=failed,
+            median_ms=float(np.percentile(arr, 50)),
+            p90_ms=float(np.percentile(arr, 90)),
+            p99_ms=float(np.percentile(arr, 99)),
+            throughput=(len(arr) - failed) / elapsed_s,
+            **point,
+        )
+
+
+async def _load(
+    server: Server,
+    name: str,
+    body: wire.Body,
+    concurrency: int,
+    requests: int,
+    timeout: float,
+    budget_s: float | None = None,
+) -> tuple[list[float], int, float]:
+    """`requests` requests from `concurrency` clients; no new ones after `budget_s`."""
+    latencies: list[float] = []
+    failed = 0
+    left = requests
+    async with client.AsyncClient(server, concurrency=concurrency, timeout=timeout) as http:
+
+        async def lane() -> None:
+            nonlocal left, failed
+            while left > 0 and (deadline is None or time.perf_counter() < deadline):
+                left -= 1
+                t0 = time.perf_counter()
+                answer = await http.send(name, body.content, body.content_type, body.headers)
+                latencies.append((time.perf_counter() - t0) * 1e3)
+                failed += not answer.ok
+
+        start_t = time.perf_counter()
+        deadline = start_t + budget_s if budget_s else None
+        await asyncio.gather(*(lane() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - start_t
+    return latencies, failed, elapsed
+
+
+def check_answer(
+    server: Server, name: str, body: wire.Body, expected: dict[str, torch.Tensor]
+) -> float:
+    """The first request after READY: checked against eager; returns its latency (ms).
+
+    The client is built before the clock starts (building one costs more than
+    a request), so the figure is the server's first-request cost.
+    """
+    with client.Client(server, timeout=120, retries=0) as http:
+        t0 = time.perf_counter()
+        answer = http.send(name, body.content, body.content_type, body.headers)
+        elapsed_ms = (time.perf_counter() - t0) * 1e3
+    if not answer.ok:
+        raise PipelineError(f"{name}: {answer.problem}")
+    got = wire.answer_outputs(answer.response)
+    mismatch = compare_outputs(
+        list(expected.values()),
+        [got[n].reshape(e.shape).to(e.dtype) for n, e in expected.items()],
+        atol=1e-3,
+        rtol=1e-3,
+    )
+    if mismatch:
+        raise PipelineError(
+            f"{name} answered outside tolerance ({mismatch}); not benchmarking a wrong server."
+        )
+    return elapsed_ms
+
+
+def _one_connection(server: Server, timeout: float) -> http.client.HTTPConnection:
+    url = urlsplit(server.inference_url)
+    if url.scheme == "https":
+        ctx = client.tls_context(server)
+        return http.client.HTTPSConnection(
+            url.hostname or "127.0.0.1",
+            url.port,
+            timeout=timeout,
+            context=ctx if isinstance(ctx, ssl.SSLContext) else None,
+        )
+    return http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=timeout)
+
+
+def sequential(
+    paths: dict[str, tuple[Server, str]],
+    body: wire.Body,
+    requests: int,
+    budget_s: float,
+) -> dict[str, tuple[list[float], int]]:
+    """Concurrency 1 on each of `paths` (key → server and its model's name), request by
+    request, alternating: key → (latencies in ms, failed).
+
+    The client is the leanest there is (one kept-alive `http.client`
+    connection per path): at concurrency 1 the async client the other levels
+    use cost about 1.5 ms a request here, more than a gateway, and would hide
+    what is measured. Alternating the paths puts them under the same noise, so
+    their differences are the servers'.
+    """
+    conns = {k: _one_connection(s, timeout=120) for k, (s, _) in paths.items()}
+    headers = {}
+    for key, (server, _) in paths.items():
+        token = server.keys()["inference"]
+        headers[key] = {**body.headers, **({"Authorization": f"Bearer {token}"} if token else {})}
+    routes = {k: wire.infer_path(s.runtime, name) for k, (s, name) in paths.items()}
+    lat: dict[str, list[float]] = {k: [] for k in paths}
+    failed = dict.fromkeys(paths, 0)
+    # Warm-up: at least 10 rounds and WARMUP_BUDGET_S. The gateway's cost fell from
+    # about 0.8 to 0.55 ms over the first few hundred rounds here.
+    warm_until = time.perf_counter() + WARMUP_BUDGET_S
+    rounds, measured, deadline = 0, False, 0.0
+    try:
+        while True:
+            if not measured and rounds >= 10 and time.perf_counter() > warm_until:
+                measured, rounds, deadline = True, 0, time.perf_counter() + budget_s
+            if measured and (rounds >= requests or time.perf_counter() > deadline):
+                break
+            rounds += 1
+            for key, conn in conns.items():
+                t0 = time.perf_counter()
+                try:
+                    conn.request("POST", routes[key], body=body.content, headers=headers[key])
+                    resp = conn.getresponse()
+                    resp.read()
+                    ok = resp.status == 200
+                except (OSError, http.client.HTTPException):
+                    conn.close()  # reconnects on the next request
+                    ok = False
+                if measured:
+                    lat[key].append((time.perf_counter() - t0) * 1e3)
+                    failed[key] += not ok
+    finally:
+        for conn in conns.values():
+            conn.close()
+    return {k: (lat[k], failed[k]) for k in paths}
+
+
+def measure(
+    server: Server,
+    name: str,
+    body: wire.Body,
+    level: int,
+    requests: int,
+    timeout: float,
+    budget_s: float,
+    **point: Any,
+) -> ServedPoint:
+    """Warm up at this level (connections open, the batch path hot), then measure."""
+    asyncio.run(_load(server, name, body, level, level, timeout, WARMUP_BUDGET_S))
+    lat, failed, elapsed = asyncio.run(
+        _load(server, name, body, level, requests, timeout, budget_s)
+    )
+    return ServedPoint.of(lat, failed, elapsed, concurrency=level, **point)

@@ -1,0 +1,112 @@
+"""`pipeline.serving.wire`: each runtime's bodies and answers, checked against kserve's own
+reader and writer of the Open Inference Protocol (not against this module's idea of it)."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.serving import wire
+from pipeline_runtime.codec import V2_NAMES
+
+
+@pytest.fixture(scope="module")
+def kserve_types():
+    """kserve's InferRequest/InferResponse (kserve parses sys.argv on import: hide pytest's)."""
+    argv, sys.argv = sys.argv, sys.argv[:1]
+    try:
+        from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
+    finally:
+        sys.argv = argv
+    return InferRequest, InferResponse, InferOutput
+
+
+INPUTS = {
+    "x": torch.arange(12, dtype=torch.float32).reshape(3, 4) / 7,
+    "n": torch.tensor([[1, -2]], dtype=torch.int64),
+}
+
+
+def test_routes_follow_the_runtime() -> None:
+    assert wire.infer_path(wire.TORCHSERVE, "m_ts") == "/predictions/m_ts"
+    assert wire.infer_path(wire.KSERVE, "m") == "/v2/models/m/infer"
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_kserve_reads_our_requests_exactly(kserve_types, binary: bool) -> None:
+    InferRequest, _, _ = kserve_types
+    body = wire.encode(wire.KSERVE, INPUTS, binary=binary)
+    if binary:
+        length = int(body.headers[wire.HEADER_LENGTH])
+        request = InferRequest.from_bytes(body.content, length, "m")
+    else:
+        assert body.content_type == "application/json" and wire.HEADER_LENGTH not in body.headers
+        from kserve.protocol.rest.v2_datamodels import InferenceRequest
+
+        request = InferRequest.from_inference_request(
+            InferenceRequest.model_validate(json.loads(body.content)), "m"
+        )
+    got = {i.name: i.as_numpy() for i in request.inputs}
+    assert set(got) == set(INPUTS)
+    for name, t in INPUTS.items():
+        assert got[name].dtype == t.numpy().dtype
+        np.testing.assert_array_equal(got[name], t.numpy())  # bit-exact, both ways
+
+
+def test_torchserve_bodies_are_the_handlers_formats() -> None:
+    body = wire.encode(wire.TORCHSERVE, {"x": INPUTS["x"]}, binary=True)
+    assert body.content_type == "application/octet-stream"
+    np.testing.assert_array_equal(np.load(io.BytesIO(body.content)), INPUTS["x"].numpy())
+    body = wire.encode(wire.TORCHSERVE, INPUTS)
+    assert json.loads(body.content) == {"inputs": {k: v.tolist() for k, v in INPUTS.items()}}
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_decode_reads_kservers_answers(kserve_types, binary: bool) -> None:
+    _, InferResponse, InferOutput = kserve_types
+    outputs = []
+    for name, t in INPUTS.items():
+        a = t.numpy()
+        out = InferOutput(name=name, shape=list(a.shape), datatype=V2_NAMES[str(a.dtype)])
+        out.set_data_from_numpy(a, binary_data=binary)
+        outputs.append(out)
+    response = InferResponse(
+        response_id="1", model_name="m", infer_outputs=outputs, use_binary_outputs=binary
+    )
+    content, json_size = response.to_rest()
+    headers = {wire.HEADER_LENGTH.lower(): str(json_size)} if json_size is not None else {}
+    raw = content if isinstance(content, bytes) else json.dumps(content).encode()
+    got = wire.decode(raw, headers)
+    for name, t in INPUTS.items():
+        assert got[name].dtype == t.dtype
+        torch.testing.assert_close(got[name], t, rtol=0, atol=0)
+
+
+def test_decode_reads_the_handlers_answer_and_refuses_what_is_neither() -> None:
+    got = wire.decode(json.dumps({"outputs": {"logits": [[0.5, 1.5]]}}).encode())
+    torch.testing.assert_close(got["logits"], torch.tensor([[0.5, 1.5]]))
+    for bad in (b"<html>", b'{"error": "x"}', b'{"outputs": 3}', b'{"outputs": [{"name": 1}]}'):
+        with pytest.raises(wire.WireError):
+            wire.decode(bad)
+
+
+def test_request_files_take_the_models_datatypes() -> None:
+    meta = [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}, {"name": "n", "datatype": "INT64"}]
+    # The handlers' JSON: a dict by name, or a bare list for the first input.
+    got = wire.oip_from_file(json.dumps({"inputs": {"n": [[3, 4]]}}).encode(), "json", meta)
+    assert got["n"].dtype == np.int64 and got["n"].tolist() == [[3, 4]]
+    got = wire.oip_from_file(json.dumps({"inputs": [[0.5, 1, 2, 3]]}).encode(), "json", meta)
+    assert got["x"].dtype == np.float32 and got["x"].shape == (1, 4)
+    buf = io.BytesIO()
+    np.save(buf, np.ones((2, 4), dtype=np.float64))
+    assert wire.oip_from_file(buf.getvalue(), "npy", meta)["x"].dtype == np.float32
+    buf = io.BytesIO()
+    np.savez(buf, x=np.zeros((1, 4), np.float32), n=np.array([[1, 2]]))
+    assert set(wire.oip_from_file(buf.getvalue(), "npy", meta)) == {"x", "n"}
+    with pytest.raises(wire.WireError, match="no input"):
+        wire.oip_from_file(json.dumps({"inputs": {"y": [1]}}).encode(), "json", meta)
