@@ -21,12 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 
 from pipeline.bench.load import ServedPoint, check_answer, measure, sequential
 from pipeline.core.errors import PipelineError
 from pipeline.export.opened import open_export
-from pipeline.kserve.config import ServedExport
+from pipeline.kserve.config import ServedExport, default_threads
 from pipeline.kserve.launch import private, served_export
 from pipeline.serving import wire
 from pipeline.serving.server import ServeError, Server
@@ -35,12 +34,6 @@ log = logging.getLogger(__name__)
 
 BACKEND = "kserve"  # points are kserve/<format>
 BATCHING = "on"  # the runtime's defaults: up to 8 queued requests, no waiting
-
-
-def default_threads() -> int:
-    """Intra-op threads of the runtime's forward passes: one per physical core (it runs one
-    pass at a time per model, where TorchServe runs a single-threaded worker per core)."""
-    return psutil.cpu_count(logical=False) or 1
 
 
 def bench_kserve(

@@ -99,7 +99,8 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--threads-per-worker",
         type=int,
-        help="intra-op threads per worker (default: physical cores / all workers, at least 1)",
+        help="intra-op threads per worker (default: physical cores / all workers, at least 1; "
+        "kserve: physical cores)",
     )
     p.add_argument(
         "--workers-per-model",
@@ -282,7 +283,7 @@ def _cmd_archive(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve_kserve(args: argparse.Namespace) -> int:
-    from pipeline.kserve.config import RuntimeConfig
+    from pipeline.kserve.config import RuntimeConfig, default_threads
     from pipeline.kserve.launch import served_export, start
     from pipeline.serving.server import INFERENCE_KEY_FILE
     from pipeline.zoo import DEFAULT_MODEL
@@ -300,7 +301,7 @@ def _cmd_serve_kserve(args: argparse.Namespace) -> int:
         tls_key=str(args.tls_key) if args.tls_key else None,
         max_batch_size=args.max_batch_size,
         max_batch_delay_ms=args.max_batch_delay_ms,
-        threads=args.threads_per_worker or 1,
+        threads=args.threads_per_worker or default_threads(),
     )
     server = start(config, serve_run_dir(args))
     print(f"KServe is up (pid {server.pid}), serving: {', '.join(server.models)}")

@@ -11,7 +11,16 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import psutil
+
 CONFIG_FILE = "kserve.json"
+
+
+def default_threads() -> int:
+    """Intra-op threads of the runtime's forward passes when not told: one per physical
+    core. It runs one pass at a time per model (stacking what is queued), where TorchServe
+    runs a single-threaded worker per core."""
+    return psutil.cpu_count(logical=False) or 1
 
 
 @dataclass(frozen=True)
