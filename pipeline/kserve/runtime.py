@@ -47,6 +47,7 @@ import torch  # noqa: E402
 from prometheus_client import Gauge, Histogram  # noqa: E402
 
 from pipeline.export.opened import open_export  # noqa: E402
+from pipeline.kserve import binary  # noqa: E402
 from pipeline.kserve.batching import Batcher  # noqa: E402
 from pipeline.kserve.config import RuntimeConfig, ServedExport  # noqa: E402
 from pipeline.kserve.security import Guard, TokenInterceptor  # noqa: E402
@@ -144,7 +145,8 @@ class ExportModel(kserve.Model):
                     f"too many dimensions; expected {list(spec.shape)}."
                 )
             try:
-                arrays[spec.name] = np.asarray(item.as_numpy())
+                # A copy: binary tensors are read-only views of the request body.
+                arrays[spec.name] = np.array(item.as_numpy())
             except InvalidInput:
                 raise
             except Exception as err:  # noqa: BLE001 - a bad tensor is this request's 400
@@ -262,6 +264,7 @@ def _install(config: RuntimeConfig, models: list[ExportModel]) -> None:
 
     ksms.RESTServer = Rest
     ksms.GRPCServer = Grpc
+    binary.install()
 
 
 def serve(config: RuntimeConfig) -> None:

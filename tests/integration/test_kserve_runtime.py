@@ -274,6 +274,43 @@ def test_bad_input_is_400_json(server: Server, body: bytes) -> None:
     assert isinstance(r.json()["error"], str)
 
 
+def _binary(header: dict, data: bytes) -> tuple[bytes, str]:
+    raw = json.dumps(header).encode()
+    return raw + data, str(len(raw))
+
+
+_IMAGE = {"name": "image", "shape": [1, 1, 28, 28], "datatype": "FP32"}
+_PIXELS = np.full(784, 0.5, np.float32).tobytes()
+
+
+@pytest.mark.parametrize(
+    ("body", "length"),
+    [
+        _binary({"inputs": [{**_IMAGE, "parameters": {"binary_data_size": 3136}}]}, _PIXELS[:-4]),
+        _binary({"inputs": [{**_IMAGE, "parameters": {"binary_data_size": 3135}}]}, _PIXELS[:-1]),
+        _binary({"inputs": [{**_IMAGE, "parameters": {"binary_data_size": "x"}}]}, _PIXELS),
+        _binary({"inputs": [{**_IMAGE, "parameters": {"binary_data_size": 3136}}]}, _PIXELS + b"!"),
+        (b"\x93NUMPY" + _PIXELS, "9999999"),
+        (b"not json" + _PIXELS, "8"),
+        (b'{"inputs": 1}', "abc"),
+    ],
+    ids=["short", "odd-size", "size-type", "trailing", "length", "header", "length-type"],
+)
+def test_bad_binary_body_is_400_json(server: Server, body: bytes, length: str) -> None:
+    """The Open Inference Protocol's binary extension, malformed every way: 400 JSON."""
+    r = httpx.post(
+        f"{server.inference_url}/v2/models/{DIGITS}/infer",
+        content=body,
+        headers={
+            **_auth(server),
+            "Content-Type": "application/octet-stream",
+            "Inference-Header-Content-Length": length,
+        },
+    )
+    assert r.status_code == 400, r.text
+    assert isinstance(r.json()["error"], str)
+
+
 def test_health_ready_after_warm_up_and_metrics(server: Server) -> None:
     for path in ("/v2/health/live", "/v2/health/ready"):
         assert httpx.get(server.inference_url + path).status_code == 200  # no token needed
