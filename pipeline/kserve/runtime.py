@@ -10,7 +10,8 @@ What kserve lacks and this adds (docs/notes/kserve-runtime-research.md):
 loopback binding (uvicorn and gRPC both bind every address as shipped), the
 inference token on REST and gRPC, the body-size limit, only the OIP routes,
 `{"error": ...}` 4xx answers for every malformed request (kserve gives 422 or
-500 for some), and dynamic batching (`pipeline.kserve.batching`) with its
+500 for some), binary-extension bodies read without a per-element list
+(`pipeline.kserve.binary`), and dynamic batching (`pipeline.kserve.batching`) with its
 batch sizes on /metrics (`pipeline_kserve_batch_size`).
 
 `import kserve` parses sys.argv at import time, so this module hides the
