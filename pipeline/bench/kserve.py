@@ -20,9 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from pipeline.bench.load import ServedPoint, check_answer, measure, sequential
+from pipeline.bench.load import ServedPoint, check_answer, measure, sequential, sequential_point
 from pipeline.core.errors import PipelineError
 from pipeline.export.opened import open_export
 from pipeline.kserve.config import ServedExport, default_threads
@@ -148,14 +146,8 @@ def _measure_all(
                 level_budget_s,
             )
             points += [
-                ServedPoint.of(
-                    lat,
-                    failed,
-                    float(np.sum(lat)) / 1e3,  # sequential: the requests' own time
-                    backend=f"{BACKEND}/{fmt}",
-                    concurrency=1,
-                    first_request_ms=first[fmt],
-                    **common,
+                sequential_point(
+                    lat, failed, backend=f"{BACKEND}/{fmt}", first_request_ms=first[fmt], **common
                 )
                 for fmt, (lat, failed) in got.items()
             ]

@@ -71,6 +71,13 @@ class ServedPoint:
         )
 
 
+def sequential_point(latencies_ms: list[float], failed: int, **point: Any) -> ServedPoint:
+    """A concurrency-1 point from `sequential`: its throughput is over the requests' own
+    time (the alternated paths' requests do not overlap)."""
+    elapsed_s = float(np.sum(latencies_ms)) / 1e3
+    return ServedPoint.of(latencies_ms, failed, elapsed_s, concurrency=1, **point)
+
+
 async def _load(
     server: Server,
     name: str,

@@ -26,10 +26,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
 
-from pipeline.bench.load import ServedPoint, check_answer, measure, sequential
+from pipeline.bench.load import ServedPoint, check_answer, measure, sequential, sequential_point
 from pipeline.bench.targets import DIRECT
 from pipeline.core.errors import PipelineError
 from pipeline.export.opened import open_export
@@ -66,12 +65,10 @@ def _sequential_pair(
         {"torchserve": (server, name), DIRECT: (_direct(server), name)}, body, requests, budget_s
     )
     return [
-        ServedPoint.of(
+        sequential_point(
             lat,
             failed,
-            float(np.sum(lat)) / 1e3,  # sequential: the requests' own time
             backend=f"{key}/{fmt}",
-            concurrency=1,
             first_request_ms=first_ms if key != DIRECT else None,
             **point,
         )
