@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.bench.load import ServedPoint, check_answer, measure, sequential, sequential_point
+from pipeline.bench.targets import KSERVE  # points are kserve/<format>
 from pipeline.core.errors import PipelineError
 from pipeline.export.opened import open_export
 from pipeline.kserve.config import ServedExport, default_threads
@@ -30,7 +31,6 @@ from pipeline.serving.server import ServeError, Server
 
 log = logging.getLogger(__name__)
 
-BACKEND = "kserve"  # points are kserve/<format>
 BATCHING = "on"  # the runtime's defaults: up to 8 queued requests, no waiting
 
 
@@ -83,31 +83,35 @@ def _start(
 ) -> tuple[Server | None, list[ServedExport]]:
     """The runtime serving every export that loads. One that does not stops the runtime
     from starting at all, so then each is tried alone and the ones that fail are skipped."""
-    try:
-        return stack.enter_context(private(exports, threads=threads)), exports
-    except ServeError as err:
-        if len(exports) == 1:
-            why = " ".join(str(err).split())[-300:]
-            log.warning("the KServe runtime did not start for %s: %s", exports[0].name, why)
-            skipped.append(
-                {
-                    "model": model,
-                    "batch": 1,
-                    "backend": f"{BACKEND}/{exports[0].format}",
-                    "why": why,
-                }
-            )
+    loads = exports
+    for attempt in range(2):
+        try:
+            return stack.enter_context(private(loads, threads=threads)), loads
+        except ServeError as err:
+            if len(loads) == 1 or attempt:
+                _skip(skipped, model, loads, err)
+                return None, []
+        loads = []
+        for one in exports:
+            try:
+                with private([one], threads=threads):
+                    loads.append(one)
+            except ServeError as err:
+                _skip(skipped, model, [one], err)
+        if not loads:
             return None, []
-    loads = []
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _skip(
+    skipped: list[dict[str, Any]], model: str, exports: list[ServedExport], err: Exception
+) -> None:
+    why = " ".join(str(err).split())[-300:]
     for one in exports:
-        alone = contextlib.ExitStack()
-        with alone:
-            server, _ = _start(alone, model, [one], threads, skipped)
-        if server is not None:
-            loads.append(one)
-    if not loads:
-        return None, []
-    return stack.enter_context(private(loads, threads=threads)), loads
+        log.warning("the KServe runtime did not start for %s: %s", one.name, why)
+        skipped.append(
+            {"model": model, "batch": 1, "backend": f"{KSERVE}/{one.format}", "why": why}
+        )
 
 
 def _measure_all(
@@ -132,7 +136,7 @@ def _measure_all(
         except (PipelineError, KeyError, ValueError) as err:
             why = " ".join(str(err).split())[:200]
             log.warning("%s on the KServe runtime is left out: %s", name, why)
-            skipped.append({"model": model, "batch": 1, "backend": f"{BACKEND}/{fmt}", "why": why})
+            skipped.append({"model": model, "batch": 1, "backend": f"{KSERVE}/{fmt}", "why": why})
     live = [f for f in names if f in first]
     common = dict(model=model, batching=BATCHING)
     for k, level in enumerate(concurrencies):
@@ -147,7 +151,7 @@ def _measure_all(
             )
             points += [
                 sequential_point(
-                    lat, failed, backend=f"{BACKEND}/{fmt}", first_request_ms=first[fmt], **common
+                    lat, failed, backend=f"{KSERVE}/{fmt}", first_request_ms=first[fmt], **common
                 )
                 for fmt, (lat, failed) in got.items()
             ]
@@ -162,7 +166,7 @@ def _measure_all(
                     requests_per_level,
                     timeout,
                     level_budget_s,
-                    backend=f"{BACKEND}/{fmt}",
+                    backend=f"{KSERVE}/{fmt}",
                     **common,
                 )
             )

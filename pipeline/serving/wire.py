@@ -219,10 +219,6 @@ def answer_outputs(response: Any) -> dict[str, torch.Tensor]:
     return decode(response.content, response.headers)
 
 
-def describe(runtime: str) -> str:
-    return "the KServe runtime" if runtime == KSERVE else "TorchServe"
-
-
 __all__ = [
     "HEADER_LENGTH",
     "KSERVE",
@@ -231,7 +227,6 @@ __all__ = [
     "WireError",
     "answer_outputs",
     "decode",
-    "describe",
     "encode",
     "infer_path",
     "numpy_body",
