@@ -29,9 +29,10 @@ $(STAMP): pyproject.toml
 
 STORE ?= model_store
 RUN_DIR ?= $(ARTIFACTS)/serve
-# Archives `make serve` serves: both formats of every built-in model.
+# Models `make archive` packs (every format each export holds); `make serve` then
+# serves one format of each (bench's fastest, else TorchScript), cores / models workers each (at least 1).
 SERVE_MODELS ?= $(DEMO_MODELS)
-# A model name picks the format the server serves (TorchScript when both are).
+# A model name finds the format the server serves it in.
 INFER_MODEL ?= $(MODEL)
 INFER_INPUT ?= $(ARTIFACTS)/$(MODEL)/export/golden.pt
 # e.g. make archive ARCHIVE_FLAGS="--device gpu" && make serve SERVE_FLAGS=--gpu
@@ -131,7 +132,7 @@ archive: | $(STAMP)  ## export (if needed) and archive SERVE_MODELS into model_s
 		$(PIPELINE) archive --model $$m --store $(STORE) $(ARCHIVE_FLAGS); \
 	done
 
-serve: | $(STAMP)  ## start TorchServe on 127.0.0.1 over model_store/ (token auth on)
+serve: | $(STAMP)  ## start TorchServe on 127.0.0.1 over model_store/, one format per model (token auth on)
 	$(PIPELINE) serve --store $(STORE) --run-dir $(RUN_DIR) $(SERVE_FLAGS)
 
 stop: | $(STAMP)  ## stop the TorchServe started by make serve

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import tempfile
-import warnings
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 import torch
 
 from pipeline.bench.inprocess import Runner, skipped, timed
+from pipeline.core.noise import library_warnings
 from pipeline.export.opened import ExportedModel, open_export
 from pipeline.formats import base as registry
 from pipeline.formats.cpp import is_pt2
@@ -132,8 +132,8 @@ def _frozen(
     """
     name = f"{fmt.backend}_frozen"
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
+        # torch.jit's deprecation FutureWarning (see DESIGN.md): -v only.
+        with library_warnings("torch.jit.freeze", FutureWarning):
             frozen = torch.jit.optimize_for_inference(torch.jit.freeze(module.eval()))
             with torch.inference_mode():
                 frozen(*args)

@@ -20,6 +20,7 @@ from pipeline.cli.train import add_train_command
 from pipeline.cli.verify import add_verify_command
 from pipeline.core import paths
 from pipeline.core.errors import PipelineError
+from pipeline.core.noise import quiet_libraries
 
 log = logging.getLogger("pipeline")
 
@@ -30,7 +31,9 @@ stages run left to right, each reading what the one before wrote:
                      exit 3 when only some formats could be written (see export --help)
   pipeline verify  → artifacts/<model>/parity.json + parity.md (histograms, where it diverges);
                      exit 1 on any failed check
-  pipeline archive → model_store/<model>_ts.mar, <model>_onnx.mar; then serve / infer / stop
+  pipeline archive → model_store/<model>_<format>.mar, one per exported format ({suffixes})
+  pipeline serve   → one format per model by default (bench's fastest, else TorchScript;
+                     --all-formats for every one); then infer / loadtest / stop
   pipeline build-cpp → cpp_client/build/run_torchscript; verify --backend cpp uses it
 
 example:  pipeline train && pipeline export && pipeline verify
@@ -115,17 +118,21 @@ was done and the output scale reached.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pipeline.core.compare import DEFAULT_ATOL, DEFAULT_RTOL
-    from pipeline.export import DEFAULT_FORMATS
-    from pipeline.export import FORMATS as EXPORT_FORMATS
-    from pipeline.formats.onnx import DEFAULT_OPSET
-    from pipeline.formats.torchscript import METHODS
+    # Only torch-free modules here: `pipeline --help` and `pipeline STAGE --help` must
+    # not wait for torch (tests/unit/test_cli_imports.py); each stage function imports
+    # what it needs when it runs.
+    from pipeline.core.defaults import DEFAULT_ATOL, DEFAULT_RTOL
+    from pipeline.formats import base as registry
+    from pipeline.formats.base import DEFAULT_OPSET, METHODS
 
+    export_formats, default_formats = registry.keys(), registry.default_keys()
     parser = argparse.ArgumentParser(
         prog="pipeline",
         description="Train a PyTorch model, export it to TorchScript and ONNX, serve it with "
         "TorchServe, run it from C++, and prove every backend computes what eager PyTorch computes.",
-        epilog=_EPILOG,
+        epilog=_EPILOG.format(
+            suffixes=", ".join(f"_{f.archive_suffix}" for f in registry.declared())
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -174,8 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--format",
         action="append",
-        choices=(*EXPORT_FORMATS, "all"),
-        help=f"what to write; repeat for several (default: {' and '.join(DEFAULT_FORMATS)}). "
+        choices=(*export_formats, "all"),
+        help=f"what to write; repeat for several (default: {' and '.join(default_formats)}). "
         "pt2 is torch.export + AOTInductor, compiled for --pt2-device (tens of seconds per model)",
     )
     p.add_argument(
@@ -268,6 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     log.setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    # Libraries' messages about their environment (pipeline/core/noise.py) only with -v.
+    quiet_libraries(args.verbose)
     try:
         return int(args.func(args))
     except PipelineError as err:

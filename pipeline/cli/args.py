@@ -10,7 +10,7 @@ from pipeline.core.errors import PipelineError
 
 
 def model_arg(p: argparse.ArgumentParser) -> None:
-    from pipeline.zoo import DEFAULT_MODEL
+    from pipeline.core.defaults import DEFAULT_MODEL  # not pipeline.zoo: it imports torch
 
     p.add_argument(
         "--model",

@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
-import json
 from pathlib import Path
 
 from pipeline.cli.args import model_arg, run_dir_arg, serve_run_dir
+from pipeline.cli.use import add_client_commands
 from pipeline.core import paths
 
 
 def add_serving_commands(sub: argparse._SubParsersAction) -> None:
+    from pipeline.core.paths import DEFAULT_STORE
     from pipeline.formats import base as registry
-    from pipeline.serving.archive import DEFAULT_STORE
 
     formats = list(registry.keys())
     p = sub.add_parser(
@@ -72,7 +71,11 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--store", type=Path, default=DEFAULT_STORE, help="default: model_store")
     p.add_argument(
-        "--models", nargs="+", metavar="NAME", help="archives to serve (default: all in the store)"
+        "--models",
+        nargs="+",
+        metavar="NAME",
+        help="what to serve: archive names (digits_lenet_onnx) or models (digits_lenet: its one "
+        "format, as by default); default: one format of every model in the store",
     )
     p.add_argument(
         "--host",
@@ -86,8 +89,9 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--all-formats",
         action="store_true",
-        help="serve every format of every model (default: where a model's archives name the "
-        "fastest verified backend `pipeline bench` measured, only that format)",
+        help="serve every archived format of every model (default: one per model, the fastest "
+        "verified backend `pipeline bench` measured, else TorchScript; each format costs "
+        "workers and memory)",
     )
     p.add_argument(
         "--keep-going",
@@ -164,100 +168,7 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
     run_dir_arg(p)
     p.set_defaults(func=_cmd_stop)
 
-    p = sub.add_parser(
-        "infer",
-        help="send an image or tensors to a served model and print the answer",
-        description="POST a .png/.jpg image, a .json body or a torch.save'd .pt of tensors to "
-        "/predictions/<model> with the inference token.",
-    )
-    p.add_argument(
-        "--model",
-        required=True,
-        help="a served archive (digits_lenet_ts) or a model as exported (digits_lenet, "
-        "torchvision:resnet18): the format it is served in, TorchScript when several",
-    )
-    p.add_argument("input", type=Path, help="the file to send")
-    run_dir_arg(p)
-    p.set_defaults(func=_cmd_infer)
-
-    p = sub.add_parser(
-        "loadtest",
-        help="a bounded load run against a served model, every answer checked against eager",
-        description="Send --requests requests at --concurrency over loopback to a served model, "
-        "check every answer against the eager model, and report failures, p50/p99 latency, "
-        "throughput, worker memory before and after, and (with --kill-worker-after) how long "
-        "TorchServe took to replace a SIGKILLed worker. Exits 1 if any request failed or was wrong.",
-    )
-    p.add_argument(
-        "--model",
-        required=True,
-        help="an exported model (zoo name or user spec, e.g. torchvision:resnet18)",
-    )
-    p.add_argument("--export-dir", type=Path, help="default: <artifacts>/<model>/export")
-    p.add_argument("--format", choices=formats, default="torchscript", help="default: torchscript")
-    p.add_argument("--requests", type=int, default=20_000, help="default: 20000")
-    p.add_argument("--concurrency", type=int, default=32, help="default: 32")
-    p.add_argument("--time-limit", type=float, default=600.0, help="seconds (default: 600)")
-    p.add_argument(
-        "--kill-worker-after",
-        type=int,
-        help="SIGKILL the model's worker once this many requests were answered",
-    )
-    p.add_argument(
-        "--serve",
-        action="store_true",
-        help="archive the export into a private store and start a private server on free "
-        "loopback ports for this run (stopped afterwards); default: use the running server",
-    )
-    p.add_argument(
-        "--runtime",
-        choices=["torchserve", "kserve"],
-        default="torchserve",
-        help="with --serve: the private server's runtime (default: torchserve); without, the "
-        "running server's runtime is used",
-    )
-    p.add_argument(
-        "--encodings",
-        default="json",
-        metavar="LIST",
-        help="how bodies are sent, in turn, comma-separated: json, npy, json-untyped, "
-        "npy-untyped (no Content-Type), json-form, npy-form (curl's default form type); "
-        "default: json",
-    )
-    p.add_argument("--json", type=Path, help="also write the report as JSON")
-    run_dir_arg(p)
-    p.set_defaults(func=_cmd_loadtest)
-
-
-def _cmd_loadtest(args: argparse.Namespace) -> int:
-    from pipeline.serving.loadtest import LoadConfig, run_served, to_markdown, write_reports
-
-    config = LoadConfig(
-        export_dir=args.export_dir or paths.export_dir(args.model, args.artifacts_dir),
-        run_dir=serve_run_dir(args),
-        format=args.format,
-        requests=args.requests,
-        concurrency=args.concurrency,
-        time_limit_s=args.time_limit,
-        kill_worker_after=args.kill_worker_after,
-        encodings=tuple(e.strip() for e in args.encodings.split(",") if e.strip()),
-    )
-    say = functools.partial(print, flush=True)
-    if args.serve and args.runtime == "kserve":
-        from dataclasses import replace
-
-        from pipeline.kserve.launch import private, served_export
-
-        say(f"starting a private KServe runtime for {args.model} ({args.format}) ...")
-        with private([served_export(config.export_dir, args.format)]) as server:
-            report = run_served(replace(config, run_dir=Path(server.run_dir)), say=say)
-    else:
-        report = run_served(config, private=args.serve, say=say)
-    print(report.summary())
-    print(to_markdown([report]))
-    if args.json:
-        write_reports([report], args.json)
-    return 0 if report.passed else 1
+    add_client_commands(sub, formats)
 
 
 def _cmd_archive(args: argparse.Namespace) -> int:
@@ -330,6 +241,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         args.models = [*(args.models or []), *args.export_models]
     from pipeline.serving.server import INFERENCE_KEY_FILE, KEY_FILE
     from pipeline.serving.torchserve import ServeConfig, start
+    from pipeline.serving.workers import footprint
 
     server = start(
         ServeConfig(
@@ -347,12 +259,17 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             keep_going=args.keep_going,
-            fastest_only=not args.all_formats and not args.models,
+            one_format=not args.all_formats,
         )
     )
     if server.failed:
         print(f"NOT serving (failed to load, see the log): {', '.join(server.failed)}")
     print(f"TorchServe is up (pid {server.pid}), serving: {', '.join(server.models)}")
+    workers, worker_mb, total_mb = footprint(server)
+    print(
+        f"  workers:    {workers} for {len(server.models) - len(server.failed)} model(s), "
+        f"{worker_mb:,.0f} MiB; {total_mb:,.0f} MiB with TorchServe's frontend and the gateway"
+    )
     print(
         f"  inference:  {server.inference_url}/predictions/<model> (gateway pid {server.gateway_pid})"
     )
@@ -385,11 +302,4 @@ def _cmd_stop(args: argparse.Namespace) -> int:
         with contextlib.suppress(OSError, ValueError, TypeError):
             kind = "the KServe runtime" if Server.load(run_dir).runtime == "kserve" else kind
     print(f"stopped {kind}" if stop(run_dir) else f"no {kind} was running")
-    return 0
-
-
-def _cmd_infer(args: argparse.Namespace) -> int:
-    from pipeline.serving.client import infer
-
-    print(json.dumps(infer(args.model, args.input, serve_run_dir(args)), indent=2))
     return 0

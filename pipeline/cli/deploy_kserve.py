@@ -25,7 +25,7 @@ writes into --out:
 Every manifest is validated against KServe's InferenceService CRD schema (v0.20.0,
 unknown fields refused as by kubectl --validate=strict) before anything is written.
 
-example:  pipeline deploy kserve --model digits_lenet --out deploy/digits
+example:  pipeline deploy kserve --model digits_lenet --out artifacts/deploy/digits_lenet
 """
 
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 def add_cpp_commands(sub: argparse._SubParsersAction) -> None:
     from pipeline.formats import base as registry
 
-    cpp_formats = [f for f in registry.all_formats() if f.cpp]  # what the C++ client runs
+    cpp_formats = [f for f in registry.declared() if f.cpp]  # what the C++ client runs
     p = sub.add_parser(
         "build-cpp",
         help="build the LibTorch C++ client (cpp_client/) against the installed torch",

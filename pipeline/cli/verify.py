@@ -12,10 +12,20 @@ from pipeline.core.errors import PipelineError
 
 log = logging.getLogger("pipeline")
 
+# pipeline.verify.backends' CPP, SERVED and KSERVE, spelled here because that module
+# imports torch and `pipeline verify --help` must not (tests/unit/test_cli_imports.py
+# checks that backend_names() equals what --backend offers).
+_OTHER_BACKENDS = ("cpp", "torchserve", "kserve")
+
+
+def backend_names() -> tuple[str, ...]:
+    """What `--backend` accepts: pipeline.verify.backends.backend_names(), without torch."""
+    from pipeline.formats import base as registry
+
+    return (*(f.backend for f in registry.declared()), *_OTHER_BACKENDS)
+
 
 def add_verify_command(sub: argparse._SubParsersAction) -> None:
-    from pipeline.verify.backends import backend_names
-
     p = sub.add_parser(
         "verify",
         help="compare every backend with eager PyTorch",
@@ -120,11 +130,15 @@ def _served_backends(args: argparse.Namespace, config: Any) -> list:
     try:
         return _torchserve(args, config, manifest)
     except PipelineError as err:  # no server for this model: the local backends only
-        log.info("not checking a served model: %s", err)
+        from pipeline.serving.parity import StaleServerError
+
+        # A server of this model that answers from another export is worth knowing about.
+        stale = isinstance(err, StaleServerError)
+        log.log(logging.WARNING if stale else logging.INFO, "not checking a served model: %s", err)
         return []
 
 
 def _torchserve(args: argparse.Namespace, config: Any, manifest: Any) -> list:
     from pipeline.serving.parity import served_backends
 
-    return served_backends(config.model, manifest, serve_run_dir(args))
+    return served_backends(config.model, manifest, serve_run_dir(args), config.export_dir)

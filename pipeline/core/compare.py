@@ -18,6 +18,11 @@ numbers: max abs/rel error, the 99th percentile of the abs error, the
 reference's scale (max |ref| and standard deviation), the smallest atol (at
 the given rtol) and rtol (at the given atol) that would have passed, top-1
 agreement for classifier outputs, and a histogram of |error| by decade.
+
+It also names the element that decided the check: the one whose error uses
+the largest fraction of its own allowance atol + rtol * |ref|. A relative
+error above rtol alone says little (atol may cover it); that element shows
+which term decided, and how much room was left or how far past it went.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 
 import torch
 
+from pipeline.core.defaults import DEFAULT_ATOL, DEFAULT_RTOL
 from pipeline.core.errors import (
     BackendCrashError,
     MissingOutputError,
@@ -41,8 +47,6 @@ from pipeline.core.errors import (
 )
 from pipeline_runtime.outputs import flatten_outputs
 
-DEFAULT_ATOL = 1e-5  # fp32 on CPU; see issue 2 / DESIGN.md
-DEFAULT_RTOL = 1e-4
 # A tolerance that, at the reference's largest magnitude, allows a tenth of
 # that magnitude cannot tell the reference from a clearly wrong answer.
 VACUOUS_FRACTION = 0.1
@@ -100,6 +104,15 @@ class Comparison:
     min_rtol: float = 0.0  # smallest rtol that passes at the given atol (inf: never)
     top1: float | None = None  # classifiers: fraction of rows whose argmax agrees
     hist: tuple[int, ...] = ()  # |error| counts: [== 0, then one per HIST_DECADES decade]
+    # The element closest to (or furthest past) its bound, the largest |err| / (atol + rtol*|ref|):
+    # the max errors alone cannot say whether atol or rtol decided. None: not measured.
+    bound_err: float | None = None  # |err| there
+    bound_ref: float | None = None  # |ref| there
+    bound_allowed: float | None = None  # atol + rtol * |ref| there
+    bound_used: float | None = None  # bound_err / bound_allowed: <= 1 passes (inf: no allowance)
+    # The tolerance cannot tell the reference from zeros (see vacuous_problem), accepted or not:
+    # such a pass must not read as a margin.
+    vacuous: bool = False
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -191,9 +204,13 @@ def compare_tensor(
     max_rel = float(rel.max())
     finite_ref = exp[exp.isfinite()]
     ref_max = float(finite_ref.abs().max()) if finite_ref.numel() else 0.0
-    stats: dict[str, Any] = {"ref_max": ref_max}
+    # Every dtype, as the strict rule below has always applied it (exp is float64 whatever
+    # the output's dtype). The flag is kept when accepted, so reports never show it as a margin.
+    vacuous = bool(vacuous_problem(ref_max, atol, rtol))
+    stats: dict[str, Any] = {"ref_max": ref_max, "vacuous": vacuous}
     if detail:
         stats.update(_statistics(exp, act, diff, scale, finite_ref, atol, rtol, classifier))
+        stats.update(_bound(diff, scale, atol, rtol))
     passed = not nan_mismatch and torch.allclose(act, exp, atol=atol, rtol=rtol, equal_nan=True)
     if nan_mismatch:
         return Comparison(
@@ -235,7 +252,7 @@ def compare_tensor(
                 f"; would pass with atol {stats['min_atol']:.3g} or rtol {stats['min_rtol']:.3g}"
             )
         return Comparison(max_abs, max_rel, False, problem, Kind.TOLERANCE, **stats)
-    if strict and not allow_vacuous and exp.is_floating_point():
+    if strict and not allow_vacuous and vacuous:
         problem = vacuous_problem(ref_max, atol, rtol)
         if problem:
             return Comparison(max_abs, max_rel, False, problem, Kind.VACUOUS, **stats)
@@ -264,6 +281,22 @@ def _statistics(
         "min_rtol": min_rtol,
         "top1": _top1(exp, act) if classifier else None,
         "hist": _histogram(diff),
+    }
+
+
+def _bound(diff: torch.Tensor, scale: torch.Tensor, atol: float, rtol: float) -> dict[str, float]:
+    """The element whose |err| uses the largest fraction of its allowance atol + rtol*|ref|."""
+    allowed = atol + rtol * scale
+    # An error where the allowance is 0 uses infinitely much of it; no error uses none.
+    used = torch.where(diff == 0, torch.zeros_like(diff), diff / allowed).flatten()
+    # Ties (all exact, or several errors with no allowance): the largest error among them.
+    tied = torch.where(used == used.max(), diff.flatten(), torch.full_like(used, -1.0))
+    i = int(tied.argmax())
+    return {
+        "bound_err": float(diff.flatten()[i]),
+        "bound_ref": float(scale.flatten()[i]),
+        "bound_allowed": float(allowed.flatten()[i]),
+        "bound_used": float(used[i]),
     }
 
 

@@ -6,7 +6,8 @@
     artifacts/<model>/parity.json        parity report   (verify)
     artifacts/bench/fastest.json         fastest verified backend per model (bench → archive)
 
-`PIPELINE_ARTIFACTS` or `--artifacts-dir` moves the whole tree.
+`PIPELINE_ARTIFACTS` or `--artifacts-dir` moves the whole tree. TorchServe's
+archives go to `model_store/` (`DEFAULT_STORE`, `--store`), outside it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import re
 from pathlib import Path
 
 DEFAULT_ARTIFACTS = Path("artifacts")
+# `pipeline archive` writes and `pipeline serve` serves the .mar files here (a
+# torch-free home for pipeline.serving.archive's default, which the CLI shows).
+DEFAULT_STORE = Path("model_store")
 
 
 def artifacts_root(override: Path | None = None) -> Path:

@@ -8,6 +8,12 @@ TorchServe handler, the name verify and bench give its in-process backend,
 whether the C++ client runs it, `export(model, ctx) -> ArtifactRecord` and
 `load(path, ...) -> Runner`. Export, verify, bench, archive, serve, the CLI's
 choices and the Makefile ask the registry; none of them names a format.
+
+The built-in formats' names (key, title, archive suffix, backend, default, cpp)
+are also declared here, in `BUILTIN_FORMATS`, so that `keys()` and `declared()`
+answer without importing a format module: `pipeline --help` builds its choices
+from them without loading torch. `register()` refuses a built-in format whose
+names differ from its declaration, so the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -16,15 +22,21 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
-
+from pipeline.core.defaults import DEFAULT_ATOL, DEFAULT_RTOL
 from pipeline.core.errors import ExportError
-from pipeline.zoo.spec import Inputs, ZooEntry
-from pipeline_runtime import runners
 from pipeline_runtime.manifest import ArtifactRecord
+
+if TYPE_CHECKING:  # imported where used: this module stays importable without torch
+    import torch
+    from torch import nn
+
+    from pipeline.zoo.spec import Inputs, ZooEntry
+    from pipeline_runtime import runners
+
+DEFAULT_OPSET = 18  # ONNX opset (pipeline.formats.onnx says why)
+METHODS: tuple[str, ...] = ("auto", "trace", "script")  # TorchScript's --method choices
 
 
 @dataclass
@@ -42,17 +54,17 @@ class ExportContext:
     out_dir: Path  # the staging folder the artifact is written into
     method: str = "auto"
     allow_unsafe_trace: bool = False
-    opset: int = 18
+    opset: int = DEFAULT_OPSET
     pt2_device: str = "cpu"
-    atol: float = 1e-5
-    rtol: float = 1e-4
+    atol: float = DEFAULT_ATOL
+    rtol: float = DEFAULT_RTOL
     # False for a train-mode export, which is wrong on purpose (ExportConfig.train_mode):
     # the exporters' own checks against eager would refuse it.
     check: bool = True
     cache: dict[str, Any] = field(default_factory=dict)
 
 
-Exporter = Callable[[nn.Module, ExportContext], ArtifactRecord]
+Exporter = Callable[["nn.Module", ExportContext], ArtifactRecord]
 
 
 @dataclass(frozen=True)
@@ -79,6 +91,8 @@ class Format:
         record: ArtifactRecord | None = None,
     ) -> runners.Runner:
         """The artifact as a Runner (named tensors in and out), through the serving runtime."""
+        from pipeline_runtime import runners
+
         return runners.load(
             self.key,
             path,
@@ -94,7 +108,16 @@ _REGISTRY: dict[str, Format] = {}
 
 
 def register(fmt: Format) -> Format:
-    """Add a format; its key, suffix, file and backend name must be new."""
+    """Add a format; its key, suffix, file and backend name must be new, and a
+    built-in format's names must be the ones `BUILTIN_FORMATS` declares."""
+    from pipeline_runtime import runners
+
+    names = next((d for d in BUILTIN_FORMATS if d.key == fmt.key), None)
+    if names is not None and names != Declared.of(fmt):
+        raise ValueError(
+            f"format {fmt.key!r} registers {Declared.of(fmt)}, but pipeline/formats/base.py "
+            f"declares {names}: change both"
+        )
     for other in _REGISTRY.values():
         for attr in ("key", "archive_suffix", "file", "backend"):
             if getattr(other, attr) == getattr(fmt, attr):
@@ -121,12 +144,19 @@ def all_formats() -> tuple[Format, ...]:
     )
 
 
+def declared() -> tuple[Declared | Format, ...]:
+    """Every format's names, in `all_formats()` order, without importing a format module
+    (or torch): the built-ins as `BUILTIN_FORMATS` declares them, then any other
+    format registered so far. What the CLI's choices and help are built from."""
+    return (*BUILTIN_FORMATS, *(f for f in _REGISTRY.values() if f.key not in BUILTIN))
+
+
 def keys() -> tuple[str, ...]:
-    return tuple(f.key for f in all_formats())
+    return tuple(f.key for f in declared())
 
 
 def default_keys() -> tuple[str, ...]:
-    return tuple(f.key for f in all_formats() if f.default)
+    return tuple(f.key for f in declared() if f.default)
 
 
 def get(key: str) -> Format:
@@ -148,7 +178,32 @@ def by_suffix(suffix: str) -> Format | None:
     return next((f for f in all_formats() if f.archive_suffix == suffix), None)
 
 
-BUILTIN = ("torchscript", "onnx", "pt2")  # the modules of the built-in formats, in order
+@dataclass(frozen=True)
+class Declared:
+    """A format's names: what `Format` holds besides its code and files."""
+
+    key: str
+    title: str
+    archive_suffix: str
+    backend: str
+    default: bool = True
+    cpp: bool = False
+
+    @classmethod
+    def of(cls, fmt: Format) -> Declared:
+        return cls(fmt.key, fmt.title, fmt.archive_suffix, fmt.backend, fmt.default, fmt.cpp)
+
+
+# The built-in formats, in order; each is pipeline/formats/<key>.py, which registers
+# a Format with these names (register() checks). Everything else about a format is
+# declared in its module only.
+BUILTIN_FORMATS = (
+    Declared("torchscript", "TorchScript", "ts", "torchscript", cpp=True),
+    Declared("onnx", "ONNX", "onnx", "onnxruntime"),
+    # Opt-in: AOTInductor compiles C++ for each model (tens of seconds on a small CPU).
+    Declared("pt2", ".pt2 (AOTInductor)", "pt2", "pt2", default=False, cpp=True),
+)
+BUILTIN = tuple(d.key for d in BUILTIN_FORMATS)  # the modules of the built-in formats
 _loaded = False
 
 

@@ -193,15 +193,14 @@ def is_pt2(model: Path) -> bool:
 
 def _load_for_python(model: Path) -> Callable[..., Any]:
     """MODEL loaded on CPU as Python runs it: the runtime's aoti_load for .pt2, else torch.jit.load."""
-    import warnings
+    from pipeline.core.noise import library_warnings
 
     if is_pt2(model):
         try:
             return aoti_load(model)  # the runtime's loader: input checks on, as everywhere
         except Exception as e:  # the loader raises RuntimeError/zip errors of several kinds
             raise CppError(f"Cannot load the AOTInductor package {model}: {e}") from e
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
+    with library_warnings("torch.jit.load", FutureWarning):  # jit deprecation: see DESIGN.md
         return torch.jit.load(str(model), map_location="cpu").eval()
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import re
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,8 @@ import torch
 from torch import nn
 
 from pipeline.core.errors import ExportError, ExportRequestError
-from pipeline.formats.base import ExportContext, Format, register
+from pipeline.core.noise import library_warnings
+from pipeline.formats.base import DEFAULT_OPSET, ExportContext, Format, register
 from pipeline.formats.program import captured_output, dynamic_shapes, op_lines, quiet
 from pipeline.zoo.spec import Inputs, ZooEntry
 from pipeline_runtime.files import sha256_file
@@ -30,10 +30,10 @@ from pipeline_runtime.manifest import ArtifactRecord
 
 log = logging.getLogger(__name__)
 
-# Opset 18, not the exporter's default 20: ONNX Runtime's AveragePool ran
-# several times slower at opset 20 than at 18 on this project's reference CPU
-# (../shared/DESIGN.md, "Performance traps"), and 18 covers every op the zoo uses.
-DEFAULT_OPSET = 18
+# DEFAULT_OPSET (declared in base.py, where `pipeline --help` reads it without torch) is
+# 18, not the exporter's default 20: ONNX Runtime's AveragePool ran several times
+# slower at opset 20 than at 18 on this project's reference CPU (../shared/DESIGN.md,
+# "Performance traps"), and 18 covers every op the zoo uses.
 OPSET_REASON = (
     "opset 18 rather than the exporter default 20: ONNX Runtime's AveragePool ran several "
     "times slower at opset 20 on the reference CPU, and 18 covers every op used"
@@ -83,9 +83,11 @@ def _export_legacy(
     opset: int,
     output_shapes: dict[str, tuple],
 ) -> None:
-    # captured_output: this exporter prints the TorchScript graph on any failure.
-    with warnings.catch_warnings(), captured_output("torch.onnx.export (dynamo=False)"):
-        warnings.simplefilter("ignore")
+    # This exporter prints the TorchScript graph on any failure, and warns about its own
+    # deprecation and the TorchScript module's internals: -v only (the failure itself is
+    # reported).
+    what = "torch.onnx.export (dynamo=False)"
+    with library_warnings(what), captured_output(what):
         torch.onnx.export(
             scripted,
             tuple(example.values()),

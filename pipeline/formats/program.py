@@ -18,7 +18,6 @@ import re
 import sys
 import tempfile
 import traceback
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -26,6 +25,7 @@ import torch
 from torch import nn
 
 from pipeline.core.errors import ExportError
+from pipeline.core.noise import library_warnings
 from pipeline.zoo.spec import Inputs, ZooEntry
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -124,14 +124,14 @@ def quiet(what: str = "torch.export") -> Iterator[None]:
     """Keep torch's progress, warnings and the graphs it prints on failure from the user.
 
     The failure's summary reaches the user through the manifest and the CLI;
-    what torch printed is logged at DEBUG.
+    what torch printed, and its warnings, are logged at DEBUG (`pipeline -v`).
     """
     torch_log = logging.getLogger("torch")
     level = torch_log.level
-    torch_log.setLevel(logging.ERROR)
+    if not log.isEnabledFor(logging.DEBUG):  # with -v its records join what was printed
+        torch_log.setLevel(logging.ERROR)
     try:
-        with captured_output(what), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with captured_output(what), library_warnings(what):
             yield
     finally:
         torch_log.setLevel(level)

@@ -25,15 +25,16 @@ from torch import nn
 
 from pipeline.core.compare import compare_outputs, flatten_outputs
 from pipeline.core.errors import ExportError, ExportRequestError
-from pipeline.formats.base import ExportContext, Format, register
+from pipeline.core.noise import library_warnings, log_warnings
+from pipeline.formats.base import METHODS, ExportContext, Format, register
 from pipeline.zoo.spec import Inputs
 from pipeline_runtime.files import sha256_file
 from pipeline_runtime.manifest import ArtifactRecord
 
 log = logging.getLogger(__name__)
 _TORCH_DIR = os.path.dirname(torch.__file__)
+# METHODS, the choices, is declared in base.py (read by `pipeline --help` without torch).
 Method = Literal["auto", "trace", "script"]  # "hybrid" is a result of auto, not a choice
-METHODS: tuple[str, ...] = ("auto", "trace", "script")
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,6 @@ def try_trace(
     failure = ""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", torch.jit.TracerWarning)
-        # The deprecation FutureWarning of torch.jit is expected; see DESIGN.md.
-        warnings.simplefilter("ignore", FutureWarning)
         try:
             traced = torch.jit.trace(
                 model,
@@ -96,6 +95,8 @@ def try_trace(
                 f"torch.jit.trace raised {type(err).__name__}: {_first_line(err)}",
             )
     tracer_warnings = [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+    # The rest, e.g. torch.jit's deprecation FutureWarning (expected, see DESIGN.md): -v only.
+    log_warnings("torch.jit.trace", [w for w in caught if w not in tracer_warnings])
     if tracer_warnings:
         # Prefer the model's own line over a warning raised inside torch.
         first = next(
@@ -125,8 +126,8 @@ def try_trace(
 
 def try_script(model: nn.Module) -> tuple[torch.jit.ScriptModule | None, str]:
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
+        # torch.jit's deprecation FutureWarning is expected (see DESIGN.md): -v only.
+        with library_warnings("torch.jit.script", FutureWarning):
             return torch.jit.script(model), ""
     except Exception as err:  # noqa: BLE001 - TorchScript's frontend raises many types
         return None, f"script failed: {type(err).__name__}: {_first_line(err)}"
@@ -271,8 +272,8 @@ def to_torchscript(
                     "that a trace would bake in. Use --method auto or --method script, or pass "
                     "--allow-unsafe-trace to keep the trace anyway (verify will show the mismatch)."
                 )
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            # Its TracerWarnings are in `rejected`, reported with the result: -v only.
+            with library_warnings("torch.jit.trace (--allow-unsafe-trace)"):
                 unsafe = torch.jit.trace(model, tuple(example.values()), check_trace=False)
             return ScriptResult(
                 unsafe, "trace", f"UNSAFE trace kept by --allow-unsafe-trace; {rejected}"
@@ -339,8 +340,7 @@ def scripted(model: nn.Module, ctx: ExportContext) -> ScriptResult:
 def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
     ts = scripted(model, ctx)
     path = ctx.out_dir / FILE
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # jit deprecation: see DESIGN.md
+    with library_warnings("torch.jit.save", FutureWarning):  # jit deprecation: see DESIGN.md
         torch.jit.save(ts.module, str(path))
     return ArtifactRecord(
         file=FILE,

@@ -35,6 +35,7 @@ import psutil
 from pipeline.core.manifest import read_manifest
 from pipeline.formats import base as registry
 from pipeline.kserve.config import CONFIG_FILE, RuntimeConfig, ServedExport
+from pipeline.serving import served
 from pipeline.serving.archive import ArchiveInfo
 from pipeline.serving.server import (
     INFERENCE_KEY_FILE,
@@ -53,8 +54,8 @@ __all__ = ["private", "served_export", "start", "stop", "write_token"]
 def served_export(
     export_dir: Path, fmt: str | None = None, name: str | None = None
 ) -> ServedExport:
-    """The export at `export_dir` as one served model: format `fmt` (default: the first
-    the export holds, in registry order) under `name` (default: the model's name,
+    """The export at `export_dir` as one served model: format `fmt` (default: the one
+    `pipeline serve` would serve, `served.export_format`) under `name` (default: the model's name,
     with characters a URL path segment should not hold replaced by '_')."""
     export_dir = Path(export_dir).resolve()
     manifest = read_manifest(export_dir)
@@ -63,7 +64,7 @@ def served_export(
     if fmt is None:
         if not held:
             raise ServeError(f"{export_dir} holds no artifact to serve; re-run `pipeline export`.")
-        fmt = held[0]
+        fmt = served.export_format(manifest)
     elif fmt not in held:
         raise ServeError(
             f"{export_dir} has no {fmt!r} artifact; it holds {', '.join(held) or 'none'}."
@@ -191,7 +192,7 @@ def _archives(config: RuntimeConfig) -> dict[str, ArchiveInfo]:
     out = {}
     for m in config.models:
         manifest = read_manifest(Path(m.export_dir))
-        out[m.name] = ArchiveInfo(manifest.model.name, m.format, manifest.artifact(m.format).sha256)
+        out[m.name] = ArchiveInfo.of(manifest, m.format)
     return out
 
 

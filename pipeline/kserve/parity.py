@@ -22,6 +22,7 @@ import torch
 from pipeline.core.manifest import read_manifest
 from pipeline.kserve.config import CONFIG_FILE, RuntimeConfig
 from pipeline.serving import client, wire
+from pipeline.serving import served as served_mod
 from pipeline.serving.server import ServeError, Server, default_run_dir
 from pipeline.verify.backends import KSERVE
 from pipeline_runtime.codec import V2_DATATYPES, V2_NAMES
@@ -138,18 +139,19 @@ def kserve_backends(model: str, manifest: Manifest, run_dir: Path | None) -> lis
     config = RuntimeConfig.read(Path(server.run_dir) / CONFIG_FILE)
     exports = [(m, read_manifest(Path(m.export_dir))) for m in config.models]
     served = [m for m, theirs in exports if theirs.model.name == manifest.model.name]
-    mine = manifest.artifacts
-    stale = [
-        m.name
-        for m, theirs in exports
-        if m in served
-        and (m.format not in mine or theirs.artifacts[m.format].sha256 != mine[m.format].sha256)
-    ]
+    # What the runtime loaded at start (server.json), not the export folder as it is now:
+    # an export rewritten since is on disk but not in the runtime.
+    stale = {
+        m.name: server.archives[m.name]
+        for m in served
+        if m.name in server.archives
+        and served_mod.stale(m.name, server.archives[m.name], manifest, Path(m.export_dir))
+    }
     if stale:
+        info = next(iter(stale.values()))
+        names = ", ".join(stale)
         raise ServeError(
-            f"The KServe runtime serves {', '.join(stale)} from another export of {model} than "
-            "this one (the artifact's sha256 differs): restart it with `pipeline stop && "
-            f"pipeline serve --runtime kserve --model {model}`."
+            str(served_mod.stale(names, info, manifest, Path(served[0].export_dir), runtime=KSERVE))
         )
     if not served:
         raise ServeError(

@@ -30,15 +30,16 @@ import pipeline_runtime
 from pipeline.core import paths
 from pipeline.core.errors import PipelineError
 from pipeline.core.manifest import GOLDEN_KEY, MANIFEST_NAME, artifact_path, read_manifest
+from pipeline.core.paths import DEFAULT_STORE
 from pipeline.formats import base as registry
 from pipeline.zoo import DEFAULT_MODEL
+from pipeline_runtime.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
 HANDLERS_DIR = Path(__file__).resolve().parents[2] / "handlers"
 RUNTIME_DIR = Path(pipeline_runtime.__file__).resolve().parent
 ARCHIVE_INFO = "archive.json"
-DEFAULT_STORE = Path("model_store")
 # Where `pipeline bench` writes each model's fastest verified backend (under the artifacts root).
 
 
@@ -54,6 +55,10 @@ class ArchiveInfo:
     format: str  # registry key
     sha256: str = ""  # the artifact's, so a served archive can be matched with its export
     fastest: dict[str, Any] | None = None  # the model's entry in bench's fastest.json
+    # The export it was built from (manifest `checkpoint.sha256` and `created`), so a
+    # stale server can be told apart from a wrong one (serving.served.stale).
+    checkpoint_sha256: str = ""
+    exported: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,6 +73,20 @@ class ArchiveInfo:
             format=str(data["format"]),
             sha256=str(data.get("sha256", "")),
             fastest=dict(fastest) if isinstance(fastest, dict) else None,
+            checkpoint_sha256=str(data.get("checkpoint_sha256", "")),
+            exported=str(data.get("exported", "")),
+        )
+
+    @classmethod
+    def of(cls, manifest: Manifest, fmt: str, fastest: dict[str, Any] | None = None) -> ArchiveInfo:
+        """The record of `manifest`'s `fmt` artifact."""
+        return cls(
+            model=manifest.model.name,
+            format=fmt,
+            sha256=manifest.artifact(fmt).sha256,
+            fastest=fastest,
+            checkpoint_sha256=manifest.checkpoint.sha256,
+            exported=manifest.created,
         )
 
     @classmethod
@@ -90,7 +109,7 @@ class ArchiveConfig:
     # bench's fastest.json; None: <artifacts>/bench/fastest.json when it exists.
     bench_results: Path | None = None
     # model-config.yaml: TorchServe's per-model settings. Chosen by measurement
-    # (README "Dynamic batching"): TorchServe's aggregator waits up to
+    # (docs/serving.md, "Dynamic batching"): TorchServe's aggregator waits up to
     # maxBatchDelay for a batch to fill even when nothing else is queued, so a
     # lone request pays the whole delay; 1 ms (its smallest: 0 means its 100 ms
     # default) costs a lone request about 1 ms and gave concurrency 8 the
@@ -195,7 +214,7 @@ def archive(config: ArchiveConfig) -> list[Path]:
         fmt = registry.get(key)
         artifact = artifact_path(export_dir, manifest, key)  # checks its sha256
         name = archive_name(config.model, key)
-        info = ArchiveInfo(config.model, key, manifest.artifact(key).sha256, fastest)
+        info = ArchiveInfo.of(manifest, key, fastest)
         with tempfile.TemporaryDirectory(prefix=f".{name}.", dir=store) as tmp:
             staging = Path(tmp)
             (staging / "model-config.yaml").write_text(
@@ -219,7 +238,7 @@ def archive(config: ArchiveConfig) -> list[Path]:
             )
             target = store / f"{name}.mar"
             built.replace(target)  # same filesystem: atomic
-        log.info("wrote %s", target)
+        log.debug("wrote %s", target)  # the caller says what was written
         written.append(target)
     return written
 

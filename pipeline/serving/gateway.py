@@ -11,7 +11,9 @@ forwards to TorchServe, which stays on 127.0.0.1 behind its own token.
 Bodies are forwarded with the media type `pipeline.serving.bodies.upstream_body`
 gives them, so TorchServe never decodes a form itself (curl's default type).
 
-Routes: `POST /predictions/<model>[/<version>]` (token required) and
+Routes: `POST /predictions/<model>[/<version>]` (token required; <model> is an archive
+name, or a model's name when one archive of it is served: `digits_lenet` reaches
+`digits_lenet_onnx` when that is what `pipeline serve` chose) and
 `GET /ping` (no token: health probes should not need a secret, and the answer
 says nothing about the models). Everything else is 404.
 
@@ -35,7 +37,7 @@ import os
 import signal
 import ssl
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +66,9 @@ class GatewayConfig:
     tls_key: str | None = None
     log_file: str | None = None
     server_pid: int = 0  # TorchServe's launcher: its worker processes are watched (0: not)
+    # A model's name (digits_lenet) → the one archive serving it (digits_lenet_onnx), so
+    # /predictions/<model> reaches whichever format is served.
+    aliases: dict[str, str] = field(default_factory=dict)
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))
@@ -272,7 +277,11 @@ def build_app(config: GatewayConfig) -> web.Application:
                 body, media = upstream_body(declared, body)
         except BodyError as err:
             return error(400, "BadRequest", str(err))
-        return await forward("POST", request.rel_url.path, body, media)
+        path = request.rel_url.path
+        model = request.match_info["model"]
+        if model in config.aliases:
+            path = path.replace(f"/predictions/{model}", f"/predictions/{config.aliases[model]}", 1)
+        return await forward("POST", path, body, media)
 
     async def ping(request: web.Request) -> web.StreamResponse:
         return await forward("GET", "/ping", b"", None)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -44,7 +43,7 @@ from pipeline.core.compare import compare_tensor
 from pipeline.core.errors import PipelineError
 from pipeline.core.manifest import read_manifest
 from pipeline.export.opened import ExportedModel, open_export
-from pipeline.serving import client, wire
+from pipeline.serving import client, served, wire
 from pipeline.serving.archive import ArchiveConfig, archive
 from pipeline.serving.server import Server, default_run_dir, stop
 from pipeline.serving.torchserve import private_config, start
@@ -76,7 +75,9 @@ class LoadConfig:
     # `format`, found in what serve recorded.
     archive: str | None = None
     run_dir: Path | None = None  # the running server's; None: <artifacts>/serve
-    format: str = "torchscript"
+    # None: whichever format the server serves (client.resolve_model); a private
+    # server serves the one `pipeline serve` would (served.export_format).
+    format: str | None = None
     requests: int = 20_000
     concurrency: int = 32
     time_limit_s: float = 600.0
@@ -329,6 +330,10 @@ def run(config: LoadConfig) -> LoadReport:
     name = config.archive or client.resolve_model(
         server, read_manifest(config.export_dir).model.name, config.format
     )
+    # Every answer would be checked against another model's outputs: say why, not "wrong".
+    fresh, why = served.freshness(server.archives, name, config.export_dir, server.runtime)
+    if fresh is False:
+        raise LoadTestError(why)
     report = LoadReport(name, config.requests, config.concurrency)
     asyncio.run(_run(config, server, name, report))
     return report
@@ -338,17 +343,22 @@ def run_served(
     config: LoadConfig, *, private: bool = False, say: Callable[[str], Any] = log.info
 ) -> LoadReport:
     """`pipeline loadtest`: `run()` against the running server or, with `private`, against a
-    server of its own (the export archived in `config.format` into a temporary store, served
+    server of its own (the export archived in `config.format`, by default the format
+    `pipeline serve` would serve, into a temporary store, served
     on free loopback ports, stopped afterwards)."""
     if not private:
         say(f"{config.requests} requests at concurrency {config.concurrency} ...")
         return run(config)
-    model = read_manifest(config.export_dir).model.name
+    manifest = read_manifest(config.export_dir)
+    fmt = config.format or served.export_format(manifest)
     with tempfile.TemporaryDirectory(prefix="loadtest-") as tmp:
         store, run_dir = Path(tmp) / "store", Path(tmp) / "run"
         (mar,) = archive(
             ArchiveConfig(
-                model=model, export_dir=config.export_dir, store=store, formats=(config.format,)
+                model=manifest.model.name,
+                export_dir=config.export_dir,
+                store=store,
+                formats=(fmt,),
             )
         )
         say(f"starting a private TorchServe for {mar.stem} ...")
@@ -385,7 +395,3 @@ def to_markdown(reports: list[LoadReport]) -> str:
             f"| {r.worker_rss_mb_before:.0f} → {r.worker_rss_mb_after:.0f} | {recovery} |"
         )
     return "\n".join(rows)
-
-
-def dumps(report: LoadReport) -> str:
-    return json.dumps(report.to_json(), indent=2)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline.serving import served as served_mod
 from pipeline.serving.client import post, tensors_body
 from pipeline.serving.server import ServeError, Server, default_run_dir
 from pipeline.verify.backends import SERVED
@@ -45,28 +46,34 @@ class ServedBackend:
         }
 
 
-def served_backends(model: str, manifest: Manifest, run_dir: Path | None) -> list[ServedBackend]:
+class StaleServerError(ServeError):
+    """The server answers from another export than the one being checked."""
+
+
+def served_backends(
+    model: str, manifest: Manifest, run_dir: Path | None, export_dir: Path | None = None
+) -> list[ServedBackend]:
     """One backend per archive of `model` that the server in `run_dir` serves, in registry
-    order (TorchScript first). ServeError when there is no such server, it serves no archive of the model, or
-    it serves one built from another export (its artifact's sha256 differs)."""
+    order (TorchScript first). ServeError when there is no such server or it serves no
+    archive of the model; StaleServerError, saying which is older and what to run, when it
+    serves one built from another export than `manifest` (the one in `export_dir`)."""
     server = Server.load(Path(run_dir or default_run_dir()))
     if not server.alive():
         raise ServeError(
             f"The server recorded in {server.run_dir} is not running; start it with `pipeline serve`."
         )
     served = server.archives_of(model)
-    stale = [
-        name
+    where = Path(export_dir) if export_dir else Path(f"the export of {model}")
+    stale = {
+        name: info
         for name, info in served.items()
-        if info.format in manifest.artifacts
-        and info.sha256
-        and info.sha256 != manifest.artifacts[info.format].sha256
-    ]
-    if stale:
-        raise ServeError(
-            f"The running server serves {', '.join(sorted(stale))} built from another export of "
-            f"{model} than this one (the artifact's sha256 differs): re-archive it "
-            f"(`pipeline archive --model {model}`) and restart the server."
+        if served_mod.stale(name, info, manifest, where, runtime=server.runtime)
+    }
+    if stale:  # one sentence for all of them: they were archived together
+        info = next(iter(stale.values()))
+        names = ", ".join(stale)
+        raise StaleServerError(
+            str(served_mod.stale(names, info, manifest, where, runtime=server.runtime))
         )
     found = [ServedBackend(server, name, info.format, manifest) for name, info in served.items()]
     if not found:

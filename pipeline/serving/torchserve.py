@@ -38,7 +38,8 @@ from typing import Any
 
 import psutil
 
-from pipeline.serving.archive import DEFAULT_STORE, ArchiveInfo
+from pipeline.serving import served
+from pipeline.serving.archive import DEFAULT_STORE
 from pipeline.serving.gateway import CONFIG_FILE as GATEWAY_CONFIG
 from pipeline.serving.gateway import GatewayConfig
 from pipeline.serving.server import (
@@ -61,7 +62,6 @@ __all__ = [
     "default_run_dir",
     "free_port",
     "port_free",
-    "preferred_archives",
     "private_config",
     "start",
     "status",
@@ -105,9 +105,9 @@ class ServeConfig:
     # Serve the models that load even when others fail (they are listed in
     # Server.failed and logged); by default one failure stops the start.
     keep_going: bool = False
-    # Serve one format per model where its archives name the fastest verified
-    # backend `pipeline bench` measured (every format where they do not).
-    fastest_only: bool = False
+    # Serve one archive per model (served.preferred_archives: bench's fastest, else
+    # TorchScript), not every format archived: each format served costs workers.
+    one_format: bool = False
     extra_properties: dict[str, str] = field(default_factory=dict)
 
 
@@ -186,37 +186,6 @@ def _properties(config: ServeConfig, store: Path, models: list[str], backend_por
     return "".join(f"{k}={v}\n" for k, v in props.items())
 
 
-def archive_infos(store: Path, archives: list[str]) -> dict[str, ArchiveInfo]:
-    """Each archive's archive.json (archives without one are left out)."""
-    found = {name: ArchiveInfo.read(store / f"{name}.mar") for name in archives}
-    return {name: info for name, info in found.items() if info is not None}
-
-
-def preferred_archives(store: Path, archives: list[str]) -> list[str]:
-    """One archive per model whose archives name a measured fastest format that was
-    archived; every archive of the other models, and archives without archive.json."""
-    infos = archive_infos(store, archives)
-    by_model: dict[str, list[str]] = {}
-    for name in archives:
-        if name in infos:
-            by_model.setdefault(infos[name].model, []).append(name)
-    chosen = [name for name in archives if name not in infos]
-    for model, names in by_model.items():
-        fastest = next((infos[n].fastest for n in names if infos[n].fastest), None)
-        pick = [n for n in names if fastest and infos[n].format == fastest.get("format")]
-        if pick and len(names) > 1:
-            log.info(
-                "%s: serving %s, the fastest verified backend (%s)",
-                model,
-                pick[0],
-                fastest.get("backend") if fastest else None,
-            )
-            chosen.append(pick[0])
-        else:
-            chosen += names
-    return sorted(chosen)
-
-
 def exposure_warning(config: ServeConfig) -> str | None:
     """What to tell a user who asks for the API on a non-loopback address (None on loopback)."""
     if config.host in LOOPBACK:
@@ -244,14 +213,20 @@ def start(config: ServeConfig) -> Server:
         if pem and not Path(pem).is_file():
             raise ServeError(f"TLS file {pem} does not exist.")
     archives = sorted(p.stem for p in store.glob("*.mar")) if store.is_dir() else []
-    models = config.models or (
-        preferred_archives(store, archives) if config.fastest_only else archives
-    )
-    missing = [m for m in models if m not in archives]
-    if not models or missing:
+    if not archives:
         raise ServeError(
-            f"No archive(s) {missing or ''} in {store}. Run `pipeline archive` (or `make archive`) first."
+            f"No archives in {store}. Run `pipeline archive` (or `make archive`) first."
         )
+    try:
+        models = (
+            served.expand(store, archives, config.models, every=not config.one_format)
+            if config.models
+            else served.preferred_archives(store, archives)
+            if config.one_format
+            else archives
+        )
+    except ValueError as err:
+        raise ServeError(f"{err}. Run `pipeline archive --model MODEL` first.") from None
     existing = run_dir / SERVER_FILE
     if existing.is_file():
         old = Server.load(run_dir)
@@ -332,7 +307,7 @@ def start(config: ServeConfig) -> Server:
         started=psutil.Process(proc.pid).create_time(),
         backend_url=f"http://127.0.0.1:{backend_port}",
         ca_file=str(Path(config.tls_cert).resolve()) if config.tls_cert else None,
-        archives=archive_infos(store, models),
+        archives=served.archive_infos(store, models),
     )
     server.record()
     try:
@@ -363,6 +338,7 @@ def _start_gateway(server: Server, config: ServeConfig, run_dir: Path) -> Server
         tls_key=str(Path(config.tls_key).resolve()) if config.tls_key else None,
         log_file=str(run_dir / "logs" / "gateway.log"),
         server_pid=server.pid,
+        aliases=served.aliases(server),
     )
     gw.write(run_dir / GATEWAY_CONFIG)
     with (run_dir / "logs" / "gateway.out").open("ab") as out:

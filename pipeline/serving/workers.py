@@ -158,3 +158,45 @@ def status(run_dir: Path | None = None) -> dict[str, Any]:
         workers = client.workers(server, name)
         out[name] = None if workers is None else [w.get("status") for w in workers]
     return out
+
+
+def _memory_mb(proc: psutil.Process) -> float:
+    """Proportional set size where Linux reports it (shared pages split among the
+    processes that share them, so a sum over processes is the memory they take),
+    else resident size."""
+    try:
+        return getattr(proc.memory_full_info(), "pss", proc.memory_info().rss) / 2**20
+    except psutil.AccessDenied:
+        return proc.memory_info().rss / 2**20
+
+
+def footprint(server: Server) -> tuple[int, float, float]:
+    """(READY workers, their memory in MB, the whole server's in MB: TorchServe's
+    launcher and Java frontend, every worker, the gateway). Processes that end while
+    being read count as 0."""
+    workers = []
+    for name in server.models:
+        if name in server.failed:
+            continue
+        workers += [
+            w["pid"] for w in client.workers(server, name) or [] if w.get("status") == "READY"
+        ]
+    worker_mb = total_mb = 0.0
+    roots = [p for p in (server.pid, server.gateway_pid) if p]
+    seen: set[int] = set()
+    for root in roots:
+        try:
+            procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+        except psutil.Error:
+            continue
+        for proc in procs:
+            if proc.pid in seen:
+                continue
+            seen.add(proc.pid)
+            try:
+                mb = _memory_mb(proc)
+            except psutil.Error:
+                continue
+            total_mb += mb
+            worker_mb += mb if proc.pid in workers else 0.0
+    return len(workers), worker_mb, total_mb

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,42 @@ class Row:
     def error(self) -> ParityError | None:
         return self.comparison.error(self.where)
 
+    @property
+    def measured(self) -> bool:
+        """Whether the values were held against the tolerance (not crashed, missing,
+        mis-shaped or non-finite: those fail before any bound is reached)."""
+        return self.kind in (Kind.PASS, Kind.TOLERANCE, Kind.VACUOUS)
+
+    @property
+    def term(self) -> str | None:
+        """The larger term of the allowance at the deciding element: "atol" or "rtol"."""
+        c = self.comparison
+        if not self.measured or c.bound_ref is None or c.max_abs == 0 or not c.bound_allowed:
+            return None  # nothing measured, nothing to decide (exact), or no allowance at all
+        return "atol" if self.atol >= self.rtol * c.bound_ref else "rtol"
+
+    def bound_cells(self) -> tuple[str, str, str]:
+        """(bound, decided by, margin): allclose's |err| <= atol + rtol·|ref| written out at
+        the element that used the largest fraction of its allowance, the term that
+        dominated there, and the room left ("94% left") or the excess ("3.2× over")."""
+        c = self.comparison
+        if not self.measured:
+            return "—", "—", "—"
+        over = self.kind is Kind.TOLERANCE
+        # A vacuous tolerance (accepted or not) passes zeros too: its room is no margin.
+        vacuous = "vacuous" if c.vacuous and not over else ""
+        if c.max_abs == 0:
+            return "|err| = 0 everywhere", "—", vacuous or "exact"
+        if c.bound_used is None or c.bound_err is None or c.bound_ref is None:
+            return "", "", vacuous  # compared without detail: no element was singled out
+        allowed = self.atol + self.rtol * c.bound_ref
+        bound = (
+            f"{c.bound_err:.1e} {'>' if over else '≤'} {_short(self.atol)} + "
+            f"{_short(self.rtol)}·{c.bound_ref:.1e} = {allowed:.1e}"
+        )
+        term = {"atol": "atol", "rtol": "rtol·|ref|"}.get(self.term or "", "—")
+        return bound, term, vacuous or _margin(c.bound_used, over)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "backend": self.backend,
@@ -82,8 +119,18 @@ class Row:
             "atol": self.atol,
             "rtol": self.rtol,
             **self.comparison.to_json(),
+            "bound_term": self.term,
         }
 
+
+BOUND_HEADER = "|err| ≤ atol + rtol·|ref|"
+# Two lines: the terminal prints one a line, the page one paragraph.
+BOUND_LEGEND = (
+    f"{BOUND_HEADER}: allclose's rule, at the element that used the largest share of its "
+    "allowance; decided by: the larger of the two terms there",
+    "margin: the share of that allowance left, or how many times over it the error is; "
+    "vacuous: zeros would pass too, so there is no margin to speak of",
+)
 
 # The order in which failure kinds are raised when a report holds several:
 # a backend that cannot answer hides whatever its numbers would have said.
@@ -169,10 +216,12 @@ class ParityReport:
             ("inputs", "left"),
             ("output", "left"),
             ("max abs", "right"),
-            ("max rel", "right"),
+            # Not max rel: above rtol it looks like a failure when atol decided a pass.
+            (BOUND_HEADER, "right"),
+            ("decided by", "left"),
+            ("margin", "right"),
             ("p99 abs", "right"),
             ("max|ref|", "right"),
-            ("ref std", "right"),
             ("min atol", "right"),
             ("min rtol", "right"),
             ("top-1", "right"),
@@ -182,12 +231,18 @@ class ParityReport:
             table.add_column(col, justify=justify)  # type: ignore[arg-type]
         for r in self.rows:
             c = r.comparison
-            nums = (c.max_abs, c.max_rel, c.p99_abs, c.ref_max, c.ref_std, c.min_atol, c.min_rtol)
+            nums = (c.p99_abs, c.ref_max, c.min_atol, c.min_rtol)
             result = "[green]✓ pass[/]" if r.passed else f"[bold red]✗ {c.kind}[/]"
+            bound, term, margin = r.bound_cells()
+            style = "red" if r.kind is Kind.TOLERANCE else "yellow" if c.vacuous else "green"
             table.add_row(
                 r.backend,
                 r.inputs,
                 r.output,
+                _fmt(c.max_abs),
+                bound,
+                term,
+                f"[{style}]{margin}[/]" if r.measured else margin,
                 *(_fmt(x) for x in nums),
                 "" if c.top1 is None else f"{c.top1:.0%}",
                 result,
@@ -199,6 +254,8 @@ class ParityReport:
             + (f", atol scale {tol['atol_scale']:g}" if tol.get("atol_scale") else "")
             + "; min atol / min rtol: the smallest that would have passed, the other held fixed"
         )
+        for line in BOUND_LEGEND:
+            console.print(f"  {line}")
         for name, art in self.artifacts.items():
             how = art.get("method") or art.get("exporter") or ""
             console.print(f"  {name}: {art.get('file')}  {how}  {art.get('reason', '')}".rstrip())
@@ -217,3 +274,23 @@ class ParityReport:
 
 def _fmt(x: float) -> str:
     return str(json_number(x)) if x == float("inf") else f"{x:.1e}"
+
+
+def _short(x: float) -> str:
+    # Tolerances are mostly powers of ten: 1e-05 reads faster than 1.0e-05.
+    return "0" if x == 0 else f"{x:.1e}".replace(".0e", "e")
+
+
+def _margin(used: float, over: bool) -> str:
+    """The used fraction of the allowance as a reader wants it: room left, or times over."""
+    if over:
+        if math.isinf(used):
+            return "∞× over"  # an error where atol + rtol·|ref| is 0
+        if used < 10:
+            return f"{used:.1f}× over"
+        return f"{used:.0f}× over" if used < 1000 else f"{used:.1e}× over"
+    left = 1.0 - used
+    if 0 < left < 0.01:
+        return "<1% left"
+    # Rounded down: "100% left" only for no error at all.
+    return f"{math.floor(left * 100)}% left"

@@ -159,3 +159,41 @@ def test_a_report_raises_its_most_severe_failure_kind_with_every_error_attached(
     assert kinds == {ToleranceError, NonFiniteOutputError, MissingOutputError}
     assert "b / golden / y" in str(caught.value)
     ParityReport("m", "/x", "now", {"atol": 1e-5, "rtol": 1e-4}, {}, rows[:1]).raise_for_failures()
+
+
+# --- the element that decided the check (issue 20) -------------------------------------------
+
+
+def test_the_bound_element_uses_the_largest_share_of_its_allowance_and_decides_pass_fail() -> None:
+    gen = torch.Generator().manual_seed(0)
+    for scale, noise in ((1.0, 1e-5), (1e-2, 3e-6), (100.0, 1e-2), (1.0, 1e-3)):
+        ref = torch.randn(64, generator=gen, dtype=torch.float64) * scale
+        got = ref + torch.randn(64, generator=gen, dtype=torch.float64) * noise
+        c = compare_tensor(ref, got, 1e-5, 1e-4)
+        assert c.bound_used is not None and c.bound_err is not None and c.bound_ref is not None
+        share = (got - ref).abs() / (1e-5 + 1e-4 * ref.abs())
+        assert math.isclose(c.bound_used, float(share.max()), rel_tol=1e-12)
+        assert c.passed == (c.bound_used <= 1.0), (scale, noise)
+        assert math.isclose(c.bound_allowed, 1e-5 + 1e-4 * c.bound_ref, rel_tol=1e-12)
+        assert math.isclose(c.bound_err, c.bound_used * c.bound_allowed, rel_tol=1e-12)
+
+
+def test_the_bound_with_no_allowance_is_infinitely_over_and_exact_uses_none() -> None:
+    ref = torch.tensor([0.0, 1.0, 0.0])
+    c = compare_tensor(ref, torch.tensor([0.0, 1.0, 2e-6]), atol=0.0, rtol=1e-4)
+    assert not c.passed and c.bound_used == float("inf") and c.bound_err == pytest.approx(2e-6)
+    assert c.to_json()["bound_used"] == "inf"
+    exact = compare_tensor(ref, ref.clone(), 0.0, 0.0)
+    assert exact.passed and exact.bound_used == 0.0 and exact.bound_err == 0.0
+    # Pass/fail checks without detail single nothing out: None, not a 0 that reads as exact.
+    assert compare_tensor(ref, ref + 1, 1e-5, 1e-4, detail=False).bound_used is None
+
+
+def test_a_vacuous_tolerance_is_flagged_on_the_comparison_whether_or_not_accepted() -> None:
+    tiny = torch.full((3,), 1e-8)
+    assert compare_tensor(tiny, tiny * 0, 1e-5, 1e-4, strict=True, allow_vacuous=True).vacuous
+    assert compare_tensor(tiny, tiny * 0, 1e-5, 1e-4).vacuous  # the plain rule passes it: flagged
+    assert not compare_tensor(tiny * 1e8, tiny * 1e8, 1e-5, 1e-4).vacuous
+    # The flag and the strict rule agree: a VACUOUS failure is always flagged.
+    refused = compare_tensor(tiny, tiny * 0, 1e-5, 1e-4, strict=True)
+    assert refused.kind is Kind.VACUOUS and refused.vacuous

@@ -275,3 +275,47 @@ def test_a_request_in_flight_when_a_worker_dies_is_sent_again(tmp_path: Path) ->
     assert in_flight == 1
     assert (status, body) == (200, {"answer": 2})
     assert calls == 2  # sent twice, and no task left registered afterwards
+
+
+def test_a_model_name_reaches_the_one_archive_serving_it(tmp_path: Path) -> None:
+    """`/predictions/digits_lenet` reaches whichever format `pipeline serve` chose."""
+    import asyncio
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from pipeline.serving.gateway import GatewayConfig, build_app
+
+    seen: list[str] = []
+
+    async def upstream(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        return web.json_response({"outputs": {}})
+
+    async def main() -> list[int]:
+        up = web.Application()
+        up.router.add_post("/predictions/{tail:.*}", upstream)
+        async with TestServer(up) as up_server:
+            config = GatewayConfig(
+                host="127.0.0.1",
+                port=0,
+                upstream=str(up_server.make_url("")).rstrip("/"),
+                key_file=str(_key_file(tmp_path / "key_file.json", "k")),
+                max_request_size=1024,
+                aliases={"digits_lenet": "digits_lenet_onnx"},
+            )
+            async with TestClient(TestServer(build_app(config))) as gateway:
+                statuses = []
+                for path in ("digits_lenet", "digits_lenet/1.0", "digits_lenet_ts"):
+                    resp = await gateway.post(
+                        f"/predictions/{path}", data=JSON, headers={"Authorization": "Bearer k"}
+                    )
+                    statuses.append(resp.status)
+                return statuses
+
+    assert asyncio.run(main()) == [200, 200, 200]
+    assert seen == [
+        "/predictions/digits_lenet_onnx",
+        "/predictions/digits_lenet_onnx/1.0",
+        "/predictions/digits_lenet_ts",  # an archive's own name is never rewritten
+    ]

@@ -1,6 +1,6 @@
 """The code's shape: stages import only to their left, no import cycles, small modules.
 
-The flow, left to right (README "Layout"):
+The flow, left to right (docs/internals.md, "Layout"):
 pipeline_runtime → core → zoo → formats → train → export → verify → serving → kserve → bench
 → cli.
 Every import counts, the ones inside functions too.

@@ -16,7 +16,8 @@ import pytest
 from pipeline.formats import base as registry
 from pipeline.serving.archive import ARCHIVE_INFO, ArchiveInfo
 from pipeline.serving.client import ClientError, resolve_model
-from pipeline.serving.torchserve import Server, preferred_archives
+from pipeline.serving.served import aliases, expand, preferred_archives
+from pipeline.serving.torchserve import Server
 
 
 def _mar(store: Path, name: str, model: str, fastest: dict[str, Any] | None = None) -> None:
@@ -29,19 +30,18 @@ def _mar(store: Path, name: str, model: str, fastest: dict[str, Any] | None = No
 ONNX_FASTEST = {"backend": "onnxruntime", "format": "onnx"}
 
 
-def test_the_fastest_verified_format_is_served_alone(tmp_path: Path) -> None:
+def test_one_format_per_model_the_fastest_verified_else_torchscript(tmp_path: Path) -> None:
     for suffix in ("ts", "onnx"):
         _mar(tmp_path, f"digits_lenet_{suffix}", "digits_lenet", ONNX_FASTEST)
         frozen = {"backend": "torchscript_frozen", "format": "torchscript"}
         _mar(tmp_path, f"my_cell_{suffix}", "my_cell", frozen)
-        _mar(tmp_path, f"wrap_rnn_{suffix}", "wrap_rnn")  # never benchmarked: both formats
+        _mar(tmp_path, f"wrap_rnn_{suffix}", "wrap_rnn")  # never benchmarked: TorchScript
     _mar(tmp_path, "only_ts", "only", ONNX_FASTEST)
     archives = sorted(p.stem for p in tmp_path.glob("*.mar"))
     assert preferred_archives(tmp_path, archives) == [
         "digits_lenet_onnx",
         "my_cell_ts",
         "only_ts",
-        "wrap_rnn_onnx",
         "wrap_rnn_ts",
     ]
 
@@ -63,6 +63,24 @@ def test_the_choice_goes_by_archive_json_not_by_name(tmp_path: Path) -> None:
         zf.writestr("MAR-INF/MANIFEST.json", "{}")  # no archive.json: always kept
     archives = sorted(p.stem for p in tmp_path.glob("*.mar"))
     assert preferred_archives(tmp_path, archives) == ["a_b_onnx", "a_b_ts", "foreign_ts", "x_onnx"]
+
+
+def test_serve_models_takes_archive_and_model_names(tmp_path: Path) -> None:
+    _mar(tmp_path, "digits_lenet_ts", "digits_lenet")
+    _mar(tmp_path, "digits_lenet_onnx", "digits_lenet")
+    _mar(tmp_path, "torchvision_resnet18_onnx", "torchvision:resnet18", ONNX_FASTEST)
+    _mar(tmp_path, "torchvision_resnet18_ts", "torchvision:resnet18", ONNX_FASTEST)
+    archives = sorted(p.stem for p in tmp_path.glob("*.mar"))
+    assert expand(tmp_path, archives, ["digits_lenet"]) == ["digits_lenet_ts"]
+    assert expand(tmp_path, archives, ["digits_lenet_onnx"]) == ["digits_lenet_onnx"]
+    assert expand(tmp_path, archives, ["torchvision:resnet18"]) == ["torchvision_resnet18_onnx"]
+    assert expand(tmp_path, archives, ["torchvision_resnet18"]) == ["torchvision_resnet18_onnx"]
+    assert expand(tmp_path, archives, ["digits_lenet"], every=True) == [
+        "digits_lenet_onnx",
+        "digits_lenet_ts",
+    ]
+    with pytest.raises(ValueError, match="my_cell: no such archive or archived model"):
+        expand(tmp_path, archives, ["digits_lenet", "my_cell"])
 
 
 def _server(archives: dict[str, tuple[str, str]]) -> Server:
@@ -109,6 +127,22 @@ def test_a_failed_archive_is_not_picked() -> None:
     )
     failed = Server(**{**server.__dict__, "failed": ["digits_lenet_ts"]})
     assert resolve_model(failed, "digits_lenet") == "digits_lenet_onnx"
+
+
+def test_a_model_served_in_one_format_is_reachable_by_its_name() -> None:
+    server = _server(
+        {
+            "digits_lenet_onnx": ("digits_lenet", "onnx"),
+            "my_cell_ts": ("my_cell", "torchscript"),
+            "my_cell_onnx": ("my_cell", "onnx"),  # two formats: the name would be ambiguous
+            "torchvision_resnet18_pt2": ("torchvision:resnet18", "pt2"),
+        }
+    )
+    assert aliases(server) == {
+        "digits_lenet": "digits_lenet_onnx",
+        "torchvision:resnet18": "torchvision_resnet18_pt2",
+        "torchvision_resnet18": "torchvision_resnet18_pt2",
+    }
 
 
 def test_server_json_round_trips_the_archive_records(tmp_path: Path) -> None:

@@ -1,0 +1,139 @@
+"""The `pipeline` subcommands that use a running server: infer and loadtest.
+
+Like the rest of the CLI, this only parses arguments and calls a stage function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+
+from pipeline.cli.args import run_dir_arg, serve_run_dir
+from pipeline.core import paths
+
+
+def add_client_commands(sub: argparse._SubParsersAction, formats: list[str]) -> None:
+    p = sub.add_parser(
+        "infer",
+        help="send an image or tensors to a served model and print the answer",
+        description="POST a .png/.jpg image, a .json body or a torch.save'd .pt of tensors to "
+        "/predictions/<model> with the inference token.",
+    )
+    p.add_argument(
+        "--model",
+        required=True,
+        help="a served archive (digits_lenet_ts) or a model as exported (digits_lenet, "
+        "torchvision:resnet18): the format it is served in, TorchScript when several",
+    )
+    p.add_argument("input", type=Path, help="the file to send")
+    run_dir_arg(p)
+    p.set_defaults(func=_cmd_infer)
+
+    p = sub.add_parser(
+        "loadtest",
+        help="a bounded load run against a served model, every answer checked against eager",
+        description="Send --requests requests at --concurrency over loopback to a served model, "
+        "check every answer against the eager model, and report failures, p50/p99 latency, "
+        "throughput, worker memory before and after, and (with --kill-worker-after) how long "
+        "TorchServe took to replace a SIGKILLed worker. Exits 1 if any request failed or was wrong.",
+    )
+    p.add_argument(
+        "--model",
+        required=True,
+        help="an exported model (zoo name or user spec, e.g. torchvision:resnet18)",
+    )
+    p.add_argument("--export-dir", type=Path, help="default: <artifacts>/<model>/export")
+    p.add_argument(
+        "--format",
+        choices=formats,
+        help="default: the format the server serves the model in (with --serve: the one "
+        "`pipeline serve` would serve, bench's fastest or else TorchScript)",
+    )
+    p.add_argument("--requests", type=int, default=20_000, help="default: 20000")
+    p.add_argument("--concurrency", type=int, default=32, help="default: 32")
+    p.add_argument("--time-limit", type=float, default=600.0, help="seconds (default: 600)")
+    p.add_argument(
+        "--kill-worker-after",
+        type=int,
+        help="SIGKILL the model's worker once this many requests were answered",
+    )
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="archive the export into a private store and start a private server on free "
+        "loopback ports for this run (stopped afterwards); default: use the running server",
+    )
+    p.add_argument(
+        "--runtime",
+        choices=["torchserve", "kserve"],
+        default="torchserve",
+        help="with --serve: the private server's runtime (default: torchserve); without, the "
+        "running server's runtime is used",
+    )
+    p.add_argument(
+        "--encodings",
+        default="json",
+        metavar="LIST",
+        help="how bodies are sent, in turn, comma-separated: json, npy, json-untyped, "
+        "npy-untyped (no Content-Type), json-form, npy-form (curl's default form type); "
+        "default: json",
+    )
+    p.add_argument("--json", type=Path, help="also write the report as JSON")
+    run_dir_arg(p)
+    p.set_defaults(func=_cmd_loadtest)
+
+
+def _cmd_loadtest(args: argparse.Namespace) -> int:
+    from pipeline.serving.loadtest import LoadConfig, run_served, to_markdown, write_reports
+
+    config = LoadConfig(
+        export_dir=args.export_dir or paths.export_dir(args.model, args.artifacts_dir),
+        run_dir=serve_run_dir(args),
+        format=args.format,
+        requests=args.requests,
+        concurrency=args.concurrency,
+        time_limit_s=args.time_limit,
+        kill_worker_after=args.kill_worker_after,
+        encodings=tuple(e.strip() for e in args.encodings.split(",") if e.strip()),
+    )
+    say = functools.partial(print, flush=True)
+    if args.serve and args.runtime == "kserve":
+        from dataclasses import replace
+
+        from pipeline.kserve.launch import private, served_export
+
+        model = served_export(config.export_dir, args.format)
+        say(f"starting a private KServe runtime for {args.model} ({model.format}) ...")
+        with private([model]) as server:
+            report = run_served(replace(config, run_dir=Path(server.run_dir)), say=say)
+    else:
+        report = run_served(config, private=args.serve, say=say)
+    print(report.summary())
+    print(to_markdown([report]))
+    if args.json:
+        write_reports([report], args.json)
+    return 0 if report.passed else 1
+
+
+def _cmd_infer(args: argparse.Namespace) -> int:
+    from pipeline.serving import served
+    from pipeline.serving.client import infer, resolve_model
+    from pipeline.serving.server import Server
+
+    run_dir = serve_run_dir(args)
+    server = Server.load(run_dir)
+    archive = resolve_model(server, args.model)
+    info = server.archives.get(archive)
+    if info is not None:
+        # An answer from another export than the one on disk looks like a wrong model.
+        export_dir = paths.export_dir(info.model, args.artifacts_dir)
+        fresh, why = served.freshness(server.archives, archive, export_dir, server.runtime)
+        if fresh is False:
+            print(f"warning: {why}", file=sys.stderr)
+        elif args.verbose:
+            print(why, file=sys.stderr)
+    print(json.dumps(infer(archive, args.input, run_dir), indent=2))
+    return 0

@@ -1,0 +1,191 @@
+"""What a server serves of a model: which format, and whether it is the export on disk.
+
+One rule picks the format everywhere: `pipeline serve` (which archive of a model
+to start), `loadtest --serve` (which format its private server archives) and the
+clients (`infer`, `loadtest`, `verify --backend torchserve`, through
+`Server.archives_of` and `client.resolve_model`): the fastest verified backend
+`pipeline bench` measured when it was archived, else the first format in
+registry order (TorchScript, the reference serialisation).
+
+`stale(...)` compares what an archive records about the export it was built
+from (`archive.json`: the artifact's and the checkpoint's sha256, the export's
+time) with an export folder, and says in one sentence which is older and what
+to run. A served model that answers from another export than the one a check
+compares with fails every check; this says why before the failures do.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pipeline.core import paths
+from pipeline.core.errors import PipelineError
+from pipeline.core.manifest import MANIFEST_NAME, read_manifest
+from pipeline.formats import base as registry
+from pipeline.serving.archive import ArchiveInfo, fastest_entry
+from pipeline.serving.server import ServeError, Server
+from pipeline_runtime.manifest import Manifest
+
+
+def preferred_format(formats: Iterable[str], fastest: dict[str, Any] | None = None) -> str:
+    """The format to serve out of `formats`: bench's fastest when among them, else the
+    first in registry order. ValueError when `formats` is empty."""
+    held = list(formats)
+    if not held:
+        raise ValueError("no format to choose from")
+    if fastest and fastest.get("format") in held:
+        return str(fastest["format"])
+    order = registry.keys()
+    return min(held, key=lambda f: order.index(f) if f in order else len(order))
+
+
+def export_format(manifest: Manifest, bench_results: Path | None = None) -> str:
+    """The format `pipeline serve` would serve of this export once archived (what
+    `loadtest --serve` and the KServe runtime serve when no format is asked for).
+    ServeError when the export holds none."""
+    known = registry.keys()
+    held = [k for k in manifest.artifacts if k in known]
+    if not held:
+        raise ServeError(
+            f"The export of {manifest.model.name} holds no servable artifact; re-run `pipeline export`."
+        )
+    return preferred_format(held, fastest_entry(manifest.model.name, bench_results))
+
+
+def archive_infos(store: Path, archives: Iterable[str]) -> dict[str, ArchiveInfo]:
+    """Each archive's archive.json (archives without one are left out)."""
+    found = {name: ArchiveInfo.read(Path(store) / f"{name}.mar") for name in archives}
+    return {name: info for name, info in found.items() if info is not None}
+
+
+def by_model(infos: dict[str, ArchiveInfo]) -> dict[str, dict[str, str]]:
+    """model → {format: archive name}, from the archives' own records."""
+    out: dict[str, dict[str, str]] = {}
+    for name, info in sorted(infos.items()):
+        out.setdefault(info.model, {}).setdefault(info.format, name)
+    return out
+
+
+def preferred_archives(store: Path, archives: list[str]) -> list[str]:
+    """One archive per model (`preferred_format` of those archived); every archive
+    without archive.json (another tool's), since nothing says what it holds."""
+    infos = archive_infos(store, archives)
+    chosen = [name for name in archives if name not in infos]
+    for formats in by_model(infos).values():
+        fastest = next((infos[n].fastest for n in formats.values() if infos[n].fastest), None)
+        chosen.append(formats[preferred_format(formats, fastest)])
+    return sorted(chosen)
+
+
+def expand(store: Path, archives: list[str], names: list[str], every: bool = False) -> list[str]:
+    """`pipeline serve --models`: archive names as given, model names (as exported:
+    digits_lenet, torchvision:resnet18) as their preferred archive (`every`: all their
+    archives). ValueError names what is neither."""
+    models = by_model(archive_infos(store, archives))
+    slugs = {paths.model_slug(m): m for m in models}  # torchvision_resnet18 → torchvision:resnet18
+    out: list[str] = []
+    unknown = []
+    for name in names:
+        model = name if name in models else slugs.get(paths.model_slug(name))
+        if name in archives:
+            out.append(name)
+        elif model is not None:
+            formats = models[model]
+            infos = archive_infos(store, formats.values())
+            fastest = next((i.fastest for i in infos.values() if i.fastest), None)
+            out += formats.values() if every else [formats[preferred_format(formats, fastest)]]
+        else:
+            unknown.append(name)
+    if unknown:
+        raise ValueError(
+            f"{', '.join(unknown)}: no such archive or archived model in {store} (it holds "
+            f"{', '.join(archives) or 'nothing'})"
+        )
+    return list(dict.fromkeys(out))
+
+
+def aliases(server: Server) -> dict[str, str]:
+    """Model name (and its slug: torchvision_resnet18) → archive, for each model the
+    server serves in one format, so clients can ask for the model whatever its format.
+    A name that is itself an archive's is never an alias."""
+    out: dict[str, str] = {}
+    for model in {info.model for info in server.archives.values()}:
+        mine = server.archives_of(model)
+        if len(mine) == 1:
+            for name in (model, paths.model_slug(model)):
+                if name not in server.archives and name not in server.models:
+                    out[name] = next(iter(mine))
+    return dict(sorted(out.items()))
+
+
+def _when(stamp: str) -> dt.datetime | None:
+    try:
+        return dt.datetime.fromisoformat(stamp) if stamp else None
+    except ValueError:
+        return None
+
+
+def _origin(when: str, checkpoint: str) -> str:
+    return f"exported {when or 'at an unrecorded time'} from checkpoint {checkpoint[:8] or 'unrecorded'}"
+
+
+def stale(
+    archive: str,
+    info: ArchiveInfo,
+    manifest: Manifest,
+    export_dir: Path,
+    *,
+    runtime: str = "torchserve",
+) -> str | None:
+    """None when `archive` was built from the export in `export_dir` (its artifact's
+    sha256 is the manifest's, or the archive recorded nothing to compare); else one sentence
+    saying which is older and what to run."""
+    artifact = manifest.artifacts.get(info.format)  # None: this export lacks the format
+    if not info.sha256 or (artifact is not None and info.sha256 == artifact.sha256):
+        return None
+    served_at, export_at = _when(info.exported), _when(manifest.created)
+    if served_at and export_at and served_at < export_at:
+        older = "the served archive is the older"
+    elif served_at and export_at and served_at > export_at:
+        older = "the export is the older"
+    else:
+        older = "which is older is not recorded"
+    served = _origin(info.exported, info.checkpoint_sha256)
+    this = _origin(manifest.created, manifest.checkpoint.sha256)
+    model = manifest.model.name
+    fix = (
+        f"`pipeline stop && pipeline serve --runtime kserve --model {model}`"
+        if runtime == "kserve"
+        else f"`pipeline archive --model {model} && pipeline stop && pipeline serve`"
+    )
+    return (
+        f"The server answers {model} from another export than {export_dir} ({archive}), and "
+        f"{older} (served: {served}; this export: {this}): run {fix} to serve this export."
+    )
+
+
+def freshness(
+    archives: dict[str, ArchiveInfo], archive: str, export_dir: Path, runtime: str = "torchserve"
+) -> tuple[bool | None, str]:
+    """Whether served `archive` (its record in `archives`, as server.json keeps them) was
+    built from the export in `export_dir`: (True, what matched), (False, the one-sentence
+    diagnosis of `stale`), or (None, why they cannot be compared)."""
+    info = archives.get(archive)
+    if info is None or not info.sha256:
+        return None, f"{archive} records no export to compare with (archived by another tool)"
+    if not (Path(export_dir) / MANIFEST_NAME).is_file():
+        return None, f"no export of {info.model} in {export_dir} to compare {archive} with"
+    try:
+        manifest = read_manifest(Path(export_dir))
+    except PipelineError as err:  # an unreadable export is reported, not raised
+        return None, str(err)
+    sentence = stale(archive, info, manifest, Path(export_dir), runtime=runtime)
+    if sentence:
+        return False, sentence
+    return True, (
+        f"{archive} serves the export in {export_dir} "
+        f"({_origin(manifest.created, manifest.checkpoint.sha256)})"
+    )
