@@ -1,4 +1,11 @@
-"""The README's commands exist: every `make` target and `pipeline` option it shows."""
+"""The README and docs/ say only what works.
+
+Every ```bash block in README.md, docs/ and cpp_client/README.md carries a marker on
+the line before it: `<!-- test: walkthrough -->` (README only: `test_walkthrough` runs
+those blocks, in order, as written, in a copy of the repository) or `<!-- not run by
+tests: REASON -->`. Every block, run or not, is checked: each `make` target it names
+exists and each `pipeline` option it uses is in that stage's `--help`.
+"""
 
 from __future__ import annotations
 
@@ -6,52 +13,149 @@ import re
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
-BLOCKS = re.findall(r"```bash\n(.*?)```", README, flags=re.S)
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "cpp_client/README.md"]
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+WALKTHROUGH = "<!-- test: walkthrough -->"
+NOT_RUN = re.compile(r"^<!-- not run by tests: \S.*\S -->$")
+SHELLS = {"sh", "shell", "console", "zsh", "bash"}
+# Options of `pipeline` itself, before the stage name.
+GLOBAL = {"--artifacts-dir": 1, "-v": 0, "--verbose": 0}
 
 
-def _commands() -> list[str]:
-    text = "\n".join(BLOCKS).replace("\\\n", " ")
-    return [line.split("#")[0].strip() for line in text.splitlines() if line.split("#")[0].strip()]
+@dataclass(frozen=True)
+class Block:
+    page: Path
+    line: int
+    lang: str
+    text: str
+    marker: str  # the line before the fence
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
 
 
-def test_readme_has_the_two_entry_commands() -> None:
-    commands = _commands()
-    assert "make demo" in commands
-    assert "make test" in commands
+def blocks() -> list[Block]:
+    out = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for m in FENCE.finditer(text):
+            before = text[: m.start()].rstrip("\n").rpartition("\n")[2].strip()
+            line = text.count("\n", 0, m.start()) + 1
+            out.append(Block(page, line, m[1], m[2], before))
+    return out
 
 
-@pytest.mark.parametrize("command", [c for c in _commands() if c.startswith("make ")])
-def test_make_targets_exist(command: str) -> None:
-    target = shlex.split(command)[1]
+def commands(block: Block) -> list[str]:
+    """The block's command lines: continuation lines joined, comment-only and blank lines
+    dropped (bash reads a trailing comment itself)."""
+    text = block.text.replace("\\\n", " ")
+    lines = [ln.strip() for ln in text.splitlines()]
+    return [ln for ln in lines if ln and not ln.startswith("#")]
+
+
+def _pieces(command: str) -> list[list[str]]:
+    """One command line as the programs it runs (split at &&, ||, ;, | and &), each as
+    its words, comments dropped, quotes honoured as bash does."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    out: list[list[str]] = [[]]
+    for token in lexer:
+        if token in {"&&", "||", ";", "|", "&"}:
+            out.append([])
+        else:
+            out[-1].append(token)
+    return [words for words in out if words]
+
+
+def all_commands() -> list[list[str]]:
+    """Every program every ```bash block runs, as its words."""
+    found = [
+        piece for b in blocks() if b.lang == "bash" for c in commands(b) for piece in _pieces(c)
+    ]
+    assert len(found) > 50, "the pages' commands were not found"  # the parsing itself works
+    return found
+
+
+def test_every_command_block_is_bash_and_marked() -> None:
+    problems = []
+    for b in blocks():
+        if b.lang in SHELLS - {"bash"}:
+            problems.append(f"{b.where}: ```{b.lang}: commands are ```bash, output ```text")
+        if b.lang != "bash":
+            continue
+        if b.marker == WALKTHROUGH:
+            if b.page.name != "README.md" or b.page.parent != ROOT:
+                problems.append(f"{b.where}: only README's example is the walkthrough")
+        elif not NOT_RUN.match(b.marker):
+            problems.append(f"{b.where}: no `{WALKTHROUGH}` or `<!-- not run by tests: why -->`")
+    assert not problems, "\n".join(problems)
+
+
+def test_readme_has_the_two_entry_commands_and_fits_on_a_few_screens() -> None:
+    readme = [
+        words
+        for b in blocks()
+        if b.page == ROOT / "README.md" and b.lang == "bash"
+        for c in commands(b)
+        for words in _pieces(c)
+    ]
+    assert ["make", "demo"] in readme and ["make", "test"] in readme
+    assert len((ROOT / "README.md").read_bytes()) < 12 * 1024
+
+
+def test_every_make_target_exists() -> None:
     makefile = (ROOT / "Makefile").read_text()
-    assert re.search(rf"^{re.escape(target)}:", makefile, flags=re.M), target
+    missing = []
+    for words in all_commands():
+        if words[0] == "make":
+            targets = [w for w in words[1:] if "=" not in w and not w.startswith("-")]
+            missing += [t for t in targets if not re.search(rf"^{re.escape(t)}:", makefile, re.M)]
+    assert not missing, missing
 
 
-@pytest.mark.parametrize("command", [c for c in _commands() if c.startswith(".venv/bin/pipeline ")])
-def test_pipeline_options_exist(command: str) -> None:
-    args = shlex.split(command)[1:]
-    words = [a for a in args if not a.startswith("-")]
-    path = [words[0]]
+@cache
+def _help(*path: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline", *path, "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, f"`pipeline {' '.join(path)} --help`: {proc.stderr}"
+    return proc.stdout
 
-    def help_of(path: list[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "pipeline", *path, "--help"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
 
-    proc = help_of(path)
-    # A stage with sub-commands (`pipeline deploy kserve`) lists them indented in its help.
-    if len(words) > 1 and re.search(rf"^\s+{re.escape(words[1])}\s", proc.stdout, flags=re.M):
-        path.append(words[1])
-        proc = help_of(path)
-    assert proc.returncode == 0
-    for option in (a for a in args if a.startswith("--")):
-        assert option in proc.stdout, f"{option} not in `pipeline {' '.join(path)} --help`"
+def _stage_and_options(words: list[str]) -> tuple[list[str], list[str]] | None:
+    """(stage path, options) of a `pipeline` command; None for another program."""
+    if not words or Path(words[0]).name != "pipeline":
+        return None
+    args = words[1:]
+    while args and args[0] in GLOBAL:
+        args = args[1 + GLOBAL[args[0]] :]
+    if not args:
+        return [], []
+    path = [args[0]]
+    rest = [a for a in args[1:] if not a.startswith("-")]
+    # A stage with sub-commands (`pipeline deploy kserve`) lists them under its positional
+    # argument, indented by four spaces (argparse's layout).
+    if rest and re.search(rf"^ {{4}}{re.escape(rest[0])}\s", _help(*path), flags=re.M):
+        path.append(rest[0])
+    return path, [a.split("=")[0] for a in args if a.startswith("--")]
+
+
+def test_every_pipeline_option_exists() -> None:
+    missing = []
+    for piece in all_commands():
+        found = _stage_and_options(piece)
+        if found is None:
+            continue
+        path, options = found
+        text = _help(*path)
+        missing += [f"pipeline {' '.join(path)} {o}" for o in options if o not in text]
+    assert not missing, missing
