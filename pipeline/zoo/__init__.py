@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeline.core.defaults import DEFAULT_MODEL  # defined torch-free, for the CLI
 from pipeline.core.errors import InputSpecError, UnknownModelError
 from pipeline.core.paths import is_external
 from pipeline.zoo import rnn
@@ -198,8 +199,6 @@ _ENTRIES: dict[str, ZooEntry] = {
         ),
     ]
 }
-
-DEFAULT_MODEL = "digits_lenet"
 
 
 def zoo_names() -> list[str]:
