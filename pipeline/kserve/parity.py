@@ -139,25 +139,17 @@ def kserve_backends(model: str, manifest: Manifest, run_dir: Path | None) -> lis
     config = RuntimeConfig.read(Path(server.run_dir) / CONFIG_FILE)
     exports = [(m, read_manifest(Path(m.export_dir))) for m in config.models]
     served = [m for m, theirs in exports if theirs.model.name == manifest.model.name]
-    # What the runtime loaded at start (server.json), not the export folder as it is now:
-    # an export rewritten since is on disk but not in the runtime.
-    stale = {
-        m.name: server.archives[m.name]
-        for m in served
-        if m.name in server.archives
-        and served_mod.stale(m.name, server.archives[m.name], manifest, Path(m.export_dir))
-    }
-    if stale:
-        info = next(iter(stale.values()))
-        names = ", ".join(stale)
-        raise ServeError(
-            str(served_mod.stale(names, info, manifest, Path(served[0].export_dir), runtime=KSERVE))
-        )
     if not served:
         raise ServeError(
             f"The KServe runtime in {server.run_dir} does not serve {model}; restart it with "
             f"`pipeline serve --runtime kserve --model {model}`."
         )
+    # What the runtime loaded at start (server.json), not the export folder as it is now:
+    # an export rewritten since is on disk but not in the runtime.
+    loaded = {m.name: server.archives[m.name] for m in served if m.name in server.archives}
+    stale = served_mod.stale_of(loaded, manifest, Path(served[0].export_dir), runtime=KSERVE)
+    if stale:
+        raise ServeError(stale)
     return [
         KServeBackend(server, m.name, m.format, manifest, transport)
         for m in served

@@ -64,17 +64,9 @@ def served_backends(
         )
     served = server.archives_of(model)
     where = Path(export_dir) if export_dir else Path(f"the export of {model}")
-    stale = {
-        name: info
-        for name, info in served.items()
-        if served_mod.stale(name, info, manifest, where, runtime=server.runtime)
-    }
-    if stale:  # one sentence for all of them: they were archived together
-        info = next(iter(stale.values()))
-        names = ", ".join(stale)
-        raise StaleServerError(
-            str(served_mod.stale(names, info, manifest, where, runtime=server.runtime))
-        )
+    stale = served_mod.stale_of(served, manifest, where, runtime=server.runtime)
+    if stale:
+        raise StaleServerError(stale)
     found = [ServedBackend(server, name, info.format, manifest) for name, info in served.items()]
     if not found:
         raise ServeError(

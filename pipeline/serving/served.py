@@ -69,14 +69,18 @@ def by_model(infos: dict[str, ArchiveInfo]) -> dict[str, dict[str, str]]:
     return out
 
 
+def _preferred(formats: dict[str, str], infos: dict[str, ArchiveInfo]) -> str:
+    """The archive to serve of one model's archives ({format: archive name})."""
+    fastest = next((infos[n].fastest for n in formats.values() if infos[n].fastest), None)
+    return formats[preferred_format(formats, fastest)]
+
+
 def preferred_archives(store: Path, archives: list[str]) -> list[str]:
     """One archive per model (`preferred_format` of those archived); every archive
     without archive.json (another tool's), since nothing says what it holds."""
     infos = archive_infos(store, archives)
     chosen = [name for name in archives if name not in infos]
-    for formats in by_model(infos).values():
-        fastest = next((infos[n].fastest for n in formats.values() if infos[n].fastest), None)
-        chosen.append(formats[preferred_format(formats, fastest)])
+    chosen += [_preferred(formats, infos) for formats in by_model(infos).values()]
     return sorted(chosen)
 
 
@@ -84,7 +88,8 @@ def expand(store: Path, archives: list[str], names: list[str], every: bool = Fal
     """`pipeline serve --models`: archive names as given, model names (as exported:
     digits_lenet, torchvision:resnet18) as their preferred archive (`every`: all their
     archives). ValueError names what is neither."""
-    models = by_model(archive_infos(store, archives))
+    infos = archive_infos(store, archives)
+    models = by_model(infos)
     slugs = {paths.model_slug(m): m for m in models}  # torchvision_resnet18 → torchvision:resnet18
     out: list[str] = []
     unknown = []
@@ -94,9 +99,7 @@ def expand(store: Path, archives: list[str], names: list[str], every: bool = Fal
             out.append(name)
         elif model is not None:
             formats = models[model]
-            infos = archive_infos(store, formats.values())
-            fastest = next((i.fastest for i in infos.values() if i.fastest), None)
-            out += formats.values() if every else [formats[preferred_format(formats, fastest)]]
+            out += formats.values() if every else [_preferred(formats, infos)]
         else:
             unknown.append(name)
     if unknown:
@@ -165,6 +168,22 @@ def stale(
         f"The server answers {model} from another export than {export_dir} ({archive}), and "
         f"{older} (served: {served}; this export: {this}): run {fix} to serve this export."
     )
+
+
+def stale_of(
+    archives: dict[str, ArchiveInfo],
+    manifest: Manifest,
+    export_dir: Path,
+    *,
+    runtime: str = "torchserve",
+) -> str | None:
+    """`stale` for several served archives of one model: None when every one was built
+    from this export, else one sentence naming all that were not (archived together, they
+    share their origin)."""
+    old = [name for name, info in archives.items() if stale(name, info, manifest, export_dir)]
+    if not old:
+        return None
+    return stale(", ".join(old), archives[old[0]], manifest, export_dir, runtime=runtime)
 
 
 def freshness(
