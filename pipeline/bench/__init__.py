@@ -257,7 +257,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
 
     served: list[dict] = []
     if config.served_models:
-        from pipeline.bench.served import bench_served
+        from pipeline.runtimes.torchserve.bench import bench_served
 
         for model in config.served_models:
             log.info("%s: TorchServe, concurrency %s", model, config.concurrencies)
@@ -273,7 +273,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
             skipped += left_out
             phase_done(f"{model} served by TorchServe")
             if config.kserve:
-                from pipeline.bench.kserve import bench_kserve
+                from pipeline.runtimes.kserve.bench import bench_kserve
 
                 log.info("%s: the KServe runtime, concurrency %s", model, config.concurrencies)
                 points, left_out = bench_kserve(

@@ -172,7 +172,8 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_archive(args: argparse.Namespace) -> int:
-    from pipeline.serving.archive import ArchiveConfig, archive, default_bench_results
+    from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
+    from pipeline.serving.provenance import default_bench_results
 
     config = ArchiveConfig(
         model=args.model,
@@ -194,8 +195,8 @@ def _cmd_archive(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve_kserve(args: argparse.Namespace) -> int:
-    from pipeline.kserve.config import RuntimeConfig, default_threads
-    from pipeline.kserve.launch import served_export, start
+    from pipeline.runtimes.kserve.config import RuntimeConfig, default_threads
+    from pipeline.runtimes.kserve.launch import served_export, start
     from pipeline.serving.server import INFERENCE_KEY_FILE
     from pipeline.zoo import DEFAULT_MODEL
 
@@ -239,9 +240,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         )
     if args.export_models:  # before --model existed, argparse read it as --models
         args.models = [*(args.models or []), *args.export_models]
+    from pipeline.runtimes.torchserve.launch import ServeConfig, start
+    from pipeline.runtimes.torchserve.workers import footprint
     from pipeline.serving.server import INFERENCE_KEY_FILE, KEY_FILE
-    from pipeline.serving.torchserve import ServeConfig, start
-    from pipeline.serving.workers import footprint
 
     server = start(
         ServeConfig(
@@ -293,8 +294,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
+    from pipeline.runtimes.torchserve.launch import stop
     from pipeline.serving.server import SERVER_FILE, Server
-    from pipeline.serving.torchserve import stop
 
     run_dir = serve_run_dir(args)
     kind = "TorchServe"

@@ -1,7 +1,7 @@
 """`pipeline deploy kserve`: write what a user applies to a Kubernetes cluster with KServe.
 
 Like the rest of the CLI, this only parses arguments and calls a stage function
-(pipeline.kserve.deploy).
+(pipeline.runtimes.kserve.deploy).
 """
 
 from __future__ import annotations
@@ -98,8 +98,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_deploy_kserve(args: argparse.Namespace) -> int:
-    from pipeline.kserve.deploy import deploy_kserve
-    from pipeline.kserve.manifests import DeployConfig
+    from pipeline.runtimes.kserve.deploy import deploy_kserve
+    from pipeline.runtimes.kserve.manifests import DeployConfig
 
     config = DeployConfig(
         model=args.model,

@@ -103,7 +103,7 @@ def _cmd_loadtest(args: argparse.Namespace) -> int:
     if args.serve and args.runtime == "kserve":
         from dataclasses import replace
 
-        from pipeline.kserve.launch import private, served_export
+        from pipeline.runtimes.kserve.launch import private, served_export
 
         model = served_export(config.export_dir, args.format)
         say(f"starting a private KServe runtime for {args.model} ({model.format}) ...")

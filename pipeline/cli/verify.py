@@ -121,7 +121,7 @@ def _served_backends(args: argparse.Namespace, config: Any) -> list:
 
     manifest = read_manifest(config.export_dir)
     if KSERVE in asked:
-        from pipeline.kserve.parity import kserve_backends
+        from pipeline.runtimes.kserve.parity import kserve_backends
 
         found = kserve_backends(config.model, manifest, serve_run_dir(args))
         return found + (_torchserve(args, config, manifest) if SERVED in asked else [])
@@ -130,7 +130,7 @@ def _served_backends(args: argparse.Namespace, config: Any) -> list:
     try:
         return _torchserve(args, config, manifest)
     except PipelineError as err:  # no server for this model: the local backends only
-        from pipeline.serving.parity import StaleServerError
+        from pipeline.runtimes.torchserve.parity import StaleServerError
 
         # A server of this model that answers from another export is worth knowing about.
         stale = isinstance(err, StaleServerError)
@@ -139,6 +139,6 @@ def _served_backends(args: argparse.Namespace, config: Any) -> list:
 
 
 def _torchserve(args: argparse.Namespace, config: Any, manifest: Any) -> list:
-    from pipeline.serving.parity import served_backends
+    from pipeline.runtimes.torchserve.parity import served_backends
 
     return served_backends(config.model, manifest, serve_run_dir(args), config.export_dir)

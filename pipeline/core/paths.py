@@ -18,7 +18,7 @@ from pathlib import Path
 
 DEFAULT_ARTIFACTS = Path("artifacts")
 # `pipeline archive` writes and `pipeline serve` serves the .mar files here (a
-# torch-free home for pipeline.serving.archive's default, which the CLI shows).
+# torch-free home for pipeline.runtimes.torchserve.archive's default, which the CLI shows).
 DEFAULT_STORE = Path("model_store")
 
 

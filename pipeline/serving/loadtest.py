@@ -17,7 +17,7 @@ warm-up and once at the end.
 server, or against a private one (archive into a temporary store, start on
 free loopback ports, run, stop). Against the KServe runtime the same run
 sends Open Inference Protocol bodies (`pipeline.serving.wire`) and reads the
-runtime's one process for memory; a private one is `pipeline.kserve.launch.private`.
+runtime's one process for memory; a private one is `pipeline.runtimes.kserve.launch.private`.
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ from pipeline.core.compare import compare_tensor
 from pipeline.core.errors import PipelineError
 from pipeline.core.manifest import read_manifest
 from pipeline.export.opened import ExportedModel, open_export
+from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
+from pipeline.runtimes.torchserve.launch import private_config, start
 from pipeline.serving import client, served, wire
-from pipeline.serving.archive import ArchiveConfig, archive
 from pipeline.serving.server import Server, default_run_dir, stop
-from pipeline.serving.torchserve import private_config, start
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from pipeline.core import paths
 from pipeline.core.errors import PipelineError
 from pipeline.core.manifest import MANIFEST_NAME, read_manifest
 from pipeline.formats import base as registry
-from pipeline.serving.archive import ArchiveInfo, fastest_entry
+from pipeline.serving.provenance import ArchiveInfo, fastest_entry
 from pipeline.serving.server import ServeError, Server
 from pipeline_runtime.manifest import Manifest
 

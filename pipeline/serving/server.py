@@ -30,14 +30,16 @@ import psutil
 from pipeline.core import paths
 from pipeline.core.errors import PipelineError
 from pipeline.formats import base as registry
-from pipeline.serving.archive import ArchiveInfo
-from pipeline.serving.gateway import CONFIG_FILE as GATEWAY_CONFIG
+from pipeline.runtimes.torchserve.gateway import CONFIG_FILE as GATEWAY_CONFIG
+from pipeline.serving.provenance import ArchiveInfo
 
 SERVER_FILE = "server.json"
 KEY_FILE = "key_file.json"  # TorchServe's own: every key, owner-only
 INFERENCE_KEY_FILE = "inference_key.json"  # the inference key alone, for clients
 CONFIG_PROPERTIES = "config.properties"
-KSERVE_CONFIG = "kserve.json"  # pipeline.kserve.config.CONFIG_FILE: the KServe runtime's marker
+KSERVE_CONFIG = (
+    "kserve.json"  # pipeline.runtimes.kserve.config.CONFIG_FILE: the KServe runtime's marker
+)
 
 log = logging.getLogger(__name__)
 

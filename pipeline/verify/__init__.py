@@ -133,7 +133,7 @@ def _cases(
 def verify(config: VerifyConfig, served: Sequence[Backend] = ()) -> ParityReport:
     """Compare every backend with eager on every case; write the JSON and Markdown reports.
 
-    `served`: backends of a running server (`pipeline.serving.parity`), checked
+    `served`: backends of a running server (`pipeline.runtimes.torchserve.parity`), checked
     like the in-process ones. Returns the report; the caller decides what a
     failure does (the CLI exits 1; `report.raise_for_failures()` raises the
     typed error).

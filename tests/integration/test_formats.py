@@ -16,9 +16,9 @@ import torch
 from pipeline.export import ExportResult
 from pipeline.export.opened import open_export
 from pipeline.formats import base as registry
-from pipeline.serving.archive import ArchiveConfig, archive, archive_name
+from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive, archive_name
+from pipeline.runtimes.torchserve.launch import ServeConfig, Server, free_port, start, stop
 from pipeline.serving.client import post, tensors_body
-from pipeline.serving.torchserve import ServeConfig, Server, free_port, start, stop
 from pipeline.verify import VerifyConfig, verify
 
 FORMATS = [f.key for f in registry.all_formats()]

@@ -19,10 +19,10 @@ import torch
 
 from pipeline.export import ExportConfig, ExportResult, export
 from pipeline.export.opened import open_export
-from pipeline.kserve.deploy import DeployError, deploy_kserve
-from pipeline.kserve.manifests import TORCHSERVE_ARGS, DeployConfig, parse_properties
-from pipeline.kserve.validate import check, iter_documents
-from pipeline.serving.torchserve import free_port
+from pipeline.runtimes.kserve.deploy import DeployError, deploy_kserve
+from pipeline.runtimes.kserve.manifests import TORCHSERVE_ARGS, DeployConfig, parse_properties
+from pipeline.runtimes.kserve.validate import check, iter_documents
+from pipeline.serving.launcher import free_port
 from pipeline.train import TrainResult
 
 

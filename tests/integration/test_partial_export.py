@@ -22,7 +22,7 @@ from pipeline.export import EXIT_PARTIAL, ExportConfig, export
 from pipeline.export.opened import open_export
 from pipeline.formats.onnx import missing_ops, python_name
 from pipeline.formats.program import node_line
-from pipeline.serving.archive import ArchiveConfig, ArchiveError, archive
+from pipeline.runtimes.torchserve.archive import ArchiveConfig, ArchiveError, archive
 from pipeline.verify import VerifyConfig, verify
 from pipeline.zoo.user import parse_input
 from pipeline_runtime.manifest import Manifest
@@ -110,7 +110,7 @@ def test_archive_packs_only_the_formats_written(
     partial: Partial, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = tmp_path / "store"
-    with caplog.at_level(logging.WARNING, logger="pipeline.serving.archive"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.runtimes.torchserve.archive"):
         written = archive(ArchiveConfig(model=MODEL, export_dir=partial.out_dir, store=store))
     assert sorted(p.name for p in written) == [f"{SLUG}_pt2.mar", f"{SLUG}_ts.mar"]
     assert sorted(p.name for p in store.glob("*.mar")) == [f"{SLUG}_pt2.mar", f"{SLUG}_ts.mar"]

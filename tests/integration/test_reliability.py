@@ -20,11 +20,11 @@ import pytest
 import torch
 
 from pipeline.export import ExportResult
-from pipeline.serving.archive import ArchiveConfig, archive, archive_name
+from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive, archive_name
+from pipeline.runtimes.torchserve.launch import ServeConfig, Server, free_port, start, stop
 from pipeline.serving.client import post, tensors_body
 from pipeline.serving.loadtest import LoadConfig, run, worker_pids
 from pipeline.serving.server import orphans
-from pipeline.serving.torchserve import ServeConfig, Server, free_port, start, stop
 from pipeline.zoo.data import digits_sample
 
 TS = archive_name("digits_lenet", "torchscript")
@@ -231,7 +231,7 @@ def test_https_with_a_self_signed_certificate(exported: ExportResult, tmp_path: 
 
 
 def test_tls_needs_both_files(tmp_path: Path) -> None:
-    from pipeline.serving.torchserve import ServeError
+    from pipeline.runtimes.torchserve.launch import ServeError
 
     with pytest.raises(ServeError, match="both --tls-cert and --tls-key"):
         start(ServeConfig(store=tmp_path, run_dir=tmp_path / "run", tls_cert=tmp_path / "c.pem"))

@@ -27,10 +27,17 @@ from PIL import Image
 from pipeline.core.manifest import read_manifest
 from pipeline.export import ExportConfig, ExportResult, export
 from pipeline.formats import base as registry
-from pipeline.serving.archive import ArchiveConfig, archive, archive_name
+from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive, archive_name
+from pipeline.runtimes.torchserve.launch import (
+    ServeConfig,
+    ServeError,
+    Server,
+    free_port,
+    start,
+    stop,
+)
+from pipeline.runtimes.torchserve.parity import served_backends
 from pipeline.serving.client import management, numpy_body, post, resolve_model, tensors_body
-from pipeline.serving.parity import served_backends
-from pipeline.serving.torchserve import ServeConfig, ServeError, Server, free_port, start, stop
 from pipeline.train import TrainResult
 from pipeline.verify import ParityReport, VerifyConfig, verify
 from pipeline.zoo.data import digits_sample, preprocess_digits
@@ -361,7 +368,7 @@ BAD_REQUESTS = [
     ("multipart form", b'--x\r\nContent-Disposition: form-data; name="data"\r\n\r\nabc\r\n--x--\r\n', "multipart/form-data; boundary=x", 415, "not JSON"),
     ("invalid utf-8", b'{"inputs": "\xff\xfe"}', "application/json", 415, "UTF-8"),
     # Content types TorchServe's own form decoder failed on (500) or misread ("Empty request
-    # body"); the gateway now forwards what the body is (pipeline/serving/bodies.py).
+    # body"); the gateway now forwards what the body is (pipeline/runtimes/torchserve/bodies.py).
     ("curl's default type, bad %-escapes", b"a=%zz&b=%", FORM, 415, "not JSON"),
     ("curl's default type, JSON without inputs", b'{"instances": []}', FORM, 400, "'inputs' field"),
     ("form type with a charset, wrong shape", b'{"inputs": [[1, 2, 3]]}', FORM + "; charset=utf-16", 400, "must have shape"),

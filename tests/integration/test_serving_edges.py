@@ -33,11 +33,11 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from pipeline.export import ExportResult
-from pipeline.serving.archive import ArchiveConfig, archive
+from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
+from pipeline.runtimes.torchserve.launch import Server, private_config, start, stop
 from pipeline.serving.client import management, numpy_body, post, tensors_body
 from pipeline.serving.loadtest import ENCODINGS, LoadConfig
 from pipeline.serving.loadtest import run as load_run
-from pipeline.serving.torchserve import Server, private_config, start, stop
 from pipeline.zoo.data import preprocess_digits
 from pipeline_runtime.request import MAX_SAMPLES_ENV
 from tests.integration.test_serving import FORM, MULTIPART, form, zeros_npz

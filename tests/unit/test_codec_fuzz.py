@@ -16,7 +16,7 @@ pushes further into what those leave out:
 3. PNG/JPEG images of any mode and size, truncated, bit-flipped or claiming a
    huge size, give a 4xx or a (1, 1, H, W) float32 image in [0, 1].
 4. Any Content-Type (none, curl's form default, multipart, junk) with any body:
-   what the gateway forwards (`pipeline.serving.bodies`), handed over as
+   what the gateway forwards (`pipeline.runtimes.torchserve.bodies`), handed over as
    TorchServe hands it, obeys 1.; valid tensors decode the same under every type.
 
 Bounded and derandomized: the same examples on every run, a few seconds total.
@@ -40,7 +40,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from PIL import Image
 
-from pipeline.serving.bodies import FORWARDED_TYPES, BodyError, upstream_body
+from pipeline.runtimes.torchserve.bodies import FORWARDED_TYPES, BodyError, upstream_body
 from pipeline.serving.client import numpy_body, tensors_body
 from pipeline_runtime import codec as pl_codec
 

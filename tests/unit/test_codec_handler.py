@@ -1,7 +1,7 @@
 """The handler around the codec, run as a TorchServe worker runs it, without Java.
 
 A tiny hand-made export (a scripted module, its manifest and golden inputs)
-is archived through `pipeline.serving.archive`, unpacked, and loaded with
+is archived through `pipeline.runtimes.torchserve.archive`, unpacked, and loaded with
 TorchServe's own `TsModelLoader` (which imports the archive's handler file and
 calls `initialize` with a real `ts.context.Context`); requests then go through
 `BaseHandler.handle` exactly as `Service.predict` passes them.
@@ -21,7 +21,8 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.serving.archive import ARCHIVE_INFO, ArchiveConfig, ArchiveInfo, archive
+from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
+from pipeline.serving.provenance import ARCHIVE_INFO, ArchiveInfo
 from pipeline_runtime.files import IntegrityError, sha256_file
 from pipeline_runtime.manifest import (
     ArtifactRecord,

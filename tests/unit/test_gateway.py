@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.serving.bodies import FORWARDED_TYPES, BodyError, upstream_body
-from pipeline.serving.gateway import Keys
-from pipeline.serving.torchserve import ServeConfig, exposure_warning
+from pipeline.runtimes.torchserve.bodies import FORWARDED_TYPES, BodyError, upstream_body
+from pipeline.runtimes.torchserve.gateway import Keys
+from pipeline.runtimes.torchserve.launch import ServeConfig, exposure_warning
 
 
 def _key_file(path: Path, key: str) -> Path:
@@ -60,7 +60,7 @@ def test_a_non_loopback_address_is_warned_about() -> None:
 def test_worker_plan_fills_the_cores_with_one_thread_each() -> None:
     import psutil
 
-    from pipeline.serving.torchserve import worker_plan
+    from pipeline.runtimes.torchserve.launch import worker_plan
 
     cores = psutil.cpu_count(logical=False) or 1
     assert worker_plan(1) == (cores, 1)
@@ -69,7 +69,7 @@ def test_worker_plan_fills_the_cores_with_one_thread_each() -> None:
     assert worker_plan(3, workers=2, threads=5) == (2, 5)  # what the user asks for wins
 
 
-# --- what the gateway forwards (pipeline.serving.bodies) ---------------------------------
+# --- what the gateway forwards (pipeline.runtimes.torchserve.bodies) ---------------------------------
 
 PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR%zz=%"  # '%' before non-hex: TorchServe's form decoder 500s
 JPEG = b"\xff\xd8\xff\xe0\x00\x10JFIF"
@@ -212,7 +212,7 @@ def test_a_request_in_flight_when_a_worker_dies_is_sent_again(tmp_path: Path) ->
 
     from aiohttp import ClientSession, web
 
-    from pipeline.serving.gateway import WORKER_WATCH, GatewayConfig, build_app
+    from pipeline.runtimes.torchserve.gateway import WORKER_WATCH, GatewayConfig, build_app
 
     async def scenario() -> tuple[int, dict, int, int]:
         calls = 0
@@ -284,7 +284,7 @@ def test_a_model_name_reaches_the_one_archive_serving_it(tmp_path: Path) -> None
     from aiohttp import web
     from aiohttp.test_utils import TestClient, TestServer
 
-    from pipeline.serving.gateway import GatewayConfig, build_app
+    from pipeline.runtimes.torchserve.gateway import GatewayConfig, build_app
 
     seen: list[str] = []
 

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from pipeline.kserve.batching import Batcher
+from pipeline.runtimes.kserve.batching import Batcher
 
 
 def _batcher(stack: bool = True, **kwargs) -> tuple[Batcher, list[int]]:

@@ -1,4 +1,4 @@
-"""pipeline.kserve.binary: the same InferRequest as kserve's own reader, without the lists."""
+"""pipeline.runtimes.kserve.binary: the same InferRequest as kserve's own reader, without the lists."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def kb():
         from kserve.errors import InvalidInput
         from kserve.protocol.infer_type import InferRequest
 
-        from pipeline.kserve import binary
+        from pipeline.runtimes.kserve import binary
     finally:
         sys.argv = argv
     return binary, InferRequest, InvalidInput

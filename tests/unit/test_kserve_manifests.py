@@ -9,9 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.kserve import manifests as m
-from pipeline.kserve.config import RuntimeConfig
-from pipeline.kserve.validate import ManifestError, check, crd_schema, errors, schema_errors
+from pipeline.runtimes.kserve import manifests as m
+from pipeline.runtimes.kserve.config import RuntimeConfig
+from pipeline.runtimes.kserve.validate import (
+    ManifestError,
+    check,
+    crd_schema,
+    errors,
+    schema_errors,
+)
 
 
 @pytest.fixture
@@ -136,7 +142,7 @@ def test_runtime_config_round_trips(config: m.DeployConfig, tmp_path: Path) -> N
 
 def test_dockerfile_runs_the_runtime(config: m.DeployConfig) -> None:
     text = m.dockerfile(config)
-    assert 'CMD ["python", "-m", "pipeline.kserve.runtime", "/srv/kserve.json"]' in text
+    assert 'CMD ["python", "-m", "pipeline.runtimes.kserve.runtime", "/srv/kserve.json"]' in text
     assert "COPY export/ /srv/export/" in text and "COPY kserve.json /srv/kserve.json" in text
     assert "USER 1000" in text
 

@@ -1,8 +1,9 @@
 """The code's shape: stages import only to their left, no import cycles, small modules.
 
 The flow, left to right (docs/internals.md, "Layout"):
-pipeline_runtime → core → zoo → formats → train → export → verify → serving → kserve → bench
-→ cli.
+pipeline_runtime → core → zoo → formats → train → export → verify → serving → bench → runtimes
+→ cli. A runtime package (pipeline/runtimes/<name>/) may use anything to its left; what is
+to its left reaches it only through the runtime registry (pipeline.serving.runtime).
 Every import counts, the ones inside functions too.
 """
 
@@ -23,8 +24,8 @@ LAYERS = [
     "pipeline.export",
     "pipeline.verify",
     "pipeline.serving",
-    "pipeline.kserve",
     "pipeline.bench",
+    "pipeline.runtimes",
     "pipeline.cli",
 ]
 MAX_LINES = 400

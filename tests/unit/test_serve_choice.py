@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from pipeline.formats import base as registry
-from pipeline.serving.archive import ARCHIVE_INFO, ArchiveInfo
+from pipeline.runtimes.torchserve.launch import Server
 from pipeline.serving.client import ClientError, resolve_model
+from pipeline.serving.provenance import ARCHIVE_INFO, ArchiveInfo
 from pipeline.serving.served import aliases, expand, preferred_archives
-from pipeline.serving.torchserve import Server
 
 
 def _mar(store: Path, name: str, model: str, fastest: dict[str, Any] | None = None) -> None:
@@ -154,7 +154,7 @@ def test_server_json_round_trips_the_archive_records(tmp_path: Path) -> None:
 
 def test_a_zero_batch_delay_with_batching_is_refused(tmp_path: Path) -> None:
     """TorchServe 0.12 reads maxBatchDelay 0 as unset and waits its 100 ms default."""
-    from pipeline.serving.archive import ArchiveConfig, ArchiveError
+    from pipeline.runtimes.torchserve.archive import ArchiveConfig, ArchiveError
 
     with pytest.raises(ArchiveError, match="100 ms"):
         ArchiveConfig(batch_size=8, max_batch_delay_ms=0).validate()

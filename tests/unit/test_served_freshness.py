@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.serving.archive import ArchiveInfo
+from pipeline.serving.provenance import ArchiveInfo
 from pipeline.serving.served import export_format, freshness, stale
 from pipeline.serving.server import ServeError
 from pipeline_runtime.manifest import (

@@ -8,7 +8,7 @@ the way HTTP clients expect (401 with `WWW-Authenticate`, JSON 413, JSON 404
 for anything that is not an inference route), optionally over HTTPS, then
 forwards to TorchServe, which stays on 127.0.0.1 behind its own token.
 
-Bodies are forwarded with the media type `pipeline.serving.bodies.upstream_body`
+Bodies are forwarded with the media type `pipeline.runtimes.torchserve.bodies.upstream_body`
 gives them, so TorchServe never decodes a form itself (curl's default type).
 
 Routes: `POST /predictions/<model>[/<version>]` (token required; <model> is an archive
@@ -23,7 +23,7 @@ worker that dies under a request makes TorchServe answer `500 Worker died.`;
 inference is a pure function, so the gateway turns that (and an unreachable
 TorchServe) into `503` with `Retry-After`, which clients retry.
 
-Run by `pipeline serve` as `python -m pipeline.serving.gateway <run_dir>/gateway.json`.
+Run by `pipeline serve` as `python -m pipeline.runtimes.torchserve.gateway <run_dir>/gateway.json`.
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ from typing import Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
-from pipeline.serving.bodies import BodyError, upstream_body
-from pipeline.serving.workerwatch import MAX_RESENDS, WorkerWatch
+from pipeline.runtimes.torchserve.bodies import BodyError, upstream_body
+from pipeline.runtimes.torchserve.workerwatch import MAX_RESENDS, WorkerWatch
 
-log = logging.getLogger("pipeline.serving.gateway")
+log = logging.getLogger("pipeline.runtimes.torchserve.gateway")
 
 CONFIG_FILE = "gateway.json"
 # The access log names client, request line, status, size and time; never headers
@@ -332,7 +332,7 @@ async def _serve(config: GatewayConfig) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline.serving.gateway",
+        prog="python -m pipeline.runtimes.torchserve.gateway",
         description="Authenticating HTTP(S) front door for TorchServe's inference API "
         "(started by `pipeline serve`).",
     )

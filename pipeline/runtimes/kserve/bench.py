@@ -1,6 +1,6 @@
 """The KServe runtime beside TorchServe: the same exports, clients and levels.
 
-One private runtime (`pipeline.kserve.launch.private`, free loopback ports)
+One private runtime (`pipeline.runtimes.kserve.launch.private`, free loopback ports)
 serves every format a model's export holds, each under its own name, with
 the runtime's defaults as `pipeline serve --runtime kserve` starts it: batch
 up to 8 requests already queued (no waiting), one forward pass at a time
@@ -24,8 +24,8 @@ from pipeline.bench.load import ServedPoint, check_answer, measure, sequential, 
 from pipeline.bench.targets import KSERVE  # points are kserve/<format>
 from pipeline.core.errors import PipelineError
 from pipeline.export.opened import open_export
-from pipeline.kserve.config import ServedExport, default_threads
-from pipeline.kserve.launch import private, served_export
+from pipeline.runtimes.kserve.config import ServedExport, default_threads
+from pipeline.runtimes.kserve.launch import private, served_export
 from pipeline.serving import wire
 from pipeline.serving.server import ServeError, Server
 

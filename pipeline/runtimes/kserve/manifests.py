@@ -4,7 +4,7 @@ them and validate.py checks them.
 
 Two ways to run an export on KServe:
 
-* the project's own runtime (`python -m pipeline.kserve.runtime`) in a container
+* the project's own runtime (`python -m pipeline.runtimes.kserve.runtime`) in a container
   built from the Dockerfile, as a custom predictor container;
 * TorchServe, through KServe's `kserve-torchserve` ServingRuntime (model format
   `pytorch`), reading KServe's layout: <storageUri>/config/config.properties and
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.kserve.validate import API_VERSION, KIND
+from pipeline.runtimes.kserve.validate import API_VERSION, KIND
 
 # Inside a pod the container must listen on 0.0.0.0: the kubelet's readiness probe
 # and the Service/Knative queue-proxy reach it through the pod's own IP, not
@@ -187,10 +187,10 @@ def runtime_isvc(config: DeployConfig, *, gpu: bool = False) -> dict[str, Any]:
 
 
 def runtime_config(config: DeployConfig) -> dict[str, Any]:
-    """The pipeline.kserve.config.RuntimeConfig the container starts from, as JSON."""
+    """The pipeline.runtimes.kserve.config.RuntimeConfig the container starts from, as JSON."""
     from dataclasses import asdict
 
-    from pipeline.kserve.config import RuntimeConfig, ServedExport
+    from pipeline.runtimes.kserve.config import RuntimeConfig, ServedExport
 
     rc = RuntimeConfig(
         models=[ServedExport(served_name(config.model), EXPORT_IN_IMAGE, config.format)],
@@ -227,7 +227,7 @@ COPY export/ {EXPORT_IN_IMAGE}/
 COPY kserve.json {CONFIG_IN_IMAGE}
 USER 1000
 EXPOSE {HTTP_PORT} {GRPC_PORT}
-CMD ["python", "-m", "pipeline.kserve.runtime", "{CONFIG_IN_IMAGE}"]
+CMD ["python", "-m", "pipeline.runtimes.kserve.runtime", "{CONFIG_IN_IMAGE}"]
 """
 
 

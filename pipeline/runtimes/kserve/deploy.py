@@ -28,8 +28,8 @@ import yaml
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.manifest import read_manifest
-from pipeline.kserve import manifests as m
-from pipeline.kserve.validate import check
+from pipeline.runtimes.kserve import manifests as m
+from pipeline.runtimes.kserve.validate import check
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def _dump(doc: dict) -> str:
 
 def deploy_kserve(config: m.DeployConfig, *, force: bool = False) -> DeployResult:
     from pipeline.formats import base as registry
-    from pipeline.serving.archive import ArchiveConfig, archive, archive_name
+    from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive, archive_name
 
     export_dir = Path(config.export_dir)
     manifest = read_manifest(export_dir)  # raises a PipelineError when missing or unreadable

@@ -9,7 +9,7 @@ from typing import Any
 
 import psutil
 
-log = logging.getLogger("pipeline.serving.gateway")
+log = logging.getLogger("pipeline.runtimes.torchserve.gateway")
 
 
 class WorkerWatch:

@@ -10,7 +10,7 @@ model failed; the reason is in `model_log.log`) and stops the server.
 The record of a running server and `stop()` live in server.py; workers'
 readiness, scaling and warm-up in workers.py.
 
-Clients never talk to TorchServe directly: `pipeline.serving.gateway` owns the public
+Clients never talk to TorchServe directly: `pipeline.runtimes.torchserve.gateway` owns the public
 inference port (401 for a missing token, JSON 413, optional HTTPS) and
 forwards to TorchServe's inference API on a private loopback port.
 
@@ -38,10 +38,12 @@ from typing import Any
 
 import psutil
 
+from pipeline.core.paths import DEFAULT_STORE
+from pipeline.runtimes.torchserve.gateway import CONFIG_FILE as GATEWAY_CONFIG
+from pipeline.runtimes.torchserve.gateway import GatewayConfig
+from pipeline.runtimes.torchserve.workers import scale, status, wait_ready, warm_up, worker_plan
 from pipeline.serving import served
-from pipeline.serving.archive import DEFAULT_STORE
-from pipeline.serving.gateway import CONFIG_FILE as GATEWAY_CONFIG
-from pipeline.serving.gateway import GatewayConfig
+from pipeline.serving.launcher import LOOPBACK, free_port, port_free
 from pipeline.serving.server import (
     CONFIG_PROPERTIES,
     INFERENCE_KEY_FILE,
@@ -53,7 +55,6 @@ from pipeline.serving.server import (
     publish_inference_key,
     stop,
 )
-from pipeline.serving.workers import scale, status, wait_ready, warm_up, worker_plan
 
 __all__ = [
     "ServeConfig",
@@ -70,8 +71,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 @dataclass
@@ -109,39 +108,6 @@ class ServeConfig:
     # TorchScript), not every format archived: each format served costs workers.
     one_format: bool = False
     extra_properties: dict[str, str] = field(default_factory=dict)
-
-
-def port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-_HANDED_OUT: set[int] = set()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A free port below the kernel's ephemeral range, once per process. One the kernel picks
-    (bind to 0) is ephemeral: an outgoing connection can take it before the server binds it
-    (a fresh-clone CI run lost a TorchServe start so: "Address already in use")."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768  # Linux's default
-    for port in random.sample(range(max(1024, low - 12000), low), 100):
-        with socket.socket() as s:
-            if port in _HANDED_OUT:
-                continue
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-        _HANDED_OUT.add(port)
-        return port
-    raise ServeError(f"No free port on {host} below {low}.")
 
 
 def private_config(store: Path, run_dir: Path, **settings: Any) -> ServeConfig:
@@ -343,7 +309,12 @@ def _start_gateway(server: Server, config: ServeConfig, run_dir: Path) -> Server
     gw.write(run_dir / GATEWAY_CONFIG)
     with (run_dir / "logs" / "gateway.out").open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.serving.gateway", str(run_dir / GATEWAY_CONFIG)],
+            [
+                sys.executable,
+                "-m",
+                "pipeline.runtimes.torchserve.gateway",
+                str(run_dir / GATEWAY_CONFIG),
+            ],
             cwd=run_dir,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -32,9 +32,9 @@ from pipeline.bench.load import ServedPoint, check_answer, measure, sequential, 
 from pipeline.bench.targets import DIRECT
 from pipeline.core.errors import PipelineError
 from pipeline.export.opened import open_export
+from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
+from pipeline.runtimes.torchserve.launch import Server, private_config, start, stop
 from pipeline.serving import wire
-from pipeline.serving.archive import ArchiveConfig, archive
-from pipeline.serving.torchserve import Server, private_config, start, stop
 
 log = logging.getLogger(__name__)
 

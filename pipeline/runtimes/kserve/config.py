@@ -1,7 +1,7 @@
 """What `pipeline serve --runtime kserve` hands the runtime process: one JSON file.
 
 Shared by the launcher (which writes it into the run folder) and the runtime
-(`python -m pipeline.kserve.runtime <run_dir>/kserve.json`), so neither side
+(`python -m pipeline.runtimes.kserve.runtime <run_dir>/kserve.json`), so neither side
 parses the other's command line.
 """
 

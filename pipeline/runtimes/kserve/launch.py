@@ -3,7 +3,7 @@
 `start` writes the runtime's config to `<run_dir>/kserve.json` and a fresh
 inference token to `<run_dir>/inference_key.json` (mode 0600, the shape
 TorchServe's clients read: `{"inference": {"key": ...}}`), starts
-`python -m pipeline.kserve.runtime <run_dir>/kserve.json` in its own session,
+`python -m pipeline.runtimes.kserve.runtime <run_dir>/kserve.json` in its own session,
 waits until `/v2/health/ready` answers 200 (every model loaded and warmed up)
 and records a `server.json` that `pipeline stop` (`pipeline.serving.server.stop`)
 recognises and stops.
@@ -34,9 +34,10 @@ import psutil
 
 from pipeline.core.manifest import read_manifest
 from pipeline.formats import base as registry
-from pipeline.kserve.config import CONFIG_FILE, RuntimeConfig, ServedExport
+from pipeline.runtimes.kserve.config import CONFIG_FILE, RuntimeConfig, ServedExport
 from pipeline.serving import served
-from pipeline.serving.archive import ArchiveInfo
+from pipeline.serving.launcher import free_port, port_free
+from pipeline.serving.provenance import ArchiveInfo
 from pipeline.serving.server import (
     INFERENCE_KEY_FILE,
     SERVER_FILE,
@@ -44,7 +45,6 @@ from pipeline.serving.server import (
     Server,
     stop,
 )
-from pipeline.serving.torchserve import free_port, port_free
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def start(config: RuntimeConfig, run_dir: Path, startup_timeout_s: float = 180.0
     out_path = logs / "kserve.out"
     with out_path.open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.kserve.runtime", str(conf)],
+            [sys.executable, "-m", "pipeline.runtimes.kserve.runtime", str(conf)],
             cwd=run_dir,
             env=env,
             stdout=out,

@@ -1,7 +1,7 @@
 """Checking generated KServe manifests before a user applies them.
 
 The schema is KServe's own: the `openAPIV3Schema` of the `v1beta1` version of the
-InferenceService CRD, vendored in pipeline/kserve/schema/ (SOURCE.md says where it
+InferenceService CRD, vendored in pipeline/runtimes/kserve/schema/ (SOURCE.md says where it
 came from). Validated with jsonschema's Draft 4 validator (OpenAPI 3.0 schema
 objects are draft-4-like), plus what the API server and kubectl add:
 
@@ -44,7 +44,7 @@ class ManifestError(PipelineError):
 @functools.cache
 def crd_schema() -> dict[str, Any]:
     """The vendored v1beta1 openAPIV3Schema, as KServe publishes it."""
-    data = resources.files("pipeline.kserve").joinpath("schema", SCHEMA_FILE).read_bytes()
+    data = resources.files("pipeline.runtimes.kserve").joinpath("schema", SCHEMA_FILE).read_bytes()
     return json.loads(gzip.decompress(data))
 
 

@@ -19,10 +19,9 @@ import logging
 import shutil
 import tempfile
 import threading
-import zipfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
 
@@ -32,71 +31,18 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.manifest import GOLDEN_KEY, MANIFEST_NAME, artifact_path, read_manifest
 from pipeline.core.paths import DEFAULT_STORE
 from pipeline.formats import base as registry
+from pipeline.serving.provenance import ARCHIVE_INFO, ArchiveInfo, fastest_entry
 from pipeline.zoo import DEFAULT_MODEL
-from pipeline_runtime.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
 HANDLERS_DIR = Path(__file__).resolve().parents[2] / "handlers"
 RUNTIME_DIR = Path(pipeline_runtime.__file__).resolve().parent
-ARCHIVE_INFO = "archive.json"
 # Where `pipeline bench` writes each model's fastest verified backend (under the artifacts root).
 
 
 class ArchiveError(PipelineError):
     """model-archiver failed or its inputs are missing."""
-
-
-@dataclass(frozen=True)
-class ArchiveInfo:
-    """`archive.json`: what an archive holds, for serve and the client."""
-
-    model: str  # as the export names it: "digits_lenet", "torchvision:resnet18"
-    format: str  # registry key
-    sha256: str = ""  # the artifact's, so a served archive can be matched with its export
-    fastest: dict[str, Any] | None = None  # the model's entry in bench's fastest.json
-    # The export it was built from (manifest `checkpoint.sha256` and `created`), so a
-    # stale server can be told apart from a wrong one (serving.served.stale).
-    checkpoint_sha256: str = ""
-    exported: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: Any) -> ArchiveInfo:
-        if not isinstance(data, dict) or not {"model", "format"} <= set(data):
-            raise ValueError(f"not an {ARCHIVE_INFO} record: {data!r}")
-        fastest = data.get("fastest")
-        return cls(
-            model=str(data["model"]),
-            format=str(data["format"]),
-            sha256=str(data.get("sha256", "")),
-            fastest=dict(fastest) if isinstance(fastest, dict) else None,
-            checkpoint_sha256=str(data.get("checkpoint_sha256", "")),
-            exported=str(data.get("exported", "")),
-        )
-
-    @classmethod
-    def of(cls, manifest: Manifest, fmt: str, fastest: dict[str, Any] | None = None) -> ArchiveInfo:
-        """The record of `manifest`'s `fmt` artifact."""
-        return cls(
-            model=manifest.model.name,
-            format=fmt,
-            sha256=manifest.artifact(fmt).sha256,
-            fastest=fastest,
-            checkpoint_sha256=manifest.checkpoint.sha256,
-            exported=manifest.created,
-        )
-
-    @classmethod
-    def read(cls, mar: Path) -> ArchiveInfo | None:
-        """The `archive.json` inside `mar`; None for an archive without one (another tool's)."""
-        try:
-            with zipfile.ZipFile(mar) as zf:
-                return cls.from_json(json.loads(zf.read(ARCHIVE_INFO)))
-        except (OSError, KeyError, ValueError, zipfile.BadZipFile):
-            return None
 
 
 @dataclass
@@ -172,26 +118,6 @@ def model_config(config: ArchiveConfig) -> dict[str, object]:
         "startupTimeout": config.startup_timeout_s,
         **({"deviceType": config.device} if config.device else {}),
     }
-
-
-def default_bench_results(artifacts_dir: Path | None = None) -> Path | None:
-    """<artifacts>/bench/fastest.json when `pipeline bench` wrote one, else None."""
-    path = paths.fastest_path(artifacts_dir)
-    return path if path.is_file() else None
-
-
-def fastest_entry(model: str, bench_results: Path | None) -> dict[str, Any] | None:
-    """`model`'s entry in bench's fastest.json (the default file when None), if any."""
-    path = Path(bench_results) if bench_results else default_bench_results()
-    if path is None:
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        log.warning("%s cannot be read (%s); archiving without a fastest backend", path, err)
-        return None
-    entry = data.get(model) if isinstance(data, dict) else None
-    return dict(entry) if isinstance(entry, dict) and entry.get("format") else None
 
 
 def archive(config: ArchiveConfig) -> list[Path]:

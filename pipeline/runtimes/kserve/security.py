@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from pipeline.serving.gateway import Keys
+from pipeline.runtimes.torchserve.gateway import Keys
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

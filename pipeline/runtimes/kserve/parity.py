@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from pipeline.core.manifest import read_manifest
-from pipeline.kserve.config import CONFIG_FILE, RuntimeConfig
+from pipeline.runtimes.kserve.config import CONFIG_FILE, RuntimeConfig
 from pipeline.serving import client, wire
 from pipeline.serving import served as served_mod
 from pipeline.serving.server import ServeError, Server, default_run_dir

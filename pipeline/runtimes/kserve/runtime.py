@@ -1,4 +1,4 @@
-"""The KServe runtime process: `python -m pipeline.kserve.runtime <run_dir>/kserve.json`.
+"""The KServe runtime process: `python -m pipeline.runtimes.kserve.runtime <run_dir>/kserve.json`.
 
 A real kserve 0.21 `ModelServer` serving one model per export over the Open
 Inference Protocol (REST `/v2/...` and gRPC), each model loaded with
@@ -11,7 +11,7 @@ loopback binding (uvicorn and gRPC both bind every address as shipped), the
 inference token on REST and gRPC, the body-size limit, only the OIP routes,
 `{"error": ...}` 4xx answers for every malformed request (kserve gives 422 or
 500 for some), binary-extension bodies read without a per-element list
-(`pipeline.kserve.binary`), and dynamic batching (`pipeline.kserve.batching`) with its
+(`pipeline.runtimes.kserve.binary`), and dynamic batching (`pipeline.runtimes.kserve.batching`) with its
 batch sizes on /metrics (`pipeline_kserve_batch_size`).
 
 `import kserve` parses sys.argv at import time, so this module hides the
@@ -48,15 +48,15 @@ import torch  # noqa: E402
 from prometheus_client import Gauge, Histogram  # noqa: E402
 
 from pipeline.export.opened import open_export  # noqa: E402
-from pipeline.kserve import binary  # noqa: E402
-from pipeline.kserve.batching import Batcher  # noqa: E402
-from pipeline.kserve.config import RuntimeConfig, ServedExport  # noqa: E402
-from pipeline.kserve.security import Guard, TokenInterceptor  # noqa: E402
-from pipeline.serving.gateway import Keys  # noqa: E402
+from pipeline.runtimes.kserve import binary  # noqa: E402
+from pipeline.runtimes.kserve.batching import Batcher  # noqa: E402
+from pipeline.runtimes.kserve.config import RuntimeConfig, ServedExport  # noqa: E402
+from pipeline.runtimes.kserve.security import Guard, TokenInterceptor  # noqa: E402
+from pipeline.runtimes.torchserve.gateway import Keys  # noqa: E402
 from pipeline_runtime import codec  # noqa: E402
 from pipeline_runtime.request import MAX_ELEMENTS, SAMPLES_PER_BATCH  # noqa: E402
 
-log = logging.getLogger("pipeline.kserve")
+log = logging.getLogger("pipeline.runtimes.kserve")
 
 BATCH_SIZE = Histogram(
     "pipeline_kserve_batch_size",
@@ -290,7 +290,10 @@ def serve(config: RuntimeConfig) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) != 1:
-        print("usage: python -m pipeline.kserve.runtime <run_dir>/kserve.json", file=sys.stderr)
+        print(
+            "usage: python -m pipeline.runtimes.kserve.runtime <run_dir>/kserve.json",
+            file=sys.stderr,
+        )
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     serve(RuntimeConfig.read(Path(argv[0])))

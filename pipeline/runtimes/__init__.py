@@ -1,0 +1,1 @@
+"""The serving runtimes: one package each, registered with pipeline.serving.runtime."""

@@ -1,0 +1,250 @@
+"""The runtime contract and its registry.
+
+A runtime is one package under `pipeline/runtimes/` that subclasses `Runtime`
+and calls `register()` once, as a format does in `pipeline/formats/`. It
+declares everything runtime-specific: its name (the `--runtime` choice, the
+record's `runtime`, the prefix of its verify and bench backends), the marker
+file that identifies its processes, its `pipeline serve` options and start,
+how it serves an export privately (loadtest, bench), its wire codec (request
+bodies, the inference route), its parity backends, its bench driver and
+targets, the command that fixes a stale server, and its deploy targets.
+
+`pipeline serve`, `stop`, `infer`, `verify`, `loadtest`, `bench` and `deploy`
+ask the registry; nothing outside a runtime's package compares a runtime's
+name (tests/unit/test_layout.py refuses such a comparison).
+
+The built-in runtimes' names are also declared here, in `BUILTIN_RUNTIMES`,
+so that `pipeline --help` lists them without importing a runtime package;
+each package's `__init__` stays light (heavy modules are imported inside its
+methods), so the CLI can ask a runtime for its options without loading torch.
+Runtimes are imported lazily, by name, from `pipeline.runtimes.<name>`: they
+sit after the shared serving layer and bench, which reach them only here.
+"""
+
+from __future__ import annotations
+
+import abc
+import argparse
+import contextlib
+import importlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.core.errors import PipelineError
+
+if TYPE_CHECKING:
+    import torch
+
+    from pipeline.export.opened import ExportedModel
+    from pipeline.serving.server import Server
+    from pipeline.serving.wire import Body
+    from pipeline_runtime.manifest import Manifest
+
+
+class RuntimeNameError(PipelineError):
+    """An unknown runtime, or options given to a runtime that does not take them."""
+
+
+@dataclass(frozen=True)
+class Declared:
+    """A runtime's names, known without importing its package."""
+
+    name: str  # --runtime choice, server.json's runtime, backend prefix: "kserve"
+    title: str  # for people: "the KServe runtime"
+
+
+# The built-in runtimes, in order (the first is `pipeline serve`'s default). Each is
+# pipeline/runtimes/<name>/, which registers a Runtime with these names (register() checks).
+BUILTIN_RUNTIMES = (
+    Declared("torchserve", "TorchServe"),
+    Declared("kserve", "the KServe runtime"),
+)
+BUILTIN = tuple(d.name for d in BUILTIN_RUNTIMES)
+
+
+@dataclass
+class BenchSettings:
+    """What bench asks of a runtime's driver for one model (the same for every runtime)."""
+
+    concurrencies: tuple[int, ...] = (1, 8, 32)
+    requests_per_level: int = 200
+    batching: tuple[str, ...] = ("off", "on")
+    level_budget_s: float = 20.0
+
+
+class Runtime(abc.ABC):
+    """One serving runtime. Subclasses set the class attributes and implement the hooks;
+    a hook that imports a heavy module imports it inside the method."""
+
+    name: str
+    title: str
+    # The config file in the run folder whose path is on the command line of every process
+    # the runtime starts (and of no one else's): how `stop` recognises them.
+    markers: tuple[str, ...]
+    # `loadtest --kill-worker-after`: the runtime replaces a killed worker by itself.
+    replaces_workers: bool = False
+    # loadtest's --encodings the runtime reads (None: every one loadtest knows).
+    encodings: tuple[str, ...] | None = None
+    description: str = ""
+
+    # -- pipeline serve -------------------------------------------------------------
+    @abc.abstractmethod
+    def add_serve_options(self, group: argparse._ArgumentGroup, formats: list[str]) -> None:
+        """Add this runtime's own `pipeline serve` options to `group` (its help group).
+        They are refused with any other runtime. The shared options (--host, --port,
+        --tls-cert, --tls-key, --max-request-size, --run-dir) are added by the CLI."""
+
+    @abc.abstractmethod
+    def serve(self, args: argparse.Namespace, run_dir: Path) -> Server:
+        """Start the server `pipeline serve` asked for; return once it answers."""
+
+    @abc.abstractmethod
+    def describe(self, server: Server) -> list[str]:
+        """The lines `pipeline serve` prints about a started server (paths, never a key)."""
+
+    @abc.abstractmethod
+    def private(
+        self, exported: ExportedModel, fmt: str, **settings: Any
+    ) -> contextlib.AbstractContextManager[Server]:
+        """A server of its own serving `exported` in `fmt`, on free loopback ports, stopped
+        on exit (loadtest --serve)."""
+
+    # -- the wire -------------------------------------------------------------------
+    @abc.abstractmethod
+    def infer_path(self, name: str) -> str:
+        """The inference route of served `name`."""
+
+    @abc.abstractmethod
+    def encode(self, inputs: Mapping[str, torch.Tensor], binary: bool = False) -> Body:
+        """Named tensors as one request body (JSON, or the runtime's binary form)."""
+
+    def encode_as(self, body: Body, content_type: str | None) -> Body:
+        """`body` sent with another Content-Type (loadtest's untyped and form encodings);
+        a runtime whose protocol fixes the type keeps `body`."""
+        return body
+
+    @abc.abstractmethod
+    def request_file(self, server: Server, name: str, path: Path) -> Body:
+        """A request file (`pipeline infer`: an image, .json, .npy/.npz, .pt) as a body."""
+
+    @abc.abstractmethod
+    def worker_pids(self, server: Server, name: str) -> list[int]:
+        """The processes that answer `name` (loadtest's memory and kill)."""
+
+    # -- verify ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def parity_backends(
+        self, model: str, manifest: Manifest, server: Server, export_dir: Path
+    ) -> list[Any]:
+        """Verify backends (pipeline.verify.backends.Backend), named `<name>/...`, one per
+        served format of `model`. StaleServerError when the server answers from another
+        export than `manifest`; ServeError when it serves no format of the model."""
+
+    @abc.abstractmethod
+    def fix_command(self, model: str) -> str:
+        """The command that makes a stale server serve the export on disk."""
+
+    # -- bench ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def bench(
+        self, model: str, exported: ExportedModel, settings: BenchSettings
+    ) -> tuple[list[Any], list[dict[str, Any]]]:
+        """Serve `model` and measure every concurrency level: (points, skipped). Each point
+        has `to_json()`; its backend is `<name>/<format>`."""
+
+    def targets(self, cells: list[dict], served: list[dict]) -> list[dict[str, Any]]:
+        """This runtime's performance targets over one bench run (none by default)."""
+        return []
+
+    # -- deploy ---------------------------------------------------------------------
+    def add_deploy_command(self, sub: argparse._SubParsersAction) -> None:  # noqa: B027
+        """Add `pipeline deploy <name>` when the runtime has deploy targets."""
+
+
+_REGISTRY: dict[str, Runtime] = {}
+
+
+def register(runtime: Runtime) -> Runtime:
+    """Add a runtime; its name and markers must be new, and a built-in runtime's names
+    must be the ones `BUILTIN_RUNTIMES` declares."""
+    names = next((d for d in BUILTIN_RUNTIMES if d.name == runtime.name), None)
+    if names is not None and names != Declared(runtime.name, runtime.title):
+        raise ValueError(
+            f"runtime {runtime.name!r} registers {Declared(runtime.name, runtime.title)}, but "
+            f"pipeline/serving/runtime.py declares {names}: change both"
+        )
+    for other in _REGISTRY.values():
+        if other.name == runtime.name and type(other) is not type(runtime):
+            raise ValueError(f"runtime {runtime.name!r} is registered twice")
+        shared = set(other.markers) & set(runtime.markers)
+        if other.name != runtime.name and shared:
+            raise ValueError(f"runtime {runtime.name!r} reuses {other.name!r}'s markers {shared}")
+    _REGISTRY[runtime.name] = runtime
+    return runtime
+
+
+def unregister(name: str) -> None:
+    """Remove a runtime registered at run time (tests' own runtimes)."""
+    if name in BUILTIN:
+        raise ValueError(f"{name!r} is built in")
+    _REGISTRY.pop(name, None)
+
+
+def declared() -> tuple[Declared, ...]:
+    """Every runtime's names, the built-ins first, without importing a runtime package."""
+    extra = (Declared(r.name, r.title) for r in _REGISTRY.values() if r.name not in BUILTIN)
+    return (*BUILTIN_RUNTIMES, *extra)
+
+
+def names() -> tuple[str, ...]:
+    return tuple(d.name for d in declared())
+
+
+def default() -> str:
+    """`pipeline serve`'s runtime when none is named."""
+    return BUILTIN[0]
+
+
+def all_runtimes() -> tuple[Runtime, ...]:
+    _load_builtin()
+    return tuple(_REGISTRY[n] for n in names() if n in _REGISTRY)
+
+
+def get(name: str) -> Runtime:
+    _load_builtin()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise RuntimeNameError(
+            f"Unknown runtime {name!r}; use one of {', '.join(names())}, e.g. --runtime {default()}."
+        ) from None
+
+
+def of(server: Server) -> Runtime:
+    """The runtime a recorded server runs."""
+    return get(server.runtime)
+
+
+def by_backend(backend: str) -> Runtime | None:
+    """The runtime whose served backends `backend` names (`kserve/rest/onnx`, `kserve`)."""
+    _load_builtin()
+    return _REGISTRY.get(backend.split("/", 1)[0])
+
+
+def markers() -> Iterator[str]:
+    for runtime in all_runtimes():
+        yield from runtime.markers
+
+
+_loaded = False
+
+
+def _load_builtin() -> None:
+    # Imported here, lazily: the runtime packages import the shared serving layer.
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for name in BUILTIN:
+            importlib.import_module(f"pipeline.runtimes.{name}")
