@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.core import paths
 from pipeline.core.errors import PipelineError
 from pipeline.core.fileio import write_json
+from pipeline.serving import runtime
 
 if TYPE_CHECKING:
     from pipeline.export.opened import ExportedModel
@@ -62,9 +63,9 @@ class BenchConfig:
     # formats × two batching settings × three levels: a third of `make bench`.
     served_level_budget_s: float = 4.0
     cpp: bool = True
-    # The KServe runtime (`pipeline serve --runtime kserve`) beside TorchServe, on the
-    # same exports and levels.
-    kserve: bool = True
+    # The runtimes measured serving served_models, each on the same exports, levels and
+    # clients (pipeline.serving.runtime); None: every registered runtime.
+    runtimes: tuple[str, ...] | None = None
     out_dir: Path | None = None  # default: <artifacts>/bench
     artifacts_root: Path | None = None
     # Per model and batch size, in-process. Only resnet18 reaches it (seven backends
@@ -256,36 +257,21 @@ def run_bench(config: BenchConfig) -> BenchResult:
         phase_done(f"{model} in-process, one thread (the served workers' twins)")
 
     served: list[dict] = []
-    if config.served_models:
-        from pipeline.runtimes.torchserve.bench import bench_served
-
-        for model in config.served_models:
-            log.info("%s: TorchServe, concurrency %s", model, config.concurrencies)
-            points, left_out = bench_served(
-                model,
-                config.export_dir(model),
-                concurrencies=config.concurrencies,
-                requests_per_level=config.served_requests,
-                batching=config.batching,
-                level_budget_s=config.served_level_budget_s,
-            )
+    wanted = config.runtimes
+    chosen = [rt for rt in runtime.all_runtimes() if wanted is None or rt.name in wanted]
+    settings = runtime.BenchSettings(
+        concurrencies=config.concurrencies,
+        requests_per_level=config.served_requests,
+        batching=config.batching,
+        level_budget_s=config.served_level_budget_s,
+    )
+    for model in config.served_models:
+        for rt in chosen:
+            log.info("%s: %s, concurrency %s", model, rt.title, config.concurrencies)
+            points, left_out = rt.bench(model, exported_of(model), settings)
             served += [p.to_json() for p in points]
             skipped += left_out
-            phase_done(f"{model} served by TorchServe")
-            if config.kserve:
-                from pipeline.runtimes.kserve.bench import bench_kserve
-
-                log.info("%s: the KServe runtime, concurrency %s", model, config.concurrencies)
-                points, left_out = bench_kserve(
-                    model,
-                    config.export_dir(model),
-                    concurrencies=config.concurrencies,
-                    requests_per_level=config.served_requests,
-                    level_budget_s=config.served_level_budget_s,
-                )
-                served += [p.to_json() for p in points]
-                skipped += left_out
-                phase_done(f"{model} served by the KServe runtime")
+            phase_done(f"{model} served by {rt.title}")
 
     # Measured again at the end; the better of the two is the machine's peak (a
     # busy moment can only lower it), and the in-process fractions are rescaled.

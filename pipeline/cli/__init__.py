@@ -13,8 +13,7 @@ from pathlib import Path
 
 from pipeline import __version__
 from pipeline.cli.args import input_specs, kwargs_arg, model_arg
-from pipeline.cli.deploy import add_serving_commands
-from pipeline.cli.deploy_kserve import register as add_deploy_kserve_command
+from pipeline.cli.deploy import add_deploy_command, add_serving_commands
 from pipeline.cli.measure import add_bench_command, add_cpp_commands
 from pipeline.cli.train import add_train_command
 from pipeline.cli.verify import add_verify_command
@@ -261,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serving_commands(sub)
     add_cpp_commands(sub)
     add_bench_command(sub)
-    add_deploy_kserve_command(sub)
+    add_deploy_command(sub)
     return parser
 
 

@@ -108,8 +108,15 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
         f"(default: {defaults.served_requests})",
     )
     p.add_argument("--no-cpp", action="store_true", help="leave the C++ client out")
+    from pipeline.serving import runtime
+
     p.add_argument(
-        "--no-kserve", action="store_true", help="leave the KServe runtime out (TorchServe only)"
+        "--runtime",
+        action="append",
+        choices=runtime.names(),
+        metavar="NAME",
+        help="a runtime to measure serving the --serve-model models (repeatable; default: every "
+        f"one: {', '.join(runtime.names())})",
     )
     p.add_argument(
         "--quick", action="store_true", help="digits only, few runs: checks the output, not speed"
@@ -132,8 +139,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         overrides["threads"] = args.threads
     if args.no_cpp:
         overrides["cpp"] = False
-    if args.no_kserve:
-        overrides["kserve"] = False
+    if args.runtime:
+        overrides["runtimes"] = tuple(args.runtime)
     if args.quick:
         config = BenchConfig.quick(**overrides)
     else:

@@ -66,12 +66,14 @@ def add_client_commands(sub: argparse._SubParsersAction, formats: list[str]) -> 
         help="archive the export into a private store and start a private server on free "
         "loopback ports for this run (stopped afterwards); default: use the running server",
     )
+    from pipeline.serving import runtime
+
     p.add_argument(
         "--runtime",
-        choices=["torchserve", "kserve"],
-        default="torchserve",
-        help="with --serve: the private server's runtime (default: torchserve); without, the "
-        "running server's runtime is used",
+        choices=runtime.names(),
+        default=runtime.default(),
+        help=f"with --serve: the private server's runtime (default: {runtime.default()}); "
+        "without, the running server's runtime is used",
     )
     p.add_argument(
         "--encodings",
@@ -98,19 +100,10 @@ def _cmd_loadtest(args: argparse.Namespace) -> int:
         time_limit_s=args.time_limit,
         kill_worker_after=args.kill_worker_after,
         encodings=tuple(e.strip() for e in args.encodings.split(",") if e.strip()),
+        runtime=args.runtime,
     )
     say = functools.partial(print, flush=True)
-    if args.serve and args.runtime == "kserve":
-        from dataclasses import replace
-
-        from pipeline.runtimes.kserve.launch import private, served_export
-
-        model = served_export(config.export_dir, args.format)
-        say(f"starting a private KServe runtime for {args.model} ({model.format}) ...")
-        with private([model]) as server:
-            report = run_served(replace(config, run_dir=Path(server.run_dir)), say=say)
-    else:
-        report = run_served(config, private=args.serve, say=say)
+    report = run_served(config, private=args.serve, say=say)
     print(report.summary())
     print(to_markdown([report]))
     if args.json:

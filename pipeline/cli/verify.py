@@ -5,24 +5,24 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
-from typing import Any
 
 from pipeline.cli.args import model_arg, run_dir_arg, serve_run_dir
-from pipeline.core.errors import PipelineError
 
 log = logging.getLogger("pipeline")
 
-# pipeline.verify.backends' CPP, SERVED and KSERVE, spelled here because that module
-# imports torch and `pipeline verify --help` must not (tests/unit/test_cli_imports.py
-# checks that backend_names() equals what --backend offers).
-_OTHER_BACKENDS = ("cpp", "torchserve", "kserve")
+# pipeline.verify.backends.CPP, spelled here because that module imports torch and
+# `pipeline verify --help` must not (tests/unit/test_cli_imports.py checks that
+# backend_names() and the runtimes are what --backend offers).
+_CPP = "cpp"
 
 
 def backend_names() -> tuple[str, ...]:
-    """What `--backend` accepts: pipeline.verify.backends.backend_names(), without torch."""
+    """What `--backend` accepts: pipeline.verify.backends.backend_names() and every
+    runtime's name, without torch."""
     from pipeline.formats import base as registry
+    from pipeline.serving import runtime
 
-    return (*(f.backend for f in registry.declared()), *_OTHER_BACKENDS)
+    return (*(f.backend for f in registry.declared()), _CPP, *runtime.names())
 
 
 def add_verify_command(sub: argparse._SubParsersAction) -> None:
@@ -49,8 +49,9 @@ def add_verify_command(sub: argparse._SubParsersAction) -> None:
         choices=backend_names(),
         default=None,
         help="backend to check; repeat for several (default: the in-process backend of every "
-        "format the export holds, plus torchserve when a server started by `pipeline serve` "
-        "serves the model; kserve checks the KServe runtime over REST and gRPC)",
+        "format the export holds, plus the running server's when one started by `pipeline serve` "
+        "serves the model; a runtime's name checks that runtime's server, e.g. torchserve, or "
+        "kserve over REST and gRPC)",
     )
     p.add_argument(
         "--with-cpp",
@@ -99,46 +100,22 @@ def add_verify_command(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    from pipeline.core.manifest import read_manifest
+    from pipeline.serving import runtime
+    from pipeline.serving.checks import served_backends
     from pipeline.verify import VerifyConfig, verify
 
+    args.served_names = runtime.names()
     config = VerifyConfig.from_args(args)
-    report = verify(config, served=_served_backends(args, config))
+    config.validate()
+    served = []
+    if config.backends is None or set(config.backends) & set(config.served_names):
+        manifest = read_manifest(config.export_dir)
+        run_dir = serve_run_dir(args)
+        served = served_backends(
+            config.backends, config.model, manifest, run_dir, config.export_dir
+        )
+    report = verify(config, served=served)
     report.print_table()
     report.raise_for_failures()  # a ParityError subclass per failure kind; the CLI exits 1
     return 0
-
-
-def _served_backends(args: argparse.Namespace, config: Any) -> list:
-    """The served backends for verify: TorchServe's when asked with --backend torchserve,
-    or by default when a server started by `pipeline serve` serves the model; the KServe
-    runtime's (REST and gRPC) when asked with --backend kserve."""
-    from pipeline.verify.backends import KSERVE, SERVED
-
-    asked = set(config.backends or ()) & {SERVED, KSERVE}
-    if not asked and config.backends is not None:
-        return []
-    from pipeline.core.manifest import read_manifest
-
-    manifest = read_manifest(config.export_dir)
-    if KSERVE in asked:
-        from pipeline.runtimes.kserve.parity import kserve_backends
-
-        found = kserve_backends(config.model, manifest, serve_run_dir(args))
-        return found + (_torchserve(args, config, manifest) if SERVED in asked else [])
-    if asked:
-        return _torchserve(args, config, manifest)
-    try:
-        return _torchserve(args, config, manifest)
-    except PipelineError as err:  # no server for this model: the local backends only
-        from pipeline.runtimes.torchserve.parity import StaleServerError
-
-        # A server of this model that answers from another export is worth knowing about.
-        stale = isinstance(err, StaleServerError)
-        log.log(logging.WARNING if stale else logging.INFO, "not checking a served model: %s", err)
-        return []
-
-
-def _torchserve(args: argparse.Namespace, config: Any, manifest: Any) -> list:
-    from pipeline.runtimes.torchserve.parity import served_backends
-
-    return served_backends(config.model, manifest, serve_run_dir(args), config.export_dir)

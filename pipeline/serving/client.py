@@ -24,7 +24,7 @@ import httpx
 import torch
 
 from pipeline.core.errors import PipelineError
-from pipeline.serving import wire
+from pipeline.serving import runtime, wire
 from pipeline.serving.server import Server, default_run_dir
 
 # The bodies' builders live in wire; callers of client.numpy_body/tensors_body keep working.
@@ -82,7 +82,7 @@ def _headers(
 
 def prediction_url(server: Server, model: str) -> str:
     """The inference URL of `model` on `server`, in its runtime's protocol."""
-    return server.inference_url + wire.infer_path(server.runtime, model)
+    return server.inference_url + runtime.of(server).infer_path(model)
 
 
 @dataclass
@@ -367,13 +367,8 @@ def infer(model: str, input_path: Path, run_dir: Path | None = None) -> Any:
     """Send one file to a served model; return the decoded JSON answer."""
     server = Server.load(Path(run_dir or default_run_dir()))
     model = resolve_model(server, model)
-    if server.runtime == wire.KSERVE:
-        request = oip_request_file(server, model, Path(input_path))
-        body, content_type, headers = request.content, request.content_type, request.headers
-    else:
-        body, content_type = read_request_file(input_path)
-        headers = None
-    resp = post(server, model, body, content_type, headers=headers)
+    request = runtime.of(server).request_file(server, model, Path(input_path))
+    resp = post(server, model, request.content, request.content_type, headers=request.headers)
     try:
         answer = resp.json()
     except ValueError:

@@ -28,7 +28,6 @@ import logging
 import os
 import signal
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -43,10 +42,8 @@ from pipeline.core.compare import compare_tensor
 from pipeline.core.errors import PipelineError
 from pipeline.core.manifest import read_manifest
 from pipeline.export.opened import ExportedModel, open_export
-from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
-from pipeline.runtimes.torchserve.launch import private_config, start
-from pipeline.serving import client, served, wire
-from pipeline.serving.server import Server, default_run_dir, stop
+from pipeline.serving import client, runtime, served, wire
+from pipeline.serving.server import Server, default_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +84,8 @@ class LoadConfig:
     seed: int = 0
     # How bodies are sent, in turn (ENCODINGS): the default is JSON as application/json.
     encodings: tuple[str, ...] = ("json",)
+    # The private server's runtime (run_served(private=True)); None: `pipeline serve`'s default.
+    runtime: str | None = None
 
     def validate(self) -> None:
         if self.requests < 1 or self.concurrency < 1 or self.pool < 1:
@@ -156,14 +155,8 @@ class LoadReport:
 
 
 def worker_pids(server: Server, archive: str) -> list[int]:
-    """The pids of `archive`'s workers that TorchServe reports READY; the KServe runtime's
-    one process (every model it serves runs there)."""
-    if server.runtime == wire.KSERVE:
-        return [server.pid] if server.alive() else []
-    workers = client.workers(server, archive)
-    if workers is None:
-        raise LoadTestError(f"The server does not serve {archive}.")
-    return sorted(w["pid"] for w in workers if w.get("status") == "READY")
+    """The pids of the processes that answer `archive` (its runtime says which)."""
+    return runtime.of(server).worker_pids(server, archive)
 
 
 def _rss_mb(pids: list[int]) -> float:
@@ -183,17 +176,15 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def _inputs_pool(
-    config: LoadConfig, exported: ExportedModel, runtime: str
+    config: LoadConfig, exported: ExportedModel, rt: runtime.Runtime
 ) -> tuple[list[wire.Body], list[dict[str, torch.Tensor]]]:
-    """`pool` bodies in `runtime`'s protocol with the eager outputs each must get back."""
+    """`pool` bodies in `rt`'s protocol with the eager outputs each must get back."""
     bodies, expected = [], []
     for i in range(config.pool):
         inputs = exported.sample(1, seed=config.seed + i)
         kind, content_type = ENCODINGS[config.encodings[i % len(config.encodings)]]
-        body = wire.encode(runtime, inputs, binary=kind == "npy")
-        if runtime != wire.KSERVE:  # TorchServe's gateway also reads bodies sent untyped
-            body = wire.Body(body.content, {"Content-Type": content_type} if content_type else {})
-        bodies.append(body)
+        body = rt.encode(inputs, binary=kind == "npy")
+        bodies.append(rt.encode_as(body, content_type))
         expected.append(exported.eager(inputs))
     return bodies, expected
 
@@ -216,7 +207,7 @@ async def _watch_recovery(
 
 async def _run(config: LoadConfig, server: Server, archive: str, report: LoadReport) -> None:
     exported = open_export(config.export_dir)
-    bodies, expected = _inputs_pool(config, exported, server.runtime)
+    bodies, expected = _inputs_pool(config, exported, runtime.of(server))
     tolerance, outputs = exported.manifest.tolerance, exported.manifest.outputs
     latencies: list[float] = []
     next_index = 0
@@ -315,18 +306,18 @@ def run(config: LoadConfig) -> LoadReport:
         raise LoadTestError(
             f"The server does not serve {config.archive}; it serves {', '.join(server.models)}."
         )
-    if server.runtime == wire.KSERVE:
-        if config.kill_worker_after is not None:
-            raise LoadTestError(
-                "--kill-worker-after is for TorchServe, which restarts a killed worker; the "
-                "KServe runtime is one process (in a cluster, Kubernetes restarts its pod)."
-            )
-        binary_only = [e for e in config.encodings if e not in ("json", "npy")]
-        if binary_only:
-            raise LoadTestError(
-                f"The KServe runtime speaks the Open Inference Protocol: encodings json (OIP "
-                f"JSON) and npy (its binary extension), not {', '.join(binary_only)}."
-            )
+    rt = runtime.of(server)
+    if config.kill_worker_after is not None and not rt.replaces_workers:
+        raise LoadTestError(
+            f"--kill-worker-after needs a runtime that replaces a killed worker itself; "
+            f"{rt.title} does not (in a cluster, Kubernetes restarts its pod)."
+        )
+    unread = [e for e in config.encodings if rt.encodings is not None and e not in rt.encodings]
+    if unread:
+        raise LoadTestError(
+            f"{rt.title} reads the encodings {', '.join(rt.encodings or ())}, not "
+            f"{', '.join(unread)}."
+        )
     name = config.archive or client.resolve_model(
         server, read_manifest(config.export_dir).model.name, config.format
     )
@@ -349,25 +340,13 @@ def run_served(
     if not private:
         say(f"{config.requests} requests at concurrency {config.concurrency} ...")
         return run(config)
-    manifest = read_manifest(config.export_dir)
-    fmt = config.format or served.export_format(manifest)
-    with tempfile.TemporaryDirectory(prefix="loadtest-") as tmp:
-        store, run_dir = Path(tmp) / "store", Path(tmp) / "run"
-        (mar,) = archive(
-            ArchiveConfig(
-                model=manifest.model.name,
-                export_dir=config.export_dir,
-                store=store,
-                formats=(fmt,),
-            )
-        )
-        say(f"starting a private TorchServe for {mar.stem} ...")
-        start(private_config(store, run_dir))
-        try:
-            say(f"{config.requests} requests to {mar.stem} at concurrency {config.concurrency} ...")
-            return run(replace(config, archive=mar.stem, run_dir=run_dir))
-        finally:
-            stop(run_dir)
+    rt = runtime.get(config.runtime or runtime.default())
+    exported = open_export(config.export_dir)
+    fmt = config.format or served.export_format(exported.manifest)
+    say(f"starting a private server ({rt.title}) for {exported.name} ({fmt}) ...")
+    with rt.private(exported, fmt) as server:
+        say(f"{config.requests} requests at concurrency {config.concurrency} ...")
+        return run(replace(config, run_dir=Path(server.run_dir)))
 
 
 def write_reports(reports: list[LoadReport], path: Path) -> None:

@@ -25,9 +25,14 @@ from pipeline.core import paths
 from pipeline.core.errors import PipelineError
 from pipeline.core.manifest import MANIFEST_NAME, read_manifest
 from pipeline.formats import base as registry
+from pipeline.serving import runtime as runtimes
 from pipeline.serving.provenance import ArchiveInfo, fastest_entry
 from pipeline.serving.server import ServeError, Server
 from pipeline_runtime.manifest import Manifest
+
+
+class StaleServerError(ServeError):
+    """The server answers from another export than the one being checked."""
 
 
 def preferred_format(formats: Iterable[str], fastest: dict[str, Any] | None = None) -> str:
@@ -141,7 +146,7 @@ def stale(
     manifest: Manifest,
     export_dir: Path,
     *,
-    runtime: str = "torchserve",
+    runtime: str | None = None,
 ) -> str | None:
     """None when `archive` was built from the export in `export_dir` (its artifact's
     sha256 is the manifest's, or the archive recorded nothing to compare); else one sentence
@@ -159,11 +164,7 @@ def stale(
     served = _origin(info.exported, info.checkpoint_sha256)
     this = _origin(manifest.created, manifest.checkpoint.sha256)
     model = manifest.model.name
-    fix = (
-        f"`pipeline stop && pipeline serve --runtime kserve --model {model}`"
-        if runtime == "kserve"
-        else f"`pipeline archive --model {model} && pipeline stop && pipeline serve`"
-    )
+    fix = f"`{runtimes.get(runtime or runtimes.default()).fix_command(model)}`"
     return (
         f"The server answers {model} from another export than {export_dir} ({archive}), and "
         f"{older} (served: {served}; this export: {this}): run {fix} to serve this export."
@@ -175,7 +176,7 @@ def stale_of(
     manifest: Manifest,
     export_dir: Path,
     *,
-    runtime: str = "torchserve",
+    runtime: str | None = None,
 ) -> str | None:
     """`stale` for several served archives of one model: None when every one was built
     from this export, else one sentence naming all that were not (archived together, they
@@ -187,7 +188,7 @@ def stale_of(
 
 
 def freshness(
-    archives: dict[str, ArchiveInfo], archive: str, export_dir: Path, runtime: str = "torchserve"
+    archives: dict[str, ArchiveInfo], archive: str, export_dir: Path, runtime: str | None = None
 ) -> tuple[bool | None, str]:
     """Whether served `archive` (its record in `archives`, as server.json keeps them) was
     built from the export in `export_dir`: (True, what matched), (False, the one-sentence

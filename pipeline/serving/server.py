@@ -15,12 +15,9 @@ stays mode 0600 for `pipeline serve` and the owner's tools.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import signal
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,17 +27,11 @@ import psutil
 from pipeline.core import paths
 from pipeline.core.errors import PipelineError
 from pipeline.formats import base as registry
-from pipeline.runtimes.torchserve.gateway import CONFIG_FILE as GATEWAY_CONFIG
 from pipeline.serving.provenance import ArchiveInfo
 
 SERVER_FILE = "server.json"
 KEY_FILE = "key_file.json"  # TorchServe's own: every key, owner-only
 INFERENCE_KEY_FILE = "inference_key.json"  # the inference key alone, for clients
-CONFIG_PROPERTIES = "config.properties"
-KSERVE_CONFIG = (
-    "kserve.json"  # pipeline.runtimes.kserve.config.CONFIG_FILE: the KServe runtime's marker
-)
-
 log = logging.getLogger(__name__)
 
 
@@ -54,7 +45,7 @@ def default_run_dir() -> Path:
 
 @dataclass(frozen=True)
 class Server:
-    """A running TorchServe, as recorded in server.json."""
+    """A running server of any runtime, as recorded in server.json."""
 
     pid: int
     run_dir: str
@@ -71,8 +62,11 @@ class Server:
     failed: list[str] = field(default_factory=list)  # models that did not load (keep_going)
     # archive name → its archive.json (absent for archives without one)
     archives: dict[str, ArchiveInfo] = field(default_factory=dict)
-    runtime: str = "torchserve"  # or "kserve" (`pipeline serve --runtime kserve`)
+    runtime: str = "torchserve"  # its name in pipeline.serving.runtime's registry
     grpc_url: str = ""  # the KServe runtime's Open Inference Protocol gRPC address
+    # The files (in run_dir) on the command line of the runtime's processes: how `alive()`
+    # and `stop` recognise them (the runtime's Runtime.markers).
+    markers: list[str] = field(default_factory=list)
 
     @classmethod
     def load(cls, run_dir: Path) -> Server:
@@ -115,11 +109,10 @@ class Server:
 
     def alive(self) -> bool:
         """True only if the recorded pid is still *our* launcher (pids are reused)."""
-        marker = KSERVE_CONFIG if self.runtime == "kserve" else CONFIG_PROPERTIES
-        return is_process(self.pid, Path(self.run_dir) / marker)
+        return _ours(self.pid, Path(self.run_dir), self.markers)
 
     def gateway_alive(self) -> bool:
-        return is_process(self.gateway_pid, Path(self.run_dir) / GATEWAY_CONFIG)
+        return _ours(self.gateway_pid, Path(self.run_dir), self.markers)
 
 
 _KEY_FILES = {"inference": INFERENCE_KEY_FILE, "management": KEY_FILE}
@@ -188,77 +181,5 @@ def is_process(pid: int, marker: Path) -> bool:
         return False
 
 
-def orphans(run_dir: Path) -> list[int]:
-    """Pids of TorchServe launchers, gateways and KServe runtimes started from `run_dir`
-    (found by command line)."""
-    markers = {
-        str(run_dir / CONFIG_PROPERTIES),
-        str(run_dir / GATEWAY_CONFIG),
-        str(run_dir / KSERVE_CONFIG),
-    }
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        cmdline = proc.info.get("cmdline") or []
-        pid = proc.info["pid"]
-        if markers.intersection(cmdline) and pid != os.getpid():
-            with contextlib.suppress(OSError):
-                if os.getpgid(pid) == pid:  # the group leaders we started, not java inside
-                    found.append(pid)
-    return found
-
-
-def stop(run_dir: Path | None = None, timeout: float = 30.0) -> bool:
-    """Stop the server started from `run_dir`; True if one was running."""
-    run_dir = Path(run_dir or default_run_dir()).resolve()
-    path = run_dir / SERVER_FILE
-    was_running = False
-    if path.is_file():
-        server = Server.load(run_dir)
-        if server.gateway_alive():
-            _kill_group(server.gateway_pid, timeout)
-        was_running = server.alive()
-        if was_running:  # else a stale record: the pid may belong to someone else by now
-            _kill_group(server.pid, timeout)  # the launcher, java and every worker share the group
-    # Whatever is left from this run folder (a record lost, a killed test run): each is a
-    # session leader, so its group holds java and the workers.
-    for pid in orphans(run_dir):
-        log.warning("stopping process %d left over from %s", pid, run_dir)
-        _kill_group(pid, timeout)
-        was_running = True
-    path.unlink(missing_ok=True)
-    (run_dir / KEY_FILE).unlink(missing_ok=True)
-    (run_dir / INFERENCE_KEY_FILE).unlink(missing_ok=True)
-    return was_running
-
-
-def _kill_group(pgid: int, timeout: float) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and _group_alive(pgid):
-            time.sleep(0.1)
-        if not _group_alive(pgid):
-            return
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover
-        return True
-    # Zombies of our own children still count as a group: reap what we can.
-    try:
-        while os.waitpid(-pgid, os.WNOHANG)[0]:
-            pass
-    except ChildProcessError:
-        pass
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+def _ours(pid: int, run_dir: Path, markers: list[str] | tuple[str, ...]) -> bool:
+    return any(is_process(pid, run_dir / marker) for marker in markers)

@@ -9,9 +9,9 @@ JSON, or its binary extension — a JSON header giving each tensor's
 `binary_data_size`, then the raw little-endian bytes, the header's length in
 `Inference-Header-Content-Length` — and answers OIP JSON.
 
-`encode()` builds a request body for either runtime and `decode()` reads
-either kind of answer back into named tensors, so `pipeline infer`,
-loadtest, bench and verify share one definition of each protocol.
+Each runtime builds its request bodies from these (`Runtime.encode`), and
+`decode()` reads either kind of answer back into named tensors, so `pipeline
+infer`, loadtest, bench and verify share one definition of each protocol.
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ import torch
 
 from pipeline_runtime.codec import V2_DATATYPES, V2_NAMES
 
-TORCHSERVE = "torchserve"  # Server.runtime of `pipeline serve` (the default)
-KSERVE = "kserve"  # Server.runtime of `pipeline serve --runtime kserve`
 HEADER_LENGTH = "Inference-Header-Content-Length"  # the OIP binary extension's header
 
 
@@ -46,11 +44,6 @@ class Body:
     @property
     def content_type(self) -> str:
         return self.headers.get("Content-Type", "")
-
-
-def infer_path(runtime: str, model: str) -> str:
-    """The inference route of `model` (a served archive or OIP model name)."""
-    return f"/v2/models/{model}/infer" if runtime == KSERVE else f"/predictions/{model}"
 
 
 def tensors_body(inputs: Mapping[str, torch.Tensor]) -> bytes:
@@ -124,18 +117,6 @@ def oip_binary(inputs: Mapping[str, torch.Tensor | np.ndarray]) -> Body:
         header + b"".join(raw),
         {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header))},
     )
-
-
-def encode(runtime: str, inputs: Mapping[str, torch.Tensor], binary: bool = False) -> Body:
-    """`inputs` as a request body for `runtime`: JSON, or binary (.npy/.npz for TorchServe,
-    the OIP binary extension for the KServe runtime)."""
-    if runtime == KSERVE:
-        if binary:
-            return oip_binary(inputs)
-        return Body(oip_json(inputs), {"Content-Type": "application/json"})
-    if binary:
-        return Body(numpy_body(inputs), {"Content-Type": "application/octet-stream"})
-    return Body(tensors_body(inputs), {"Content-Type": "application/json"})
 
 
 def decode(content: bytes, headers: Mapping[str, str] | None = None) -> dict[str, torch.Tensor]:
@@ -221,14 +202,10 @@ def answer_outputs(response: Any) -> dict[str, torch.Tensor]:
 
 __all__ = [
     "HEADER_LENGTH",
-    "KSERVE",
-    "TORCHSERVE",
     "Body",
     "WireError",
     "answer_outputs",
     "decode",
-    "encode",
-    "infer_path",
     "numpy_body",
     "oip_binary",
     "oip_from_file",

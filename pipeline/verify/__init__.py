@@ -19,8 +19,6 @@ from pipeline.core.fileio import write_json
 from pipeline.export.opened import ExportedModel, open_export
 from pipeline.verify.backends import (
     CPP,
-    KSERVE,
-    SERVED,
     Backend,
     backend_names,
     load_backends,
@@ -43,8 +41,10 @@ class VerifyConfig:
     export_dir: Path | None = None  # default: artifacts/<model>/export
     checkpoint: Path | None = None  # default: the one recorded in the manifest
     # None: the in-process backend of every format the export holds. Served
-    # backends ("torchserve") are built by the caller and passed to verify().
+    # backends (a runtime's name, e.g. "torchserve") are built by the caller and passed
+    # to verify(); `served_names` says which names those are.
     backends: tuple[str, ...] | None = None
+    served_names: tuple[str, ...] = ()
     with_cpp: bool = False  # with the default backends: the C++ client too, on every format it runs
     cpp_binary: Path | None = None  # default: cpp_client/build/run_torchscript, built if needed
     atol: float | None = None  # default: the manifest's tolerance
@@ -66,6 +66,7 @@ class VerifyConfig:
             export_dir=args.export_dir or paths.export_dir(args.model, args.artifacts_dir),
             checkpoint=args.checkpoint,
             backends=tuple(args.backend) if args.backend else None,
+            served_names=tuple(getattr(args, "served_names", ())),
             with_cpp=args.with_cpp,
             atol=args.atol,
             rtol=args.rtol,
@@ -78,7 +79,7 @@ class VerifyConfig:
         )
 
     def validate(self) -> None:
-        known = backend_names()
+        known = (*backend_names(), *self.served_names)
         unknown = [b for b in self.backends or () if b not in known]
         if unknown:
             raise PipelineError(
@@ -148,19 +149,17 @@ def verify(config: VerifyConfig, served: Sequence[Backend] = ()) -> ParityReport
         config.atol_scale,
         config.allow_vacuous,
     )
-    for runtime, start in ((SERVED, "pipeline serve"), (KSERVE, "pipeline serve --runtime kserve")):
-        if runtime in (config.backends or ()) and not any(
-            b.name.startswith(f"{runtime}/") for b in served
-        ):
+    for name in config.backends or ():
+        if name in config.served_names and not any(b.name.startswith(f"{name}/") for b in served):
             raise PipelineError(
-                f"--backend {runtime} needs a running server that serves this model: start one "
-                f"with `{start}`."
+                f"--backend {name} needs a running server that serves this model: start one "
+                f"with `pipeline serve --runtime {name}`."
             )
     wanted = config.backends or (*local_backends(exported), *((CPP,) if config.with_cpp else ()))
     backends: list[Backend] = [
         backend
         for name in wanted
-        if name not in (SERVED, KSERVE)
+        if name not in config.served_names
         for backend in load_backends(name, exported, config.cpp_binary)
     ]
     backends += served

@@ -23,8 +23,6 @@ from pipeline.zoo.spec import Inputs
 from pipeline_runtime.runners import Runner
 
 CPP = "cpp"
-SERVED = "torchserve"  # the served backends' prefix: torchserve/<format>
-KSERVE = "kserve"  # the KServe runtime's: kserve/rest/<format>, kserve/grpc/<format>
 
 
 class Backend(Protocol):
@@ -94,9 +92,9 @@ def cpp_backend_name(fmt: registry.Format) -> str:
 
 
 def backend_names() -> tuple[str, ...]:
-    """What `--backend` accepts: each format's in-process backend, the C++ client, TorchServe
-    and the KServe runtime."""
-    return (*(f.backend for f in registry.all_formats()), CPP, SERVED, KSERVE)
+    """The backends verify builds itself: each format's in-process backend and the C++
+    client. Served backends (one prefix per runtime) are built by the caller."""
+    return (*(f.backend for f in registry.all_formats()), CPP)
 
 
 def local_backends(exported: ExportedModel) -> tuple[str, ...]:

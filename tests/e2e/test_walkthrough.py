@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.serving.launcher import free_port
-from pipeline.serving.server import stop
+from pipeline.serving.launcher import free_port, stop
 from tests.e2e.test_readme import ROOT, WALKTHROUGH, blocks, commands
 
 DIGIT = 7  # docs/digit.png: a 7 from the digits validation split

@@ -26,8 +26,8 @@ from pipeline.export import ExportConfig, ExportResult, export
 from pipeline.export.opened import open_export
 from pipeline.runtimes.kserve.config import RuntimeConfig
 from pipeline.runtimes.kserve.launch import served_export, start
-from pipeline.serving.launcher import free_port
-from pipeline.serving.server import INFERENCE_KEY_FILE, SERVER_FILE, Server, stop
+from pipeline.serving.launcher import free_port, stop
+from pipeline.serving.server import INFERENCE_KEY_FILE, SERVER_FILE, Server
 from pipeline.train import TrainConfig, train
 from tests.conftest import run_cli
 

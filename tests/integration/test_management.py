@@ -23,8 +23,8 @@ import pytest
 from pipeline.export import ExportResult
 from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive, archive_name
 from pipeline.serving.client import management, post, tensors_body
-from pipeline.serving.launcher import free_port
-from pipeline.serving.server import INFERENCE_KEY_FILE, KEY_FILE, ServeError, Server, stop
+from pipeline.serving.launcher import free_port, stop
+from pipeline.serving.server import INFERENCE_KEY_FILE, KEY_FILE, ServeError, Server
 from pipeline.zoo.data import digits_sample
 from tests.conftest import run_cli
 

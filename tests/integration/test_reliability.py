@@ -23,8 +23,8 @@ from pipeline.export import ExportResult
 from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive, archive_name
 from pipeline.runtimes.torchserve.launch import ServeConfig, Server, free_port, start, stop
 from pipeline.serving.client import post, tensors_body
+from pipeline.serving.launcher import orphans
 from pipeline.serving.loadtest import LoadConfig, run, worker_pids
-from pipeline.serving.server import orphans
 from pipeline.zoo.data import digits_sample
 
 TS = archive_name("digits_lenet", "torchscript")

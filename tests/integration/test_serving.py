@@ -98,7 +98,7 @@ def _verify_served(
     model: str, export_dir: Path, run_dir: Path, report: Path, **tolerance: float
 ) -> ParityReport:
     """verify with the served backends of `model`, as `pipeline verify --backend torchserve`."""
-    served = served_backends(model, read_manifest(export_dir), run_dir)
+    served = served_backends(model, read_manifest(export_dir), Server.load(run_dir))
     config = VerifyConfig(
         model=model, export_dir=export_dir, backends=("torchserve",), report=report, **tolerance
     )

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.serving.launcher import free_port
-from pipeline.serving.server import stop
+from pipeline.serving.launcher import free_port, stop
 from tests.conftest import run_cli
 
 MODEL = "my_cell"  # scripted and small: two exports take seconds

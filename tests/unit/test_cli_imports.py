@@ -81,7 +81,8 @@ def test_a_builtin_format_that_differs_from_its_declaration_is_refused() -> None
 def test_the_torch_free_defaults_are_the_ones_the_stages_use() -> None:
     from pipeline.core import compare
     from pipeline.formats import onnx, torchscript
-    from pipeline.serving import archive
+    from pipeline.runtimes.torchserve import archive
+    from pipeline.serving import runtime
     from pipeline.verify import backends
     from pipeline.zoo import DEFAULT_MODEL, zoo_names
 
@@ -93,4 +94,5 @@ def test_the_torch_free_defaults_are_the_ones_the_stages_use() -> None:
     assert paths.DEFAULT_STORE == archive.DEFAULT_STORE
     assert onnx.DEFAULT_OPSET == registry.DEFAULT_OPSET
     assert torchscript.METHODS == registry.METHODS
-    assert cli_verify.backend_names() == backends.backend_names()
+    assert cli_verify.backend_names() == (*backends.backend_names(), *runtime.names())
+    assert runtime.names() == tuple(r.name for r in runtime.all_runtimes())

@@ -162,11 +162,11 @@ def test_torchserve_properties() -> None:
 
 
 def test_cli_registers_deploy_kserve(tmp_path: Path) -> None:
-    from pipeline.cli.deploy_kserve import register
+    from pipeline.cli.deploy import add_deploy_command
 
     parser = argparse.ArgumentParser(prog="pipeline")
     parser.add_argument("--artifacts-dir", type=Path)
-    register(parser.add_subparsers(dest="command"))
+    add_deploy_command(parser.add_subparsers(dest="command"))
     args = parser.parse_args(
         ["deploy", "kserve", "--model", "digits_lenet", "--out", str(tmp_path)]
     )

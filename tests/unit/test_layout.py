@@ -125,3 +125,92 @@ def test_no_import_cycles() -> None:
 def test_modules_are_small(module: str) -> None:
     lines = len(MODULES[module].read_text(encoding="utf-8").splitlines())
     assert lines <= MAX_LINES, f"{MODULES[module]} has {lines} lines (at most {MAX_LINES})"
+
+
+def _runtime_literals() -> tuple[str, ...]:
+    from pipeline.serving import runtime
+
+    return runtime.BUILTIN
+
+
+def _assigned(tree: ast.AST, names: tuple[str, ...]) -> dict[str, set[str]]:
+    """Names assigned a runtime's name (`KSERVE = "kserve"`) → the runtime names."""
+    out: dict[str, set[str]] = {}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant)
+            and node.value.value in names
+        ):
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    out.setdefault(t.id, set()).add(node.value.value)
+    return out
+
+
+def _compared_runtime_names(path: Path, names: tuple[str, ...]) -> list[str]:
+    """Comparisons in `path` with one of `names`: the literal (`== "kserve"`, `in
+    ("torchserve", ...)`, a `case "kserve":`) or a constant assigned one (`KSERVE =
+    "kserve"` ... `== wire.KSERVE`), in this file or, unambiguously, anywhere."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    aliases = {k: v for k, v in ALIASES.items() if len(v) == 1} | _assigned(tree, RUNTIMES)
+
+    def literal(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant) and node.value in names:
+            return True
+        if isinstance(node, ast.Name | ast.Attribute):
+            alias = node.id if isinstance(node, ast.Name) else node.attr
+            return bool(aliases.get(alias, set()) & set(names))
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            return any(literal(e) for e in node.elts)
+        return False
+
+    found = []
+    for node in ast.walk(tree):
+        operands: list[ast.AST] = []
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+        elif isinstance(node, ast.match_case) and isinstance(node.pattern, ast.MatchValue):
+            operands = [node.pattern.value]
+        if any(literal(o) for o in operands):
+            where = getattr(node, "lineno", None) or node.pattern.lineno  # type: ignore[attr-defined]
+            found.append(f"{path.name}:{where}: {ast.unparse(node).splitlines()[0]}")
+    return found
+
+
+RUNTIMES = _runtime_literals()
+ALIASES: dict[str, set[str]] = {}
+for _path in MODULES.values():
+    for _alias, _names in _assigned(ast.parse(_path.read_text(encoding="utf-8")), RUNTIMES).items():
+        ALIASES.setdefault(_alias, set()).update(_names)
+
+
+def _runtime_package(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["pipeline", "runtimes"] and len(parts) > 2 else None
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_only_a_runtime_compares_its_own_name(module: str) -> None:
+    """Outside pipeline/runtimes/<name>/, code asks the runtime registry; it never branches
+    on a runtime's name (docs/internals.md, "Adding a runtime")."""
+    own = _runtime_package(module)
+    others = tuple(n for n in RUNTIMES if n != own)
+    found = _compared_runtime_names(MODULES[module], others)
+    assert not found, "compares a runtime's name outside its package:\n" + "\n".join(found)
+
+
+def test_the_runtime_name_check_can_fail(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        'KSERVE = "kserve"\n'
+        "def f(server, rt, wire):\n"
+        '    if server.runtime == "kserve": pass\n'
+        '    if rt in ("torchserve", "x"): pass\n'
+        "    if server.runtime != wire.KSERVE: pass\n"
+        "    if rt.name == rt.other: pass\n"
+        "    match rt:\n"
+        '        case "torchserve": pass\n'
+    )
+    found = _compared_runtime_names(bad, RUNTIMES)
+    assert [f.split(":")[1] for f in found] == ["3", "4", "5", "8"], found

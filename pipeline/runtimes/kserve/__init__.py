@@ -1,7 +1,178 @@
-"""The second runtime: KServe's Python model server speaking the Open Inference
-Protocol over the same exports (`pipeline serve --runtime kserve`), and what a
-Kubernetes cluster needs to run it (`pipeline deploy kserve`).
+"""The KServe runtime: KServe's Python model server speaking the Open Inference
+Protocol over the exports themselves (`pipeline serve --runtime kserve`), and
+what a Kubernetes cluster needs to run it (`pipeline deploy kserve`).
 
-`kserve` is imported only inside the runtime's own process: importing it
-parses `sys.argv` (kserve 0.21.0), which would break any other command line.
+Registered once with pipeline.serving.runtime. `kserve` is imported only
+inside the runtime's own process: importing it parses `sys.argv` (kserve
+0.21.0), which would break any other command line. This module stays light
+(`pipeline --help` reads the options from it): every hook imports what it
+needs when called.
 """
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.serving import runtime
+
+if TYPE_CHECKING:
+    import torch
+
+    from pipeline.export.opened import ExportedModel
+    from pipeline.serving.runtime import BenchSettings
+    from pipeline.serving.server import Server
+    from pipeline.serving.wire import Body
+    from pipeline_runtime.manifest import Manifest
+
+NAME = "kserve"
+CONFIG_FILE = "kserve.json"  # the runtime's config, on its command line: its marker
+DEFAULT_GRPC_PORT = 8083  # not 8081 (KServe's own default), which TorchServe's management takes
+
+
+class KServe(runtime.Runtime):
+    name = NAME
+    title = "the KServe runtime"
+    markers = (CONFIG_FILE,)
+    # One process: a killed runtime is restarted by Kubernetes, not by itself.
+    replaces_workers = False
+    encodings = ("json", "npy")  # OIP JSON and its binary extension
+    description = (
+        "KServe's model server over the Open Inference Protocol (REST /v2 and gRPC), one "
+        "model per export, the same token, body limit and loopback default"
+    )
+
+    def add_serve_options(self, group: argparse._ArgumentGroup, formats: list[str]) -> None:
+        group.add_argument(
+            "--export-dir",
+            action="append",
+            type=Path,
+            metavar="DIR",
+            help="serve this export folder (repeatable; default: the default model's)",
+        )
+        group.add_argument(
+            "--format",
+            choices=formats,
+            help="the artifact to serve from each export (default: bench's fastest verified "
+            "format, else the first in registry order)",
+        )
+        group.add_argument(
+            "--grpc-port",
+            type=int,
+            default=DEFAULT_GRPC_PORT,
+            help=f"gRPC port (default: {DEFAULT_GRPC_PORT})",
+        )
+        group.add_argument(
+            "--max-batch-size",
+            type=int,
+            default=8,
+            help="queued requests stacked into one forward pass at most (default: 8)",
+        )
+        group.add_argument(
+            "--max-batch-delay-ms",
+            type=float,
+            default=0.0,
+            help="how long a batch waits for more requests (default: 0, only what is queued)",
+        )
+
+    def serve(self, args: argparse.Namespace, run_dir: Path) -> Server:
+        from pipeline.core import paths
+        from pipeline.core.defaults import DEFAULT_MODEL
+        from pipeline.runtimes.kserve.config import RuntimeConfig, default_threads
+        from pipeline.runtimes.kserve.launch import served_export, start
+
+        dirs = list(args.export_dir or [])
+        dirs += [paths.export_dir(m, args.artifacts_dir) for m in args.serve_models or []]
+        dirs = dirs or [paths.export_dir(DEFAULT_MODEL, args.artifacts_dir)]
+        config = RuntimeConfig(
+            models=[served_export(d, args.format) for d in dirs],
+            host=args.host,
+            http_port=args.port,
+            grpc_port=args.grpc_port,
+            max_request_size=args.max_request_size,
+            tls_cert=str(args.tls_cert) if args.tls_cert else None,
+            tls_key=str(args.tls_key) if args.tls_key else None,
+            max_batch_size=args.max_batch_size,
+            max_batch_delay_ms=args.max_batch_delay_ms,
+            threads=args.threads_per_worker or default_threads(),
+        )
+        return start(config, run_dir)
+
+    def describe(self, server: Server) -> list[str]:
+        from pipeline.serving.server import INFERENCE_KEY_FILE
+
+        return [
+            f"KServe is up (pid {server.pid}), serving: {', '.join(server.models)}",
+            f"  REST:    {server.inference_url}/v2/models/<model>/infer",
+            f"  gRPC:    {server.grpc_url} (inference.GRPCInferenceService)",
+            f"  metrics: {server.metrics_url}/metrics",
+            f"  token:   {Path(server.run_dir) / INFERENCE_KEY_FILE} (send "
+            "'Authorization: Bearer <its inference key>', also as gRPC metadata)",
+            f"  logs:    {Path(server.run_dir) / 'logs'}",
+            "stop it with `pipeline stop`",
+        ]
+
+    @contextlib.contextmanager
+    def private(self, exported: ExportedModel, fmt: str, **settings: Any) -> Iterator[Server]:
+        from pipeline.runtimes.kserve.launch import private, served_export
+
+        with private([served_export(exported.dir, fmt)], **settings) as server:
+            yield server
+
+    def infer_path(self, name: str) -> str:
+        return f"/v2/models/{name}/infer"
+
+    def encode(self, inputs: Mapping[str, torch.Tensor], binary: bool = False) -> Body:
+        from pipeline.serving import wire
+
+        if binary:
+            return wire.oip_binary(inputs)
+        return wire.Body(wire.oip_json(inputs), {"Content-Type": "application/json"})
+
+    def request_file(self, server: Server, name: str, path: Path) -> Body:
+        from pipeline.serving.client import oip_request_file
+
+        return oip_request_file(server, name, path)
+
+    def worker_pids(self, server: Server, name: str) -> list[int]:
+        # One process serves every model.
+        return [server.pid] if server.alive() else []
+
+    def parity_backends(
+        self, model: str, manifest: Manifest, server: Server, export_dir: Path
+    ) -> list[Any]:
+        from pipeline.runtimes.kserve.parity import kserve_backends
+
+        return kserve_backends(model, manifest, server)
+
+    def fix_command(self, model: str) -> str:
+        return f"pipeline stop && pipeline serve --runtime kserve --model {model}"
+
+    def bench(
+        self, model: str, exported: ExportedModel, settings: BenchSettings
+    ) -> tuple[list[Any], list[dict[str, Any]]]:
+        from pipeline.runtimes.kserve.bench import bench_kserve
+
+        return bench_kserve(
+            model,
+            exported.dir,
+            concurrencies=settings.concurrencies,
+            requests_per_level=settings.requests_per_level,
+            level_budget_s=settings.level_budget_s,
+        )
+
+    def targets(self, cells: list[dict], served: list[dict]) -> list[dict[str, Any]]:
+        from pipeline.runtimes.kserve.bench import targets
+
+        return targets(cells, served)
+
+    def add_deploy_command(self, sub: argparse._SubParsersAction) -> None:
+        from pipeline.runtimes.kserve.cli import add_deploy_target
+
+        add_deploy_target(sub)
+
+
+RUNTIME = runtime.register(KServe())

@@ -21,11 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.bench.load import ServedPoint, check_answer, measure, sequential, sequential_point
-from pipeline.bench.targets import KSERVE  # points are kserve/<format>
+from pipeline.bench.targets import DIGITS, RESNET, cell, served_at, target
 from pipeline.core.errors import PipelineError
 from pipeline.export.opened import open_export
+from pipeline.formats import base as registry
+from pipeline.runtimes.kserve import NAME
 from pipeline.runtimes.kserve.config import ServedExport, default_threads
 from pipeline.runtimes.kserve.launch import private, served_export
+
+# The KServe runtime's targets measure it against TorchServe's points in the same run.
+from pipeline.runtimes.torchserve import NAME as TORCHSERVE
 from pipeline.serving import wire
 from pipeline.serving.server import ServeError, Server
 
@@ -52,7 +57,7 @@ def bench_kserve(
     formats = [f.key for f in exported.formats()]
     inputs = exported.sample(1, seed=0)
     expected = exported.eager(inputs)
-    body = wire.encode(wire.KSERVE, inputs, binary=True)
+    body = wire.oip_binary(inputs)
     slug = re.sub(r"[^A-Za-z0-9_.\-]", "_", model)
     exports = [served_export(export_dir, fmt, name=f"{slug}_{fmt}") for fmt in formats]
     skipped: list[dict[str, Any]] = []
@@ -109,9 +114,7 @@ def _skip(
     why = " ".join(str(err).split())[-300:]
     for one in exports:
         log.warning("the KServe runtime did not start for %s: %s", one.name, why)
-        skipped.append(
-            {"model": model, "batch": 1, "backend": f"{KSERVE}/{one.format}", "why": why}
-        )
+        skipped.append({"model": model, "batch": 1, "backend": f"{NAME}/{one.format}", "why": why})
 
 
 def _measure_all(
@@ -136,7 +139,7 @@ def _measure_all(
         except (PipelineError, KeyError, ValueError) as err:
             why = " ".join(str(err).split())[:200]
             log.warning("%s on the KServe runtime is left out: %s", name, why)
-            skipped.append({"model": model, "batch": 1, "backend": f"{KSERVE}/{fmt}", "why": why})
+            skipped.append({"model": model, "batch": 1, "backend": f"{NAME}/{fmt}", "why": why})
     live = [f for f in names if f in first]
     common = dict(model=model, batching=BATCHING)
     for k, level in enumerate(concurrencies):
@@ -151,7 +154,7 @@ def _measure_all(
             )
             points += [
                 sequential_point(
-                    lat, failed, backend=f"{KSERVE}/{fmt}", first_request_ms=first[fmt], **common
+                    lat, failed, backend=f"{NAME}/{fmt}", first_request_ms=first[fmt], **common
                 )
                 for fmt, (lat, failed) in got.items()
             ]
@@ -166,8 +169,52 @@ def _measure_all(
                     requests_per_level,
                     timeout,
                     level_budget_s,
-                    backend=f"{KSERVE}/{fmt}",
+                    backend=f"{NAME}/{fmt}",
                     **common,
                 )
             )
     return points
+
+
+def targets(cells: list[dict], served: list[dict]) -> list[dict[str, Any]]:
+    """The KServe runtime against TorchServe (same run, same exports, same clients) and,
+    for resnet18, against its own format in-process."""
+    out = []
+    for model in dict.fromkeys(s["model"] for s in served):
+        for fmt in registry.all_formats():
+            k1 = served_at(served, model, fmt.key, 1, "on", NAME)
+            ts1 = served_at(served, model, fmt.key, 1, "on", TORCHSERVE)
+            if k1 and model == DIGITS:
+                versus = f"; TorchServe {ts1['median_ms']:.2f} ms" if ts1 else ""
+                out.append(
+                    target(
+                        f"{model} kserve/{fmt.key}: p50 at concurrency 1 ≤ 2 ms",
+                        k1["median_ms"],
+                        f"{k1['median_ms']:.2f} ms{versus}",
+                        k1["median_ms"] <= 2.0,
+                    )
+                )
+            k8 = served_at(served, model, fmt.key, 8, "on", NAME)
+            ts8 = served_at(served, model, fmt.key, 8, "on", TORCHSERVE)
+            if k8 and ts8:
+                ratio = k8["throughput"] / ts8["throughput"]
+                out.append(
+                    target(
+                        f"{model} kserve/{fmt.key}: throughput at concurrency 8 ≥ 3× TorchServe's (archive defaults)",
+                        ratio,
+                        f"{k8['throughput']:.0f} vs {ts8['throughput']:.0f} requests/s",
+                        ratio >= 3.0,
+                    )
+                )
+            inproc = cell(cells, model, fmt.backend, 1)
+            if k8 and inproc and model == RESNET:
+                ratio = k8["throughput"] / inproc["throughput"]
+                out.append(
+                    target(
+                        f"{model} kserve/{fmt.key}: throughput at concurrency 8 ≥ 0.9× in-process {fmt.backend} (batch 1)",
+                        ratio,
+                        f"{k8['throughput']:.1f} vs {inproc['throughput']:.1f} samples/s",
+                        ratio >= 0.9,
+                    )
+                )
+    return out

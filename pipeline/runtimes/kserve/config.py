@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 
-CONFIG_FILE = "kserve.json"
+from pipeline.runtimes.kserve import CONFIG_FILE  # noqa: F401 - the runtime's marker
 
 
 def default_threads() -> int:

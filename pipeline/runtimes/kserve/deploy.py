@@ -33,7 +33,7 @@ from pipeline.runtimes.kserve.validate import check
 
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 SOURCE_ITEMS = ("pyproject.toml", "README.md", "pipeline", "pipeline_runtime")
 
 

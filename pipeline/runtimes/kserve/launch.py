@@ -5,7 +5,7 @@ inference token to `<run_dir>/inference_key.json` (mode 0600, the shape
 TorchServe's clients read: `{"inference": {"key": ...}}`), starts
 `python -m pipeline.runtimes.kserve.runtime <run_dir>/kserve.json` in its own session,
 waits until `/v2/health/ready` answers 200 (every model loaded and warmed up)
-and records a `server.json` that `pipeline stop` (`pipeline.serving.server.stop`)
+and records a `server.json` that `pipeline stop` (`pipeline.serving.launcher.stop`)
 recognises and stops.
 
 Nothing here imports kserve (it parses sys.argv on import).
@@ -34,16 +34,16 @@ import psutil
 
 from pipeline.core.manifest import read_manifest
 from pipeline.formats import base as registry
+from pipeline.runtimes.kserve import NAME
 from pipeline.runtimes.kserve.config import CONFIG_FILE, RuntimeConfig, ServedExport
 from pipeline.serving import served
-from pipeline.serving.launcher import free_port, port_free
+from pipeline.serving.launcher import free_port, port_free, stop
 from pipeline.serving.provenance import ArchiveInfo
 from pipeline.serving.server import (
     INFERENCE_KEY_FILE,
     SERVER_FILE,
     ServeError,
     Server,
-    stop,
 )
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,8 @@ def start(config: RuntimeConfig, run_dir: Path, startup_timeout_s: float = 180.0
         models=names,
         started=psutil.Process(proc.pid).create_time(),
         ca_file=config.tls_cert,
-        runtime="kserve",
+        runtime=NAME,
+        markers=[CONFIG_FILE],
         grpc_url=f"{host}:{config.grpc_port}",
     )
     server.record()

@@ -1,7 +1,7 @@
 """The KServe runtime's backends for verify: each served model over REST and over gRPC.
 
-`kserve_backends(model, manifest, run_dir)` returns two backends per model the
-runtime in `run_dir` serves from this export, `kserve/rest/<format>` and
+`kserve_backends(model, manifest, server)` returns two backends per model the
+runtime `server` serves from this export, `kserve/rest/<format>` and
 `kserve/grpc/<format>`. Both speak the Open Inference Protocol with the
 inference token; REST sends JSON tensors, gRPC sends raw little-endian bytes
 (`raw_input_contents`), so the two paths decode differently and each is
@@ -20,11 +20,11 @@ import numpy as np
 import torch
 
 from pipeline.core.manifest import read_manifest
+from pipeline.runtimes.kserve import NAME
 from pipeline.runtimes.kserve.config import CONFIG_FILE, RuntimeConfig
 from pipeline.serving import client, wire
 from pipeline.serving import served as served_mod
-from pipeline.serving.server import ServeError, Server, default_run_dir
-from pipeline.verify.backends import KSERVE
+from pipeline.serving.server import ServeError, Server
 from pipeline_runtime.codec import V2_DATATYPES, V2_NAMES
 from pipeline_runtime.manifest import Manifest
 
@@ -63,7 +63,7 @@ class KServeBackend:
         self, server: Server, served_name: str, fmt: str, manifest: Manifest, transport: str
     ) -> None:
         self.server, self.served_name, self.transport = server, served_name, transport
-        self.name = f"{KSERVE}/{transport}/{fmt}"
+        self.name = f"{NAME}/{transport}/{fmt}"
         self.format_key = fmt
         self.outputs = manifest.outputs
         self.token = server.keys()["inference"]
@@ -122,15 +122,9 @@ def _grpc_credentials(server: Server) -> Any:
     return grpc.ssl_channel_credentials(root_certificates=ca)
 
 
-def kserve_backends(model: str, manifest: Manifest, run_dir: Path | None) -> list[KServeBackend]:
-    """REST and gRPC backends for every model the KServe runtime in `run_dir` serves
-    from this export. ServeError when there is no such runtime or it serves none."""
-    server = Server.load(Path(run_dir or default_run_dir()))
-    if server.runtime != KSERVE:
-        raise ServeError(
-            f"The server recorded in {server.run_dir} is TorchServe, not the KServe runtime; "
-            "start one with `pipeline serve --runtime kserve`."
-        )
+def kserve_backends(model: str, manifest: Manifest, server: Server) -> list[KServeBackend]:
+    """REST and gRPC backends for every model the KServe runtime `server` serves from this
+    export. ServeError when it is not running or serves none."""
     if not server.alive():
         raise ServeError(
             f"The KServe runtime recorded in {server.run_dir} is not running; start it with "
@@ -147,7 +141,7 @@ def kserve_backends(model: str, manifest: Manifest, run_dir: Path | None) -> lis
     # What the runtime loaded at start (server.json), not the export folder as it is now:
     # an export rewritten since is on disk but not in the runtime.
     loaded = {m.name: server.archives[m.name] for m in served if m.name in server.archives}
-    stale = served_mod.stale_of(loaded, manifest, Path(served[0].export_dir), runtime=KSERVE)
+    stale = served_mod.stale_of(loaded, manifest, Path(served[0].export_dir), runtime=NAME)
     if stale:
         raise ServeError(stale)
     return [

@@ -36,7 +36,7 @@ from pipeline.zoo import DEFAULT_MODEL
 
 log = logging.getLogger(__name__)
 
-HANDLERS_DIR = Path(__file__).resolve().parents[2] / "handlers"
+HANDLERS_DIR = Path(__file__).resolve().parents[3] / "handlers"
 RUNTIME_DIR = Path(pipeline_runtime.__file__).resolve().parent
 # Where `pipeline bench` writes each model's fastest verified backend (under the artifacts root).
 

@@ -39,13 +39,13 @@ from typing import Any
 import psutil
 
 from pipeline.core.paths import DEFAULT_STORE
+from pipeline.runtimes.torchserve import CONFIG_PROPERTIES, NAME
 from pipeline.runtimes.torchserve.gateway import CONFIG_FILE as GATEWAY_CONFIG
 from pipeline.runtimes.torchserve.gateway import GatewayConfig
 from pipeline.runtimes.torchserve.workers import scale, status, wait_ready, warm_up, worker_plan
 from pipeline.serving import served
-from pipeline.serving.launcher import LOOPBACK, free_port, port_free
+from pipeline.serving.launcher import LOOPBACK, free_port, port_free, stop
 from pipeline.serving.server import (
-    CONFIG_PROPERTIES,
     INFERENCE_KEY_FILE,
     KEY_FILE,
     SERVER_FILE,
@@ -53,7 +53,6 @@ from pipeline.serving.server import (
     Server,
     default_run_dir,
     publish_inference_key,
-    stop,
 )
 
 __all__ = [
@@ -264,6 +263,8 @@ def start(config: ServeConfig) -> Server:
         )
     host = f"[{config.host}]" if ":" in config.host else config.host
     server = Server(
+        runtime=NAME,
+        markers=[CONFIG_PROPERTIES, GATEWAY_CONFIG],
         pid=proc.pid,
         run_dir=str(run_dir),
         inference_url=f"{'https' if config.tls_cert else 'http'}://{host}:{config.inference_port}",
@@ -343,3 +344,31 @@ def _start_gateway(server: Server, config: ServeConfig, run_dir: Path) -> Server
             time.sleep(0.1)
     log.info("gateway listening on %s", server.inference_url)
     return server
+
+
+def describe(server: Server) -> list[str]:
+    """What `pipeline serve` prints about a started TorchServe: paths, never a key (this
+    output ends up in terminals, CI logs and tickets)."""
+    from pipeline.runtimes.torchserve.workers import footprint
+
+    run_dir = Path(server.run_dir)
+    lines = []
+    if server.failed:
+        lines.append(f"NOT serving (failed to load, see the log): {', '.join(server.failed)}")
+    workers, worker_mb, total_mb = footprint(server)
+    return [
+        *lines,
+        f"TorchServe is up (pid {server.pid}), serving: {', '.join(server.models)}",
+        f"  workers:    {workers} for {len(server.models) - len(server.failed)} model(s), "
+        f"{worker_mb:,.0f} MiB; {total_mb:,.0f} MiB with TorchServe's frontend and the gateway",
+        f"  inference:  {server.inference_url}/predictions/<model> (gateway pid {server.gateway_pid})",
+        f"  management: {server.management_url} (register/delete disabled; scaling needs the "
+        "management key, kept for `pipeline serve` only)",
+        f"  metrics:    {server.metrics_url}/metrics",
+        f"  token:      {run_dir / INFERENCE_KEY_FILE} (for clients: send "
+        "'Authorization: Bearer <its inference key>')",
+        f"  private:    {run_dir / KEY_FILE} (mode 0600: management and API keys, share it with "
+        "no one)",
+        f"  logs:       {run_dir / 'logs'}",
+        "stop it with `pipeline stop` (or `make stop`)",
+    ]

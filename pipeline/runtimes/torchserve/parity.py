@@ -14,10 +14,11 @@ from pathlib import Path
 
 import torch
 
+from pipeline.runtimes.torchserve import NAME
 from pipeline.serving import served as served_mod
 from pipeline.serving.client import post, tensors_body
-from pipeline.serving.server import ServeError, Server, default_run_dir
-from pipeline.verify.backends import SERVED
+from pipeline.serving.served import StaleServerError
+from pipeline.serving.server import ServeError, Server
 from pipeline_runtime.manifest import Manifest
 
 
@@ -29,7 +30,7 @@ class ServedBackend:
     def __init__(self, server: Server, archive: str, fmt: str, manifest: Manifest) -> None:
         self.server = server
         self.archive = archive
-        self.name = f"{SERVED}/{fmt}"
+        self.name = f"{NAME}/{fmt}"
         self.format_key = fmt
         self.outputs = manifest.outputs
 
@@ -46,18 +47,13 @@ class ServedBackend:
         }
 
 
-class StaleServerError(ServeError):
-    """The server answers from another export than the one being checked."""
-
-
 def served_backends(
-    model: str, manifest: Manifest, run_dir: Path | None, export_dir: Path | None = None
+    model: str, manifest: Manifest, server: Server, export_dir: Path | None = None
 ) -> list[ServedBackend]:
-    """One backend per archive of `model` that the server in `run_dir` serves, in registry
-    order (TorchScript first). ServeError when there is no such server or it serves no
-    archive of the model; StaleServerError, saying which is older and what to run, when it
-    serves one built from another export than `manifest` (the one in `export_dir`)."""
-    server = Server.load(Path(run_dir or default_run_dir()))
+    """One backend per archive of `model` that TorchServe `server` serves, in registry
+    order (TorchScript first). ServeError when it is not running or serves no archive of
+    the model; StaleServerError, saying which is older and what to run, when it serves one
+    built from another export than `manifest` (the one in `export_dir`)."""
     if not server.alive():
         raise ServeError(
             f"The server recorded in {server.run_dir} is not running; start it with `pipeline serve`."

@@ -1,7 +1,8 @@
 """`pipeline deploy kserve`: write what a user applies to a Kubernetes cluster with KServe.
 
-Like the rest of the CLI, this only parses arguments and calls a stage function
-(pipeline.runtimes.kserve.deploy).
+The KServe runtime's deploy target, which it declares through the runtime contract
+(`Runtime.add_deploy_command`). Like the rest of the CLI, this only parses arguments and
+calls a stage function (pipeline.runtimes.kserve.deploy).
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.cli.args import model_arg
 from pipeline.core import paths
+from pipeline.core.defaults import DEFAULT_MODEL
 
 _EPILOG = """\
 writes into --out:
@@ -29,14 +30,8 @@ example:  pipeline deploy kserve --model digits_lenet --out artifacts/deploy/dig
 """
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add `deploy` (with its `kserve` sub-command) to the `pipeline` command."""
-    deploy = subparsers.add_parser(
-        "deploy",
-        help="write Kubernetes manifests (and a container build file) for an export",
-        description="Write what a cluster needs to serve an export. One target so far: kserve.",
-    )
-    targets = deploy.add_subparsers(dest="target", metavar="TARGET", required=True)
+def add_deploy_target(targets: argparse._SubParsersAction) -> None:
+    """Add `pipeline deploy kserve` (the `deploy` command's targets come from the runtimes)."""
     p = targets.add_parser(
         "kserve",
         help="KServe InferenceServices: the project's runtime image, and TorchServe",
@@ -46,7 +41,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    model_arg(p)
+    p.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"the exported model (default: {DEFAULT_MODEL}; see `pipeline models`)",
+    )
     p.add_argument("--out", type=Path, required=True, help="folder to write (created)")
     p.add_argument("--export-dir", type=Path, help="default: <artifacts>/<model>/export")
     p.add_argument(

@@ -1,0 +1,182 @@
+"""TorchServe as a runtime: `.mar` archives behind the authenticating gateway.
+
+Registered once with pipeline.serving.runtime. This module stays light
+(`pipeline --help` reads the options from it without loading torch): every
+hook imports what it needs when called. Its parts: archive.py (the `.mar`
+stage), launch.py (start, private servers), gateway.py (the public port),
+workers.py / workerwatch.py (READY workers, scaling, replacement),
+bodies.py, codec.py (its request bodies), parity.py (verify), bench.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.core.paths import DEFAULT_STORE
+from pipeline.serving import runtime
+
+if TYPE_CHECKING:
+    import torch
+
+    from pipeline.export.opened import ExportedModel
+    from pipeline.serving.runtime import BenchSettings
+    from pipeline.serving.server import Server
+    from pipeline.serving.wire import Body
+    from pipeline_runtime.manifest import Manifest
+
+NAME = "torchserve"
+CONFIG_PROPERTIES = "config.properties"  # TorchServe's own config: the launcher's marker
+GATEWAY_CONFIG = "gateway.json"  # the gateway's: pipeline.runtimes.torchserve.gateway.CONFIG_FILE
+
+
+class TorchServe(runtime.Runtime):
+    name = NAME
+    title = "TorchServe"
+    markers = (CONFIG_PROPERTIES, GATEWAY_CONFIG)
+    replaces_workers = True
+    description = "the .mar archives in --store, behind the authenticating gateway"
+
+    def add_serve_options(self, group: argparse._ArgumentGroup, formats: list[str]) -> None:
+        group.add_argument("--store", type=Path, default=DEFAULT_STORE, help="default: model_store")
+        group.add_argument(
+            "--models",
+            nargs="+",
+            metavar="NAME",
+            help="what to serve: archive names (digits_lenet_onnx) or models (digits_lenet: its "
+            "one format, as by default); default: one format of every model in the store",
+        )
+        group.add_argument(
+            "--all-formats",
+            action="store_true",
+            help="serve every archived format of every model (default: one per model, the "
+            "fastest verified backend `pipeline bench` measured, else TorchScript; each format "
+            "costs workers and memory)",
+        )
+        group.add_argument(
+            "--keep-going",
+            action="store_true",
+            help="serve the models that load even if others fail (default: any failure stops "
+            "the start)",
+        )
+        group.add_argument("--management-port", type=int, default=8081, help="default: 8081")
+        group.add_argument("--metrics-port", type=int, default=8082, help="default: 8082")
+        group.add_argument(
+            "--workers-per-model",
+            type=int,
+            help="default: physical cores / models served, at least 1",
+        )
+        group.add_argument(
+            "--gpu", action="store_true", help="give workers a GPU when CUDA is present"
+        )
+
+    def serve(self, args: argparse.Namespace, run_dir: Path) -> Server:
+        from pipeline.runtimes.torchserve.launch import ServeConfig, start
+
+        models = [*(args.models or []), *(args.serve_models or [])] or None
+        return start(
+            ServeConfig(
+                store=args.store,
+                run_dir=run_dir,
+                models=models,
+                host=args.host,
+                inference_port=args.port,
+                management_port=args.management_port,
+                metrics_port=args.metrics_port,
+                threads_per_worker=args.threads_per_worker,
+                workers_per_model=args.workers_per_model,
+                max_request_size=args.max_request_size,
+                gpu=args.gpu,
+                tls_cert=args.tls_cert,
+                tls_key=args.tls_key,
+                keep_going=args.keep_going,
+                one_format=not args.all_formats,
+            )
+        )
+
+    def describe(self, server: Server) -> list[str]:
+        from pipeline.runtimes.torchserve.launch import describe
+
+        return describe(server)
+
+    @contextlib.contextmanager
+    def private(self, exported: ExportedModel, fmt: str, **settings: Any) -> Iterator[Server]:
+        from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
+        from pipeline.runtimes.torchserve.launch import private_config, start
+        from pipeline.serving.launcher import stop
+
+        with tempfile.TemporaryDirectory(prefix="torchserve-") as tmp:
+            store, run_dir = Path(tmp) / "store", Path(tmp) / "run"
+            archive(
+                ArchiveConfig(
+                    model=exported.manifest.model.name,
+                    export_dir=exported.dir,
+                    store=store,
+                    formats=(fmt,),
+                )
+            )
+            server = start(private_config(store, run_dir, **settings))
+            try:
+                yield server
+            finally:
+                stop(run_dir)
+
+    def infer_path(self, name: str) -> str:
+        return f"/predictions/{name}"
+
+    def encode(self, inputs: Mapping[str, torch.Tensor], binary: bool = False) -> Body:
+        from pipeline.runtimes.torchserve.codec import encode
+
+        return encode(inputs, binary)
+
+    def encode_as(self, body: Body, content_type: str | None) -> Body:
+        from pipeline.serving.wire import Body
+
+        # The gateway also reads bodies sent untyped or as a form (curl's defaults).
+        return Body(body.content, {"Content-Type": content_type} if content_type else {})
+
+    def request_file(self, server: Server, name: str, path: Path) -> Body:
+        from pipeline.runtimes.torchserve.codec import request_file
+
+        return request_file(path)
+
+    def worker_pids(self, server: Server, name: str) -> list[int]:
+        from pipeline.runtimes.torchserve.workers import ready_pids
+
+        return ready_pids(server, name)
+
+    def parity_backends(
+        self, model: str, manifest: Manifest, server: Server, export_dir: Path
+    ) -> list[Any]:
+        from pipeline.runtimes.torchserve.parity import served_backends
+
+        return served_backends(model, manifest, server, export_dir)
+
+    def fix_command(self, model: str) -> str:
+        return f"pipeline archive --model {model} && pipeline stop && pipeline serve"
+
+    def bench(
+        self, model: str, exported: ExportedModel, settings: BenchSettings
+    ) -> tuple[list[Any], list[dict[str, Any]]]:
+        from pipeline.runtimes.torchserve.bench import bench_served
+
+        return bench_served(
+            model,
+            exported.dir,
+            concurrencies=settings.concurrencies,
+            requests_per_level=settings.requests_per_level,
+            batching=settings.batching,
+            level_budget_s=settings.level_budget_s,
+        )
+
+    def targets(self, cells: list[dict], served: list[dict]) -> list[dict[str, Any]]:
+        from pipeline.runtimes.torchserve.bench import targets
+
+        return targets(cells, served)
+
+
+RUNTIME = runtime.register(TorchServe())
