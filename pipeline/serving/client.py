@@ -269,7 +269,7 @@ def management(
     """
     return httpx.request(
         method,
-        f"{server.management_url}{path}",
+        f"{server.extras['management_url']}{path}",
         params=params,
         headers=_headers(server, "management"),
         timeout=timeout,

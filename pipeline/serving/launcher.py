@@ -7,9 +7,13 @@ import contextlib
 import logging
 import os
 import random
+import shutil
 import signal
 import socket
+import subprocess
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -62,6 +66,122 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise ServeError(f"No free port on {host} below {low}.")
 
 
+@dataclass
+class Launch:
+    """What every runtime's start checks before it starts a process (`prepare`)."""
+
+    title: str  # for messages: "TorchServe", "the KServe runtime"
+    run_dir: Path
+    host: str  # where clients reach it
+    # (host, port, option) each must be free: ("127.0.0.1", 8081, "--management-port")
+    ports: list[tuple[str, int, str]] = field(default_factory=list)
+    tls_cert: str | Path | None = None
+    tls_key: str | Path | None = None
+    # What stays on loopback whatever --host says, for the exposure warning.
+    internal: str = ""
+
+
+def exposure_warning(launch: Launch) -> str | None:
+    """What to tell a user who serves on a non-loopback address (None on loopback)."""
+    if launch.host in LOOPBACK:
+        return None
+    clear = (
+        "" if launch.tls_cert else ", and tokens travel in clear text (use --tls-cert/--tls-key)"
+    )
+    return (
+        f"The inference API will listen on {launch.host}, not loopback: anyone who can reach "
+        f"this machine can try it{clear}. Keep the token file private.{launch.internal}"
+    )
+
+
+def prepare(launch: Launch) -> Path:
+    """The checks every start makes, in order: the TLS pair, the loopback warning, a
+    server already running from the run folder (a stale record is removed), the ports;
+    then a fresh logs/ folder (the previous run's in logs.previous/, so its errors are not
+    read as this run's). Returns the run folder, resolved. ServeError says what to change."""
+    if bool(launch.tls_cert) != bool(launch.tls_key):
+        raise ServeError("HTTPS needs both --tls-cert and --tls-key.")
+    for pem in (launch.tls_cert, launch.tls_key):
+        if pem and not Path(pem).is_file():
+            raise ServeError(f"TLS file {pem} does not exist.")
+    warning = exposure_warning(launch)
+    if warning:
+        log.warning("%s", warning)
+    run_dir = Path(launch.run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if (run_dir / SERVER_FILE).is_file():
+        old = Server.load(run_dir)
+        if old.alive():
+            raise ServeError(
+                f"A server is already running from {run_dir} (pid {old.pid}); stop it with "
+                "`pipeline stop`."
+            )
+        (run_dir / SERVER_FILE).unlink()
+    busy = [(host, port, opt) for host, port, opt in launch.ports if not port_free(host, port)]
+    if busy:
+        host, port, _ = busy[0]
+        options = "/".join(opt for _, _, opt in launch.ports)
+        raise ServeError(f"Port {port} on {host} is in use; pick others with {options}.")
+    logs = run_dir / "logs"
+    if logs.exists():
+        shutil.rmtree(run_dir / "logs.previous", ignore_errors=True)
+        logs.rename(run_dir / "logs.previous")
+    logs.mkdir()
+    return run_dir
+
+
+def spawn(
+    argv: list[str],
+    run_dir: Path,
+    log_name: str,
+    env: dict[str, str] | None = None,
+    umask: int = -1,
+) -> subprocess.Popen:
+    """Start one of a runtime's processes in its own session (so `stop` signals its whole
+    group), in `run_dir`, its output in logs/<log_name>."""
+    with (run_dir / "logs" / log_name).open("ab") as out:
+        return subprocess.Popen(
+            argv,
+            cwd=run_dir,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            umask=umask,
+        )
+
+
+def created(pid: int) -> float:
+    """A process's creation time (psutil), recorded to recognise it later."""
+    return psutil.Process(pid).create_time()
+
+
+def wait_until(
+    ready: Callable[[], bool], proc: subprocess.Popen, output: Path, timeout_s: float, what: str
+) -> None:
+    """Poll `ready()` until it is true; ServeError with the tail of `output` when `proc`
+    exits first or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if proc.poll() is not None:
+            tail = output.read_text(errors="replace")[-3000:]
+            raise ServeError(f"{what} exited with status {proc.returncode}:\n{tail}")
+        if time.monotonic() > deadline:
+            tail = output.read_text(errors="replace")[-3000:]
+            raise ServeError(f"{what} was not ready within {timeout_s:.0f} s:\n{tail}")
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def stopped_on_failure(run_dir: Path) -> Iterator[None]:
+    """Whatever a start raises (Ctrl-C too), nothing it started is left running."""
+    try:
+        yield
+    except BaseException:
+        stop(run_dir)
+        raise
+
+
 def orphans(run_dir: Path) -> list[int]:
     """Pids of every runtime's processes started from `run_dir` (found by command line:
     each runtime declares its marker files)."""
@@ -84,8 +204,8 @@ def stop(run_dir: Path | None = None, timeout: float = 30.0) -> bool:
     was_running = False
     if path.is_file():
         server = Server.load(run_dir)
-        if server.gateway_alive():
-            _kill_group(server.gateway_pid, timeout)
+        for pid in server.alive_pids():
+            _kill_group(pid, timeout)
         was_running = server.alive()
         if was_running:  # else a stale record: the pid may belong to someone else by now
             _kill_group(server.pid, timeout)  # the launcher, java and every worker share the group

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import psutil
 
-from pipeline.core import paths
+from pipeline.core import fileio, paths
 from pipeline.core.errors import PipelineError
 from pipeline.formats import base as registry
 from pipeline.serving.provenance import ArchiveInfo
@@ -45,28 +44,30 @@ def default_run_dir() -> Path:
 
 @dataclass(frozen=True)
 class Server:
-    """A running server of any runtime, as recorded in server.json."""
+    """A running server of any runtime, as recorded in server.json: what runs (`runtime`),
+    where (its URLs), its processes, its key files (in `run_dir`), and what it serves with
+    its provenance. What only one runtime has is in `extras`."""
 
-    pid: int
+    runtime: str  # its name in pipeline.serving.runtime's registry
+    pid: int  # the main process; its process group holds what it starts
     run_dir: str
     inference_url: str
-    management_url: str
     metrics_url: str
-    models: list[str]  # archive names (TorchServe's model names)
-    started: float = 0.0  # the launcher's process creation time (psutil), to recognise it later
-    backend_url: str = ""  # TorchServe's own inference API (loopback, behind the gateway)
-    gateway_pid: int = 0
-    gateway_started: float = 0.0
-    # For HTTPS: the certificate clients trust (the server's own, for a self-signed one).
-    ca_file: str | None = None
-    failed: list[str] = field(default_factory=list)  # models that did not load (keep_going)
-    # archive name → its archive.json (absent for archives without one)
-    archives: dict[str, ArchiveInfo] = field(default_factory=dict)
-    runtime: str = "torchserve"  # its name in pipeline.serving.runtime's registry
-    grpc_url: str = ""  # the KServe runtime's Open Inference Protocol gRPC address
+    models: list[str]  # the served names (TorchServe's archive names, OIP model names)
+    started: float = 0.0  # the main process's creation time (psutil)
+    # Other process groups the runtime started, by role ({"gateway": pid}).
+    pids: dict[str, int] = field(default_factory=dict)
     # The files (in run_dir) on the command line of the runtime's processes: how `alive()`
     # and `stop` recognise them (the runtime's Runtime.markers).
     markers: list[str] = field(default_factory=list)
+    # For HTTPS: the certificate clients trust (the server's own, for a self-signed one).
+    ca_file: str | None = None
+    failed: list[str] = field(default_factory=list)  # models that did not load (keep_going)
+    # served name → what it holds and where it came from (pipeline.serving.provenance)
+    archives: dict[str, ArchiveInfo] = field(default_factory=dict)
+    # Per runtime: TorchServe's management_url and backend_url (its own inference API
+    # behind the gateway), the KServe runtime's grpc_url.
+    extras: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def load(cls, run_dir: Path) -> Server:
@@ -76,6 +77,15 @@ class Server:
                 f"No server is running from {run_dir} ({path} is missing). Start one with `pipeline serve`."
             )
         data = json.loads(path.read_text())
+        # A record written before the runtime-neutral one: its runtime's fields are extras.
+        known = {f.name for f in fields(cls)}
+        legacy = {k: data.pop(k) for k in list(data) if k not in known}
+        if legacy.get("gateway_pid"):
+            data.setdefault("pids", {})["gateway"] = legacy["gateway_pid"]
+        data.setdefault("extras", {}).update(
+            {k: v for k, v in legacy.items() if k.endswith("_url") and v}
+        )
+        data.setdefault("runtime", "torchserve")
         data["archives"] = {
             name: ArchiveInfo.from_json(info) for name, info in data.get("archives", {}).items()
         }
@@ -111,8 +121,9 @@ class Server:
         """True only if the recorded pid is still *our* launcher (pids are reused)."""
         return _ours(self.pid, Path(self.run_dir), self.markers)
 
-    def gateway_alive(self) -> bool:
-        return _ours(self.gateway_pid, Path(self.run_dir), self.markers)
+    def alive_pids(self) -> list[int]:
+        """The recorded processes besides the main one that are still ours."""
+        return [p for p in self.pids.values() if _ours(p, Path(self.run_dir), self.markers)]
 
 
 _KEY_FILES = {"inference": INFERENCE_KEY_FILE, "management": KEY_FILE}
@@ -154,15 +165,7 @@ def publish_inference_key(run_dir: Path) -> Path:
         inference = json.loads(private.read_text())["inference"]
     except (OSError, ValueError, KeyError) as err:
         raise ServeError(f"Cannot read TorchServe's token file {private}: {err}") from None
-    target = run_dir / INFERENCE_KEY_FILE
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    # Created 0600 (O_EXCL: never through a file or link someone left there), then renamed.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump({"inference": inference}, fh, indent=2)
-    tmp.replace(target)
-    return target
+    return fileio.write_secret(run_dir / INFERENCE_KEY_FILE, {"inference": inference})
 
 
 def is_process(pid: int, marker: Path) -> bool:

@@ -157,7 +157,7 @@ def test_grpc_infer_equals_eager_and_needs_the_token(
         ],
         raw_input_contents=[x.tobytes()],
     )
-    with grpc.insecure_channel(server.grpc_url) as channel:
+    with grpc.insecure_channel(server.extras["grpc_url"]) as channel:
         stub = pbg.GRPCInferenceServiceStub(channel)
         reply = stub.ModelInfer(
             request, metadata=[("authorization", f"Bearer {_key(server)}")], timeout=30
@@ -435,7 +435,7 @@ def test_https_rest_and_grpc(gate: ExportResult, tmp_path: Path) -> None:
             httpx.get(server.inference_url.replace("https", "http") + "/v2/health/live")
         pb, pbg = _stubs()
         creds = grpc.ssl_channel_credentials(cert.read_bytes())
-        with grpc.secure_channel(server.grpc_url, creds) as channel:
+        with grpc.secure_channel(server.extras["grpc_url"], creds) as channel:
             reply = pbg.GRPCInferenceServiceStub(channel).ModelReady(
                 pb.ModelReadyRequest(name=GATE),
                 metadata=[("authorization", f"Bearer {_key(server)}")],

@@ -155,7 +155,11 @@ def test_an_inference_client_cannot_manage_the_server(served: Served, credential
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     # Every door: TorchServe's management API, its own inference API behind the
     # gateway (both loopback), and the gateway.
-    for base in (server.management_url, server.backend_url, server.inference_url):
+    for base in (
+        server.extras["management_url"],
+        server.extras["backend_url"],
+        server.inference_url,
+    ):
         for method, path in ATTEMPTS:
             resp = httpx.request(method, f"{base}{path}", headers=headers, timeout=30)
             assert 400 <= resp.status_code < 500, (base, method, path, resp.status_code)

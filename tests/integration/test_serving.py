@@ -110,7 +110,7 @@ def _pids(server: Server) -> dict[str, list[int]]:
     out = {}
     for name in server.models:
         body = httpx.get(
-            f"{server.management_url}/models/{name}", headers=headers, timeout=10
+            f"{server.extras['management_url']}/models/{name}", headers=headers, timeout=10
         ).json()
         out[name] = sorted(w["pid"] for w in body[0]["workers"])
     return out
@@ -140,10 +140,10 @@ def test_secure_config(server: Server, store: Path) -> None:
     procs = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
     listening = [c.laddr.ip for p in procs for c in sockets(p) if c.status == psutil.CONN_LISTEN]
     assert len(listening) >= 5
-    gateway = sockets(psutil.Process(server.gateway_pid))
+    gateway = sockets(psutil.Process(server.pids["gateway"]))
     listening += [c.laddr.ip for c in gateway if c.status == psutil.CONN_LISTEN]
     assert all(ip in ("127.0.0.1", "::ffff:127.0.0.1") for ip in listening), listening
-    assert server.inference_url != server.backend_url  # clients go through the gateway
+    assert server.inference_url != server.extras["backend_url"]  # clients go through the gateway
 
 
 @pytest.mark.parametrize("name", SERVED)
@@ -488,7 +488,9 @@ def test_token_is_enforced(server: Server) -> None:
         assert resp.headers["WWW-Authenticate"].startswith("Bearer")
         assert "inference token" in resp.json()["message"]
     # TorchServe itself, behind the gateway, still wants its token too.
-    direct = httpx.post(f"{server.backend_url}/predictions/{name}", content=body, timeout=10)
+    direct = httpx.post(
+        f"{server.extras['backend_url']}/predictions/{name}", content=body, timeout=10
+    )
     assert direct.status_code in (400, 401)
     assert post(server, name, body).status_code == 200
     # The token never reaches a log, the gateway's access log included.
@@ -521,14 +523,19 @@ def test_gateway_routes(server: Server) -> None:
 def test_management_api_refuses_registration(server: Server) -> None:
     headers = {"Authorization": f"Bearer {server.keys()['management']}"}
     resp = httpx.post(
-        f"{server.management_url}/models?url=digits_lenet_ts.mar", headers=headers, timeout=10
+        f"{server.extras['management_url']}/models?url=digits_lenet_ts.mar",
+        headers=headers,
+        timeout=10,
     )
     assert resp.status_code == 405
     resp = httpx.delete(
-        f"{server.management_url}/models/digits_lenet_ts", headers=headers, timeout=10
+        f"{server.extras['management_url']}/models/digits_lenet_ts", headers=headers, timeout=10
     )
     assert resp.status_code == 405
-    assert httpx.get(f"{server.management_url}/models", timeout=10).status_code in (400, 401)
+    assert httpx.get(f"{server.extras['management_url']}/models", timeout=10).status_code in (
+        400,
+        401,
+    )
 
 
 def test_tampered_artifact_is_refused_at_load(
@@ -608,7 +615,7 @@ def test_gpu_serving_parity(exports: dict[str, ExportResult], tmp_path: Path) ->
     try:
         headers = {"Authorization": f"Bearer {srv.keys()['management']}"}
         body = httpx.get(
-            f"{srv.management_url}/models/digits_lenet_ts", headers=headers, timeout=10
+            f"{srv.extras['management_url']}/models/digits_lenet_ts", headers=headers, timeout=10
         ).json()
         assert body[0]["workers"][0]["gpu"] is True
         report = _verify_served(
@@ -651,7 +658,9 @@ def test_gpu_serving_pt2(
         try:
             headers = {"Authorization": f"Bearer {srv.keys()['management']}"}
             body = httpx.get(
-                f"{srv.management_url}/models/digits_lenet_pt2", headers=headers, timeout=10
+                f"{srv.extras['management_url']}/models/digits_lenet_pt2",
+                headers=headers,
+                timeout=10,
             ).json()
             assert body[0]["workers"][0]["gpu"] is True
             report = _verify_served(

@@ -104,7 +104,7 @@ def digit_png(edge_server: Server) -> tuple[bytes, np.ndarray]:
         if not BAD_ESCAPE.search(buf.getvalue()):
             continue
         direct = httpx.post(
-            f"{edge_server.backend_url}/predictions/{MODEL}",
+            f"{edge_server.extras['backend_url']}/predictions/{MODEL}",
             content=buf.getvalue(),
             headers={"Authorization": f"Bearer {key}", "Content-Type": FORM},
             timeout=30,

@@ -107,7 +107,7 @@ class KServe(runtime.Runtime):
         return [
             f"KServe is up (pid {server.pid}), serving: {', '.join(server.models)}",
             f"  REST:    {server.inference_url}/v2/models/<model>/infer",
-            f"  gRPC:    {server.grpc_url} (inference.GRPCInferenceService)",
+            f"  gRPC:    {server.extras['grpc_url']} (inference.GRPCInferenceService)",
             f"  metrics: {server.metrics_url}/metrics",
             f"  token:   {Path(server.run_dir) / INFERENCE_KEY_FILE} (send "
             "'Authorization: Bearer <its inference key>', also as gRPC metadata)",

@@ -97,9 +97,9 @@ class KServeBackend:
             arr = t.contiguous().numpy()
             request.raw_input_contents.append(arr.astype(arr.dtype.newbyteorder("<")).tobytes())
         channel = (
-            grpc.secure_channel(self.server.grpc_url, _grpc_credentials(self.server))
+            grpc.secure_channel(self.server.extras["grpc_url"], _grpc_credentials(self.server))
             if self.server.inference_url.startswith("https://")
-            else grpc.insecure_channel(self.server.grpc_url)
+            else grpc.insecure_channel(self.server.extras["grpc_url"])
         )
         with channel:
             reply = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(

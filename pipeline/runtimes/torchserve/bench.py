@@ -57,7 +57,7 @@ def _direct(server: Server) -> Server:
     TorchServe checks the same inference key the gateway does, so the client
     needs nothing else.
     """
-    return dataclasses.replace(server, inference_url=server.backend_url, ca_file=None)
+    return dataclasses.replace(server, inference_url=server.extras["backend_url"], ca_file=None)
 
 
 def _sequential_pair(

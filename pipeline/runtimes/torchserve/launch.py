@@ -27,28 +27,22 @@ from __future__ import annotations
 import logging
 import os
 import random
-import shutil
 import socket
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 from pipeline.core.paths import DEFAULT_STORE
 from pipeline.runtimes.torchserve import CONFIG_PROPERTIES, NAME
 from pipeline.runtimes.torchserve.gateway import CONFIG_FILE as GATEWAY_CONFIG
 from pipeline.runtimes.torchserve.gateway import GatewayConfig
 from pipeline.runtimes.torchserve.workers import scale, status, wait_ready, warm_up, worker_plan
-from pipeline.serving import served
-from pipeline.serving.launcher import LOOPBACK, free_port, port_free, stop
+from pipeline.serving import launcher, served
+from pipeline.serving.launcher import Launch, free_port, port_free, stop
 from pipeline.serving.server import (
     INFERENCE_KEY_FILE,
     KEY_FILE,
-    SERVER_FILE,
     ServeError,
     Server,
     default_run_dir,
@@ -151,32 +145,30 @@ def _properties(config: ServeConfig, store: Path, models: list[str], backend_por
     return "".join(f"{k}={v}\n" for k, v in props.items())
 
 
+def _launch(config: ServeConfig) -> Launch:
+    return Launch(
+        title="TorchServe",
+        run_dir=Path(config.run_dir or default_run_dir()),
+        host=config.host,
+        ports=[
+            (config.host, config.inference_port, "--port"),
+            ("127.0.0.1", config.management_port, "--management-port"),
+            ("127.0.0.1", config.metrics_port, "--metrics-port"),
+        ],
+        tls_cert=config.tls_cert,
+        tls_key=config.tls_key,
+        internal=" TorchServe itself, its management and metrics APIs stay on 127.0.0.1.",
+    )
+
+
 def exposure_warning(config: ServeConfig) -> str | None:
     """What to tell a user who asks for the API on a non-loopback address (None on loopback)."""
-    if config.host in LOOPBACK:
-        return None
-    clear = (
-        "" if config.tls_cert else ", and tokens travel in clear text (use --tls-cert/--tls-key)"
-    )
-    return (
-        f"The inference API will listen on {config.host}, not loopback: anyone who can reach "
-        f"this machine can try it{clear}. Keep the token file private. TorchServe itself, its "
-        "management and metrics APIs stay on 127.0.0.1."
-    )
+    return launcher.exposure_warning(_launch(config))
 
 
 def start(config: ServeConfig) -> Server:
     """Start TorchServe and return once every model is READY."""
     store = Path(config.store).resolve()
-    run_dir = Path(config.run_dir or default_run_dir()).resolve()
-    warning = exposure_warning(config)
-    if warning:
-        log.warning("%s", warning)
-    if bool(config.tls_cert) != bool(config.tls_key):
-        raise ServeError("HTTPS needs both --tls-cert and --tls-key.")
-    for pem in (config.tls_cert, config.tls_key):
-        if pem and not Path(pem).is_file():
-            raise ServeError(f"TLS file {pem} does not exist.")
     archives = sorted(p.stem for p in store.glob("*.mar")) if store.is_dir() else []
     if not archives:
         raise ServeError(
@@ -192,30 +184,7 @@ def start(config: ServeConfig) -> Server:
         )
     except ValueError as err:
         raise ServeError(f"{err}. Run `pipeline archive --model MODEL` first.") from None
-    existing = run_dir / SERVER_FILE
-    if existing.is_file():
-        old = Server.load(run_dir)
-        if old.alive():
-            raise ServeError(
-                f"TorchServe is already running from {run_dir} (pid {old.pid}); stop it with `pipeline stop`."
-            )
-        existing.unlink()
-    for host, port in (
-        (config.host, config.inference_port),
-        ("127.0.0.1", config.management_port),
-        ("127.0.0.1", config.metrics_port),
-    ):
-        if not port_free(host, port):
-            raise ServeError(
-                f"Port {port} on {config.host} is in use; pick others with --port/--management-port/--metrics-port."
-            )
-
-    # A fresh log per start: errors left by an earlier run must not be read
-    # as this run's (the previous logs stay in logs.previous/).
-    if (run_dir / "logs").exists():
-        shutil.rmtree(run_dir / "logs.previous", ignore_errors=True)
-        (run_dir / "logs").rename(run_dir / "logs.previous")
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    run_dir = launcher.prepare(_launch(config))
     (run_dir / "tmp").mkdir(exist_ok=True)
     for stale in (KEY_FILE, INFERENCE_KEY_FILE):
         (run_dir / stale).unlink(missing_ok=True)
@@ -239,28 +208,11 @@ def start(config: ServeConfig) -> Server:
     exe = Path(sys.executable).parent / "torchserve"
     if not exe.exists():
         raise ServeError(f"torchserve is not installed next to {sys.executable}; run `make venv`.")
-    cmd = [
-        str(exe),
-        "--start",
-        "--foreground",
-        "--ts-config",
-        str(conf),
-        "--model-store",
-        str(store),
-        "--ncs",
-    ]
-    with (run_dir / "logs" / "torchserve.out").open("ab") as out:
-        # umask 077: TorchServe creates key_file.json with the default mode and only
-        # then narrows it to rw-------; born owner-only, nobody can open it in between.
-        proc = subprocess.Popen(
-            cmd,
-            cwd=run_dir,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            umask=0o077,
-        )
+    argv = [str(exe), "--start", "--foreground", "--ts-config", str(conf)]
+    argv += ["--model-store", str(store), "--ncs"]
+    # umask 077: TorchServe creates key_file.json with the default mode and only
+    # then narrows it to rw-------; born owner-only, nobody can open it in between.
+    proc = launcher.spawn(argv, run_dir, "torchserve.out", env, umask=0o077)
     host = f"[{config.host}]" if ":" in config.host else config.host
     server = Server(
         runtime=NAME,
@@ -268,16 +220,18 @@ def start(config: ServeConfig) -> Server:
         pid=proc.pid,
         run_dir=str(run_dir),
         inference_url=f"{'https' if config.tls_cert else 'http'}://{host}:{config.inference_port}",
-        management_url=f"http://127.0.0.1:{config.management_port}",
         metrics_url=f"http://127.0.0.1:{config.metrics_port}",
         models=models,
-        started=psutil.Process(proc.pid).create_time(),
-        backend_url=f"http://127.0.0.1:{backend_port}",
+        started=launcher.created(proc.pid),
+        extras={
+            "management_url": f"http://127.0.0.1:{config.management_port}",
+            "backend_url": f"http://127.0.0.1:{backend_port}",
+        },
         ca_file=str(Path(config.tls_cert).resolve()) if config.tls_cert else None,
         archives=served.archive_infos(store, models),
     )
     server.record()
-    try:
+    with launcher.stopped_on_failure(run_dir):
         failed = wait_ready(server, proc, config.startup_timeout_s, config.keep_going)
         publish_inference_key(run_dir)
         if failed:
@@ -287,9 +241,6 @@ def start(config: ServeConfig) -> Server:
             scale(server, [m for m in models if m not in failed], workers)
         server = _start_gateway(server, config, run_dir)
         warm_up(server, store, [m for m in models if m not in failed])
-    except BaseException:
-        stop(run_dir)
-        raise
     return server
 
 
@@ -297,7 +248,7 @@ def _start_gateway(server: Server, config: ServeConfig, run_dir: Path) -> Server
     gw = GatewayConfig(
         host=config.host,
         port=config.inference_port,
-        upstream=server.backend_url,
+        upstream=server.extras["backend_url"],
         key_file=str(run_dir / KEY_FILE),
         max_request_size=config.max_request_size,
         timeout_s=config.response_timeout_s,
@@ -308,40 +259,25 @@ def _start_gateway(server: Server, config: ServeConfig, run_dir: Path) -> Server
         aliases=served.aliases(server),
     )
     gw.write(run_dir / GATEWAY_CONFIG)
-    with (run_dir / "logs" / "gateway.out").open("ab") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "pipeline.runtimes.torchserve.gateway",
-                str(run_dir / GATEWAY_CONFIG),
-            ],
-            cwd=run_dir,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    server = replace(
-        server, gateway_pid=proc.pid, gateway_started=psutil.Process(proc.pid).create_time()
-    )
+    argv = [
+        sys.executable,
+        "-m",
+        "pipeline.runtimes.torchserve.gateway",
+        str(run_dir / GATEWAY_CONFIG),
+    ]
+    proc = launcher.spawn(argv, run_dir, "gateway.out")
+    server = replace(server, pids={**server.pids, "gateway": proc.pid})
     server.record()
     host = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
-    deadline = time.monotonic() + 30
-    while True:
-        if proc.poll() is not None:
-            out_text = (run_dir / "logs" / "gateway.out").read_text(errors="replace")
-            raise ServeError(
-                f"The gateway exited with status {proc.returncode}:\n{out_text[-2000:]}"
-            )
+
+    def listening() -> bool:
         try:
             with socket.create_connection((host, config.inference_port), timeout=1):
-                break
+                return True
         except OSError:
-            if time.monotonic() > deadline:
-                raise ServeError(
-                    f"The gateway did not open port {config.inference_port} within 30 s."
-                ) from None
-            time.sleep(0.1)
+            return False
+
+    launcher.wait_until(listening, proc, run_dir / "logs" / "gateway.out", 30, "The gateway")
     log.info("gateway listening on %s", server.inference_url)
     return server
 
@@ -361,8 +297,8 @@ def describe(server: Server) -> list[str]:
         f"TorchServe is up (pid {server.pid}), serving: {', '.join(server.models)}",
         f"  workers:    {workers} for {len(server.models) - len(server.failed)} model(s), "
         f"{worker_mb:,.0f} MiB; {total_mb:,.0f} MiB with TorchServe's frontend and the gateway",
-        f"  inference:  {server.inference_url}/predictions/<model> (gateway pid {server.gateway_pid})",
-        f"  management: {server.management_url} (register/delete disabled; scaling needs the "
+        f"  inference:  {server.inference_url}/predictions/<model> (gateway pid {server.pids['gateway']})",
+        f"  management: {server.extras['management_url']} (register/delete disabled; scaling needs the "
         "management key, kept for `pipeline serve` only)",
         f"  metrics:    {server.metrics_url}/metrics",
         f"  token:      {run_dir / INFERENCE_KEY_FILE} (for clients: send "

@@ -182,7 +182,7 @@ def footprint(server: Server) -> tuple[int, float, float]:
             w["pid"] for w in client.workers(server, name) or [] if w.get("status") == "READY"
         ]
     worker_mb = total_mb = 0.0
-    roots = [p for p in (server.pid, server.gateway_pid) if p]
+    roots = [p for p in (server.pid, *server.pids.values()) if p]
     seen: set[int] = set()
     for root in roots:
         try:
