@@ -25,7 +25,7 @@ import torch
 
 from pipeline.core.compare import compare_outputs
 from pipeline.core.errors import PipelineError
-from pipeline.serving import client, wire
+from pipeline.serving import client, runtime, wire
 from pipeline.serving.server import Server
 
 # Warm-up per format and level: one request per client opens its connection and
@@ -170,7 +170,7 @@ def sequential(
     for key, (server, _) in paths.items():
         token = server.keys()["inference"]
         headers[key] = {**body.headers, **({"Authorization": f"Bearer {token}"} if token else {})}
-    routes = {k: wire.infer_path(s.runtime, name) for k, (s, name) in paths.items()}
+    routes = {k: runtime.of(s).infer_path(name) for k, (s, name) in paths.items()}
     lat: dict[str, list[float]] = {k: [] for k in paths}
     failed = dict.fromkeys(paths, 0)
     # Warm-up: at least 10 rounds and WARMUP_BUDGET_S. The gateway's cost fell from

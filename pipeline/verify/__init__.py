@@ -78,8 +78,9 @@ class VerifyConfig:
             report=args.report or paths.report_path(args.model, args.artifacts_dir),
         )
 
-    def validate(self) -> None:
-        known = (*backend_names(), *self.served_names)
+    def validate(self, served: Sequence[Backend] = ()) -> None:
+        """`served`: the backends handed to verify(); their runtime names count as known."""
+        known = (*backend_names(), *_served_names(self, served))
         unknown = [b for b in self.backends or () if b not in known]
         if unknown:
             raise PipelineError(
@@ -131,6 +132,13 @@ def _cases(
     return cases
 
 
+def _served_names(config: VerifyConfig, served: Sequence[Backend]) -> tuple[str, ...]:
+    # A served backend is named "<runtime>/<format>": a library caller that hands verify()
+    # its backends need not also list the runtime in served_names.
+    named = {b.name.split("/", 1)[0] for b in served if "/" in b.name}
+    return (*config.served_names, *sorted(named - set(config.served_names)))
+
+
 def verify(config: VerifyConfig, served: Sequence[Backend] = ()) -> ParityReport:
     """Compare every backend with eager on every case; write the JSON and Markdown reports.
 
@@ -139,7 +147,8 @@ def verify(config: VerifyConfig, served: Sequence[Backend] = ()) -> ParityReport
     failure does (the CLI exits 1; `report.raise_for_failures()` raises the
     typed error).
     """
-    config.validate()
+    config.validate(served)
+    served_names = _served_names(config, served)
     export_dir = Path(config.export_dir) if config.export_dir else paths.export_dir(config.model)
     exported = open_export(export_dir, model=config.model, checkpoint=config.checkpoint)
     manifest = exported.manifest
@@ -150,7 +159,7 @@ def verify(config: VerifyConfig, served: Sequence[Backend] = ()) -> ParityReport
         config.allow_vacuous,
     )
     for name in config.backends or ():
-        if name in config.served_names and not any(b.name.startswith(f"{name}/") for b in served):
+        if name in served_names and not any(b.name.startswith(f"{name}/") for b in served):
             raise PipelineError(
                 f"--backend {name} needs a running server that serves this model: start one "
                 f"with `pipeline serve --runtime {name}`."
@@ -159,7 +168,7 @@ def verify(config: VerifyConfig, served: Sequence[Backend] = ()) -> ParityReport
     backends: list[Backend] = [
         backend
         for name in wanted
-        if name not in config.served_names
+        if name not in served_names
         for backend in load_backends(name, exported, config.cpp_binary)
     ]
     backends += served

@@ -52,7 +52,7 @@ def test_deploy_writes_valid_manifests(deployed) -> None:
         (doc,) = iter_documents(path.read_text())
         check(doc, what=str(path))
     assert (out / "export" / "manifest.json").is_file()
-    assert (out / "src" / "pipeline" / "kserve" / "config.py").is_file()
+    assert (out / "src" / "pipeline" / "runtimes" / "kserve" / "config.py").is_file()
     assert (out / "torchserve" / "model-store" / "digits_lenet_ts.mar").is_file()
     rc = json.loads((out / "kserve.json").read_text())
     assert rc["host"] == "0.0.0.0" and rc["models"][0]["export_dir"] == "/srv/export"

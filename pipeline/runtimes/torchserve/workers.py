@@ -200,3 +200,11 @@ def footprint(server: Server) -> tuple[int, float, float]:
             total_mb += mb
             worker_mb += mb if proc.pid in workers else 0.0
     return len(workers), worker_mb, total_mb
+
+
+def ready_pids(server: Server, archive: str) -> list[int]:
+    """The pids of `archive`'s workers that TorchServe reports READY."""
+    workers = client.workers(server, archive)
+    if workers is None:
+        raise ServeError(f"The server does not serve {archive}.")
+    return sorted(w["pid"] for w in workers if w.get("status") == "READY")
