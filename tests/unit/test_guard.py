@@ -1,7 +1,8 @@
-"""The shared guard (pipeline.serving.guard) and the gateway's use of it, in-process.
+"""The shared guard (pipeline.serving.guard) and both of its adapters, in-process.
 
 The TorchServe gateway is driven through aiohttp's TestClient/TestServer with a
-stand-in upstream.
+stand-in upstream; the KServe runtime's ASGI `Guard` through httpx's
+ASGITransport around a tiny ASGI app (no kserve import: it parses sys.argv).
 """
 
 from __future__ import annotations
@@ -11,11 +12,15 @@ import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import httpx
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from pipeline.runtimes.kserve.security import Guard, TokenInterceptor
 from pipeline.runtimes.torchserve.gateway import GatewayConfig, build_app
 from pipeline.serving.guard import (
     WWW_AUTHENTICATE,
@@ -233,3 +238,181 @@ def test_the_gateway_answers_unknown_routes_and_methods_in_json(tmp_path: Path) 
     _torchserve_error(*missing, 404)
     _torchserve_error(*wrong_method, 405)
     assert seen == []
+
+
+# --- the KServe runtime's ASGI Guard -------------------------------------------------------------
+
+
+class _App:
+    """A tiny ASGI app: answers 200 with the length of the body it read."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        body = b""
+        if scope["type"] == "http" and scope["method"] == "POST":
+            more = True
+            while more:
+                message = await receive()
+                body += message.get("body", b"")
+                more = message.get("more_body", False)
+        self.calls.append((scope.get("path", ""), len(body)))
+        reply = json.dumps({"read": len(body)}).encode()
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": reply})
+
+
+def _guarded(tmp_path: Path, keys: bool = True) -> tuple[_App, httpx.AsyncClient]:
+    app = _App()
+    key_file = _key_file(tmp_path / "inference_key.json", "k")
+    guard = Guard(app, keys=Keys(key_file) if keys else None, max_body=LIMIT)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=guard), base_url="http://t")
+    return app, client
+
+
+def _oip_error(resp: httpx.Response, code: int) -> str:
+    assert resp.status_code == code, resp.text
+    assert resp.headers["content-type"] == "application/json"
+    body = resp.json()
+    assert set(body) == {"error"} and isinstance(body["error"], str)
+    return body["error"]
+
+
+INFER = "/v2/models/digits/infer"
+
+
+def test_the_guard_wants_the_token_except_on_health_routes(tmp_path: Path) -> None:
+    app, client = _guarded(tmp_path)
+
+    async def calls() -> list[httpx.Response]:
+        async with client:
+            out = []
+            for header in WRONG_TOKENS:
+                for method, path in (("POST", INFER), ("GET", "/v2/models/digits"), ("GET", "/metrics")):  # fmt: skip
+                    out.append(await client.request(method, path, headers=_auth(header)))
+            for path in ("/v2/health/live", "/v2/health/ready"):
+                out.append(await client.get(path))
+            out.append(await client.post(INFER, content=b"{}", headers=_auth("Bearer k")))
+            return out
+
+    *refused, live, ready, passed = asyncio.run(calls())
+    for resp in refused:
+        assert "inference token" in _oip_error(resp, 401)
+        assert resp.headers["www-authenticate"] == 'Bearer realm="pipeline"'
+    assert [live.status_code, ready.status_code, passed.status_code] == [200, 200, 200]
+    assert app.calls == [("/v2/health/live", 0), ("/v2/health/ready", 0), (INFER, 2)]
+
+
+def test_the_guard_without_keys_asks_for_no_token(tmp_path: Path) -> None:
+    app, client = _guarded(tmp_path, keys=False)
+
+    async def call() -> httpx.Response:
+        async with client:
+            return await client.post(INFER, content=b"{}")
+
+    assert asyncio.run(call()).status_code == 200
+    assert app.calls == [(INFER, 2)]
+
+
+def test_the_guard_refuses_a_chunked_body_mid_stream(tmp_path: Path) -> None:
+    app, client = _guarded(tmp_path)
+    sent = 0
+
+    async def chunks(n: int) -> AsyncIterator[bytes]:
+        nonlocal sent
+        for _ in range(n):
+            sent += 1
+            yield b"x" * 400
+
+    async def call(n: int) -> httpx.Response:
+        async with client:
+            return await client.post(INFER, content=chunks(n), headers=_auth("Bearer k"))
+
+    resp = asyncio.run(call(10))
+    assert "max_request_size" in _oip_error(resp, 413)
+    assert resp.headers["connection"] == "close"
+    assert sent == 3  # refused at 1,200 bytes: the other 7 chunks were never read
+    assert app.calls == []
+    # Under the limit, the app gets the whole body, replayed.
+    app, client = _guarded(tmp_path)
+    assert asyncio.run(call(2)).json() == {"read": 800}
+    assert app.calls == [(INFER, 800)]
+
+
+def test_the_guard_refuses_a_declared_length_before_reading_anything(tmp_path: Path) -> None:
+    app = _App()
+    guard = Guard(app, keys=Keys(_key_file(tmp_path / "k.json", "k")), max_body=LIMIT)
+    received: list[Any] = []
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        received.append(1)
+        return {"type": "http.request", "body": b"x" * 10**9, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def call(length: str) -> None:
+        headers = [(b"authorization", b"Bearer k"), (b"content-length", length.encode())]
+        scope = {"type": "http", "method": "POST", "path": INFER, "headers": headers}
+        await guard(scope, receive, send)
+
+    for length, code, fragment in ((str(10**9), 413, "max_request_size"), ("many", 400, "not a number")):  # fmt: skip
+        sent.clear()
+        asyncio.run(call(length))
+        start, body = sent
+        assert start["status"] == code
+        headers = dict(start["headers"])
+        assert headers[b"content-type"] == b"application/json"
+        assert (headers.get(b"connection") == b"close") == (code == 413)
+        message = json.loads(body["body"])
+        assert set(message) == {"error"} and fragment in message["error"]
+    assert received == [] and app.calls == []  # neither the body nor the app was touched
+
+
+def test_the_guard_answers_unknown_routes_and_methods_in_json(tmp_path: Path) -> None:
+    app, client = _guarded(tmp_path)
+
+    async def calls() -> list[httpx.Response]:
+        auth = _auth("Bearer k")
+        async with client:
+            return [
+                await client.post("/openapi.json", headers=auth),
+                await client.get("/v1/models", headers=auth),
+                await client.get(INFER, headers=auth),
+                await client.post("/v2/health/live"),
+            ]
+
+    missing, v1, wrong_method, post_health = asyncio.run(calls())
+    assert "/openapi.json" in _oip_error(missing, 404)
+    _oip_error(v1, 404)
+    assert "GET is not allowed" in _oip_error(wrong_method, 405)
+    _oip_error(post_health, 405)
+    assert app.calls == []
+
+
+@pytest.mark.parametrize(
+    ("method", "header", "passes"),
+    [
+        ("/inference.GRPCInferenceService/ModelInfer", b"Bearer k", True),
+        ("/inference.GRPCInferenceService/ModelInfer", "Bearer k", True),
+        ("/inference.GRPCInferenceService/ModelInfer", b"Bearer wrong", False),
+        ("/inference.GRPCInferenceService/ModelInfer", None, False),
+        ("/inference.GRPCInferenceService/ServerLive", None, True),
+    ],
+)
+def test_the_grpc_interceptor_uses_the_same_keys(
+    tmp_path: Path, method: str, header: bytes | str | None, passes: bool
+) -> None:
+    interceptor = TokenInterceptor(Keys(_key_file(tmp_path / "k.json", "k")))
+    metadata = [] if header is None else [("authorization", header)]
+    details = SimpleNamespace(method=method, invocation_metadata=metadata)
+    handler = object()
+
+    async def continuation(_: Any) -> object:
+        return handler
+
+    got = asyncio.run(interceptor.intercept_service(continuation, details))
+    assert (got is handler) == passes
