@@ -1,9 +1,11 @@
-"""The gateway's token check, what it forwards, and serve's exposure warning, without a server."""
+"""What the gateway forwards and serve's exposure warning, without a server.
+
+The token check, body limit and error shapes are the shared guard's: tests/unit/test_guard.py.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -11,38 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.runtimes.torchserve.bodies import FORWARDED_TYPES, BodyError, upstream_body
-from pipeline.runtimes.torchserve.gateway import Keys
 from pipeline.runtimes.torchserve.launch import ServeConfig, exposure_warning
 
 
 def _key_file(path: Path, key: str) -> Path:
     path.write_text(json.dumps({"inference": {"key": key}, "management": {"key": "m"}}))
     return path
-
-
-def test_bearer_token_is_checked_exactly(tmp_path: Path) -> None:
-    keys = Keys(_key_file(tmp_path / "key_file.json", "s3cret"))
-    assert keys.accepts("Bearer s3cret")
-    assert keys.accepts("bearer s3cret")  # the scheme is case-insensitive (RFC 7235)
-    for header in (None, "", "Bearer", "Bearer s3cre", "Bearer s3crett", "Basic s3cret", "s3cret"):
-        assert not keys.accepts(header), header
-
-
-def test_a_rotated_key_is_picked_up(tmp_path: Path) -> None:
-    path = _key_file(tmp_path / "key_file.json", "old")
-    keys = Keys(path)
-    assert keys.accepts("Bearer old")
-    _key_file(path, "new-key")
-    stat = path.stat()
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
-    assert keys.accepts("Bearer new-key")
-    assert not keys.accepts("Bearer old")
-
-
-def test_no_key_file_accepts_nothing(tmp_path: Path) -> None:
-    keys = Keys(tmp_path / "missing.json")
-    assert not keys.accepts("Bearer ")
-    assert not keys.accepts("Bearer anything")
 
 
 def test_a_non_loopback_address_is_warned_about() -> None:

@@ -52,7 +52,7 @@ from pipeline.runtimes.kserve import binary  # noqa: E402
 from pipeline.runtimes.kserve.batching import Batcher  # noqa: E402
 from pipeline.runtimes.kserve.config import RuntimeConfig, ServedExport  # noqa: E402
 from pipeline.runtimes.kserve.security import Guard, TokenInterceptor  # noqa: E402
-from pipeline.runtimes.torchserve.gateway import Keys  # noqa: E402
+from pipeline.serving.guard import Keys  # noqa: E402
 from pipeline_runtime import codec  # noqa: E402
 from pipeline_runtime.request import MAX_ELEMENTS, SAMPLES_PER_BATCH  # noqa: E402
 

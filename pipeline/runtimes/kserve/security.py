@@ -9,21 +9,22 @@ docs/notes/kserve-runtime-research.md §2.4-2.8), so the runtime adds them:
   `Authorization: Bearer <inference key>` (401 JSON with `WWW-Authenticate`);
   a body whose Content-Length exceeds the limit is refused with a JSON 413
   before it is read, and a chunked one as soon as it passes the limit;
-* `token_interceptor`, the same token check for gRPC (UNAUTHENTICATED).
+* `TokenInterceptor`, the same token check for gRPC (UNAUTHENTICATED).
 
-Errors have the Open Inference Protocol's shape, `{"error": "..."}`.
+The token, body-limit and error decisions are `pipeline.serving.guard`'s (shared
+with the TorchServe gateway); this module adapts them to ASGI and gRPC. Errors
+have the Open Inference Protocol's shape, `{"error": "..."}`.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 import grpc
 
-from pipeline.runtimes.torchserve.gateway import Keys
+from pipeline.serving.guard import BodyLimit, Keys, Refusal, check_token, oip_shape
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -31,7 +32,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-REALM = 'Bearer realm="pipeline"'
 OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
 _NAME = r"[A-Za-z0-9_.\-]+"
 ALLOWED = (
@@ -47,14 +47,16 @@ OPEN_RPCS = frozenset(
 )
 
 
-async def send_json(send: Send, status: int, message: str, **headers: str) -> None:
-    body = json.dumps({"error": message}).encode()
+async def send_refusal(send: Send, refusal: Refusal, *, close: bool = False) -> None:
+    """The guard's refusal as an ASGI response (`close`: the unread body ends the connection)."""
+    body = refusal.json(oip_shape)
+    headers = {**refusal.headers, **({"Connection": "close"} if close else {})}
     raw = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
         *((k.lower().encode(), v.encode()) for k, v in headers.items()),
     ]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.start", "status": refusal.status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -70,7 +72,7 @@ class Guard:
     def __init__(self, app: ASGIApp, keys: Keys | None, max_body: int) -> None:
         self.app = app
         self.keys = keys  # None: no token (tests that say so)
-        self.max_body = max_body
+        self.limit = BodyLimit(max_body)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -79,70 +81,55 @@ class Guard:
         path = scope.get("path", "")
         method = scope.get("method", "GET")
         exists, right_method = _allowed(method, path)
+        refusal = None
         if not exists:
-            await send_json(send, 404, f"No such route: {path}")
-            return
-        if path not in OPEN_PATHS and self.keys is not None:
-            header = _header(scope, b"authorization")
-            if not self.keys.accepts(header):
-                await send_json(
-                    send,
-                    401,
-                    "A valid inference token is required: send 'Authorization: Bearer <key>' "
-                    "(the key is in <run dir>/inference_key.json).",
-                    **{"WWW-Authenticate": REALM},
-                )
-                return
-        if not right_method:
-            await send_json(send, 405, f"{method} is not allowed on {path}")
-            return
+            refusal = Refusal(404, "NotFound", f"No such route: {path}")
+        elif path not in OPEN_PATHS:
+            refusal = check_token(self.keys, _header(scope, b"authorization"))
+        if refusal is None and not right_method:
+            refusal = Refusal(405, "MethodNotAllowed", f"{method} is not allowed on {path}")
         length = _header(scope, b"content-length")
-        if length is not None:
-            try:
-                size = int(length)
-            except ValueError:
-                await send_json(send, 400, "Content-Length is not a number.")
-                return
-            if size > self.max_body:
-                await send_json(send, 413, self._too_big(size), Connection="close")
-                return
+        if refusal is None:
+            refusal = self.limit.check_declared(length)
+        if refusal is not None:
+            await send_refusal(send, refusal, close=refusal.status == 413)
+            return
+        if length is not None or method not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
-        if method in ("POST", "PUT", "PATCH"):
-            # Chunked (no Content-Length): read it here, counting, then replay it.
-            chunks: list[bytes] = []
-            total = 0
-            more = True
-            while more:
-                message = await receive()
-                if message["type"] != "http.request":
-                    return  # the client went away
-                chunk = message.get("body", b"")
-                total += len(chunk)
-                if total > self.max_body:
-                    await send_json(send, 413, self._too_big(total), Connection="close")
-                    return
-                chunks.append(chunk)
-                more = message.get("more_body", False)
-            body = b"".join(chunks)
-            replayed = False
-
-            async def replay() -> Message:
-                nonlocal replayed
-                if not replayed:
-                    replayed = True
-                    return {"type": "http.request", "body": body, "more_body": False}
-                return await receive()
-
-            await self.app(scope, replay, send)
+        # Chunked (no Content-Length): read it here, counting, then replay it.
+        try:
+            body = await self.limit.read(_chunks(receive))
+        except _ClientGoneError:
+            return  # the client went away
+        if isinstance(body, Refusal):
+            await send_refusal(send, body, close=True)
             return
-        await self.app(scope, receive, send)
+        replayed = False
 
-    def _too_big(self, size: int) -> str:
-        return (
-            f"The request body ({size} bytes or more) exceeds the limit of {self.max_body} "
-            "bytes; split it or raise --max-request-size."
-        )
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+class _ClientGoneError(Exception):
+    """The client disconnected before its body had arrived."""
+
+
+async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
+    """An ASGI request body, message by message."""
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise _ClientGoneError
+        yield message.get("body", b"")
+        if not message.get("more_body", False):
+            return
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

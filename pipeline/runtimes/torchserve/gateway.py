@@ -18,7 +18,9 @@ name, or a model's name when one archive of it is served: `digits_lenet` reaches
 says nothing about the models). Everything else is 404.
 
 The token is TorchServe's own inference key (read from `key_file.json` in the
-run folder; clients get it from `inference_key.json`), compared in constant time and re-read when the file changes. A
+run folder; clients get it from `inference_key.json`), compared in constant time and re-read
+when the file changes; the token, body-limit and error-shape decisions are
+`pipeline.serving.guard`'s, shared with the KServe runtime. A
 worker that dies under a request makes TorchServe answer `500 Worker died.`;
 inference is a pure function, so the gateway turns that (and an unreachable
 TorchServe) into `503` with `Retry-After`, which clients retry.
@@ -30,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hmac
 import json
 import logging
 import os
@@ -45,6 +46,7 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
 from pipeline.runtimes.torchserve.bodies import BodyError, upstream_body
 from pipeline.runtimes.torchserve.workerwatch import MAX_RESENDS, WorkerWatch
+from pipeline.serving.guard import BodyLimit, Keys, Refusal, check_token, torchserve_shape
 
 log = logging.getLogger("pipeline.runtimes.torchserve.gateway")
 
@@ -80,44 +82,14 @@ class GatewayConfig:
 
 def error(status: int, kind: str, message: str, **headers: str) -> web.Response:
     """TorchServe's own error shape, so clients parse every error the same way."""
+    return refused(Refusal(status, kind, message, headers))
+
+
+def refused(refusal: Refusal) -> web.Response:
+    """The guard's refusal (pipeline.serving.guard) as an aiohttp response."""
     return web.json_response(
-        {"code": status, "type": kind, "message": message}, status=status, headers=headers
+        torchserve_shape(refusal), status=refusal.status, headers=dict(refusal.headers)
     )
-
-
-class Keys:
-    """TorchServe's inference key, re-read whenever key_file.json changes."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self._stamp: tuple[int, int] | None = None
-        self._key = b""
-
-    def current(self) -> bytes:
-        try:
-            st = self.path.stat()
-        except OSError:
-            return self._key
-        stamp = (st.st_mtime_ns, st.st_size)
-        if stamp != self._stamp:
-            try:
-                self._key = json.loads(self.path.read_text())["inference"]["key"].encode()
-                self._stamp = stamp
-            except (OSError, ValueError, KeyError) as err:
-                log.warning("cannot read %s (%s); keeping the previous key", self.path, err)
-        return self._key
-
-    def accepts(self, header: str | None) -> bool:
-        if not header:
-            return False
-        scheme, _, token = header.partition(" ")
-        key = self.current()
-        # compare_digest: the time taken does not tell an attacker how much matched.
-        return (
-            scheme.lower() == "bearer"
-            and bool(key)
-            and hmac.compare_digest(token.strip().encode(), key)
-        )
 
 
 # Typed application keys (aiohttp warns on plain strings).
@@ -137,20 +109,9 @@ async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return error(exc.status, exc.reason.replace(" ", ""), exc.text or exc.reason)
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes | None:
-    """The body, or None when it is over `limit` (read no further than that)."""
-    if request.content_length is not None and request.content_length > limit:
-        return None
-    body = bytearray()
-    async for chunk in request.content.iter_chunked(1 << 16):
-        body += chunk
-        if len(body) > limit:
-            return None
-    return bytes(body)
-
-
 def build_app(config: GatewayConfig) -> web.Application:
     keys = Keys(Path(config.key_file))
+    limit = BodyLimit(config.max_request_size)
     app = web.Application(middlewares=[json_errors], client_max_size=config.max_request_size)
 
     watch = WorkerWatch(config.server_pid)
@@ -253,22 +214,11 @@ def build_app(config: GatewayConfig) -> web.Application:
         return web.Response(body=data, status=status, headers={"Content-Type": ctype})
 
     async def predictions(request: web.Request) -> web.StreamResponse:
-        if not keys.accepts(request.headers.get("Authorization")):
-            return error(
-                401,
-                "Unauthorized",
-                "A valid inference token is required: send 'Authorization: Bearer <key>' with the "
-                "'inference' key from the server's inference_key.json.",
-                **{"WWW-Authenticate": 'Bearer realm="pipeline"'},
-            )
-        body = await _read_body(request, config.max_request_size)
-        if body is None:
-            return error(
-                413,
-                "RequestEntityTooLarge",
-                f"The request body is over the server's limit of {config.max_request_size} bytes "
-                "(max_request_size).",
-            )
+        refusal = check_token(keys, request.headers.get("Authorization"))
+        refusal = refusal or limit.check_declared(request.content_length)
+        body = refusal or await limit.read(request.content.iter_chunked(1 << 16))
+        if isinstance(body, Refusal):
+            return refused(body)
         declared = request.headers.get("Content-Type")
         try:
             if declared and "multipart" in declared.lower():  # parsing 4 MiB: off the loop

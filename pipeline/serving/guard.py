@@ -1,0 +1,144 @@
+"""One guard for every runtime's front door: the inference token, the body limit, JSON errors.
+
+The decisions live here; each runtime keeps a thin adapter that asks them and
+writes the answer in its own server's terms (the TorchServe gateway's aiohttp
+middleware and handler, the KServe runtime's ASGI `Guard` and gRPC interceptor):
+
+* the token: `Authorization: Bearer <inference key>`, the key re-read from the
+  run's key file when it changes and compared in constant time; anything else
+  is a 401 with `WWW-Authenticate` (RFC 7235 §3.1 requires the header);
+* the body limit: a declared Content-Length over the limit is refused before
+  any of the body is read, and a streamed (chunked) body as soon as what has
+  arrived passes it, so a client cannot make the server buffer more than that;
+* the error body: JSON in the shape the runtime's clients already parse,
+  TorchServe's `{"code", "type", "message"}` or the Open Inference Protocol's
+  `{"error"}` (`Refusal.json(shape)`).
+
+Nothing here imports a web framework: an adapter hands in a header's value or
+the body's chunks and gets a `Refusal` (or None, or the body) back.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("pipeline.serving.guard")
+
+WWW_AUTHENTICATE = 'Bearer realm="pipeline"'
+TOKEN_REQUIRED = (
+    "A valid inference token is required: send 'Authorization: Bearer <key>' with the "
+    "'inference' key from the server's inference_key.json."
+)
+
+
+class Keys:
+    """A run's inference key (`{"inference": {"key": ...}}`), re-read whenever the file changes.
+
+    TorchServe's `key_file.json` and the KServe runtime's `inference_key.json` share the shape.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._stamp: tuple[int, int] | None = None
+        self._key = b""
+
+    def current(self) -> bytes:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return self._key
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp != self._stamp:
+            try:
+                self._key = json.loads(self.path.read_text())["inference"]["key"].encode()
+                self._stamp = stamp
+            except (OSError, ValueError, KeyError) as err:
+                log.warning("cannot read %s (%s); keeping the previous key", self.path, err)
+        return self._key
+
+    def accepts(self, header: str | None) -> bool:
+        """Whether an `Authorization` header's value carries the key (`Bearer`, any case)."""
+        if not header:
+            return False
+        scheme, _, token = header.partition(" ")
+        key = self.current()
+        # compare_digest: the time taken does not tell an attacker how much matched.
+        return (
+            scheme.lower() == "bearer"
+            and bool(key)
+            and hmac.compare_digest(token.strip().encode(), key)
+        )
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An answer the guard gives instead of the application's."""
+
+    status: int
+    kind: str  # TorchServe's "type" field: "Unauthorized", "RequestEntityTooLarge", ...
+    message: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def json(self, shape: Shape) -> bytes:
+        return json.dumps(shape(self)).encode()
+
+
+Shape = Callable[[Refusal], dict[str, Any]]
+
+
+def torchserve_shape(refusal: Refusal) -> dict[str, Any]:
+    """TorchServe's own error shape, so the gateway's clients parse every error the same way."""
+    return {"code": refusal.status, "type": refusal.kind, "message": refusal.message}
+
+
+def oip_shape(refusal: Refusal) -> dict[str, Any]:
+    """The Open Inference Protocol's error shape."""
+    return {"error": refusal.message}
+
+
+def check_token(keys: Keys | None, header: str | None) -> Refusal | None:
+    """None when the request may pass (`keys` None: no token is asked for), else the 401."""
+    if keys is None or keys.accepts(header):
+        return None
+    return Refusal(401, "Unauthorized", TOKEN_REQUIRED, {"WWW-Authenticate": WWW_AUTHENTICATE})
+
+
+@dataclass(frozen=True)
+class BodyLimit:
+    """The most bytes a request body may have (the runtime's `max_request_size`)."""
+
+    limit: int
+
+    def too_big(self, size: int) -> Refusal:
+        return Refusal(
+            413,
+            "RequestEntityTooLarge",
+            f"The request body ({size} bytes or more) is over the server's limit of "
+            f"{self.limit} bytes (max_request_size); split it or raise --max-request-size.",
+        )
+
+    def check_declared(self, content_length: str | int | None) -> Refusal | None:
+        """Decided from the header alone, before any of the body is read."""
+        if content_length is None:
+            return None
+        try:
+            size = int(content_length)
+        except ValueError:
+            return Refusal(400, "BadRequest", "Content-Length is not a number.")
+        return self.too_big(size) if size > self.limit else None
+
+    async def read(self, chunks: AsyncIterable[bytes]) -> bytes | Refusal:
+        """The whole body, or the 413 as soon as what has arrived passes the limit
+        (nothing after that chunk is read)."""
+        body = bytearray()
+        async for chunk in chunks:
+            body += chunk
+            if len(body) > self.limit:
+                return self.too_big(len(body))
+        return bytes(body)
