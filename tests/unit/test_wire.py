@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pipeline.serving import runtime, wire
-from pipeline_runtime.codec import V2_NAMES
+from pipeline_runtime.oip import NAMES as V2_NAMES
 
 
 @pytest.fixture(scope="module")
