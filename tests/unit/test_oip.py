@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import ast
 import json
-import sys
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -19,14 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def ks():
-    """kserve's infer types and gRPC messages (kserve parses sys.argv on import: hide pytest's)."""
-    argv, sys.argv = sys.argv, sys.argv[:1]
-    try:
-        from kserve.protocol import infer_type
-        from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
-    finally:
-        sys.argv = argv
-    return infer_type, pb
+    """kserve's infer types and gRPC messages, imported with pytest's arguments hidden."""
+    return oip.kserve_module("kserve.protocol.infer_type"), oip.kserve_module(oip.PB2)
 
 
 def _sample(datatype: str) -> np.ndarray:
@@ -97,13 +91,16 @@ def test_grpc_round_trip(ks, datatype: str) -> None:
     assert (again.model_name, again.id) == ("m", "a1")
 
 
+def _kserve_case(ks, datatype: str, binary: bool) -> tuple[ModuleType, oip.Request]:
+    if datatype == "FP16" and not binary:
+        pytest.skip("kserve refuses FP16 in JSON (it has no JSON number for it)")
+    return ks[0], _request(datatype)
+
+
 @pytest.mark.parametrize("datatype", DATATYPES)
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
 def test_kserve_reads_our_requests(ks, datatype: str, binary: bool) -> None:
-    infer_type, _ = ks
-    if datatype == "FP16" and not binary:
-        pytest.skip("kserve refuses FP16 in JSON (it has no JSON number for it)")
-    sent = _request(datatype)
+    infer_type, sent = _kserve_case(ks, datatype, binary)
     content, length = sent.to_rest(binary=binary)
     if binary:
         theirs = infer_type.InferRequest.from_bytes(content, length, "m")
@@ -120,10 +117,7 @@ def test_kserve_reads_our_requests(ks, datatype: str, binary: bool) -> None:
 @pytest.mark.parametrize("datatype", DATATYPES)
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
 def test_we_read_kservers_answers(ks, datatype: str, binary: bool) -> None:
-    infer_type, _ = ks
-    if datatype == "FP16" and not binary:
-        pytest.skip("kserve refuses FP16 in JSON")
-    sent = _request(datatype)
+    infer_type, sent = _kserve_case(ks, datatype, binary)
     outputs = []
     for t in sent.inputs:
         out = infer_type.InferOutput(name=t.name, shape=list(t.shape), datatype=t.datatype)
