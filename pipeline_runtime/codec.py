@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline_runtime import oip
 from pipeline_runtime.binary import decode_image, numpy_arrays
 from pipeline_runtime.request import (
     MAX_ELEMENTS,
@@ -55,24 +56,10 @@ __all__ = [
     "parse_body",
 ]
 
-_NUMPY_DTYPES = {
-    "float32": np.float32,
-    "float64": np.float64,
-    "float16": np.float16,
-    "int64": np.int64,
-    "int32": np.int32,
-    "bool": np.bool_,
-}
-_V2_DATATYPES = {
-    "FP32": "float32",
-    "FP64": "float64",
-    "FP16": "float16",
-    "INT64": "int64",
-    "INT32": "int32",
-    "BOOL": "bool",
-}
-_V2_NAMES = {v: k for k, v in _V2_DATATYPES.items()}
-V2_DATATYPES, V2_NAMES = _V2_DATATYPES, _V2_NAMES  # public, for Open Inference Protocol clients
+# The numpy dtypes the handlers' JSON carries (each with its range checks in `_to_array`);
+# the Open Inference Protocol's datatype table is `pipeline_runtime.oip`'s, the only one.
+_JSON_DTYPES = ("float32", "float64", "float16", "int64", "int32", "bool")
+V2_DATATYPES, V2_NAMES = oip.DATATYPES, oip.NAMES  # for callers that read them from here
 
 
 @dataclass(frozen=True)
@@ -153,7 +140,9 @@ def _to_array(value: Any, spec: InputSpec) -> np.ndarray:
     if _depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
         raise RequestError(f"Input {spec.name!r} is nested too deeply.", expected=spec.describe())
     try:
-        target = _NUMPY_DTYPES[spec.dtype]
+        if spec.dtype not in _JSON_DTYPES:
+            raise KeyError(spec.dtype)
+        target = np.dtype(spec.dtype).type
         raw = np.array(value)
         if raw.dtype.kind not in "biuf":  # strings, objects, ragged lists
             raise ValueError("not numbers")
@@ -210,7 +199,7 @@ def _v2_array(item: Mapping[str, Any], spec: InputSpec) -> np.ndarray:
             f"V2 input {spec.name!r}: shape {shape} has too many dimensions or is empty, negative or too large.",
             expected=spec.describe(),
         )
-    wanted = _V2_NAMES.get(spec.dtype)
+    wanted = oip.NAMES.get(spec.dtype)
     if datatype != wanted:
         raise RequestError(
             f"V2 input {spec.name!r}: datatype must be {wanted}, got {datatype!r}.",
@@ -320,18 +309,8 @@ def encode_outputs(
     if unbatched:
         outputs = [o[0] if o.ndim else o for o in outputs]
     if protocol == "v2":
-        body: dict[str, Any] = {
-            "model_name": model_name,
-            "outputs": [
-                {
-                    "name": n,
-                    "shape": list(o.shape),
-                    "datatype": _V2_NAMES.get(str(o.dtype), "FP32"),
-                    "data": o.reshape(-1).tolist(),
-                }
-                for n, o in zip(names, outputs, strict=True)
-            ],
-        }
+        tensors = tuple(oip.Tensor.from_array(n, o) for n, o in zip(names, outputs, strict=True))
+        body: dict[str, Any] = oip.Response(tensors, model_name=model_name).to_json()
     else:
         body = {"outputs": {n: o.tolist() for n, o in zip(names, outputs, strict=True)}}
     if topk:

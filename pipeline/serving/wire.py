@@ -11,7 +11,9 @@ JSON, or its binary extension — a JSON header giving each tensor's
 
 Each runtime builds its request bodies from these (`Runtime.encode`), and
 `decode()` reads either kind of answer back into named tensors, so `pipeline
-infer`, loadtest, bench and verify share one definition of each protocol.
+infer`, loadtest, bench and verify share one definition of each protocol. The
+Open Inference Protocol itself (JSON, binary extension, datatypes) is written
+once, in `pipeline_runtime.oip`; the functions here are thin wrappers over it.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline_runtime.codec import V2_DATATYPES, V2_NAMES
+from pipeline_runtime import oip
 
-HEADER_LENGTH = "Inference-Header-Content-Length"  # the OIP binary extension's header
+HEADER_LENGTH = oip.HEADER_LENGTH  # the OIP binary extension's header
 
 
 class WireError(ValueError):
@@ -72,51 +74,22 @@ def _array(t: torch.Tensor | np.ndarray) -> np.ndarray:
     return t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
 
 
-def _datatype(a: np.ndarray) -> str:
+def _request(inputs: Mapping[str, torch.Tensor | np.ndarray]) -> oip.Request:
     try:
-        return V2_NAMES[str(a.dtype)]
-    except KeyError:
-        raise WireError(
-            f"The Open Inference Protocol client here sends {sorted(V2_NAMES)}, not {a.dtype}."
-        ) from None
+        return oip.Request(tuple(oip.Tensor.from_array(k, _array(v)) for k, v in inputs.items()))
+    except oip.DatatypeError as err:
+        raise WireError(str(err)) from None
 
 
 def oip_json(inputs: Mapping[str, torch.Tensor | np.ndarray]) -> bytes:
     """An Open Inference Protocol JSON request (data as flat lists)."""
-    items = []
-    for name, value in inputs.items():
-        a = _array(value)
-        items.append(
-            {
-                "name": name,
-                "shape": list(a.shape),
-                "datatype": _datatype(a),
-                "data": a.reshape(-1).tolist(),
-            }
-        )
-    return json.dumps({"inputs": items}).encode()
+    return _request(inputs).to_rest()[0]
 
 
 def oip_binary(inputs: Mapping[str, torch.Tensor | np.ndarray]) -> Body:
     """An Open Inference Protocol request in its binary extension: no number parsing."""
-    items, raw = [], []
-    for name, value in inputs.items():
-        a = np.ascontiguousarray(_array(value))
-        data = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
-        items.append(
-            {
-                "name": name,
-                "shape": list(a.shape),
-                "datatype": _datatype(a),
-                "parameters": {"binary_data_size": len(data)},
-            }
-        )
-        raw.append(data)
-    header = json.dumps({"inputs": items}).encode()
-    return Body(
-        header + b"".join(raw),
-        {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header))},
-    )
+    content, length = _request(inputs).to_rest(binary=True)
+    return Body(content, {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(length)})
 
 
 def decode(content: bytes, headers: Mapping[str, str] | None = None) -> dict[str, torch.Tensor]:
@@ -145,25 +118,11 @@ def decode(content: bytes, headers: Mapping[str, str] | None = None) -> dict[str
         raise WireError(
             f"'outputs' must be a dict or an Open Inference Protocol list, got {outputs!r:.80}."
         )
-    got, offset = {}, split
-    for out in outputs:
-        try:
-            dtype = np.dtype(V2_DATATYPES[out["datatype"]])
-            shape = [int(d) for d in out["shape"]]
-            size = (out.get("parameters") or {}).get("binary_data_size")
-            if size is not None:
-                array = np.frombuffer(
-                    content[offset : offset + int(size)], dtype=dtype.newbyteorder("<")
-                ).astype(dtype)
-                offset += int(size)
-            else:
-                array = np.asarray(out["data"], dtype=dtype)
-            got[str(out["name"])] = torch.from_numpy(array.reshape(shape).copy())
-        except (KeyError, TypeError, ValueError) as err:
-            raise WireError(
-                f"Unreadable Open Inference Protocol output {out!r:.120}: {type(err).__name__}: {err}"
-            ) from None
-    return got
+    try:
+        response = oip.Response.from_json(body, content[split:])
+        return {t.name: torch.from_numpy(t.as_numpy().copy()) for t in response.outputs}
+    except oip.OipError as err:
+        raise WireError(f"Unreadable Open Inference Protocol answer: {err}") from None
 
 
 def oip_from_file(content: bytes, kind: str, inputs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
@@ -177,7 +136,7 @@ def oip_from_file(content: bytes, kind: str, inputs: list[dict[str, Any]]) -> di
     """
     names = [str(i["name"]) for i in inputs]
     dtypes = {
-        str(i["name"]): np.dtype(V2_DATATYPES.get(i.get("datatype"), "float32")) for i in inputs
+        str(i["name"]): np.dtype(oip.DATATYPES.get(i.get("datatype"), "float32")) for i in inputs
     }
     if kind == "json":
         value = json.loads(content)["inputs"]

@@ -2,26 +2,22 @@
 
 from __future__ import annotations
 
-import sys
+import json
 
 import numpy as np
 import pytest
 import torch
 
 from pipeline.serving import wire
+from pipeline_runtime import oip
 
 
 @pytest.fixture(scope="module")
 def kb():
-    argv, sys.argv = sys.argv, sys.argv[:1]  # kserve parses sys.argv on import
-    try:
-        from kserve.errors import InvalidInput
-        from kserve.protocol.infer_type import InferRequest
-
-        from pipeline.runtimes.kserve import binary
-    finally:
-        sys.argv = argv
-    return binary, InferRequest, InvalidInput
+    """The module and kserve's types, imported with pytest's arguments hidden from kserve."""
+    binary = oip.kserve_module("pipeline.runtimes.kserve.binary")
+    infer_type = oip.kserve_module("kserve.protocol.infer_type")
+    return binary, infer_type.InferRequest, oip.kserve_module("kserve.errors").InvalidInput
 
 
 def test_reads_what_kserve_reads_and_keeps_the_bytes(kb) -> None:
@@ -56,3 +52,19 @@ def test_malformed_is_invalid_input(kb, body: bytes, length: int) -> None:
     binary, _, InvalidInput = kb
     with pytest.raises(InvalidInput):
         binary.from_bytes(body, length, "m")
+
+
+@pytest.mark.parametrize("binary_outputs", [False, True])
+def test_answers_are_kserves_own_infer_response(kb, binary_outputs: bool) -> None:
+    binary, _, _ = kb
+    arrays = {"y": np.arange(6, dtype=np.float32).reshape(2, 3) / 7, "k": np.array([3, -1])}
+    response = oip.Response(
+        tuple(oip.Tensor.from_array(k, v) for k, v in arrays.items()), id="1", model_name="m"
+    )
+    theirs = binary.infer_response(response, binary_outputs, None)
+    assert type(theirs).__name__ == "InferResponse" and theirs.id == "1"
+    content, length = theirs.to_rest()  # kserve writes it
+    assert (length is not None) == binary_outputs
+    raw = content if isinstance(content, bytes) else json.dumps(content).encode()
+    for name, got in oip.Response.from_rest(raw, length).arrays().items():
+        assert got.dtype == arrays[name].dtype and got.tobytes() == arrays[name].tobytes()

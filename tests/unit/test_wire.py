@@ -5,25 +5,20 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 
 import numpy as np
 import pytest
 import torch
 
 from pipeline.serving import runtime, wire
-from pipeline_runtime.codec import V2_NAMES
+from pipeline_runtime import oip
 
 
 @pytest.fixture(scope="module")
 def kserve_types():
-    """kserve's InferRequest/InferResponse (kserve parses sys.argv on import: hide pytest's)."""
-    argv, sys.argv = sys.argv, sys.argv[:1]
-    try:
-        from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
-    finally:
-        sys.argv = argv
-    return InferRequest, InferResponse, InferOutput
+    """kserve's InferRequest/InferResponse (imported with pytest's arguments hidden)."""
+    infer_type = oip.kserve_module("kserve.protocol.infer_type")
+    return infer_type.InferRequest, infer_type.InferResponse, infer_type.InferOutput
 
 
 INPUTS = {
@@ -72,7 +67,7 @@ def test_decode_reads_kservers_answers(kserve_types, binary: bool) -> None:
     outputs = []
     for name, t in INPUTS.items():
         a = t.numpy()
-        out = InferOutput(name=name, shape=list(a.shape), datatype=V2_NAMES[str(a.dtype)])
+        out = InferOutput(name=name, shape=list(a.shape), datatype=oip.NAMES[str(a.dtype)])
         out.set_data_from_numpy(a, binary_data=binary)
         outputs.append(out)
     response = InferResponse(

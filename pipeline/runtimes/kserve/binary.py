@@ -1,14 +1,20 @@
-"""The Open Inference Protocol's binary extension, read without turning tensors into lists.
+"""Between `pipeline_runtime.oip`'s typed messages and kserve's own `InferRequest`/`InferResponse`.
 
-kserve 0.21's `InferRequest.from_bytes` reads each binary tensor and then
-converts it into a Python list, one object per element
+The KServe runtime hands kserve its own types (kserve writes REST JSON, the
+binary extension and gRPC answers from an `InferResponse`, and reads JSON and
+gRPC requests into an `InferRequest`); `infer_response` builds one from an
+`oip.Response`.
+
+One exception: kserve 0.21's `InferRequest.from_bytes` reads each binary
+tensor and then converts it into a Python list, one object per element
 (`set_data_from_numpy(..., binary_data=False)`), which the model's
 `as_numpy()` turns back into an array: 110 ms of a 145 ms request for one
 224×224 image here, against 20 ms for the model itself. `from_bytes` below
-builds the same `InferRequest` but keeps each tensor's bytes, which
-`InferInput.as_numpy()` reads with `np.frombuffer`. `install()` routes the
-REST data plane's binary bodies through it; JSON bodies and gRPC (which
-keeps `raw_input_contents` as bytes already) are untouched.
+reads the body with `oip.Request.from_rest` and builds the same
+`InferRequest`, keeping each tensor's bytes, which `InferInput.as_numpy()`
+reads with `np.frombuffer`. `install()` routes the REST data plane's binary
+bodies through it; JSON bodies and gRPC (which keeps `raw_input_contents` as
+bytes already) are untouched.
 
 Import after kserve (the runtime hides sys.argv from kserve's import).
 """
@@ -18,67 +24,71 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
+import numpy as np
 from kserve.constants.constants import INFERENCE_CONTENT_LENGTH_HEADER
 from kserve.errors import InvalidInput
 from kserve.protocol.dataplane import DataPlane
-from kserve.protocol.infer_type import InferInput, InferRequest, RequestedOutput
+from kserve.protocol.infer_type import (
+    InferInput,
+    InferOutput,
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+)
+
+from pipeline_runtime import oip
 
 
 def from_bytes(body: bytes, json_length: int, model_name: str) -> InferRequest:
     """A binary-extension request (JSON header, then each tensor's bytes) → InferRequest,
     with every malformed part an InvalidInput (400), never an exception that is a 500."""
-    if not 0 < json_length <= len(body):
-        raise InvalidInput(
-            f"{INFERENCE_CONTENT_LENGTH_HEADER} is {json_length}, but the body has {len(body)} bytes."
-        )
     try:
-        header = orjson.loads(body[:json_length])
-    except orjson.JSONDecodeError as err:
-        raise InvalidInput(f"The JSON header of a binary request is not JSON: {err}") from None
-    items = header.get("inputs") if isinstance(header, dict) else None
-    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
-        raise InvalidInput("The JSON header needs 'inputs': a list of tensors.")
-    inputs, start = [], json_length
-    for item in items:
-        missing = [k for k in ("name", "shape", "datatype") if k not in item]
-        params = item.get("parameters") or {}
-        if missing or not isinstance(params, dict):
-            raise InvalidInput(f"Input {item.get('name')!r}: needs {missing or 'parameters'}.")
+        request = oip.Request.from_rest(body, json_length)
+    except oip.OipError as err:
+        raise InvalidInput(str(err)) from None
+    return infer_request(request, model_name)
+
+
+def infer_request(request: oip.Request, model_name: str) -> InferRequest:
+    """kserve's InferRequest of a typed request; binary tensors stay bytes (no lists)."""
+    inputs = []
+    for t in request.inputs:
         tensor = InferInput(
-            name=item["name"], shape=item["shape"], datatype=item["datatype"], parameters=params
+            name=t.name, shape=list(t.shape), datatype=t.datatype, parameters=dict(t.parameters)
         )
-        if item.get("data") is not None:
-            tensor.data = item["data"]
+        if isinstance(t.data, list):
+            tensor.data = t.data
         else:
-            size = params.get("binary_data_size")
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise InvalidInput(
-                    f"Input {item['name']!r}: no 'data' and no integer 'binary_data_size'."
-                )
-            if start + size > len(body):
-                raise InvalidInput(
-                    f"Input {item['name']!r}: {size} bytes announced, {len(body) - start} left."
-                )
-            tensor._raw_data = body[start : start + size]  # as_numpy reads it as it is
-            start += size
+            tensor._raw_data = t.raw()  # as_numpy reads it as it is
         inputs.append(tensor)
-    if start != len(body):
-        raise InvalidInput(f"{len(body) - start} bytes after the last tensor.")
-    outputs = header.get("outputs")
-    requested = None
-    if isinstance(outputs, list):
-        requested = [
-            RequestedOutput(name=o["name"], parameters=o.get("parameters"))
-            for o in outputs
-            if isinstance(o, dict) and "name" in o
-        ]
+    requested = [
+        RequestedOutput(name=o["name"], parameters=o.get("parameters")) for o in request.outputs
+    ]
     return InferRequest(
         model_name=model_name,
-        request_id=header.get("id"),
-        parameters=header.get("parameters"),
+        request_id=request.id,
+        parameters=request.parameters or None,
         infer_inputs=inputs,
-        request_outputs=requested,
+        request_outputs=requested or None,
+    )
+
+
+def infer_response(
+    response: oip.Response, binary: bool, requested: list[RequestedOutput] | None
+) -> InferResponse:
+    """kserve's InferResponse of a typed answer (kserve writes it as REST JSON, binary or
+    gRPC); `binary` and `requested` come from the request (`use_binary_outputs`, its outputs)."""
+    outputs = []
+    for t in response.outputs:
+        out = InferOutput(name=t.name, shape=list(t.shape), datatype=t.datatype)
+        out.set_data_from_numpy(np.ascontiguousarray(t.as_numpy()), binary_data=binary)
+        outputs.append(out)
+    return InferResponse(
+        response_id=response.id,
+        model_name=response.model_name,
+        infer_outputs=outputs,
+        use_binary_outputs=binary,
+        requested_outputs=requested,
     )
 
 

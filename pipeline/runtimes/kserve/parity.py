@@ -10,13 +10,9 @@ checked on its own. Outputs come back by name, in the manifest's dtypes.
 
 from __future__ import annotations
 
-import contextlib
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from pipeline.core.manifest import read_manifest
@@ -25,33 +21,14 @@ from pipeline.runtimes.kserve.config import CONFIG_FILE, RuntimeConfig
 from pipeline.serving import client, wire
 from pipeline.serving import served as served_mod
 from pipeline.serving.server import ServeError, Server
-from pipeline_runtime.codec import V2_DATATYPES, V2_NAMES
+from pipeline_runtime import oip
 from pipeline_runtime.manifest import Manifest
 
 
-def _datatype(t: torch.Tensor) -> str:
-    """The Open Inference Protocol datatype of a tensor (the handlers' codec's table)."""
-    return V2_NAMES[str(t.dtype).removeprefix("torch.")]
-
-
-@contextlib.contextmanager
-def _clean_argv() -> Iterator[None]:
-    """kserve 0.21.0 parses sys.argv when imported (prefix-matching its own options
-    against ours); the client imports its gRPC stubs with an empty command line."""
-    saved = sys.argv
-    sys.argv = saved[:1]
-    try:
-        yield
-    finally:
-        sys.argv = saved
-
-
-def grpc_stubs() -> tuple[Any, Any]:
-    """kserve's generated Open Inference Protocol messages and service stub."""
-    with _clean_argv():
-        from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
-        from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
-    return pb, pb_grpc
+def grpc_stubs() -> Any:
+    """kserve's generated Open Inference Protocol service stub (the messages are
+    `pipeline_runtime.oip`'s to build and read)."""
+    return oip.kserve_module("kserve.protocol.grpc.grpc_predict_v2_pb2_grpc")
 
 
 class KServeBackend:
@@ -90,12 +67,11 @@ class KServeBackend:
     def _grpc(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         import grpc
 
-        pb, pb_grpc = grpc_stubs()
-        request = pb.ModelInferRequest(model_name=self.served_name)
-        for name, t in inputs.items():
-            request.inputs.add(name=name, datatype=_datatype(t), shape=list(t.shape))
-            arr = t.contiguous().numpy()
-            request.raw_input_contents.append(arr.astype(arr.dtype.newbyteorder("<")).tobytes())
+        pb_grpc = grpc_stubs()
+        request = oip.Request(
+            tuple(oip.Tensor.from_array(k, t.contiguous().numpy()) for k, t in inputs.items()),
+            model_name=self.served_name,
+        ).to_grpc()
         channel = (
             grpc.secure_channel(self.server.extras["grpc_url"], _grpc_credentials(self.server))
             if self.server.inference_url.startswith("https://")
@@ -105,14 +81,8 @@ class KServeBackend:
             reply = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
                 request, metadata=(("authorization", f"Bearer {self.token}"),), timeout=120
             )
-        got = {}
-        for i, out in enumerate(reply.outputs):
-            np_dtype = np.dtype(V2_DATATYPES[out.datatype]).newbyteorder("<")
-            raw = reply.raw_output_contents[i]
-            got[out.name] = torch.from_numpy(np.frombuffer(raw, dtype=np_dtype).copy()).reshape(
-                tuple(out.shape)
-            )
-        return got
+        response = oip.Response.from_grpc(reply)
+        return {t.name: torch.from_numpy(t.as_numpy().copy()) for t in response.outputs}
 
 
 def _grpc_credentials(server: Server) -> Any:

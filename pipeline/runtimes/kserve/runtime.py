@@ -39,7 +39,6 @@ try:
     from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
     from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor, LoggingInterceptor
     from kserve.protocol.grpc.servicer import InferenceServicer
-    from kserve.utils.numpy_codec import from_np_dtype
 finally:
     sys.argv = _ARGV
 
@@ -53,7 +52,7 @@ from pipeline.runtimes.kserve.batching import Batcher  # noqa: E402
 from pipeline.runtimes.kserve.config import RuntimeConfig, ServedExport  # noqa: E402
 from pipeline.runtimes.kserve.security import Guard, TokenInterceptor  # noqa: E402
 from pipeline.serving.guard import Keys  # noqa: E402
-from pipeline_runtime import codec  # noqa: E402
+from pipeline_runtime import codec, oip  # noqa: E402
 from pipeline_runtime.request import MAX_ELEMENTS, SAMPLES_PER_BATCH  # noqa: E402
 
 log = logging.getLogger("pipeline.runtimes.kserve")
@@ -128,7 +127,7 @@ class ExportModel(kserve.Model):
         arrays = {}
         for item in payload.inputs:
             spec = by_name[item.name]
-            wanted = from_np_dtype(np.dtype(spec.dtype))
+            wanted = oip.NAMES.get(spec.dtype)
             if item.datatype != wanted:
                 raise Refused(
                     f"Input {spec.name!r}: datatype must be {wanted}, got {item.datatype!r}."
@@ -165,27 +164,20 @@ class ExportModel(kserve.Model):
         outputs = await self.batcher.submit(arrays)
         if unbatched:
             outputs = [o[0] if o.ndim else o for o in outputs]
-        infer_outputs = []
-        for name, array in zip(self.output_names, outputs, strict=True):
-            array = np.ascontiguousarray(array)
-            out = kserve.InferOutput(
-                name=name, shape=list(array.shape), datatype=from_np_dtype(array.dtype)
-            )
-            out.set_data_from_numpy(array, binary_data=payload.use_binary_outputs)
-            infer_outputs.append(out)
-        return kserve.InferResponse(
-            response_id=payload.id or str(uuid.uuid4()),
+        response = oip.Response(
+            tuple(
+                oip.Tensor.from_array(n, o) for n, o in zip(self.output_names, outputs, strict=True)
+            ),
+            id=payload.id or str(uuid.uuid4()),
             model_name=self.name,
-            infer_outputs=infer_outputs,
-            use_binary_outputs=payload.use_binary_outputs,
-            requested_outputs=payload.request_outputs,
         )
+        return binary.infer_response(response, payload.use_binary_outputs, payload.request_outputs)
 
 
 def _describe(name: str, dtype: str, shape: Any) -> dict[str, Any]:
     return {
         "name": name,
-        "datatype": from_np_dtype(np.dtype(dtype)) if dtype else "FP32",
+        "datatype": oip.datatype_of(dtype) if dtype else "FP32",
         "shape": [-1 if isinstance(d, str) else int(d) for d in shape],
     }
 
