@@ -41,7 +41,7 @@ SERVE_FLAGS ?=
 
 CPP_BUILD ?= cpp_client/build
 
-.PHONY: help venv train train-ddp export verify verify-example demo test lint format clean archive serve stop infer cpp latency loadtest bench bench-export
+.PHONY: help venv train train-ddp export verify verify-example demo test test-unit lint format clean archive serve stop infer cpp latency loadtest bench bench-export
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
@@ -143,6 +143,9 @@ infer: | $(STAMP)  ## send INFER_INPUT (default: MODEL's golden batch) to INFER_
 
 test: | $(STAMP)  ## run the test suite
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-unit: | $(STAMP)  ## only the unit tests (in-process, under a minute)
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
 lint: | $(STAMP)  ## ruff lint and format check
 	$(BIN)/ruff check .

@@ -1,0 +1,98 @@
+"""The runtime contract is the seam: a third runtime, written only in tests/toy_runtime/,
+registers through pipeline.serving.runtime and goes through `pipeline serve`, `infer`,
+`verify`, `loadtest` (on the running server and on a private one) and `bench` — the
+same commands a user types, in-process — without a change under pipeline/."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.export import ExportResult
+from pipeline.serving import runtime
+from pipeline.serving.launcher import free_port, stop
+from tests import toy_runtime
+from tests.tamper import copy_export
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def toy() -> Iterator[runtime.Runtime]:
+    rt = toy_runtime.register()
+    try:
+        yield rt
+    finally:
+        runtime.unregister(toy_runtime.NAME)
+
+
+def test_a_runtime_written_in_tests_goes_through_every_command(
+    toy: runtime.Runtime,
+    exported: ExportResult,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    artifacts = tmp_path / "artifacts"
+    copy_export(exported, artifacts / "digits_lenet" / "export")
+    run_dir = tmp_path / "run"
+    common = ["--artifacts-dir", str(artifacts)]
+    assert "toy" in runtime.names() and runtime.get("toy") is toy
+    try:
+        # serve: its own option group, and another runtime's option refused
+        assert main([*common, "serve", "--runtime", "toy", "--grpc-port", "9"]) == 1
+        assert "--grpc-port is for --runtime kserve" in capsys.readouterr().err
+        port = str(free_port())
+        code = main([*common, "serve", "--runtime", "toy", "--model", "digits_lenet",
+                     "--toy-format", "onnx", "--port", port, "--run-dir", str(run_dir)])  # fmt: skip
+        out = capsys.readouterr().out
+        assert code == 0 and "the toy runtime is up" in out, out
+
+        golden = artifacts / "digits_lenet" / "export" / "golden.pt"
+        assert main([*common, "infer", "--model", "digits_lenet", str(golden),
+                     "--run-dir", str(run_dir)]) == 0  # fmt: skip
+        answer = json.loads(capsys.readouterr().out)
+        assert answer["model_name"] == "digits_lenet" and answer["outputs"][0]["shape"][-1] == 10
+
+        report = tmp_path / "parity.json"
+        code = main([*common, "verify", "--model", "digits_lenet", "--backend", "toy",
+                     "--run-dir", str(run_dir), "--report", str(report)])  # fmt: skip
+        said = capsys.readouterr()
+        assert code == 0, said.out + said.err
+        checked = {r["backend"] for r in json.loads(report.read_text())["rows"]}
+        assert checked - {"golden file"} == {"toy/onnx"}, checked  # golden: always checked
+
+        for serve in ([], ["--serve", "--runtime", "toy"]):
+            code = main([*common, "loadtest", "--model", "digits_lenet", "--requests", "40",
+                         "--concurrency", "4", "--run-dir", str(run_dir), *serve])  # fmt: skip
+            said = capsys.readouterr()
+            assert code == 0 and "PASSED" in said.out, said.out + said.err
+        # its own limits, from its declaration: JSON only, no worker replacement
+        code = main([*common, "loadtest", "--model", "digits_lenet", "--requests", "4",
+                     "--encodings", "npy", "--run-dir", str(run_dir)])  # fmt: skip
+        assert code != 0 and "the toy runtime reads the encodings json" in capsys.readouterr().err
+
+        bench_dir = tmp_path / "bench"
+        code = main([*common, "bench", "--quick", "--runtime", "toy", "--model", "digits_lenet",
+                     "--serve-model", "digits_lenet", "--out-dir", str(bench_dir)])  # fmt: skip
+        said = capsys.readouterr()
+        assert code == 0, said.out + said.err
+        served = json.loads((bench_dir / "bench.json").read_text())["served"]
+        backends = {p["backend"] for p in served}
+        assert backends and all(b.startswith("toy/") for b in backends), backends
+        assert all(p["failed"] == 0 for p in served)
+    finally:
+        stop(run_dir)
+    assert main(["stop", "--run-dir", str(run_dir)]) == 0
+    assert "no the toy runtime was running" not in capsys.readouterr().out
+
+
+def test_nothing_under_pipeline_names_the_toy_runtime() -> None:
+    # "without changing any file under pipeline/": the package knows nothing of it.
+    mentions = [
+        p for p in (ROOT / "pipeline").rglob("*.py") if "toy_runtime" in p.read_text("utf-8")
+    ]
+    assert not mentions

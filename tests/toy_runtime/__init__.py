@@ -1,0 +1,191 @@
+"""A third runtime written only in tests/: the proof that the runtime contract is the seam.
+
+It registers through `pipeline.serving.runtime.register` like the built-in ones and goes
+through `pipeline serve`, `infer`, `verify`, `loadtest` and `bench` without a change
+under pipeline/. Its server (server.py) is a small Open Inference Protocol server
+(JSON only) on aiohttp, run as a process of its own, like a real runtime's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from pipeline.core import fileio
+from pipeline.core import paths as core_paths
+from pipeline.core.defaults import DEFAULT_MODEL
+from pipeline.core.manifest import read_manifest
+from pipeline.export.opened import ExportedModel
+from pipeline.serving import client, launcher, runtime, served, wire
+from pipeline.serving.provenance import ArchiveInfo
+from pipeline.serving.runtime import BenchSettings
+from pipeline.serving.server import INFERENCE_KEY_FILE, ServeError, Server
+from pipeline_runtime.manifest import Manifest
+
+NAME = "toy"
+CONFIG_FILE = "toy.json"
+
+
+class ToyBackend:
+    """verify's backend: the served model over OIP JSON."""
+
+    in_process = False
+
+    def __init__(self, server: Server, name: str, fmt: str, manifest: Manifest) -> None:
+        self.server, self.served_name, self.format_key = server, name, fmt
+        self.name = f"{NAME}/{fmt}"
+        self.outputs = manifest.outputs
+
+    def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        body = RUNTIME.encode(inputs)
+        resp = client.post(self.server, self.served_name, body.content, body.content_type)
+        if resp.status_code != 200:
+            raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
+        got = wire.answer_outputs(resp)
+        return {o.name: got[o.name].to(getattr(torch, o.dtype)) for o in self.outputs}
+
+
+def start(exports: list[tuple[Path, str]], run_dir: Path, port: int) -> Server:
+    """Serve each (export folder, format) as an OIP model named after its model."""
+    run_dir = launcher.prepare(
+        launcher.Launch(title="the toy runtime", run_dir=run_dir, host="127.0.0.1",
+                        ports=[("127.0.0.1", port, "--port")])
+    )  # fmt: skip
+    token = fileio.write_secret(
+        run_dir / INFERENCE_KEY_FILE, {"inference": {"key": secrets.token_urlsafe(16)}}
+    )
+    models, archives = [], {}
+    for export_dir, fmt in exports:
+        manifest = read_manifest(export_dir)
+        name = core_paths.model_slug(manifest.model.name)
+        models.append({"name": name, "export_dir": str(export_dir), "format": fmt})
+        archives[name] = ArchiveInfo.of(manifest, fmt)
+    conf = run_dir / CONFIG_FILE
+    conf.write_text(json.dumps({"port": port, "token_file": str(token), "models": models}))
+    argv = [sys.executable, "-m", "tests.toy_runtime.server", str(conf)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = launcher.spawn(argv, run_dir, "toy.out", env)
+    url = f"http://127.0.0.1:{port}"
+    server = Server(
+        runtime=NAME, pid=proc.pid, run_dir=str(run_dir), inference_url=url, metrics_url=url,
+        models=[m["name"] for m in models], started=launcher.created(proc.pid),
+        markers=[CONFIG_FILE], archives=archives,
+    )  # fmt: skip
+    server.record()
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"{url}/v2/health/ready", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    with launcher.stopped_on_failure(run_dir):
+        launcher.wait_until(ready, proc, run_dir / "logs" / "toy.out", 120, "The toy runtime")
+    return server
+
+
+class Toy(runtime.Runtime):
+    name = NAME
+    title = "the toy runtime"
+    markers = (CONFIG_FILE,)
+    encodings = ("json",)
+    description = "a test's Open Inference Protocol server (JSON only)"
+
+    def add_serve_options(self, group: argparse._ArgumentGroup, formats: list[str]) -> None:
+        group.add_argument("--toy-format", choices=formats, help="the artifact to serve")
+
+    def serve(self, args: argparse.Namespace, run_dir: Path) -> Server:
+        exports = []
+        for model in args.serve_models or [DEFAULT_MODEL]:
+            export_dir = core_paths.export_dir(model, args.artifacts_dir)
+            fmt = args.toy_format or served.export_format(read_manifest(export_dir))
+            exports.append((export_dir, fmt))
+        return start(exports, run_dir, args.port)
+
+    def describe(self, server: Server) -> list[str]:
+        return [f"the toy runtime is up (pid {server.pid}) on {server.inference_url}"]
+
+    @contextlib.contextmanager
+    def private(self, exported: ExportedModel, fmt: str, **settings: Any) -> Iterator[Server]:
+        with tempfile.TemporaryDirectory(prefix="toy-") as tmp:
+            run_dir = Path(tmp) / "run"
+            server = start([(exported.dir, fmt)], run_dir, launcher.free_port())
+            try:
+                yield server
+            finally:
+                launcher.stop(run_dir)
+
+    def infer_path(self, name: str) -> str:
+        return f"/v2/models/{name}/infer"
+
+    def encode(self, inputs: Mapping[str, torch.Tensor], binary: bool = False) -> wire.Body:
+        if binary:
+            raise ValueError("the toy runtime reads JSON only")
+        return wire.Body(wire.oip_json(inputs), {"Content-Type": "application/json"})
+
+    def request_file(self, server: Server, name: str, path: Path) -> wire.Body:
+        """A torch.save'd dict of named tensors (a golden file's inputs too)."""
+        data = torch.load(path, map_location="cpu", weights_only=True)
+        data = data["inputs"] if isinstance(data, dict) and "inputs" in data else data
+        if not isinstance(data, dict):
+            raise ServeError(f"the toy runtime sends named tensors; {path} holds {type(data)}")
+        return self.encode(data)
+
+    def worker_pids(self, server: Server, name: str) -> list[int]:
+        return [server.pid] if server.alive() else []
+
+    def parity_backends(
+        self, model: str, manifest: Manifest, server: Server, export_dir: Path
+    ) -> list[Any]:
+        if not server.alive():
+            raise ServeError(f"The toy runtime in {server.run_dir} is not running.")
+        mine = server.archives_of(manifest.model.name)
+        stale = served.stale_of(mine, manifest, export_dir, runtime=NAME)
+        if stale:
+            raise served.StaleServerError(stale)
+        if not mine:
+            raise ServeError(f"The toy runtime does not serve {model}.")
+        return [ToyBackend(server, n, info.format, manifest) for n, info in mine.items()]
+
+    def fix_command(self, model: str) -> str:
+        return f"pipeline stop && pipeline serve --runtime {NAME} --model {model}"
+
+    def bench(
+        self, model: str, exported: ExportedModel, settings: BenchSettings
+    ) -> tuple[list[Any], list[dict[str, Any]]]:
+        from pipeline.bench.load import check_answer, measure
+
+        inputs = exported.sample(1, seed=0)
+        body, expected = self.encode(inputs), exported.eager(inputs)
+        points = []
+        for fmt in (f.key for f in exported.formats()):
+            with self.private(exported, fmt) as server:
+                name = server.models[0]
+                first = check_answer(server, name, body, expected)
+                for level in settings.concurrencies:
+                    point = measure(
+                        server, name, body, level, settings.requests_per_level, 60.0,
+                        settings.level_budget_s, backend=f"{NAME}/{fmt}", model=model,
+                        batching="on",
+                    )  # fmt: skip
+                    points.append(point)
+                points[-len(settings.concurrencies)].first_request_ms = first
+        return points, []
+
+
+RUNTIME = Toy()
+
+
+def register() -> runtime.Runtime:
+    return runtime.register(RUNTIME)
