@@ -141,7 +141,8 @@ def _verified(exported: ExportedModel, cpp_binary: Path | None) -> set[str]:
             backends=(*(f.backend for f in formats), *((CPP,) if runs_cpp else ())),
             report=exported.dir.parent / "parity.json",  # where `pipeline verify` puts it
             cpp_binary=cpp_binary,
-        )
+        ),
+        exported=exported,
     )
     # Verify's rows that are bench backends too: verify and bench name them alike.
     benched = {f.backend for f in formats} | {cpp_backend_name(f) for f in formats if f.cpp}

@@ -100,22 +100,21 @@ def add_verify_command(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from pipeline.core.manifest import read_manifest
     from pipeline.serving import runtime
     from pipeline.serving.checks import served_backends
-    from pipeline.verify import VerifyConfig, verify
+    from pipeline.verify import VerifyConfig, open_for, verify
 
     args.served_names = runtime.names()
     config = VerifyConfig.from_args(args)
     config.validate()
+    exported = open_for(config)  # once: the served backends and verify share it
     served = []
     if config.backends is None or set(config.backends) & set(config.served_names):
-        manifest = read_manifest(config.export_dir)
         run_dir = serve_run_dir(args)
         served = served_backends(
-            config.backends, config.model, manifest, run_dir, config.export_dir
+            config.backends, config.model, exported.manifest, run_dir, exported.dir
         )
-    report = verify(config, served=served)
+    report = verify(config, served=served, exported=exported)
     report.print_table()
     report.raise_for_failures()  # a ParityError subclass per failure kind; the CLI exits 1
     return 0

@@ -94,16 +94,22 @@ def exposure_warning(launch: Launch) -> str | None:
     )
 
 
-def prepare(launch: Launch) -> Path:
-    """The checks every start makes, in order: the TLS pair, the loopback warning, a
-    server already running from the run folder (a stale record is removed), the ports;
-    then a fresh logs/ folder (the previous run's in logs.previous/, so its errors are not
-    read as this run's). Returns the run folder, resolved. ServeError says what to change."""
+def check_tls(launch: Launch) -> None:
+    """Both TLS files or neither, and each one there (ServeError otherwise): a runtime
+    calls it before its own input checks, as the first thing `prepare` does."""
     if bool(launch.tls_cert) != bool(launch.tls_key):
         raise ServeError("HTTPS needs both --tls-cert and --tls-key.")
     for pem in (launch.tls_cert, launch.tls_key):
         if pem and not Path(pem).is_file():
             raise ServeError(f"TLS file {pem} does not exist.")
+
+
+def prepare(launch: Launch) -> Path:
+    """The checks every start makes, in order: the TLS pair, the loopback warning, a
+    server already running from the run folder (a stale record is removed), the ports;
+    then a fresh logs/ folder (the previous run's in logs.previous/, so its errors are not
+    read as this run's). Returns the run folder, resolved. ServeError says what to change."""
+    check_tls(launch)
     warning = exposure_warning(launch)
     if warning:
         log.warning("%s", warning)

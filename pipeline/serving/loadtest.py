@@ -40,7 +40,6 @@ import torch
 
 from pipeline.core.compare import compare_tensor
 from pipeline.core.errors import PipelineError
-from pipeline.core.manifest import read_manifest
 from pipeline.export.opened import ExportedModel, open_export
 from pipeline.serving import client, runtime, served, wire
 from pipeline.serving.server import Server, default_run_dir
@@ -205,8 +204,9 @@ async def _watch_recovery(
     return None
 
 
-async def _run(config: LoadConfig, server: Server, archive: str, report: LoadReport) -> None:
-    exported = open_export(config.export_dir)
+async def _run(
+    config: LoadConfig, server: Server, archive: str, report: LoadReport, exported: ExportedModel
+) -> None:
     bodies, expected = _inputs_pool(config, exported, runtime.of(server))
     tolerance, outputs = exported.manifest.tolerance, exported.manifest.outputs
     latencies: list[float] = []
@@ -296,8 +296,9 @@ async def _run(config: LoadConfig, server: Server, archive: str, report: LoadRep
     report.worker_rss_mb_after = _rss_mb(report.worker_pids_after)
 
 
-def run(config: LoadConfig) -> LoadReport:
-    """One load run against the server recorded in `config.run_dir`."""
+def run(config: LoadConfig, exported: ExportedModel | None = None) -> LoadReport:
+    """One load run against the server recorded in `config.run_dir`. `exported`: the
+    export in `config.export_dir`, when the caller has opened it."""
     config.validate()
     server = Server.load(Path(config.run_dir or default_run_dir()))
     if not server.alive():
@@ -318,15 +319,16 @@ def run(config: LoadConfig) -> LoadReport:
             f"{rt.title} reads the encodings {', '.join(rt.encodings or ())}, not "
             f"{', '.join(unread)}."
         )
-    name = config.archive or client.resolve_model(
-        server, read_manifest(config.export_dir).model.name, config.format
-    )
+    exported = exported or open_export(config.export_dir)
+    name = config.archive or client.resolve_model(server, exported.name, config.format)
     # Every answer would be checked against another model's outputs: say why, not "wrong".
-    fresh, why = served.freshness(server.archives, name, config.export_dir, server.runtime)
+    fresh, why = served.freshness(
+        server.archives, name, exported.dir, server.runtime, manifest=exported.manifest
+    )
     if fresh is False:
         raise LoadTestError(why)
     report = LoadReport(name, config.requests, config.concurrency)
-    asyncio.run(_run(config, server, name, report))
+    asyncio.run(_run(config, server, name, report, exported))
     return report
 
 
@@ -346,7 +348,7 @@ def run_served(
     say(f"starting a private server ({rt.title}) for {exported.name} ({fmt}) ...")
     with rt.private(exported, fmt) as server:
         say(f"{config.requests} requests at concurrency {config.concurrency} ...")
-        return run(replace(config, run_dir=Path(server.run_dir)))
+        return run(replace(config, run_dir=Path(server.run_dir)), exported)
 
 
 def write_reports(reports: list[LoadReport], path: Path) -> None:

@@ -188,20 +188,26 @@ def stale_of(
 
 
 def freshness(
-    archives: dict[str, ArchiveInfo], archive: str, export_dir: Path, runtime: str | None = None
+    archives: dict[str, ArchiveInfo],
+    archive: str,
+    export_dir: Path,
+    runtime: str | None = None,
+    manifest: Manifest | None = None,
 ) -> tuple[bool | None, str]:
     """Whether served `archive` (its record in `archives`, as server.json keeps them) was
     built from the export in `export_dir`: (True, what matched), (False, the one-sentence
-    diagnosis of `stale`), or (None, why they cannot be compared)."""
+    diagnosis of `stale`), or (None, why they cannot be compared). `manifest`: the
+    export's, when the caller has read it."""
     info = archives.get(archive)
     if info is None or not info.sha256:
         return None, f"{archive} records no export to compare with (archived by another tool)"
-    if not (Path(export_dir) / MANIFEST_NAME).is_file():
-        return None, f"no export of {info.model} in {export_dir} to compare {archive} with"
-    try:
-        manifest = read_manifest(Path(export_dir))
-    except PipelineError as err:  # an unreadable export is reported, not raised
-        return None, str(err)
+    if manifest is None:
+        if not (Path(export_dir) / MANIFEST_NAME).is_file():
+            return None, f"no export of {info.model} in {export_dir} to compare {archive} with"
+        try:
+            manifest = read_manifest(Path(export_dir))
+        except PipelineError as err:  # an unreadable export is reported, not raised
+            return None, str(err)
     sentence = stale(archive, info, manifest, Path(export_dir), runtime=runtime)
     if sentence:
         return False, sentence

@@ -139,18 +139,28 @@ def _served_names(config: VerifyConfig, served: Sequence[Backend]) -> tuple[str,
     return (*config.served_names, *sorted(named - set(config.served_names)))
 
 
-def verify(config: VerifyConfig, served: Sequence[Backend] = ()) -> ParityReport:
+def open_for(config: VerifyConfig) -> ExportedModel:
+    """The export `config` checks, opened (manifest, eager model, checkpoint)."""
+    export_dir = Path(config.export_dir) if config.export_dir else paths.export_dir(config.model)
+    return open_export(export_dir, model=config.model, checkpoint=config.checkpoint)
+
+
+def verify(
+    config: VerifyConfig,
+    served: Sequence[Backend] = (),
+    exported: ExportedModel | None = None,
+) -> ParityReport:
     """Compare every backend with eager on every case; write the JSON and Markdown reports.
 
     `served`: backends of a running server (`pipeline.runtimes.torchserve.parity`), checked
     like the in-process ones. Returns the report; the caller decides what a
     failure does (the CLI exits 1; `report.raise_for_failures()` raises the
-    typed error).
+    typed error). `exported`: the export, already opened by the caller (`open_for`).
     """
     config.validate(served)
     served_names = _served_names(config, served)
-    export_dir = Path(config.export_dir) if config.export_dir else paths.export_dir(config.model)
-    exported = open_export(export_dir, model=config.model, checkpoint=config.checkpoint)
+    exported = exported or open_for(config)
+    export_dir = exported.dir
     manifest = exported.manifest
     tol = Tol(
         config.atol if config.atol is not None else manifest.tolerance.atol,

@@ -10,6 +10,7 @@ from pipeline.bench import BenchConfig, run_bench
 from pipeline.core.checkpoint import sidecar_path
 from pipeline.core.manifest import read_manifest
 from pipeline.export import ExportResult
+from tests.manifest_reads import counted
 
 
 def test_quick_bench_writes_json_table_charts_and_the_fastest_backend(
@@ -30,9 +31,13 @@ def test_quick_bench_writes_json_table_charts_and_the_fastest_backend(
     other = {"backend": "pt2", "format": "pt2", "median_ms": 1.0, "batch": 1}
     (tmp_path / "bench").mkdir()
     (tmp_path / "bench" / "fastest.json").write_text(json.dumps({"my_cell": other}))
-    result = run_bench(
-        BenchConfig.quick(out_dir=tmp_path / "bench", export_dirs={"digits_lenet": export_dir})
-    )
+    with counted() as reads:
+        result = run_bench(
+            BenchConfig.quick(out_dir=tmp_path / "bench", export_dirs={"digits_lenet": export_dir})
+        )
+    # One bench, one read of the export's manifest: every layer (verify, both runtimes'
+    # drivers, their private servers' start) is handed the opened export.
+    assert reads == {export_dir.resolve(): 1}, reads
     data = json.loads(result.json_path.read_text())
     assert data == result.data | {"targets": data["targets"]}
     for key in ("machine", "matmul_peak_gflops", "cells", "served", "targets", "settings"):

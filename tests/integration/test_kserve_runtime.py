@@ -30,6 +30,7 @@ from pipeline.serving.launcher import free_port, stop
 from pipeline.serving.server import INFERENCE_KEY_FILE, SERVER_FILE, Server
 from pipeline.train import TrainConfig, train
 from tests.conftest import run_cli
+from tests.manifest_reads import counted
 
 DIGITS = "digits_lenet"
 DIGITS_TS = "digits_lenet_ts"
@@ -473,6 +474,35 @@ def test_verify_checks_the_runtime_over_rest_and_grpc(
     )  # fmt: skip
     assert missing.returncode != 0 and "Traceback" not in missing.stderr
     assert "pipeline serve" in missing.stdout + missing.stderr
+
+
+def test_one_command_reads_the_export_once(
+    server: Server, exported: ExportResult, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """verify --backend kserve and loadtest --serve --runtime kserve (in-process) hand the
+    opened export down the layers: one read of its manifest each, and none of the other
+    exports the runtime serves (what it serves is in its record)."""
+    from pipeline.cli import main
+
+    export = exported.out_dir.resolve()
+    with counted() as reads:
+        code = main([
+            "verify", "--model", DIGITS, "--export-dir", str(exported.out_dir),
+            "--backend", "kserve", "--run-dir", server.run_dir,
+            "--report", str(tmp_path / "parity.json"),
+        ])  # fmt: skip
+    said = capsys.readouterr()
+    assert code == 0, said.out[-2000:] + said.err[-2000:]
+    assert reads == {export: 1}, reads
+    with counted() as reads:
+        code = main([
+            "loadtest", "--model", DIGITS, "--export-dir", str(exported.out_dir),
+            "--serve", "--runtime", "kserve", "--format", "onnx",
+            "--requests", "20", "--concurrency", "2",
+        ])  # fmt: skip
+    said = capsys.readouterr()
+    assert code == 0 and "PASSED" in said.out, said.out[-2000:] + said.err[-2000:]
+    assert reads == {export: 1}, reads
 
 
 def test_infer_sends_request_files_in_the_open_inference_protocol(

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
+from pipeline.cli import main as cli_main
 from pipeline.export import ExportResult
 from pipeline.serving import runtime
 from pipeline.serving.launcher import free_port, stop
 from tests import toy_runtime
+from tests.manifest_reads import counted
 from tests.tamper import copy_export
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,6 +40,16 @@ def test_a_runtime_written_in_tests_goes_through_every_command(
     artifacts = tmp_path / "artifacts"
     copy_export(exported, artifacts / "digits_lenet" / "export")
     run_dir = tmp_path / "run"
+    export = (artifacts / "digits_lenet" / "export").resolve()
+    reads: list[tuple[str, int]] = []
+
+    def main(argv: list[str]) -> int:
+        """The CLI in-process, counting how often it reads the export's manifest."""
+        with counted() as counts:
+            code = cli_main(argv)
+        reads.append((" ".join(argv[2:4]), counts[export]))
+        return code
+
     common = ["--artifacts-dir", str(artifacts)]
     assert "toy" in runtime.names() and runtime.get("toy") is toy
     try:
@@ -86,6 +97,8 @@ def test_a_runtime_written_in_tests_goes_through_every_command(
         assert all(p["failed"] == 0 for p in served)
     finally:
         stop(run_dir)
+    # Every command read the export's manifest at most once (the layers pass it on).
+    assert all(n <= 1 for _, n in reads), reads
     assert main(["stop", "--run-dir", str(run_dir)]) == 0
     assert "no the toy runtime was running" not in capsys.readouterr().out
 

@@ -56,8 +56,9 @@ class ToyBackend:
         return {o.name: got[o.name].to(getattr(torch, o.dtype)) for o in self.outputs}
 
 
-def start(exports: list[tuple[Path, str]], run_dir: Path, port: int) -> Server:
-    """Serve each (export folder, format) as an OIP model named after its model."""
+def start(exports: list[tuple[Path, Manifest, str]], run_dir: Path, port: int) -> Server:
+    """Serve each (export folder, its manifest, format) as an OIP model named after its
+    model."""
     run_dir = launcher.prepare(
         launcher.Launch(title="the toy runtime", run_dir=run_dir, host="127.0.0.1",
                         ports=[("127.0.0.1", port, "--port")])
@@ -66,8 +67,7 @@ def start(exports: list[tuple[Path, str]], run_dir: Path, port: int) -> Server:
         run_dir / INFERENCE_KEY_FILE, {"inference": {"key": secrets.token_urlsafe(16)}}
     )
     models, archives = [], {}
-    for export_dir, fmt in exports:
-        manifest = read_manifest(export_dir)
+    for export_dir, manifest, fmt in exports:
         name = core_paths.model_slug(manifest.model.name)
         models.append({"name": name, "export_dir": str(export_dir), "format": fmt})
         archives[name] = ArchiveInfo.of(manifest, fmt)
@@ -109,8 +109,9 @@ class Toy(runtime.Runtime):
         exports = []
         for model in args.serve_models or [DEFAULT_MODEL]:
             export_dir = core_paths.export_dir(model, args.artifacts_dir)
-            fmt = args.toy_format or served.export_format(read_manifest(export_dir))
-            exports.append((export_dir, fmt))
+            manifest = read_manifest(export_dir)
+            fmt = args.toy_format or served.export_format(manifest)
+            exports.append((export_dir, manifest, fmt))
         return start(exports, run_dir, args.port)
 
     def describe(self, server: Server) -> list[str]:
@@ -120,7 +121,7 @@ class Toy(runtime.Runtime):
     def private(self, exported: ExportedModel, fmt: str, **settings: Any) -> Iterator[Server]:
         with tempfile.TemporaryDirectory(prefix="toy-") as tmp:
             run_dir = Path(tmp) / "run"
-            server = start([(exported.dir, fmt)], run_dir, launcher.free_port())
+            server = start([(exported.dir, exported.manifest, fmt)], run_dir, launcher.free_port())
             try:
                 yield server
             finally:

@@ -120,6 +120,21 @@ def test_freshness_reads_the_export_on_disk(tmp_path: Path) -> None:
     assert fresh is None and "records no export" in why
 
 
+def test_freshness_with_the_callers_manifest_reads_nothing(tmp_path: Path) -> None:
+    from tests.manifest_reads import counted
+
+    manifest = _manifest("b2", "c2", NEW)
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest.to_json()))
+    same = {"digits_lenet_ts": ArchiveInfo.of(manifest, "torchscript")}
+    with counted() as reads:
+        fresh, _ = freshness(same, "digits_lenet_ts", tmp_path, manifest=manifest)
+    assert fresh is True and not reads
+    with counted() as reads:  # the counter sees a read (it can fail the tests that use it)
+        freshness(same, "digits_lenet_ts", tmp_path)
+        freshness(same, "digits_lenet_ts", tmp_path)
+    assert reads == {tmp_path.resolve(): 2}
+
+
 def test_the_served_format_of_an_export_follows_bench_then_the_registry(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

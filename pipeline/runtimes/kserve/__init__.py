@@ -119,7 +119,8 @@ class KServe(runtime.Runtime):
     def private(self, exported: ExportedModel, fmt: str, **settings: Any) -> Iterator[Server]:
         from pipeline.runtimes.kserve.launch import private, served_export
 
-        with private([served_export(exported.dir, fmt)], **settings) as server:
+        served = served_export(exported.dir, fmt, manifest=exported.manifest)
+        with private([served], **settings) as server:
             yield server
 
     def infer_path(self, name: str) -> str:
@@ -158,7 +159,7 @@ class KServe(runtime.Runtime):
 
         return bench_kserve(
             model,
-            exported.dir,
+            exported,
             concurrencies=settings.concurrencies,
             requests_per_level=settings.requests_per_level,
             level_budget_s=settings.level_budget_s,

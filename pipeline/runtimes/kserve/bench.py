@@ -17,13 +17,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from pathlib import Path
 from typing import Any
 
 from pipeline.bench.load import ServedPoint, check_answer, measure, sequential, sequential_point
 from pipeline.bench.targets import DIGITS, RESNET, cell, served_at, target
 from pipeline.core.errors import PipelineError
-from pipeline.export.opened import open_export
+from pipeline.export.opened import ExportedModel
 from pipeline.formats import base as registry
 from pipeline.runtimes.kserve import NAME
 from pipeline.runtimes.kserve.config import ServedExport, default_threads
@@ -41,7 +40,7 @@ BATCHING = "on"  # the runtime's defaults: up to 8 queued requests, no waiting
 
 def bench_kserve(
     model: str,
-    export_dir: Path,
+    exported: ExportedModel,
     *,
     concurrencies: tuple[int, ...] = (1, 8, 32),
     requests_per_level: int = 200,
@@ -53,13 +52,15 @@ def bench_kserve(
 
     Returns the points and the formats skipped (model, batch, backend, why).
     """
-    exported = open_export(export_dir, model=model)
     formats = [f.key for f in exported.formats()]
     inputs = exported.sample(1, seed=0)
     expected = exported.eager(inputs)
     body = wire.oip_binary(inputs)
     slug = re.sub(r"[^A-Za-z0-9_.\-]", "_", model)
-    exports = [served_export(export_dir, fmt, name=f"{slug}_{fmt}") for fmt in formats]
+    exports = [
+        served_export(exported.dir, fmt, name=f"{slug}_{fmt}", manifest=exported.manifest)
+        for fmt in formats
+    ]
     skipped: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
         server, exports = _start(stack, model, exports, threads or default_threads(), skipped)

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 
 from pipeline.runtimes.kserve import CONFIG_FILE  # noqa: F401 - the runtime's marker
+from pipeline.serving.provenance import ArchiveInfo
 
 
 def default_threads() -> int:
@@ -30,6 +31,9 @@ class ServedExport:
     name: str  # the Open Inference Protocol model name (/v2/models/<name>)
     export_dir: str
     format: str  # a registry key: torchscript, onnx, pt2
+    # Its provenance, from the manifest read when it was chosen (launch.served_export), so
+    # starting the runtime need not read it again. Not written to the runtime's config.
+    info: ArchiveInfo | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -53,7 +57,10 @@ class RuntimeConfig:
     extra: dict[str, str] = field(default_factory=dict)
 
     def write(self, path: Path) -> None:
-        Path(path).write_text(json.dumps(asdict(self), indent=2))
+        data = asdict(self)
+        for model in data["models"]:
+            del model["info"]
+        Path(path).write_text(json.dumps(data, indent=2))
 
     @classmethod
     def read(cls, path: Path) -> RuntimeConfig:

@@ -50,6 +50,7 @@ from pipeline.serving.server import (
     ServeError,
     Server,
 )
+from pipeline_runtime.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +58,17 @@ __all__ = ["private", "served_export", "start", "stop", "write_token"]
 
 
 def served_export(
-    export_dir: Path, fmt: str | None = None, name: str | None = None
+    export_dir: Path,
+    fmt: str | None = None,
+    name: str | None = None,
+    manifest: Manifest | None = None,
 ) -> ServedExport:
     """The export at `export_dir` as one served model: format `fmt` (default: the one
     `pipeline serve` would serve, `served.export_format`) under `name` (default: the model's name,
-    with characters a URL path segment should not hold replaced by '_')."""
+    with characters a URL path segment should not hold replaced by '_'). `manifest`: its
+    manifest, when the caller has read it."""
     export_dir = Path(export_dir).resolve()
-    manifest = read_manifest(export_dir)
+    manifest = manifest or read_manifest(export_dir)
     order = registry.keys()
     held = [k for k in order if k in manifest.artifacts]
     if fmt is None:
@@ -75,7 +80,8 @@ def served_export(
             f"{export_dir} has no {fmt!r} artifact; it holds {', '.join(held) or 'none'}."
         )
     name = name or re.sub(r"[^A-Za-z0-9_.\-]", "_", manifest.model.name)
-    return ServedExport(name=name, export_dir=str(export_dir), format=fmt)
+    info = ArchiveInfo.of(manifest, fmt)
+    return ServedExport(name=name, export_dir=str(export_dir), format=fmt, info=info)
 
 
 def write_token(run_dir: Path) -> Path:
@@ -166,11 +172,10 @@ def private(exports: list[ServedExport], **settings: Any) -> Iterator[Server]:
 def _archives(config: RuntimeConfig) -> dict[str, ArchiveInfo]:
     """What each served name holds, as TorchServe's archives record it (`archive.json`), so
     infer, loadtest and bench find a model's served name by model and format."""
-    out = {}
-    for m in config.models:
-        manifest = read_manifest(Path(m.export_dir))
-        out[m.name] = ArchiveInfo.of(manifest, m.format)
-    return out
+    return {
+        m.name: m.info or ArchiveInfo.of(read_manifest(Path(m.export_dir)), m.format)
+        for m in config.models
+    }
 
 
 def _ready_probe(server: Server) -> Callable[[], bool]:

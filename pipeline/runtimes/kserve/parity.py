@@ -17,7 +17,7 @@ import torch
 
 from pipeline.core.manifest import read_manifest
 from pipeline.runtimes.kserve import NAME
-from pipeline.runtimes.kserve.config import CONFIG_FILE, RuntimeConfig
+from pipeline.runtimes.kserve.config import CONFIG_FILE, RuntimeConfig, ServedExport
 from pipeline.serving import client, wire
 from pipeline.serving import served as served_mod
 from pipeline.serving.server import ServeError, Server
@@ -92,6 +92,13 @@ def _grpc_credentials(server: Server) -> Any:
     return grpc.ssl_channel_credentials(root_certificates=ca)
 
 
+def _model_of(served: ServedExport, server: Server) -> str:
+    """The model `served` holds, from what the runtime recorded at start (its export is
+    read only for a record without it)."""
+    info = server.archives.get(served.name)
+    return info.model if info is not None else read_manifest(Path(served.export_dir)).model.name
+
+
 def kserve_backends(model: str, manifest: Manifest, server: Server) -> list[KServeBackend]:
     """REST and gRPC backends for every model the KServe runtime `server` serves from this
     export. ServeError when it is not running or serves none."""
@@ -101,8 +108,7 @@ def kserve_backends(model: str, manifest: Manifest, server: Server) -> list[KSer
             "`pipeline serve --runtime kserve`."
         )
     config = RuntimeConfig.read(Path(server.run_dir) / CONFIG_FILE)
-    exports = [(m, read_manifest(Path(m.export_dir))) for m in config.models]
-    served = [m for m, theirs in exports if theirs.model.name == manifest.model.name]
+    served = [m for m in config.models if _model_of(m, server) == manifest.model.name]
     if not served:
         raise ServeError(
             f"The KServe runtime in {server.run_dir} does not serve {model}; restart it with "

@@ -117,7 +117,8 @@ class TorchServe(runtime.Runtime):
                     export_dir=exported.dir,
                     store=store,
                     formats=(fmt,),
-                )
+                ),
+                exported.manifest,
             )
             server = start(private_config(store, run_dir, **settings))
             try:
@@ -166,7 +167,7 @@ class TorchServe(runtime.Runtime):
 
         return bench_served(
             model,
-            exported.dir,
+            exported,
             concurrencies=settings.concurrencies,
             requests_per_level=settings.requests_per_level,
             batching=settings.batching,

@@ -33,6 +33,7 @@ from pipeline.core.paths import DEFAULT_STORE
 from pipeline.formats import base as registry
 from pipeline.serving.provenance import ARCHIVE_INFO, ArchiveInfo, fastest_entry
 from pipeline.zoo import DEFAULT_MODEL
+from pipeline_runtime.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -120,11 +121,12 @@ def model_config(config: ArchiveConfig) -> dict[str, object]:
     }
 
 
-def archive(config: ArchiveConfig) -> list[Path]:
-    """Write one .mar per format; each appears in the store only once complete."""
+def archive(config: ArchiveConfig, manifest: Manifest | None = None) -> list[Path]:
+    """Write one .mar per format; each appears in the store only once complete.
+    `manifest`: the export's, when the caller has read it."""
     config.validate()
     export_dir = Path(config.export_dir) if config.export_dir else paths.export_dir(config.model)
-    manifest = read_manifest(export_dir)
+    manifest = manifest or read_manifest(export_dir)
     if manifest.model.name != config.model:
         raise ArchiveError(f"{export_dir} holds {manifest.model.name!r}, not {config.model!r}.")
     store = Path(config.store)

@@ -32,7 +32,7 @@ from pipeline.bench.inprocess import ONE_THREAD
 from pipeline.bench.load import ServedPoint, check_answer, measure, sequential, sequential_point
 from pipeline.bench.targets import RESNET, cell, served_at, target
 from pipeline.core.errors import PipelineError
-from pipeline.export.opened import open_export
+from pipeline.export.opened import ExportedModel
 from pipeline.formats import base as registry
 from pipeline.runtimes.torchserve import NAME, codec
 from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
@@ -83,7 +83,7 @@ def _sequential_pair(
 
 def bench_served(
     model: str,
-    export_dir: Path,
+    exported: ExportedModel,
     *,
     concurrencies: tuple[int, ...] = (1, 8, 32),
     requests_per_level: int = 200,
@@ -95,7 +95,6 @@ def bench_served(
 
     Returns the points and the formats skipped (model, batch, backend, why).
     """
-    exported = open_export(export_dir, model=model)
     formats = tuple(f.key for f in exported.formats())  # every format it holds is measured
     inputs = exported.sample(1, seed=0)
     expected = exported.eager(inputs)
@@ -110,13 +109,14 @@ def bench_served(
             mars = archive(
                 ArchiveConfig(
                     model=model,
-                    export_dir=export_dir,
+                    export_dir=exported.dir,
                     store=store,
                     formats=formats,
                     batch_size=batch_size,
                     max_batch_delay_ms=delay_ms,
                     response_timeout_s=int(timeout),
-                )
+                ),
+                exported.manifest,
             )
             server = start(
                 private_config(

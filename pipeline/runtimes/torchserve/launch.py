@@ -168,6 +168,8 @@ def exposure_warning(config: ServeConfig) -> str | None:
 
 def start(config: ServeConfig) -> Server:
     """Start TorchServe and return once every model is READY."""
+    launch = _launch(config)
+    launcher.check_tls(launch)  # what to change in the command line first, as before
     store = Path(config.store).resolve()
     archives = sorted(p.stem for p in store.glob("*.mar")) if store.is_dir() else []
     if not archives:
@@ -184,7 +186,7 @@ def start(config: ServeConfig) -> Server:
         )
     except ValueError as err:
         raise ServeError(f"{err}. Run `pipeline archive --model MODEL` first.") from None
-    run_dir = launcher.prepare(_launch(config))
+    run_dir = launcher.prepare(launch)
     (run_dir / "tmp").mkdir(exist_ok=True)
     for stale in (KEY_FILE, INFERENCE_KEY_FILE):
         (run_dir / stale).unlink(missing_ok=True)
