@@ -112,21 +112,18 @@ def _cmd_loadtest(args: argparse.Namespace) -> int:
 
 
 def _cmd_infer(args: argparse.Namespace) -> int:
-    from pipeline.serving import served
     from pipeline.serving.client import infer, resolve_model
+    from pipeline.serving.served import served_freshness
     from pipeline.serving.server import Server
 
     run_dir = serve_run_dir(args)
     server = Server.load(run_dir)
     archive = resolve_model(server, args.model)
-    info = server.archives.get(archive)
-    if info is not None:
-        # An answer from another export than the one on disk looks like a wrong model.
-        export_dir = paths.export_dir(info.model, args.artifacts_dir)
-        fresh, why = served.freshness(server.archives, archive, export_dir, server.runtime)
-        if fresh is False:
-            print(f"warning: {why}", file=sys.stderr)
-        elif args.verbose:
-            print(why, file=sys.stderr)
+    # An answer from another export than the one on disk looks like a wrong model.
+    fresh, why = served_freshness(server, archive, args.artifacts_dir)
+    if fresh is False:
+        print(f"warning: {why}", file=sys.stderr)
+    elif args.verbose and why:
+        print(why, file=sys.stderr)
     print(json.dumps(infer(archive, args.input, run_dir), indent=2))
     return 0

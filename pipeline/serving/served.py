@@ -187,6 +187,18 @@ def stale_of(
     return stale(", ".join(old), archives[old[0]], manifest, export_dir, runtime=runtime)
 
 
+def served_freshness(
+    server: Server, archive: str, artifacts_dir: Path | None = None
+) -> tuple[bool | None, str]:
+    """`freshness` of served `archive` against its model's export under `artifacts_dir`
+    (the default artifacts folder when None); (None, "") for one that records no model."""
+    info = server.archives.get(archive)
+    if info is None:
+        return None, ""
+    export_dir = paths.export_dir(info.model, artifacts_dir)
+    return freshness(server.archives, archive, export_dir, server.runtime)
+
+
 def freshness(
     archives: dict[str, ArchiveInfo],
     archive: str,
