@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import logging
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,7 +28,10 @@ import torch
 from pipeline.core.compare import compare_outputs
 from pipeline.core.errors import PipelineError
 from pipeline.serving import client, runtime, wire
+from pipeline.serving.runtime import BenchSettings
 from pipeline.serving.server import Server
+
+log = logging.getLogger(__name__)
 
 # Warm-up per format and level: one request per client opens its connection and
 # fills the worker's batch path; two per client (64 resnet18 requests at 32
@@ -219,3 +224,58 @@ def measure(
         _load(server, name, body, level, requests, timeout, budget_s)
     )
     return ServedPoint.of(lat, failed, elapsed, concurrency=level, **point)
+
+
+def first_answers(
+    server: Server,
+    names: dict[str, str],
+    body: wire.Body,
+    expected: dict[str, torch.Tensor],
+    skipped: list[dict[str, Any]],
+    *,
+    model: str,
+    backend: Callable[[str], str],
+) -> dict[str, float]:
+    """Each served format's first answer, checked (`check_answer`): format → its latency in
+    ms. A format that answers wrong or not at all is left out, its reason in `skipped`."""
+    first: dict[str, float] = {}
+    for fmt, name in names.items():
+        try:
+            first[fmt] = check_answer(server, name, body, expected)
+        except (PipelineError, KeyError, ValueError) as err:
+            why = " ".join(str(err).split())[:200]
+            log.warning("%s (%s) is left out: %s", name, backend(fmt), why)
+            skipped.append({"model": model, "batch": 1, "backend": backend(fmt), "why": why})
+    return first
+
+
+def every_level(
+    server: Server,
+    names: dict[str, str],
+    live: list[str],
+    body: wire.Body,
+    settings: BenchSettings,
+    *,
+    at_one: Callable[[list[str]], list[ServedPoint]],
+    backend: Callable[[str], str],
+    timeout: float = 120.0,
+    **point: Any,
+) -> list[ServedPoint]:
+    """Every concurrency level of `settings` for the `live` formats (format → served name
+    in `names`), the formats' order rotated per level so none is always measured first.
+    Concurrency 1 is the runtime's own (`at_one`: its alternated paths); the others are
+    `measure` with the same clients for every runtime."""
+    points: list[ServedPoint] = []
+    for k, level in enumerate(settings.concurrencies):
+        order = live[k % len(live) :] + live[: k % len(live)] if live else []
+        if level == 1:
+            points += at_one(order) if order else []
+            continue
+        points += [
+            measure(
+                server, names[fmt], body, level, settings.requests_per_level, timeout,
+                settings.level_budget_s, backend=backend(fmt), **point,
+            )
+            for fmt in order
+        ]  # fmt: skip
+    return points

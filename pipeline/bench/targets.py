@@ -56,6 +56,26 @@ def target(target: str, value: float, detail: str, met: bool) -> dict[str, Any]:
     return {"target": target, "value": value, "detail": detail, "met": met}
 
 
+def versus(
+    name: str,
+    a: dict[str, Any] | None,
+    b: dict[str, Any] | None,
+    key: str,
+    bound: float,
+    *,
+    difference: bool = False,
+    at_least: bool = False,
+    shown: str = "{a:.2f} vs {b:.2f} ms",
+) -> list[dict[str, Any]]:
+    """A target comparing figure `key` of two rows (a / b, or a − b with `difference`)
+    with `bound` (at most, or `at_least`); no target when either row is missing."""
+    if not (a and b):
+        return []
+    value = a[key] - b[key] if difference else a[key] / b[key]
+    met = value >= bound if at_least else value <= bound
+    return [target(name, value, shown.format(a=a[key], b=b[key]), met)]
+
+
 def targets(cells: list[dict], served: list[dict], peak: float) -> list[dict[str, Any]]:
     """Every target the run has the figures for (bench.json rows in, target rows out); each
     runtime adds its own (Runtime.targets)."""

@@ -165,24 +165,43 @@ class Toy(runtime.Runtime):
     def bench(
         self, model: str, exported: ExportedModel, settings: BenchSettings
     ) -> tuple[list[Any], list[dict[str, Any]]]:
-        from pipeline.bench.load import check_answer, measure
+        from pipeline.bench.load import every_level, first_answers, sequential, sequential_point
 
         inputs = exported.sample(1, seed=0)
         body, expected = self.encode(inputs), exported.eager(inputs)
-        points = []
+        points, skipped = [], []
         for fmt in (f.key for f in exported.formats()):
             with self.private(exported, fmt) as server:
-                name = server.models[0]
-                first = check_answer(server, name, body, expected)
-                for level in settings.concurrencies:
-                    point = measure(
-                        server, name, body, level, settings.requests_per_level, 60.0,
-                        settings.level_budget_s, backend=f"{NAME}/{fmt}", model=model,
-                        batching="on",
-                    )  # fmt: skip
-                    points.append(point)
-                points[-len(settings.concurrencies)].first_request_ms = first
-        return points, []
+                names = {fmt: server.models[0]}
+                first = first_answers(
+                    server, names, body, expected, skipped, model=model, backend=_backend
+                )
+
+                def at_one(
+                    order: list[str],
+                    server: Server = server,
+                    names: dict = names,
+                    first: dict = first,
+                ) -> list[Any]:
+                    paths = {f: (server, names[f]) for f in order}
+                    got = sequential(
+                        paths, body, settings.requests_per_level, settings.level_budget_s
+                    )
+                    return [
+                        sequential_point(lat, failed, backend=_backend(f), model=model,
+                                         batching="on", first_request_ms=first[f])
+                        for f, (lat, failed) in got.items()
+                    ]  # fmt: skip
+
+                points += every_level(
+                    server, names, list(first), body, settings, at_one=at_one,
+                    backend=_backend, model=model, batching="on",
+                )  # fmt: skip
+        return points, skipped
+
+
+def _backend(fmt: str) -> str:
+    return f"{NAME}/{fmt}"
 
 
 RUNTIME = Toy()

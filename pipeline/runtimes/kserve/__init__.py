@@ -157,13 +157,7 @@ class KServe(runtime.Runtime):
     ) -> tuple[list[Any], list[dict[str, Any]]]:
         from pipeline.runtimes.kserve.bench import bench_kserve
 
-        return bench_kserve(
-            model,
-            exported,
-            concurrencies=settings.concurrencies,
-            requests_per_level=settings.requests_per_level,
-            level_budget_s=settings.level_budget_s,
-        )
+        return bench_kserve(model, exported, settings)
 
     def targets(self, cells: list[dict], served: list[dict]) -> list[dict[str, Any]]:
         from pipeline.runtimes.kserve.bench import targets

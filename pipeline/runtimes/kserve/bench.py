@@ -19,9 +19,8 @@ import logging
 import re
 from typing import Any
 
-from pipeline.bench.load import ServedPoint, check_answer, measure, sequential, sequential_point
-from pipeline.bench.targets import DIGITS, RESNET, cell, served_at, target
-from pipeline.core.errors import PipelineError
+from pipeline.bench import load
+from pipeline.bench.targets import DIGITS, RESNET, cell, served_at, target, versus
 from pipeline.export.opened import ExportedModel
 from pipeline.formats import base as registry
 from pipeline.runtimes.kserve import NAME
@@ -31,6 +30,7 @@ from pipeline.runtimes.kserve.launch import private, served_export
 # The KServe runtime's targets measure it against TorchServe's points in the same run.
 from pipeline.runtimes.torchserve import NAME as TORCHSERVE
 from pipeline.serving import wire
+from pipeline.serving.runtime import BenchSettings
 from pipeline.serving.server import ServeError, Server
 
 log = logging.getLogger(__name__)
@@ -41,14 +41,13 @@ BATCHING = "on"  # the runtime's defaults: up to 8 queued requests, no waiting
 def bench_kserve(
     model: str,
     exported: ExportedModel,
+    settings: BenchSettings,
     *,
-    concurrencies: tuple[int, ...] = (1, 8, 32),
-    requests_per_level: int = 200,
     timeout: float = 120.0,
-    level_budget_s: float = 20.0,
     threads: int | None = None,
-) -> tuple[list[ServedPoint], list[dict[str, Any]]]:
-    """Serve every format of `model` from one KServe runtime and measure each level.
+) -> tuple[list[load.ServedPoint], list[dict[str, Any]]]:
+    """Serve every format of `model` from one KServe runtime and measure each level of
+    `settings` (its batching: the runtime's own, `BATCHING`).
 
     Returns the points and the formats skipped (model, batch, backend, why).
     """
@@ -66,18 +65,37 @@ def bench_kserve(
         server, exports = _start(stack, model, exports, threads or default_threads(), skipped)
         if server is None:
             return [], skipped
-        return _measure_all(
-            server,
-            model,
-            {m.format: m.name for m in exports},
-            body,
-            expected,
-            skipped,
-            concurrencies=concurrencies,
-            requests_per_level=requests_per_level,
-            timeout=timeout,
-            level_budget_s=level_budget_s,
-        ), skipped
+        names = {m.format: m.name for m in exports}
+        first = load.first_answers(
+            server, names, body, expected, skipped, model=model, backend=_backend
+        )
+
+        def at_one(order: list[str]) -> list[load.ServedPoint]:
+            # every format alternately, over one connection each
+            got = load.sequential(
+                {fmt: (server, names[fmt]) for fmt in order},
+                body,
+                settings.requests_per_level,
+                settings.level_budget_s,
+            )
+            return [
+                load.sequential_point(
+                    lat, failed, backend=_backend(fmt), first_request_ms=first[fmt],
+                    model=model, batching=BATCHING,
+                )
+                for fmt, (lat, failed) in got.items()
+            ]  # fmt: skip
+
+        live = [f for f in names if f in first]
+        points = load.every_level(
+            server, names, live, body, settings, at_one=at_one, backend=_backend,
+            timeout=timeout, model=model, batching=BATCHING,
+        )  # fmt: skip
+        return points, skipped
+
+
+def _backend(fmt: str) -> str:
+    return f"{NAME}/{fmt}"
 
 
 def _start(
@@ -118,65 +136,6 @@ def _skip(
         skipped.append({"model": model, "batch": 1, "backend": f"{NAME}/{one.format}", "why": why})
 
 
-def _measure_all(
-    server: Server,
-    model: str,
-    names: dict[str, str],
-    body: wire.Body,
-    expected: dict[str, Any],
-    skipped: list[dict[str, Any]],
-    *,
-    concurrencies: tuple[int, ...],
-    requests_per_level: int,
-    timeout: float,
-    level_budget_s: float,
-) -> list[ServedPoint]:
-    """Check each format's first answer, then measure every level."""
-    points: list[ServedPoint] = []
-    first: dict[str, float] = {}
-    for fmt, name in names.items():
-        try:
-            first[fmt] = check_answer(server, name, body, expected)
-        except (PipelineError, KeyError, ValueError) as err:
-            why = " ".join(str(err).split())[:200]
-            log.warning("%s on the KServe runtime is left out: %s", name, why)
-            skipped.append({"model": model, "batch": 1, "backend": f"{NAME}/{fmt}", "why": why})
-    live = [f for f in names if f in first]
-    common = dict(model=model, batching=BATCHING)
-    for k, level in enumerate(concurrencies):
-        if not live:
-            break
-        if level == 1:  # every format alternately, over one connection each
-            got = sequential(
-                {fmt: (server, names[fmt]) for fmt in live},
-                body,
-                requests_per_level,
-                level_budget_s,
-            )
-            points += [
-                sequential_point(
-                    lat, failed, backend=f"{NAME}/{fmt}", first_request_ms=first[fmt], **common
-                )
-                for fmt, (lat, failed) in got.items()
-            ]
-            continue
-        for fmt in live[k % len(live) :] + live[: k % len(live)]:  # rotated per level
-            points.append(
-                measure(
-                    server,
-                    names[fmt],
-                    body,
-                    level,
-                    requests_per_level,
-                    timeout,
-                    level_budget_s,
-                    backend=f"{NAME}/{fmt}",
-                    **common,
-                )
-            )
-    return points
-
-
 def targets(cells: list[dict], served: list[dict]) -> list[dict[str, Any]]:
     """The KServe runtime against TorchServe (same run, same exports, same clients) and,
     for resnet18, against its own format in-process."""
@@ -186,36 +145,25 @@ def targets(cells: list[dict], served: list[dict]) -> list[dict[str, Any]]:
             k1 = served_at(served, model, fmt.key, 1, "on", NAME)
             ts1 = served_at(served, model, fmt.key, 1, "on", TORCHSERVE)
             if k1 and model == DIGITS:
-                versus = f"; TorchServe {ts1['median_ms']:.2f} ms" if ts1 else ""
+                peer = f"; TorchServe {ts1['median_ms']:.2f} ms" if ts1 else ""
                 out.append(
                     target(
                         f"{model} kserve/{fmt.key}: p50 at concurrency 1 ≤ 2 ms",
                         k1["median_ms"],
-                        f"{k1['median_ms']:.2f} ms{versus}",
+                        f"{k1['median_ms']:.2f} ms{peer}",
                         k1["median_ms"] <= 2.0,
                     )
                 )
             k8 = served_at(served, model, fmt.key, 8, "on", NAME)
-            ts8 = served_at(served, model, fmt.key, 8, "on", TORCHSERVE)
-            if k8 and ts8:
-                ratio = k8["throughput"] / ts8["throughput"]
-                out.append(
-                    target(
-                        f"{model} kserve/{fmt.key}: throughput at concurrency 8 ≥ 3× TorchServe's (archive defaults)",
-                        ratio,
-                        f"{k8['throughput']:.0f} vs {ts8['throughput']:.0f} requests/s",
-                        ratio >= 3.0,
-                    )
-                )
-            inproc = cell(cells, model, fmt.backend, 1)
-            if k8 and inproc and model == RESNET:
-                ratio = k8["throughput"] / inproc["throughput"]
-                out.append(
-                    target(
-                        f"{model} kserve/{fmt.key}: throughput at concurrency 8 ≥ 0.9× in-process {fmt.backend} (batch 1)",
-                        ratio,
-                        f"{k8['throughput']:.1f} vs {inproc['throughput']:.1f} samples/s",
-                        ratio >= 0.9,
-                    )
-                )
+            out += versus(
+                f"{model} kserve/{fmt.key}: throughput at concurrency 8 ≥ 3× TorchServe's (archive defaults)",
+                k8, served_at(served, model, fmt.key, 8, "on", TORCHSERVE), "throughput", 3.0,
+                at_least=True, shown="{a:.0f} vs {b:.0f} requests/s",
+            )  # fmt: skip
+            if model == RESNET:
+                out += versus(
+                    f"{model} kserve/{fmt.key}: throughput at concurrency 8 ≥ 0.9× in-process {fmt.backend} (batch 1)",
+                    k8, cell(cells, model, fmt.backend, 1), "throughput", 0.9,
+                    at_least=True, shown="{a:.1f} vs {b:.1f} samples/s",
+                )  # fmt: skip
     return out

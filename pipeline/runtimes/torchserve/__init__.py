@@ -165,14 +165,7 @@ class TorchServe(runtime.Runtime):
     ) -> tuple[list[Any], list[dict[str, Any]]]:
         from pipeline.runtimes.torchserve.bench import bench_served
 
-        return bench_served(
-            model,
-            exported,
-            concurrencies=settings.concurrencies,
-            requests_per_level=settings.requests_per_level,
-            batching=settings.batching,
-            level_budget_s=settings.level_budget_s,
-        )
+        return bench_served(model, exported, settings)
 
     def targets(self, cells: list[dict], served: list[dict]) -> list[dict[str, Any]]:
         from pipeline.runtimes.torchserve.bench import targets

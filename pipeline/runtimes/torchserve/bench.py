@@ -29,15 +29,21 @@ from typing import Any
 import psutil
 
 from pipeline.bench.inprocess import ONE_THREAD
-from pipeline.bench.load import ServedPoint, check_answer, measure, sequential, sequential_point
-from pipeline.bench.targets import RESNET, cell, served_at, target
-from pipeline.core.errors import PipelineError
+from pipeline.bench.load import (
+    ServedPoint,
+    every_level,
+    first_answers,
+    sequential,
+    sequential_point,
+)
+from pipeline.bench.targets import RESNET, cell, served_at, versus
 from pipeline.export.opened import ExportedModel
 from pipeline.formats import base as registry
 from pipeline.runtimes.torchserve import NAME, codec
 from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
 from pipeline.runtimes.torchserve.launch import Server, private_config, start, stop
 from pipeline.serving import wire
+from pipeline.serving.runtime import BenchSettings
 
 log = logging.getLogger(__name__)
 
@@ -82,19 +88,11 @@ def _sequential_pair(
 
 
 def bench_served(
-    model: str,
-    exported: ExportedModel,
-    *,
-    concurrencies: tuple[int, ...] = (1, 8, 32),
-    requests_per_level: int = 200,
-    batching: tuple[str, ...] = ("off", "on"),
-    timeout: float = 120.0,
-    level_budget_s: float = 20.0,
+    model: str, exported: ExportedModel, settings: BenchSettings, timeout: float = 120.0
 ) -> tuple[list[ServedPoint], list[dict[str, Any]]]:
-    """Serve `model` (every format it has) once per batching setting and measure each level.
-
-    Returns the points and the formats skipped (model, batch, backend, why).
-    """
+    """Serve `model` (every format it has) once per batching setting of `settings` and
+    measure each level. Returns the points and the formats skipped (model, batch, backend,
+    why)."""
     formats = tuple(f.key for f in exported.formats())  # every format it holds is measured
     inputs = exported.sample(1, seed=0)
     expected = exported.eager(inputs)
@@ -102,7 +100,7 @@ def bench_served(
     body = codec.encode(inputs, binary=True)
     points: list[ServedPoint] = []
     skipped: list[dict[str, Any]] = []
-    for mode in batching:
+    for mode in settings.batching:
         batch_size, delay_ms = BATCHING[mode]
         with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
             store, run_dir = Path(tmp) / "store", Path(tmp) / "run"
@@ -130,48 +128,48 @@ def bench_served(
             )
             try:
                 names = {fmt: mar.stem for fmt, mar in zip(formats, mars, strict=True)}
-                first: dict[str, float] = {}
-                for fmt, name in names.items():
-                    try:
-                        first[fmt] = check_answer(server, name, body, expected)
-                    except (PipelineError, KeyError, ValueError) as err:
-                        why = " ".join(str(err).split())[:200]
-                        log.warning("%s (batching %s) is left out: %s", name, mode, why)
-                        backend = f"{NAME}/{fmt} (batching {mode})"
-                        skipped.append({"model": model, "batch": 1, "backend": backend, "why": why})
-                live = [f for f in formats if f in first]
-                for k, level in enumerate(concurrencies):
-                    order = live[k % len(live) :] + live[: k % len(live)] if live else []  # rotated
-                    for fmt in order:
-                        common = dict(model=model, batching=mode)
-                        if level == 1:  # the gateway and TorchServe's own port, alternately
-                            points += _sequential_pair(
-                                server,
-                                names[fmt],
-                                body,
-                                requests_per_level,
-                                level_budget_s,
-                                fmt=fmt,
-                                first_ms=first[fmt],
-                                **common,
-                            )
-                            continue
-                        points.append(
-                            measure(
-                                server,
-                                names[fmt],
-                                body,
-                                level,
-                                requests_per_level,
-                                timeout,
-                                level_budget_s,
-                                backend=f"{NAME}/{fmt}",
-                                **common,
-                            )
-                        )
+                points += _measure_server(
+                    server, names, body, expected, skipped, settings, model, mode, timeout
+                )
             finally:
                 stop(run_dir)
     return points, skipped
+
+
+def _measure_server(
+    server: Server,
+    names: dict[str, str],
+    body: wire.Body,
+    expected: dict[str, Any],
+    skipped: list[dict[str, Any]],
+    settings: BenchSettings,
+    model: str,
+    mode: str,
+    timeout: float,
+) -> list[ServedPoint]:
+    """One private server's formats (format → archive name in `names`): first answers
+    checked, then every level."""
+    first = first_answers(
+        server, names, body, expected, skipped, model=model,
+        backend=lambda fmt: f"{NAME}/{fmt} (batching {mode})",
+    )  # fmt: skip
+
+    def at_one(order: list[str]) -> list[ServedPoint]:
+        # the gateway and TorchServe's own port, alternately, format by format
+        return [
+            point
+            for fmt in order
+            for point in _sequential_pair(
+                server, names[fmt], body, settings.requests_per_level, settings.level_budget_s,
+                fmt=fmt, first_ms=first[fmt], model=model, batching=mode,
+            )
+        ]  # fmt: skip
+
+    live = [f for f in names if f in first]
+    return every_level(
+        server, names, live, body, settings, at_one=at_one,
+        backend=lambda fmt: f"{NAME}/{fmt}", timeout=timeout, model=model, batching=mode,
+    )  # fmt: skip
 
 
 def targets(cells: list[dict], served: list[dict]) -> list[dict[str, Any]]:
@@ -184,35 +182,23 @@ def _serving_cost(cells: list[dict], served: list[dict]) -> list[dict[str, Any]]
     out = []
     formats = registry.all_formats()
     for fmt in formats:
-        inproc = cell(cells, RESNET, fmt.backend, 1)
-        at8 = served_at(served, RESNET, fmt.key, 8, "on", NAME)
-        if inproc and at8:
-            ratio = at8["throughput"] / inproc["throughput"]
-            out.append(
-                target(
-                    f"TorchServe/{fmt.key} at concurrency 8, resnet18: ≥ 85% of in-process {fmt.backend} throughput (batch 1)",
-                    ratio,
-                    f"{at8['throughput']:.1f} vs {inproc['throughput']:.1f} samples/s",
-                    ratio >= 0.85,
-                )
-            )
+        out += versus(
+            f"TorchServe/{fmt.key} at concurrency 8, resnet18: ≥ 85% of in-process {fmt.backend} throughput (batch 1)",
+            served_at(served, RESNET, fmt.key, 8, "on", NAME), cell(cells, RESNET, fmt.backend, 1),
+            "throughput", 0.85, at_least=True, shown="{a:.1f} vs {b:.1f} samples/s",
+        )  # fmt: skip
     for model in dict.fromkeys(s["model"] for s in served):
         for fmt in formats:
             # The single-threaded twin where there is one: the workers run one thread.
             inproc = cell(cells, model, f"{fmt.backend}{ONE_THREAD}", 1) or cell(
                 cells, model, fmt.backend, 1
             )
-            at1 = served_at(served, model, fmt.key, 1, "off", NAME)
-            if inproc and at1:
-                added = at1["median_ms"] - inproc["median_ms"]
-                out.append(
-                    target(
-                        f"{model} TorchServe/{fmt.key} added p50 latency at concurrency 1 ≤ 5 ms (vs in-process, {inproc['threads']} thread(s) like the worker)",
-                        added,
-                        f"{at1['median_ms']:.2f} vs {inproc['median_ms']:.2f} ms in-process",
-                        added <= 5.0,
-                    )
-                )
+            threads = inproc["threads"] if inproc else 0
+            out += versus(
+                f"{model} TorchServe/{fmt.key} added p50 latency at concurrency 1 ≤ 5 ms (vs in-process, {threads} thread(s) like the worker)",
+                served_at(served, model, fmt.key, 1, "off", NAME), inproc, "median_ms", 5.0,
+                difference=True, shown="{a:.2f} vs {b:.2f} ms in-process",
+            )  # fmt: skip
     return out
 
 
@@ -228,46 +214,23 @@ def _edges(served: list[dict]) -> list[dict[str, Any]]:
             on1 = served_at(served, model, fmt.key, 1, "on", NAME)
             off1 = served_at(served, model, fmt.key, 1, "off", NAME)
             direct_off = served_at(served, model, fmt.key, 1, "off", DIRECT)
-            if on1 and direct_off:
-                ratio = on1["median_ms"] / direct_off["median_ms"]
-                out.append(
-                    target(
-                        f"{model} {fmt.key}: served p50 at concurrency 1 (archive defaults, through the gateway) ≤ 1.1× TorchServe's own port with batching off",
-                        ratio,
-                        f"{on1['median_ms']:.2f} vs {direct_off['median_ms']:.2f} ms",
-                        ratio <= 1.1,
-                    )
-                )
-            if on1 and off1:
-                wait = on1["median_ms"] - off1["median_ms"]
-                out.append(
-                    target(
-                        f"{model} {fmt.key}: a lone request waits ≤ 1 ms for a batch (p50 at concurrency 1, archive defaults − batching off, both through the gateway)",
-                        wait,
-                        f"{on1['median_ms']:.2f} vs {off1['median_ms']:.2f} ms",
-                        wait <= 1.0,
-                    )
-                )
-            if off1 and direct_off:
-                cost = off1["median_ms"] - direct_off["median_ms"]
-                out.append(
-                    target(
-                        f"{model} {fmt.key}: gateway cost ≤ 0.5 ms (p50 at concurrency 1, gateway − TorchServe's own port, batching off)",
-                        cost,
-                        f"{off1['median_ms']:.2f} vs {direct_off['median_ms']:.2f} ms",
-                        cost <= 0.5,
-                    )
-                )
-            on8 = served_at(served, model, fmt.key, 8, "on", NAME)
-            old8 = served_at(served, model, fmt.key, 8, "old", NAME)
-            if on8 and old8:
-                ratio = on8["throughput"] / old8["throughput"]
-                out.append(
-                    target(
-                        f"{model} {fmt.key}: throughput at concurrency 8 with the archive defaults ≥ the old defaults (batch 8, 10 ms)",
-                        ratio,
-                        f"{on8['throughput']:.0f} vs {old8['throughput']:.0f} requests/s",
-                        ratio >= 1.0,
-                    )
-                )
+            p50 = "p50 at concurrency 1"
+            out += versus(
+                f"{model} {fmt.key}: served {p50} (archive defaults, through the gateway) ≤ 1.1× TorchServe's own port with batching off",
+                on1, direct_off, "median_ms", 1.1,
+            )  # fmt: skip
+            out += versus(
+                f"{model} {fmt.key}: a lone request waits ≤ 1 ms for a batch ({p50}, archive defaults − batching off, both through the gateway)",
+                on1, off1, "median_ms", 1.0, difference=True,
+            )  # fmt: skip
+            out += versus(
+                f"{model} {fmt.key}: gateway cost ≤ 0.5 ms ({p50}, gateway − TorchServe's own port, batching off)",
+                off1, direct_off, "median_ms", 0.5, difference=True,
+            )  # fmt: skip
+            out += versus(
+                f"{model} {fmt.key}: throughput at concurrency 8 with the archive defaults ≥ the old defaults (batch 8, 10 ms)",
+                served_at(served, model, fmt.key, 8, "on", NAME),
+                served_at(served, model, fmt.key, 8, "old", NAME),
+                "throughput", 1.0, at_least=True, shown="{a:.0f} vs {b:.0f} requests/s",
+            )  # fmt: skip
     return out
