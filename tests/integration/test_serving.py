@@ -41,6 +41,7 @@ from pipeline.serving.client import management, numpy_body, post, resolve_model,
 from pipeline.train import TrainResult
 from pipeline.verify import ParityReport, VerifyConfig, verify
 from pipeline.zoo.data import digits_sample, preprocess_digits
+from tests import ts_worker
 
 SERVED = ["digits_lenet", "my_decision_gate", "my_cell", "my_rnn_loop", "wrap_rnn"]
 PT2_SERVED = ("digits_lenet", "my_cell")
@@ -538,21 +539,22 @@ def test_management_api_refuses_registration(server: Server) -> None:
     )
 
 
-def test_tampered_artifact_is_refused_at_load(
-    exports: dict[str, ExportResult], tmp_path: Path
-) -> None:
+def _tampered_onnx_archive(exports: dict[str, ExportResult], tmp_path: Path) -> Path:
+    """my_decision_gate's ONNX archive, built by archive(), with a different model.onnx
+    swapped in afterwards (the manifest and its sha256 kept)."""
     import shutil
     import zipfile
 
     export_dir = tmp_path / "export"
     shutil.copytree(exports["my_decision_gate"].out_dir, export_dir)
-    store = tmp_path / "store"
     (mar,) = archive(
         ArchiveConfig(
-            model="my_decision_gate", export_dir=export_dir, store=store, formats=("onnx",)
+            model="my_decision_gate",
+            export_dir=export_dir,
+            store=tmp_path / "store",
+            formats=("onnx",),
         )
     )
-    # Swap in a different ONNX file inside the archive, keeping the manifest.
     tampered = tmp_path / "tampered.mar"
     with zipfile.ZipFile(mar) as src, zipfile.ZipFile(tampered, "w") as dst:
         for item in src.infolist():
@@ -561,6 +563,28 @@ def test_tampered_artifact_is_refused_at_load(
                 data = data.replace(b"pipeline", b"pipelinX") + b"\x00"
             dst.writestr(item, data)
     tampered.replace(mar)
+    return mar
+
+
+def test_tampered_artifact_is_refused_by_torchserves_loader(
+    exports: dict[str, ExportResult], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The archive unpacked and loaded by TorchServe's own TsModelLoader, in-process, as
+    the worker loads it (tests/ts_worker.py): the shipped handler refuses it."""
+    mar = _tampered_onnx_archive(exports, tmp_path)
+    with pytest.raises(RuntimeError, match=r"Refusing to serve model\.onnx") as refused:
+        ts_worker.load(mar, tmp_path / "tmp", monkeypatch)
+    assert type(refused.value).__name__ == "IntegrityError"
+    assert "sha256" in str(refused.value)
+
+
+def test_tampered_artifact_is_refused_at_load(
+    exports: dict[str, ExportResult], tmp_path: Path
+) -> None:
+    """The one real TorchServe start here that a refusal ends (every other refusal is
+    checked through the loader, without Java): start fails naming the worker's reason,
+    and the server is stopped."""
+    store = _tampered_onnx_archive(exports, tmp_path).parent
     run_dir = tmp_path / "run"
     with pytest.raises(ServeError, match=r"Refusing to serve model\.onnx"):
         start(ServeConfig(store=store, run_dir=run_dir, startup_timeout_s=120, **_ports()))
@@ -569,8 +593,11 @@ def test_tampered_artifact_is_refused_at_load(
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_pt2_without_cuda_is_refused_at_load(
-    exports: dict[str, ExportResult], tmp_path: Path
+    exports: dict[str, ExportResult], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Loaded by TorchServe's own TsModelLoader, as the worker loads it (tests/ts_worker.py).
+    That a refusal fails the start and stops the server is checked with a real TorchServe
+    once, in test_tampered_artifact_is_refused_at_load."""
     import shutil
 
     export_dir = tmp_path / "export"
@@ -581,14 +608,14 @@ def test_cuda_pt2_without_cuda_is_refused_at_load(
     cuda = dataclasses.replace(pt2, details={**pt2.details, "device": "cuda"})
     cuda_manifest = dataclasses.replace(manifest, artifacts={**manifest.artifacts, "pt2": cuda})
     (export_dir / "manifest.json").write_text(cuda_manifest.dumps())
-    store = tmp_path / "store"
-    archive(
-        ArchiveConfig(model="digits_lenet", export_dir=export_dir, store=store, formats=("pt2",))
+    (mar,) = archive(
+        ArchiveConfig(
+            model="digits_lenet", export_dir=export_dir, store=tmp_path / "store", formats=("pt2",)
+        )
     )
-    run_dir = tmp_path / "run"
-    with pytest.raises(ServeError, match=r"re-export with --pt2-device cpu"):
-        start(ServeConfig(store=store, run_dir=run_dir, startup_timeout_s=120, **_ports()))
-    assert not (run_dir / "server.json").exists()
+    with pytest.raises(RuntimeError, match=r"re-export with --pt2-device cpu") as refused:
+        ts_worker.load(mar, tmp_path / "tmp", monkeypatch)
+    assert type(refused.value).__name__ == "LoadError"
 
 
 @pytest.mark.gpu
