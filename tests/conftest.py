@@ -110,3 +110,12 @@ def run_cli(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedP
         timeout=600,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
+
+
+def assert_clean_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    """Non-zero exit, one readable message naming the problem, no traceback."""
+    assert proc.returncode != 0, proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "\nerror: " in "\n" + proc.stderr, proc.stderr
+    for fragment in fragments:
+        assert fragment in proc.stderr, proc.stderr

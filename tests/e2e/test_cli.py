@@ -13,19 +13,11 @@ import torch
 
 from pipeline.core.checkpoint import sidecar_path
 from pipeline.core.fileio import sha256_file
+from pipeline.export import ExportResult
 from pipeline.train import TrainResult
-from tests.conftest import run_cli
+from tests.conftest import assert_clean_error, run_cli
 
 run = run_cli
-
-
-def assert_clean_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
-    """Non-zero exit, one readable message naming the problem, no traceback."""
-    assert proc.returncode != 0, proc.stdout
-    assert "Traceback" not in proc.stderr, proc.stderr
-    assert "\nerror: " in "\n" + proc.stderr, proc.stderr
-    for fragment in fragments:
-        assert fragment in proc.stderr, proc.stderr
 
 
 def test_help_lists_every_stage() -> None:
@@ -42,24 +34,6 @@ def test_help_lists_every_stage() -> None:
 def test_every_stage_has_help(stage: str) -> None:
     proc = run(stage, "--help")
     assert proc.returncode == 0 and "usage: pipeline " + stage in proc.stdout
-
-
-def test_train_export_verify_from_the_command_line(tmp_path: Path) -> None:
-    art = tmp_path / "art"
-    proc = run("--artifacts-dir", art, "train", "--epochs", "3", "--no-progress")
-    assert proc.returncode == 0, proc.stderr
-    assert "val_accuracy" in proc.stdout and (art / "digits_lenet" / "checkpoint.json").is_file()
-    proc = run("--artifacts-dir", art, "export")
-    assert proc.returncode == 0, proc.stderr
-    assert "model.torchscript.pt" in proc.stdout and "model.onnx" in proc.stdout
-    proc = run("--artifacts-dir", art, "verify")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "Parity vs eager PyTorch" in proc.stdout and "PASS" in proc.stdout
-    assert json.loads((art / "digits_lenet" / "parity.json").read_text())["passed"] is True
-
-    # A verify that fails exits non-zero and names the backend and its error.
-    proc = run("--artifacts-dir", art, "verify", "--atol", "0", "--rtol", "0")
-    assert_clean_error(proc, "Parity FAILED for digits_lenet", "onnxruntime / ", "max abs err")
 
 
 def test_unknown_model(tmp_path: Path) -> None:
@@ -81,10 +55,23 @@ def test_missing_checkpoint(tmp_path: Path) -> None:
 
 
 def _copy_checkpoint(trained: TrainResult, tmp_path: Path) -> Path:
-    dst = tmp_path / "checkpoint.pt"
-    dst.write_bytes(trained.checkpoint.path.read_bytes())
-    sidecar_path(dst).write_bytes(sidecar_path(trained.checkpoint.path).read_bytes())
+    return _place_checkpoint(trained.checkpoint.path, tmp_path / "checkpoint.pt")
+
+
+def _place_checkpoint(source: Path, dst: Path) -> Path:
+    """A session checkpoint (and its sidecar) where a user's `pipeline train` leaves one."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes(source.read_bytes())
+    sidecar_path(dst).write_bytes(sidecar_path(source).read_bytes())
     return dst
+
+
+def _trained_by_the_session(family: dict[str, ExportResult], art: Path, model: str) -> None:
+    """`pipeline train --model MODEL` as the session's family fixture already ran it
+    (test_training_modes trains every model through the CLI): no second training."""
+    exported = family[model]
+    source = (exported.out_dir / exported.manifest.checkpoint.path).resolve()
+    _place_checkpoint(source, art / model / "checkpoint.pt")
 
 
 def test_checkpoint_with_wrong_sha256(trained: TrainResult, tmp_path: Path) -> None:
@@ -135,9 +122,11 @@ def test_checkpoint_with_pickled_objects(trained: TrainResult, tmp_path: Path) -
     assert not MARKER.exists()
 
 
-def test_method_trace_on_the_gate_fails_naming_the_branch_line(tmp_path: Path) -> None:
+def test_method_trace_on_the_gate_fails_naming_the_branch_line(
+    family: dict[str, ExportResult], tmp_path: Path
+) -> None:
     art = tmp_path / "art"
-    assert run("--artifacts-dir", art, "train", "--model", "my_decision_gate").returncode == 0
+    _trained_by_the_session(family, art, "my_decision_gate")
     proc = run("--artifacts-dir", art, "export", "--model", "my_decision_gate", "--method", "trace")
     assert_clean_error(
         proc, "--method trace refused", "rnn.py:", "if x.sum() > 0", "--allow-unsafe-trace"
@@ -161,10 +150,11 @@ def test_method_trace_on_the_gate_fails_naming_the_branch_line(tmp_path: Path) -
     )
 
 
-def test_train_then_auto_export_scripts_the_rnn(tmp_path: Path) -> None:
+def test_auto_export_of_a_trained_rnn_scripts_it(
+    family: dict[str, ExportResult], tmp_path: Path
+) -> None:
     art = tmp_path / "art"
-    proc = run("--artifacts-dir", art, "train", "--model", "wrap_rnn", "--no-progress")
-    assert proc.returncode == 0, proc.stderr
+    _trained_by_the_session(family, art, "wrap_rnn")
     proc = run("--artifacts-dir", art, "export", "--model", "wrap_rnn")
     assert proc.returncode == 0, proc.stderr
     assert "script: trace rejected" in proc.stdout

@@ -22,13 +22,12 @@ import psutil
 import pytest
 import torch
 
-from pipeline.export import ExportConfig, ExportResult, export
+from pipeline.export import ExportResult
 from pipeline.export.opened import open_export
 from pipeline.runtimes.kserve.config import RuntimeConfig
 from pipeline.runtimes.kserve.launch import served_export, start
 from pipeline.serving.launcher import free_port, stop
 from pipeline.serving.server import INFERENCE_KEY_FILE, SERVER_FILE, Server
-from pipeline.train import TrainConfig, train
 from tests.conftest import run_cli
 from tests.manifest_reads import counted
 
@@ -49,17 +48,9 @@ def _stubs():
 
 
 @pytest.fixture(scope="module")
-def gate(tmp_path_factory: pytest.TempPathFactory) -> ExportResult:
-    root = tmp_path_factory.mktemp("gate")
-    ckpt = train(TrainConfig(model=GATE, out=root / "checkpoint.pt", progress=False, device="cpu"))
-    return export(
-        ExportConfig(
-            model=GATE,
-            checkpoint=ckpt.checkpoint.path,
-            out_dir=root / "export",
-            formats=("torchscript",),
-        )
-    )
+def gate(family: dict[str, ExportResult]) -> ExportResult:
+    """The session's trained and exported gate (served as TorchScript, the default)."""
+    return family[GATE]
 
 
 @pytest.fixture(scope="module")
