@@ -1,8 +1,17 @@
 #include "inference.h"
 
+// torch::jit::load and torch::jit::Module without the rest of <torch/script.h>
+// (all of ATen's operators, custom ops and classes): the narrow headers build faster.
+#include <ATen/core/ivalue.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
-#include <torch/script.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/serialization/import.h>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <chrono>
@@ -78,7 +87,7 @@ bool HasPt2Model(const std::vector<std::string>& records) {
 
 class TorchScriptRunner final : public Runner {
  public:
-  TorchScriptRunner(const std::string& path, const torch::Device& device) {
+  TorchScriptRunner(const std::string& path, const c10::Device& device) {
     try {
       module_ = torch::jit::load(path, device);
       module_.eval();
@@ -100,7 +109,7 @@ class TorchScriptRunner final : public Runner {
 
 class Pt2Runner final : public Runner {
  public:
-  Pt2Runner(const std::string& path, const torch::Device& device) {
+  Pt2Runner(const std::string& path, const c10::Device& device) {
     const std::string what = "cannot load AOTInductor package " + path + ": ";
     if (!std::ifstream(path)) throw std::runtime_error(what + "no such file, or it cannot be read");
     std::string error;
@@ -174,7 +183,7 @@ double Percentile(std::vector<double> sorted, double q) {
   return sorted[std::clamp<size_t>(rank, 1, sorted.size()) - 1];
 }
 
-void Synchronize(const torch::Device& device) {
+void Synchronize(const c10::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
 }
 
@@ -194,12 +203,12 @@ ModelFormat DetectFormat(const std::string& path) {
 }
 
 std::unique_ptr<Runner> LoadModel(const std::string& path, ModelFormat format,
-                                  const torch::Device& device) {
+                                  const c10::Device& device) {
   if (format == ModelFormat::kPt2) return std::make_unique<Pt2Runner>(path, device);
   return std::make_unique<TorchScriptRunner>(path, device);
 }
 
-Case RunCase(Runner& runner, const Case& inputs, const torch::Device& device) {
+Case RunCase(Runner& runner, const Case& inputs, const c10::Device& device) {
   Case on_device;
   on_device.reserve(inputs.size());
   for (const auto& t : inputs) on_device.push_back(t.to(device));
@@ -216,7 +225,7 @@ Case RunCase(Runner& runner, const Case& inputs, const torch::Device& device) {
   }
 }
 
-LatencyStats Time(Runner& runner, const Case& inputs, const torch::Device& device, int warmup,
+LatencyStats Time(Runner& runner, const Case& inputs, const c10::Device& device, int warmup,
                   int repeat) {
   for (int i = 0; i < warmup; ++i) RunCase(runner, inputs, device);
   Synchronize(device);

@@ -2,7 +2,8 @@
 // with latency statistics.
 #pragma once
 
-#include <torch/torch.h>
+// Narrow headers, not <torch/torch.h>: see tensor_io.h.
+#include <c10/core/Device.h>
 
 #include <memory>
 #include <stdexcept>
@@ -41,7 +42,7 @@ class Runner {
 // is already set) so that inputs of the wrong dtype or shape raise an error
 // instead of running the compiled kernels out of bounds.
 std::unique_ptr<Runner> LoadModel(const std::string& path, ModelFormat format,
-                                  const torch::Device& device);
+                                  const c10::Device& device);
 
 struct LatencyStats {
   int runs = 0;
@@ -51,10 +52,10 @@ struct LatencyStats {
 // Runs one case; tuple, list and dict outputs are flattened into a list of tensors
 // (dicts in insertion order: the manifest's output order).
 // Throws std::runtime_error with the model's own message when the inputs do not fit.
-Case RunCase(Runner& runner, const Case& inputs, const torch::Device& device);
+Case RunCase(Runner& runner, const Case& inputs, const c10::Device& device);
 
 // Times `repeat` runs of the first case after `warmup` untimed ones.
-LatencyStats Time(Runner& runner, const Case& inputs, const torch::Device& device, int warmup,
+LatencyStats Time(Runner& runner, const Case& inputs, const c10::Device& device, int warmup,
                   int repeat);
 
 }  // namespace client

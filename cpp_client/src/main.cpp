@@ -3,8 +3,12 @@
 // Exit codes: 0 ok, 2 usage, 3 model cannot be loaded, 4 inputs cannot be read,
 // 5 the model rejected the inputs, 6 outputs cannot be written, 7 bad device
 // (or a .pt2 package compiled for another device).
+
+// The few LibTorch headers this file needs, not <torch/torch.h> (build time).
+#include <ATen/Parallel.h>
+#include <c10/core/Device.h>
+#include <c10/util/Exception.h>
 #include <torch/cuda.h>
-#include <torch/torch.h>
 
 #include <cstdio>
 #include <iostream>
@@ -48,9 +52,9 @@ int main(int argc, char** argv) {
     return error.empty() ? 0 : kUsageError;
   }
 
-  torch::Device device(torch::kCPU);
+  c10::Device device(c10::kCPU);
   try {
-    device = torch::Device(args->device);
+    device = c10::Device(args->device);
   } catch (const c10::Error&) {
     return Fail(kDeviceError, "unknown --device '" + args->device + "'; use cpu, cuda or cuda:N");
   }
@@ -61,7 +65,7 @@ int main(int argc, char** argv) {
       device.index() >= static_cast<int>(torch::cuda::device_count())) {
     return Fail(kDeviceError, "--device " + args->device + " does not exist");
   }
-  if (args->threads > 0) torch::set_num_threads(args->threads);
+  if (args->threads > 0) at::set_num_threads(args->threads);
 
   const client::ModelFormat format = client::DetectFormat(args->model);
   std::unique_ptr<client::Runner> model;
@@ -106,7 +110,7 @@ int main(int argc, char** argv) {
       "\"cases\": %zu, \"runs\": %d, \"p50_ms\": %.4f, \"p90_ms\": %.4f, \"p99_ms\": %.4f, "
       "\"mean_ms\": %.4f, \"min_ms\": %.4f, \"max_ms\": %.4f}\n",
       JsonEscape(args->model).c_str(), client::FormatName(format), device.str().c_str(),
-      torch::get_num_threads(), cases.size(), stats.runs, stats.p50_ms, stats.p90_ms, stats.p99_ms,
+      at::get_num_threads(), cases.size(), stats.runs, stats.p50_ms, stats.p90_ms, stats.p99_ms,
       stats.mean_ms, stats.min_ms, stats.max_ms);
   return 0;
 }

@@ -1,6 +1,11 @@
 #include "tensor_io.h"
 
-#include <torch/serialize.h>
+// torch::jit::pickle_load and pickle_save (what the C++ frontend's torch::pickle_load
+// and torch::pickle_save forward to), without <torch/serialize.h> and the frontend's
+// archives: the narrow header builds faster.
+#include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/jit/serialization/pickle.h>
 
 #include <fstream>
 #include <iterator>
@@ -42,7 +47,7 @@ std::vector<Case> LoadCases(const std::string& path) {
   const std::vector<char> data = ReadFile(path);
   c10::IValue value;
   try {
-    value = torch::pickle_load(data);
+    value = torch::jit::pickle_load(data);
   } catch (const c10::Error& e) {
     throw std::runtime_error("cannot read inputs file " + path +
                              " (expected tensors saved with torch.save): " + e.what_without_backtrace());
@@ -81,11 +86,11 @@ void SaveCases(const std::string& path, const std::vector<Case>& cases) {
   std::vector<c10::IValue> outer;
   for (const auto& one : cases) {
     std::vector<c10::IValue> inner;
-    for (const auto& t : one) inner.emplace_back(t.detach().to(torch::kCPU).contiguous());
+    for (const auto& t : one) inner.emplace_back(t.detach().to(c10::kCPU).contiguous());
     outer.emplace_back(c10::ivalue::Tuple::create(std::move(inner)));
   }
   const c10::IValue value(c10::ivalue::Tuple::create(std::move(outer)));
-  const std::vector<char> data = torch::pickle_save(value);
+  const std::vector<char> data = torch::jit::pickle_save(value);
   std::ofstream file(path, std::ios::binary);
   if (!file) throw std::runtime_error("cannot write outputs file " + path);
   file.write(data.data(), static_cast<std::streamsize>(data.size()));

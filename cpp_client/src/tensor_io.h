@@ -1,20 +1,22 @@
 // Reading and writing tensors in the format of Python's torch.save.
 #pragma once
 
-#include <torch/torch.h>
+// Only the tensor type: <torch/torch.h> (the whole C++ frontend) costs every file
+// that includes this header about ten seconds of compile time.
+#include <ATen/core/Tensor.h>
 
 #include <string>
 #include <vector>
 
 namespace client {
 
-using Case = std::vector<torch::Tensor>;  // the inputs (or outputs) of one forward call
+using Case = std::vector<at::Tensor>;  // the inputs (or outputs) of one forward call
 
 // Reads INPUTS.pt: a tensor, a list of tensors (one case) or a list of lists.
 // Throws std::runtime_error naming the file and what was found.
 std::vector<Case> LoadCases(const std::string& path);
 
-// Writes a list of lists of tensors with torch::pickle_save (torch.load reads it).
+// Writes a list of lists of tensors with torch::jit::pickle_save (torch.load reads it).
 void SaveCases(const std::string& path, const std::vector<Case>& cases);
 
 }  // namespace client
