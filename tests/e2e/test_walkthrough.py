@@ -6,7 +6,12 @@ the project's `.venv` linked in and the copy's code first on the path, so
 `artifacts/`, `model_store/` and `cpp_client/build/` are the copy's and a user's own
 server is never touched. Two things differ from the page, both on purpose: the
 server gets free loopback ports (8080 may be taken on a test machine), and
-`pipeline stop` also runs when a command fails.
+`pipeline stop` also runs when a command fails. `make cpp` starts with the first
+command (it reads nothing the others write) and is waited for at its place.
+
+It is also the suite's command-line run of train → export → verify: what those
+print and write is checked, and a verify with no tolerance must fail naming the
+backend (one CLI training for both, not two).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import pytest
 import torch
 
 from pipeline.serving.launcher import free_port, stop
+from tests.conftest import assert_clean_error
 from tests.e2e.test_readme import ROOT, WALKTHROUGH, blocks, commands
 
 DIGIT = 7  # docs/digit.png: a 7 from the digits validation split
@@ -68,31 +74,72 @@ def _top_class(answer: dict) -> int:
     return int(top[0]["class"])
 
 
+# Steps that read nothing an earlier step writes: `make cpp` is mostly the compiler
+# while training and exporting are mostly one Python thread, so it starts with the
+# first step and is waited for at its place in the page.
+INDEPENDENT = ("make cpp",)
+LOCAL_VERIFY = ".venv/bin/pipeline verify --model digits_lenet"
+
+
+def _local_checks(repo: Path, out: dict[str, str]) -> None:
+    """What `train`, `export` and a plain `verify` print and write, checked right after
+    that verify (later verifies rewrite parity.json)."""
+    train = next(o for s, o in out.items() if s.startswith(".venv/bin/pipeline train"))
+    assert "val_accuracy" in train and (repo / "artifacts/digits_lenet/checkpoint.json").is_file()
+    export = next(o for s, o in out.items() if s.startswith(".venv/bin/pipeline export"))
+    assert "model.torchscript.pt" in export and "model.onnx" in export, export
+    verify = out[LOCAL_VERIFY]
+    assert "Parity vs eager PyTorch" in verify and "PASS" in verify, verify
+    parity = json.loads((repo / "artifacts/digits_lenet/parity.json").read_text())
+    assert parity["passed"] is True
+
+
+def _failing_verify(repo: Path, env: dict[str, str]) -> None:
+    """A verify that fails exits non-zero and names the backend and its error (no traceback)."""
+    proc = subprocess.run(
+        [".venv/bin/pipeline", "verify", "--model", "digits_lenet", "--atol", "0", "--rtol", "0"],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert_clean_error(proc, "Parity FAILED for digits_lenet", "onnxruntime / ", "max abs err")
+
+
 def test_walkthrough(repo: Path) -> None:
     steps = walkthrough()
     assert steps, f"README.md has no {WALKTHROUGH} blocks"
     kinds = " ".join(steps)
     for needed in ("pipeline train", "pipeline serve", "curl ", "run_torchscript", "pipeline stop"):
         assert needed in kinds, f"the README's example lost its `{needed}` step"
+    assert LOCAL_VERIFY in steps, f"the README's example lost its `{LOCAL_VERIFY}` step"
     ports = {"port": free_port(), "management-port": free_port(), "metrics-port": free_port()}
     # The copy's code, not the checkout the venv was installed from.
     env = {k: v for k, v in os.environ.items() if k != "PIPELINE_ARTIFACTS"}
     env["PYTHONPATH"] = str(repo)
     out: dict[str, str] = {}
     before = {p.name for p in repo.iterdir()}
-    for step in steps:
-        proc = subprocess.run(
-            ["bash", "-c", _as_run_here(step, ports)],
-            cwd=repo,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
+
+    def launch(step: str) -> subprocess.Popen[str]:
+        command = ["bash", "-c", _as_run_here(step, ports)]
+        return subprocess.Popen(
+            command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
-        assert proc.returncode == 0, (
-            f"`{step}` failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-        )
-        out[step] = proc.stdout
+
+    early = {s: launch(s) for s in steps if s.startswith(INDEPENDENT)}
+    try:
+        for step in steps:
+            proc = early.pop(step, None) or launch(step)
+            try:
+                stdout, stderr = proc.communicate(timeout=900)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                stdout, stderr = proc.communicate()
+            assert proc.returncode == 0, f"`{step}` failed ({proc.returncode}):\n{stdout}\n{stderr}"
+            out[step] = stdout
+            if step == LOCAL_VERIFY:
+                _local_checks(repo, out)
+    finally:
+        for proc in early.values():  # a step failed before their turn
+            proc.kill()
+            proc.communicate()
 
     curl = next(o for s, o in out.items() if s.startswith("curl "))
     assert _top_class(json.loads(curl)) == DIGIT, curl
@@ -105,5 +152,6 @@ def test_walkthrough(repo: Path) -> None:
     cases = torch.load(written, weights_only=True)  # a tuple of cases, each a tuple of outputs
     torch.testing.assert_close(cases[0][0], golden["outputs"]["logits"], atol=1e-4, rtol=1e-4)
     assert "stopped TorchServe" in out[steps[-1]]
+    _failing_verify(repo, env)
     new = {p.name for p in repo.iterdir()} - before
     assert new <= {"artifacts"}, f"the example wrote into the repository root: {sorted(new)}"
