@@ -42,6 +42,7 @@ from pipeline.train import TrainResult
 from pipeline.verify import ParityReport, VerifyConfig, verify
 from pipeline.zoo.data import digits_sample, preprocess_digits
 from tests import ts_worker
+from tests.tamper import copy_export
 
 SERVED = ["digits_lenet", "my_decision_gate", "my_cell", "my_rnn_loop", "wrap_rnn"]
 PT2_SERVED = ("digits_lenet", "my_cell")
@@ -542,11 +543,9 @@ def test_management_api_refuses_registration(server: Server) -> None:
 def _tampered_onnx_archive(exports: dict[str, ExportResult], tmp_path: Path) -> Path:
     """my_decision_gate's ONNX archive, built by archive(), with a different model.onnx
     swapped in afterwards (the manifest and its sha256 kept)."""
-    import shutil
     import zipfile
 
-    export_dir = tmp_path / "export"
-    shutil.copytree(exports["my_decision_gate"].out_dir, export_dir)
+    export_dir = copy_export(exports["my_decision_gate"], tmp_path / "export")
     (mar,) = archive(
         ArchiveConfig(
             model="my_decision_gate",
@@ -598,10 +597,7 @@ def test_cuda_pt2_without_cuda_is_refused_at_load(
     """Loaded by TorchServe's own TsModelLoader, as the worker loads it (tests/ts_worker.py).
     That a refusal fails the start and stops the server is checked with a real TorchServe
     once, in test_tampered_artifact_is_refused_at_load."""
-    import shutil
-
-    export_dir = tmp_path / "export"
-    shutil.copytree(exports["digits_lenet"].out_dir, export_dir)
+    export_dir = copy_export(exports["digits_lenet"], tmp_path / "export")
     manifest = read_manifest(export_dir)
     pt2 = manifest.artifact("pt2")
     # As `--pt2-device cuda` records it.
