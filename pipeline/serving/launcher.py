@@ -128,6 +128,11 @@ def prepare(launch: Launch) -> Path:
         host, port, _ = busy[0]
         options = "/".join(opt for _, _, opt in launch.ports)
         raise ServeError(f"Port {port} on {host} is in use; pick others with {options}.")
+    # The ports asked for are free but not yet bound: the internal ports this process
+    # picks next (TorchServe's gRPC and backend ports) must not take one of them (a CI
+    # run's TorchServe put its gRPC server on the gateway's --port, and requests to the
+    # gateway were answered in HTTP/2).
+    _HANDED_OUT.update(port for _, port, _ in launch.ports)
     logs = run_dir / "logs"
     if logs.exists():
         shutil.rmtree(run_dir / "logs.previous", ignore_errors=True)
