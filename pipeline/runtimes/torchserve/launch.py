@@ -272,8 +272,14 @@ def _start_gateway(server: Server, config: ServeConfig, run_dir: Path) -> Server
     server.record()
     host = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
 
+    started = run_dir / "logs" / "gateway.log"
+
     def listening() -> bool:
+        # A connect alone proves nothing: another server on the port accepts it while the
+        # gateway exits with "address in use". The gateway logs "gateway on" once bound.
         try:
+            if "gateway on " not in started.read_text(errors="replace"):
+                return False
             with socket.create_connection((host, config.inference_port), timeout=1):
                 return True
         except OSError:
