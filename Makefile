@@ -141,8 +141,11 @@ stop: | $(STAMP)  ## stop the TorchServe started by make serve
 infer: | $(STAMP)  ## send INFER_INPUT (default: MODEL's golden batch) to INFER_MODEL
 	$(PIPELINE) infer --run-dir $(RUN_DIR) --model $(INFER_MODEL) $(INFER_INPUT)
 
+# Test files are shared out whole among pytest-xdist workers (a file's servers and
+# module fixtures stay in one process); `make test TEST_WORKERS=0` runs in one process.
+TEST_WORKERS ?= auto
 test: | $(STAMP)  ## run the test suite
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile $(PYTEST_ARGS)
 
 test-unit: | $(STAMP)  ## only the unit tests (in-process, under a minute)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)

@@ -2,22 +2,70 @@
 
 Every test writes under pytest's tmp_path; none depends on the working
 directory or on another test's order.
+
+`make test` runs the suite in pytest-xdist workers (whole files per worker): each
+session fixture here is built once, by whichever worker needs it first, and loaded by
+the others; each worker hands out ports from its own range (servers and the CLI
+processes it starts inherit it through $PIPELINE_PORTS).
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import torch
+from filelock import FileLock
 
 from pipeline.export import FORMATS, ExportConfig, ExportResult, export
 from pipeline.train import TrainConfig, TrainResult, train
 
 _FOLDER_MARKS = {"unit", "integration", "e2e"}
+T = TypeVar("T")
+
+
+def _worker_ports() -> None:
+    """Give this xdist worker its own slice of the ports below the ephemeral range: a
+    port one process picked as free but has not bound yet is invisible to another."""
+    worker, count = (
+        os.environ.get("PYTEST_XDIST_WORKER"),
+        os.environ.get("PYTEST_XDIST_WORKER_COUNT"),
+    )
+    if not worker or not count or "PIPELINE_PORTS" in os.environ:
+        return
+    from pipeline.serving.launcher import port_range
+
+    ports = port_range()
+    size = len(ports) // int(count)
+    start = ports.start + int(worker.removeprefix("gw")) * size
+    os.environ["PIPELINE_PORTS"] = f"{start}-{start + size - 1}"
+
+
+_worker_ports()
+
+
+def shared(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], T]) -> T:
+    """`make(folder)`, once for all xdist workers (pytest-xdist's documented recipe): the
+    first worker to ask builds it under the session's common temp folder and pickles the
+    result; the others wait on the lock and load it. Without xdist, a plain build."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return make(tmp_path_factory.mktemp(name))
+    root = tmp_path_factory.getbasetemp().parent  # pytest-N/, above every popen-gwK/
+    done = root / f"{name}.pickle"
+    with FileLock(str(done) + ".lock"):
+        if done.is_file():
+            return pickle.loads(done.read_bytes())
+        folder = root / name
+        folder.mkdir()
+        value = make(folder)
+        done.write_bytes(pickle.dumps(value))
+        return value
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -32,33 +80,44 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
     """The default digits run (all default settings), trained once per session."""
-    out = tmp_path_factory.mktemp("trained") / "digits_lenet" / "checkpoint.pt"
-    return train(TrainConfig(out=out, progress=False, device="cpu"))
+
+    def make(folder: Path) -> TrainResult:
+        out = folder / "digits_lenet" / "checkpoint.pt"
+        return train(TrainConfig(out=out, progress=False, device="cpu"))
+
+    return shared(tmp_path_factory, "trained", make)
 
 
 @pytest.fixture(scope="session")
 def exported(trained: TrainResult, tmp_path_factory: pytest.TempPathFactory) -> ExportResult:
     """The digits CNN in every format (TorchScript, ONNX, .pt2)."""
-    out_dir = tmp_path_factory.mktemp("exported") / "export"
-    return export(
-        ExportConfig(checkpoint=trained.checkpoint.path, out_dir=out_dir, formats=FORMATS)
-    )
+
+    def make(folder: Path) -> ExportResult:
+        config = ExportConfig(
+            checkpoint=trained.checkpoint.path, out_dir=folder / "export", formats=FORMATS
+        )
+        return export(config)
+
+    return shared(tmp_path_factory, "exported", make)
 
 
 @pytest.fixture(scope="session")
 def mobilenet(tmp_path_factory: pytest.TempPathFactory) -> ExportResult:
     """torchvision's mobilenet_v3_small, --random-init (BatchNorm statistics calibrated,
     so its outputs have a realistic scale), as TorchScript and ONNX."""
-    root = tmp_path_factory.mktemp("mobilenet")
-    return export(
-        ExportConfig(
-            model="torchvision:mobilenet_v3_small",
-            random_init=True,
-            checkpoint=root / "checkpoint.pt",
-            out_dir=root / "export",
-            formats=("torchscript", "onnx"),
+
+    def make(root: Path) -> ExportResult:
+        return export(
+            ExportConfig(
+                model="torchvision:mobilenet_v3_small",
+                random_init=True,
+                checkpoint=root / "checkpoint.pt",
+                out_dir=root / "export",
+                formats=("torchscript", "onnx"),
+            )
         )
-    )
+
+    return shared(tmp_path_factory, "mobilenet", make)
 
 
 # The built-in models with data-dependent control flow (the TorchScript tutorial's).
@@ -68,22 +127,25 @@ FAMILY = ["my_decision_gate", "my_cell", "my_rnn_loop", "wrap_rnn"]
 @pytest.fixture(scope="session")
 def family(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ExportResult]:
     """The control-flow family, trained and exported (every format) once per session."""
-    root = tmp_path_factory.mktemp("family")
-    results = {}
-    for name in FAMILY:
-        config = TrainConfig(
-            model=name, out=root / name / "checkpoint.pt", progress=False, device="cpu"
-        )
-        ckpt = train(config)
-        results[name] = export(
-            ExportConfig(
-                model=name,
-                checkpoint=ckpt.checkpoint.path,
-                out_dir=root / name / "export",
-                formats=FORMATS,
+
+    def make(root: Path) -> dict[str, ExportResult]:
+        results = {}
+        for name in FAMILY:
+            config = TrainConfig(
+                model=name, out=root / name / "checkpoint.pt", progress=False, device="cpu"
             )
-        )
-    return results
+            ckpt = train(config)
+            results[name] = export(
+                ExportConfig(
+                    model=name,
+                    checkpoint=ckpt.checkpoint.path,
+                    out_dir=root / name / "export",
+                    formats=FORMATS,
+                )
+            )
+        return results
+
+    return shared(tmp_path_factory, "family", make)
 
 
 @pytest.fixture(scope="session")
@@ -97,7 +159,7 @@ def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The C++ client, built for real once per session under pytest's temp dir."""
     from pipeline.formats import cpp
 
-    return cpp.build(tmp_path_factory.mktemp("cpp_build"))
+    return shared(tmp_path_factory, "cpp_build", cpp.build)
 
 
 def run_cli(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -45,15 +45,38 @@ def port_free(host: str, port: int) -> bool:
 _HANDED_OUT: set[int] = set()
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A free port below the kernel's ephemeral range, once per process. One the kernel picks
-    (bind to 0) is ephemeral: an outgoing connection can take it before the server binds it
-    (a fresh-clone CI run lost a TorchServe start so: "Address already in use")."""
+# Where internal ports (and private servers' ports) come from when set, as "LOW-HIGH"
+# (inclusive): a firewall's or a container's allowed range, or one of its own per test
+# process so that two processes never hand out the same free-but-unbound port.
+PORTS_ENV = "PIPELINE_PORTS"
+
+
+def port_range() -> range:
+    """Where free_port draws from: $PIPELINE_PORTS, else the 12,000 ports below the kernel's
+    ephemeral range."""
+    spec = os.environ.get(PORTS_ENV, "").strip()
+    if spec:
+        try:
+            low, high = (int(part) for part in spec.split("-"))
+        except ValueError:
+            low, high = 0, -1
+        if not 1024 <= low <= high <= 65535:
+            raise ServeError(f"{PORTS_ENV}={spec!r}: expected LOW-HIGH within 1024-65535.")
+        return range(low, high + 1)
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768  # Linux's default
-    for port in random.sample(range(max(1024, low - 12000), low), 100):
+    return range(max(1024, low - 12000), low)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A free port below the kernel's ephemeral range (or in $PIPELINE_PORTS), once per
+    process. One the kernel picks (bind to 0) is ephemeral: an outgoing connection can take
+    it before the server binds it (a fresh-clone CI run lost a TorchServe start so:
+    "Address already in use")."""
+    ports = port_range()
+    for port in random.sample(ports, min(100, len(ports))):
         with socket.socket() as s:
             if port in _HANDED_OUT:
                 continue
@@ -63,7 +86,7 @@ def free_port(host: str = "127.0.0.1") -> int:
                 continue
         _HANDED_OUT.add(port)
         return port
-    raise ServeError(f"No free port on {host} below {low}.")
+    raise ServeError(f"No free port on {host} in {ports.start}-{ports.stop - 1}.")
 
 
 @dataclass

@@ -40,3 +40,17 @@ def test_a_busy_port_asked_for_is_refused_with_the_option_to_change(tmp_path: Pa
         with pytest.raises(launcher.ServeError, match=f"Port {busy} on 127.0.0.1 is in use; "
                            "pick others with --port/--metrics-port"):  # fmt: skip
             launcher.prepare(launch)
+
+
+def test_ports_come_from_the_range_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(launcher.PORTS_ENV, "23000-23009")
+    picked = {launcher.free_port() for _ in range(3)}
+    launcher._HANDED_OUT.difference_update(picked)
+    assert len(picked) == 3 and picked <= set(range(23000, 23010))
+
+
+@pytest.mark.parametrize("spec", ["23000", "9-20", "23010-23000", "a-b", "60000-70000"])
+def test_a_bad_port_range_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, spec: str) -> None:
+    monkeypatch.setenv(launcher.PORTS_ENV, spec)
+    with pytest.raises(launcher.ServeError, match="expected LOW-HIGH within 1024-65535"):
+        launcher.free_port()
