@@ -5,8 +5,10 @@ loads it, frozen TorchScript, ONNX in other opsets, the C++ client on every
 format it runs) are measured in interleaved rounds per model and batch size
 (backends.py builds them, inprocess.py times them); served ones (TorchServe
 per format, dynamic batching off, on and old, several concurrency levels) on
-private servers (served.py). Outputs, all under the bench folder: `bench.json`
-(machine, matmul peak, every cell, targets), `bench.md`, two PNG charts, and
+private servers (served.py); then peers (peers/): a bare aiohttp + ONNX
+Runtime yardstick and LitServe beside our runtime, on the same ONNX file.
+Outputs, all under the bench folder: `bench.json` (machine, matmul peak, every
+cell, served and peer rows, targets), `bench.md`, two PNG charts, and
 `fastest.json`: each model's fastest backend among those that passed
 verification in this run, and the format it runs. Bench never writes into an
 export: export is the manifest's only writer.
@@ -77,6 +79,13 @@ class BenchConfig:
     # ONNX opsets compared with the exported one (18) on the CNNs at batch 1; 20 is
     # the exporter's default, whose AveragePool ran slower here.
     opsets: tuple[int, ...] = (20,)
+    # Peers (pipeline.bench.peers): the served models measured beside the yardstick and
+    # LitServe on their ONNX file, OIP JSON bodies, concurrency 1 and 8. The issue measured
+    # 1,500 requests a level (about 1.5 s for the yardstick at 8; the level budget still
+    # ends a slow server's level), twice, the order reversed, the better round kept.
+    peer_models: tuple[str, ...] = (SERVED_MODELS[0],)
+    peer_requests: int = 1500
+    peer_rounds: int = 2
     # Export folders by model, where they are not <artifacts>/<model>/export.
     export_dirs: dict[str, Path] = field(default_factory=dict)
 
@@ -99,6 +108,8 @@ class BenchConfig:
             concurrencies=(1, 8),
             batching=("on",),
             served_requests=16,
+            peer_requests=16,
+            peer_rounds=1,
             cpp=False,
             opsets=(),
             time_budget_s=10.0,
@@ -154,6 +165,9 @@ def _verified(exported: ExportedModel, cpp_binary: Path | None) -> set[str]:
 def run_bench(config: BenchConfig) -> BenchResult:
     from pipeline.bench import backends, inprocess, machine, report
     from pipeline.bench.fastest import FASTEST_NAME, fastest_of, write_fastest
+    from pipeline.bench.peers import bench_peers
+    from pipeline.bench.peers.targets import markdown as peers_markdown
+    from pipeline.bench.peers.targets import peer_targets
     from pipeline.bench.targets import targets
     from pipeline.export.opened import open_export
 
@@ -274,6 +288,21 @@ def run_bench(config: BenchConfig) -> BenchResult:
             skipped += left_out
             phase_done(f"{model} served by {rt.title}")
 
+    peers: list[dict] = []
+    peer_settings: dict[str, dict] = {}
+    ours: list[str] = []
+    for model in (m for m in config.peer_models if m in config.served_models):
+        log.info("%s: peers (yardstick, LitServe) beside our runtime, one ONNX file", model)
+        run = bench_peers(
+            model, exported_of(model), runtimes=config.runtimes, requests=config.peer_requests,
+            level_budget_s=config.served_level_budget_s, rounds=config.peer_rounds,
+        )  # fmt: skip
+        peers += [p.to_json() for p in run.points]
+        skipped += run.skipped
+        peer_settings.update(run.settings)
+        ours = run.ours
+        phase_done(f"{model} peers")
+
     # Measured again at the end; the better of the two is the machine's peak (a
     # busy moment can only lower it), and the in-process fractions are rescaled.
     peak_end = machine.matmul_peak_gflops(threads)
@@ -297,12 +326,16 @@ def run_bench(config: BenchConfig) -> BenchResult:
         },
         "cells": all_cells,
         "served": served,
+        "peers": peers,
+        "peer_settings": peer_settings,
         "fastest": fastest,
         "skipped": skipped,
         "duration_s": round(time.monotonic() - t_start, 1),
         "phase_seconds": phases,
     }
     data["targets"] = targets(all_cells, served, peak)
+    # Issue 28's targets: printed as PASS/MISS lines, with where the time goes.
+    data["peer_targets"] = peer_targets(all_cells, served, peers, ours)
     json_path = write_json(out_dir / "bench.json", data)
     fastest_path = write_fastest(out_dir / FASTEST_NAME, fastest) if config.write_fastest else None
     cells = [inprocess.Cell(**_cell_fields(c)) for c in all_cells]
@@ -312,6 +345,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
             report.to_markdown(cells, info, peak),
             report.fastest_markdown(fastest),
             report.served_markdown(served),
+            peers_markdown(peers, peer_settings, data["peer_targets"]),
             report.targets_markdown(data["targets"]),
             report.skipped_markdown(skipped),
         )

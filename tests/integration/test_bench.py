@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -53,6 +54,7 @@ def test_quick_bench_writes_json_table_charts_and_the_fastest_backend(
         "digits_lenet in-process (verify + every batch size)",
         "digits_lenet served by TorchServe",
         "digits_lenet served by the KServe runtime",
+        "digits_lenet peers",
     } | (twins if data["threads"] > 1 else set())
     assert sum(data["phase_seconds"].values()) <= data["duration_s"] + 0.5
 
@@ -84,7 +86,9 @@ def test_quick_bench_writes_json_table_charts_and_the_fastest_backend(
     aoti = next(c for c in data["cells"] if c["backend"] == "pt2")
     assert aoti["settings"]["omp_kernel_threads"] == "torch.set_num_threads"
     assert aoti["threads"] == aoti["settings"]["intra_op_threads"]
-    assert data["skipped"] == []
+    # LitServe is the `bench` extra: without it, one line says so and nothing else is skipped.
+    litserve = importlib.util.find_spec("litserve") is not None
+    assert [s["backend"] for s in data["skipped"]] == ([] if litserve else ["litserve/onnx"])
 
     served = data["served"]
     formats = ("torchscript", "onnx", "pt2")
@@ -102,7 +106,26 @@ def test_quick_bench_writes_json_table_charts_and_the_fastest_backend(
         assert sum(f"digits_lenet kserve/{f}: p50 at concurrency 1" in t for t in named) == 1
         assert sum(f"digits_lenet kserve/{f}: throughput at concurrency 8" in t for t in named) == 1
 
+    # Peers: the yardstick, LitServe (batching off and on) and the KServe runtime on the
+    # same ONNX file and bodies, concurrency 1 and 8; the three digits targets.
+    peer_rows = {(p["backend"], p["batching"], p["concurrency"]) for p in data["peers"]}
+    expected = {("yardstick/onnx", "off", c) for c in (1, 8)} | {
+        ("kserve/onnx", "on", c) for c in (1, 8)
+    }
+    if litserve:
+        expected |= {("litserve/onnx", b, c) for b in ("off", "on") for c in (1, 8)}
+    assert peer_rows == expected
+    assert all(p["failed"] == 0 and p["throughput"] > 0 for p in data["peers"])
+    peer_named = [t["target"] for t in data["peer_targets"]]
+    assert sum("the yardstick's req/s" in t for t in peer_named) == 1
+    assert sum("p50 at concurrency 1: ≤ 1.3× the yardstick's" in t for t in peer_named) == 1
+    assert sum("LitServe's req/s" in t for t in peer_named) == (1 if litserve else 0)
     table = result.markdown_path.read_text()
+    assert "| digits_lenet | yardstick/onnx | off | 8 |" in table
+    for t in data["peer_targets"]:
+        line = f"{'PASS' if t['met'] else 'MISS'} {t['target']}: {t['value']:.2f}×"
+        assert line in table
+        assert t["met"] or f"where the time goes: {t['where']}" in table
     assert "| backend | batch |" in table and "torchserve/onnx" in table and "× eager" in table
     for chart in result.charts:
         assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
