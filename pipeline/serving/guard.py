@@ -38,13 +38,15 @@ TOKEN_REQUIRED = (
 
 
 class Keys:
-    """A run's inference key (`{"inference": {"key": ...}}`), re-read whenever the file changes.
+    """A run's key of one kind (`{"inference": {"key": ...}}`), re-read whenever the file changes.
 
-    TorchServe's `key_file.json` and the KServe runtime's `inference_key.json` share the shape.
+    TorchServe's `key_file.json` and the KServe runtime's `inference_key.json` share the shape;
+    the KServe runtime's `metrics_key.json` holds `{"metrics": {"key": ...}}` (kind "metrics").
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, kind: str = "inference") -> None:
         self.path = Path(path)
+        self.kind = kind
         self._stamp: tuple[int, int] | None = None
         self._key = b""
 
@@ -56,9 +58,9 @@ class Keys:
         stamp = (st.st_mtime_ns, st.st_size)
         if stamp != self._stamp:
             try:
-                self._key = json.loads(self.path.read_text())["inference"]["key"].encode()
+                self._key = json.loads(self.path.read_text())[self.kind]["key"].encode()
                 self._stamp = stamp
-            except (OSError, ValueError, KeyError) as err:
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
                 log.warning("cannot read %s (%s); keeping the previous key", self.path, err)
         return self._key
 

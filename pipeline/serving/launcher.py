@@ -20,8 +20,6 @@ import psutil
 
 from pipeline.serving import runtime
 from pipeline.serving.server import (
-    INFERENCE_KEY_FILE,
-    KEY_FILE,
     SERVER_FILE,
     ServeError,
     Server,
@@ -232,12 +230,17 @@ def orphans(run_dir: Path) -> list[int]:
 
 
 def stop(run_dir: Path | None = None, timeout: float = 30.0) -> bool:
-    """Stop the server started from `run_dir`; True if one was running."""
+    """Stop the server started from `run_dir`; True if one was running. The files its
+    runtime lists in `removed_on_stop` go with it (TorchServe's keys); without a record,
+    no runtime is known and no key file is touched (a start replaces a stale one)."""
     run_dir = Path(run_dir or default_run_dir()).resolve()
     path = run_dir / SERVER_FILE
     was_running = False
+    removed: tuple[str, ...] = ()
     if path.is_file():
         server = Server.load(run_dir)
+        with contextlib.suppress(runtime.RuntimeNameError):  # a runtime not loaded here
+            removed = runtime.of(server).removed_on_stop
         for pid in server.alive_pids():
             _kill_group(pid, timeout)
         was_running = server.alive()
@@ -250,8 +253,8 @@ def stop(run_dir: Path | None = None, timeout: float = 30.0) -> bool:
         _kill_group(pid, timeout)
         was_running = True
     path.unlink(missing_ok=True)
-    (run_dir / KEY_FILE).unlink(missing_ok=True)
-    (run_dir / INFERENCE_KEY_FILE).unlink(missing_ok=True)
+    for name in removed:
+        (run_dir / name).unlink(missing_ok=True)
     return was_running
 
 

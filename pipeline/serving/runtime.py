@@ -85,6 +85,10 @@ class Runtime(abc.ABC):
     markers: tuple[str, ...]
     # `loadtest --kill-worker-after`: the runtime replaces a killed worker by itself.
     replaces_workers: bool = False
+    # Files in the run folder that `pipeline stop` deletes with the server: key files that
+    # belong to one run (TorchServe's, which it mints at every start). A runtime whose token
+    # outlives a restart lists none (the KServe runtime).
+    removed_on_stop: tuple[str, ...] = ()
     # loadtest's --encodings the runtime reads (None: every one loadtest knows).
     encodings: tuple[str, ...] | None = None
     description: str = ""

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 NAME = "kserve"
 CONFIG_FILE = "kserve.json"  # the runtime's config, on its command line: its marker
+# The metrics key, beside inference_key.json; written and needed only off loopback.
+METRICS_KEY_FILE = "metrics_key.json"
 DEFAULT_GRPC_PORT = 8083  # not 8081 (KServe's own default), which TorchServe's management takes
 
 
@@ -39,6 +41,9 @@ class KServe(runtime.Runtime):
     markers = (CONFIG_FILE,)
     # One process: a killed runtime is restarted by Kubernetes, not by itself.
     replaces_workers = False
+    # `pipeline stop` deletes no key file: the inference token outlives a restart, so
+    # clients keep working (`--rotate-token` replaces it; tokens.py).
+    removed_on_stop = ()
     encodings = ("json", "npy")  # OIP JSON and its binary extension
     description = (
         "KServe's model server over the Open Inference Protocol (REST /v2 and gRPC), one "
@@ -77,6 +82,13 @@ class KServe(runtime.Runtime):
             default=0.0,
             help="how long a batch waits for more requests (default: 0, only what is queued)",
         )
+        group.add_argument(
+            "--rotate-token",
+            action="store_true",
+            help="write a new inference token (and metrics key, off loopback) even though the "
+            "previous start's is still valid; clients must read inference_key.json again "
+            "(default: a start keeps the token, and `pipeline stop` leaves it in place)",
+        )
 
     def serve(self, args: argparse.Namespace, run_dir: Path) -> Server:
         from pipeline.core import paths
@@ -99,21 +111,44 @@ class KServe(runtime.Runtime):
             max_batch_delay_ms=args.max_batch_delay_ms,
             threads=args.threads_per_worker or default_threads(),
         )
-        return start(config, run_dir)
+        return start(config, run_dir, rotate_token=args.rotate_token)
 
     def describe(self, server: Server) -> list[str]:
         from pipeline.serving.server import INFERENCE_KEY_FILE
 
-        return [
+        run_dir = Path(server.run_dir)
+        # What this start did with each key file (launch.write_tokens), never the key.
+        said = {
+            "kept": "kept from the previous start",
+            "new": "new",
+            "replaced": "new: the previous file was not fit, see the log",
+            "rotated": "new (--rotate-token)",
+        }
+        token = server.extras.get("token", "")
+        metrics_key = server.extras.get("metrics_key", "")
+        metrics = (
+            f"send the 'metrics' key of {run_dir / METRICS_KEY_FILE}, {said.get(metrics_key, '')}"
+            if metrics_key
+            else "open to scrapes on loopback, no token"
+        )
+        lines = [
             f"KServe is up (pid {server.pid}), serving: {', '.join(server.models)}",
             f"  REST:    {server.inference_url}/v2/models/<model>/infer",
             f"  gRPC:    {server.extras['grpc_url']} (inference.GRPCInferenceService)",
-            f"  metrics: {server.metrics_url}/metrics",
-            f"  token:   {Path(server.run_dir) / INFERENCE_KEY_FILE} (send "
+            f"  metrics: {server.metrics_url}/metrics ({metrics})",
+            f"  token:   {run_dir / INFERENCE_KEY_FILE} ({said.get(token, 'written')}; send "
             "'Authorization: Bearer <its inference key>', also as gRPC metadata)",
-            f"  logs:    {Path(server.run_dir) / 'logs'}",
-            "stop it with `pipeline stop`",
+            f"  logs:    {run_dir / 'logs'}",
+            "stop it with `pipeline stop` (the token stays for the next start)",
         ]
+        changed = [
+            str(run_dir / name)
+            for name, state in ((INFERENCE_KEY_FILE, token), (METRICS_KEY_FILE, metrics_key))
+            if state in ("replaced", "rotated")
+        ]
+        if changed:
+            lines.append(f"the token changed: clients must read {' and '.join(changed)} again")
+        return lines
 
     @contextlib.contextmanager
     def private(self, exported: ExportedModel, fmt: str, **settings: Any) -> Iterator[Server]:

@@ -1,8 +1,10 @@
 """Start and stop the KServe runtime for `pipeline serve --runtime kserve`.
 
-`start` writes the runtime's config to `<run_dir>/kserve.json` and a fresh
-inference token to `<run_dir>/inference_key.json` (mode 0600, the shape
-TorchServe's clients read: `{"inference": {"key": ...}}`), starts
+`start` writes the runtime's config to `<run_dir>/kserve.json`, keeps the inference
+token in `<run_dir>/inference_key.json` from the previous start when it is fit, else
+writes a new one (mode 0600, the shape TorchServe's clients read:
+`{"inference": {"key": ...}}`; `rotate_token` always writes one; see tokens.py), off
+loopback does the same for the metrics key in `metrics_key.json`, starts
 `python -m pipeline.runtimes.kserve.runtime <run_dir>/kserve.json` in its own session,
 waits until `/v2/health/ready` answers 200 (every model loaded and warmed up)
 and records a `server.json` that `pipeline stop` (`pipeline.serving.launcher.stop`)
@@ -17,7 +19,6 @@ import contextlib
 import logging
 import os
 import re
-import secrets
 import ssl
 import sys
 import tempfile
@@ -28,11 +29,12 @@ from typing import Any
 
 import httpx
 
-from pipeline.core import fileio
 from pipeline.core.manifest import read_manifest
 from pipeline.formats import base as registry
-from pipeline.runtimes.kserve import NAME
+from pipeline.runtimes.kserve import METRICS_KEY_FILE, NAME
 from pipeline.runtimes.kserve.config import CONFIG_FILE, RuntimeConfig, ServedExport
+from pipeline.runtimes.kserve.security import is_loopback
+from pipeline.runtimes.kserve.tokens import INFERENCE, METRICS, KeyState, ensure_key
 from pipeline.serving import served
 from pipeline.serving.launcher import (
     Launch,
@@ -54,7 +56,7 @@ from pipeline_runtime.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
-__all__ = ["private", "served_export", "start", "stop", "write_token"]
+__all__ = ["private", "served_export", "start", "stop", "write_tokens"]
 
 
 def served_export(
@@ -84,14 +86,24 @@ def served_export(
     return ServedExport(name=name, export_dir=str(export_dir), format=fmt, info=info)
 
 
-def write_token(run_dir: Path) -> Path:
-    """A fresh inference key in `run_dir/inference_key.json`, created 0600."""
-    key = {"inference": {"key": secrets.token_urlsafe(32)}}
-    return fileio.write_secret(run_dir / INFERENCE_KEY_FILE, key)
+def write_tokens(run_dir: Path, host: str, rotate: bool = False) -> dict[str, KeyState]:
+    """The run's keys for a runtime listening on `host`: the inference token, and off
+    loopback the metrics key (/metrics is open on loopback). Each is kept from the previous
+    start when fit (tokens.read_key), else written anew; `rotate`: written anew anyway."""
+    states = {INFERENCE: ensure_key(run_dir / INFERENCE_KEY_FILE, INFERENCE, rotate)}
+    if not is_loopback(host):
+        states[METRICS] = ensure_key(run_dir / METRICS_KEY_FILE, METRICS, rotate)
+    return states
 
 
-def start(config: RuntimeConfig, run_dir: Path, startup_timeout_s: float = 180.0) -> Server:
-    """Start the runtime serving `config.models`; return once /v2/health/ready is 200."""
+def start(
+    config: RuntimeConfig,
+    run_dir: Path,
+    startup_timeout_s: float = 180.0,
+    rotate_token: bool = False,
+) -> Server:
+    """Start the runtime serving `config.models`; return once /v2/health/ready is 200.
+    `rotate_token`: a new inference token (and metrics key) even if the previous is fit."""
     if not config.models:
         raise ServeError("Nothing to serve: give at least one export.")
     names = [m.name for m in config.models]
@@ -110,9 +122,10 @@ def start(config: RuntimeConfig, run_dir: Path, startup_timeout_s: float = 180.0
             tls_key=config.tls_key,
         )
     )
+    keys = write_tokens(run_dir, config.host, rotate_token)
     config = replace(
         config,
-        token_file=str(write_token(run_dir)),
+        token_file=str(keys[INFERENCE].path),
         tls_cert=str(Path(config.tls_cert).resolve()) if config.tls_cert else None,
         tls_key=str(Path(config.tls_key).resolve()) if config.tls_key else None,
     )
@@ -141,7 +154,12 @@ def start(config: RuntimeConfig, run_dir: Path, startup_timeout_s: float = 180.0
         ca_file=config.tls_cert,
         runtime=NAME,
         markers=[CONFIG_FILE],
-        extras={"grpc_url": f"{host}:{config.grpc_port}"},
+        # What this start did with each key, for `describe` (never the key itself).
+        extras={
+            "grpc_url": f"{host}:{config.grpc_port}",
+            "token": keys[INFERENCE].action,
+            **({"metrics_key": keys[METRICS].action} if METRICS in keys else {}),
+        },
     )
     server.record()
     with stopped_on_failure(run_dir):

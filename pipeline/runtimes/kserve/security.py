@@ -9,6 +9,10 @@ docs/notes/kserve-runtime-research.md §2.4-2.8), so the runtime adds them:
   `Authorization: Bearer <inference key>` (401 JSON with `WWW-Authenticate`);
   a body whose Content-Length exceeds the limit is refused with a JSON 413
   before it is read, and a chunked one as soon as it passes the limit;
+  /metrics follows Prometheus's habits instead: open where the runtime listens on
+  loopback (scrapes carry no token), elsewhere it needs the metrics key from
+  `metrics_key.json`, never the inference token (a scraper's credential must not
+  run the models; SECURITY.md);
 * `TokenInterceptor`, the same token check for gRPC (UNAUTHENTICATED).
 
 The token, body-limit and error decisions are `pipeline.serving.guard`'s (shared
@@ -18,13 +22,22 @@ have the Open Inference Protocol's shape, `{"error": "..."}`.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 import grpc
 
-from pipeline.serving.guard import BodyLimit, Keys, Refusal, check_token, oip_shape
+from pipeline.runtimes.kserve import METRICS_KEY_FILE
+from pipeline.serving.guard import (
+    WWW_AUTHENTICATE,
+    BodyLimit,
+    Keys,
+    Refusal,
+    check_token,
+    oip_shape,
+)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -33,6 +46,12 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
+METRICS_PATH = "/metrics"
+METRICS_TOKEN_REQUIRED = (
+    "A valid metrics token is required on /metrics when the runtime listens off loopback: "
+    "send 'Authorization: Bearer <key>' with the 'metrics' key from the server's "
+    "metrics_key.json (the inference token is not accepted here)."
+)
 _NAME = r"[A-Za-z0-9_.\-]+"
 ALLOWED = (
     ("GET", re.compile(r"/v2/health/(live|ready)")),
@@ -66,13 +85,64 @@ def _allowed(method: str, path: str) -> tuple[bool, bool]:
     return bool(matched), (method in matched or (method == "HEAD" and "GET" in matched))
 
 
-class Guard:
-    """ASGI middleware: allowed routes, token, body size (see the module doc)."""
+def is_loopback(host: str | None) -> bool:
+    """Whether `host` (a listening or local address) is this machine's loopback: 127.0.0.0/8,
+    ::1 (also IPv4-mapped, as a dual-stack socket reports it) or `localhost`."""
+    if not host:
+        return False
+    if host.lower() == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
 
-    def __init__(self, app: ASGIApp, keys: Keys | None, max_body: int) -> None:
+
+class Guard:
+    """ASGI middleware: allowed routes, token, body size (see the module doc).
+
+    `host`: the address the runtime listens on, which decides /metrics (open on loopback,
+    else the metrics key). Not given, the guard decides per connection from the local
+    address it arrived on (ASGI's `scope["server"]`): the same answer for a runtime bound
+    to one address; on a wildcard bind (0.0.0.0, ::) a scrape through 127.0.0.1 is open.
+    `metrics_keys`: default, `metrics_key.json` beside the inference key file.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: Keys | None,
+        max_body: int,
+        host: str | None = None,
+        metrics_keys: Keys | None = None,
+    ) -> None:
         self.app = app
         self.keys = keys  # None: no token (tests that say so)
         self.limit = BodyLimit(max_body)
+        self.loopback = None if host is None else is_loopback(host)
+        if metrics_keys is None and keys is not None:
+            metrics_keys = Keys(keys.path.with_name(METRICS_KEY_FILE), kind="metrics")
+        self.metrics_keys = metrics_keys
+
+    def _check_metrics(self, scope: Scope) -> Refusal | None:
+        """/metrics: open without keys or on loopback; else the metrics key alone."""
+        if self.keys is None:
+            return None  # no token anywhere (a pod behind its mesh)
+        loopback = self.loopback
+        if loopback is None:
+            loopback = is_loopback((scope.get("server") or ("",))[0])
+        if loopback:
+            return None
+        if self.metrics_keys is not None and self.metrics_keys.accepts(
+            _header(scope, b"authorization")
+        ):
+            return None
+        return Refusal(
+            401, "Unauthorized", METRICS_TOKEN_REQUIRED, {"WWW-Authenticate": WWW_AUTHENTICATE}
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -84,6 +154,8 @@ class Guard:
         refusal = None
         if not exists:
             refusal = Refusal(404, "NotFound", f"No such route: {path}")
+        elif path == METRICS_PATH:
+            refusal = self._check_metrics(scope)
         elif path not in OPEN_PATHS:
             refusal = check_token(self.keys, _header(scope, b"authorization"))
         if refusal is None and not right_method:

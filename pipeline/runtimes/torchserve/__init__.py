@@ -39,6 +39,9 @@ class TorchServe(runtime.Runtime):
     title = "TorchServe"
     markers = (CONFIG_PROPERTIES, GATEWAY_CONFIG)
     replaces_workers = True
+    # TorchServe mints its keys at every start (they expire after token_expiration_min), so
+    # they end with the server: server.KEY_FILE and server.INFERENCE_KEY_FILE.
+    removed_on_stop = ("key_file.json", "inference_key.json")
     description = "the .mar archives in --store, behind the authenticating gateway"
 
     def add_serve_options(self, group: argparse._ArgumentGroup, formats: list[str]) -> None:
