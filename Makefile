@@ -101,6 +101,7 @@ bench: | $(STAMP)  ## every backend side by side: artifacts/bench/{bench.json,be
 	trap 'kill $$cpp 2>/dev/null || true' EXIT; \
 	printf '%s\n' $(BENCH_MODELS) | xargs -P 2 -I{} $(MAKE) --no-print-directory bench-export BENCH_MODEL={}; \
 	wait $$cpp || { cat $(ARTIFACTS)/bench-cpp-build.log; echo "error: the C++ client did not build (log above)"; exit 1; }
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(PIPELINE) bench $(BENCH_FLAGS)
 
 # One model for make bench: trained (or, for torchvision, random weights) and

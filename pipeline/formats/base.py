@@ -79,6 +79,9 @@ class Format:
     default: bool = True  # exported without --format
     cpp: bool = False  # the LibTorch C++ client runs it
     description: str = ""
+    # The Open Inference Protocol's model metadata `platform` (Triton's name where it
+    # has one: "onnxruntime_onnx", "pytorch_libtorch").
+    platform: str = ""
 
     def load(
         self,

@@ -333,6 +333,7 @@ FORMAT = register(
         archive_suffix="onnx",
         handler="onnx_handler.py",
         backend="onnxruntime",
+        platform="onnxruntime_onnx",
         export=export,
         description="torch.onnx (dynamo, else the torch.cond formulation, else TorchScript-based); "
         "run by ONNX Runtime",

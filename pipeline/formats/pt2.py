@@ -186,6 +186,7 @@ FORMAT = register(
         archive_suffix="pt2",
         handler="pt2_handler.py",
         backend="pt2",
+        platform="pytorch_aoti",
         export=export,
         # Opt-in: AOTInductor compiles C++ for each model (tens of seconds on a small CPU).
         default=False,

@@ -359,6 +359,7 @@ FORMAT = register(
         archive_suffix="ts",
         handler="torchscript_handler.py",
         backend="torchscript",
+        platform="pytorch_libtorch",
         export=export,
         cpp=True,
         description="torch.jit trace (strict, probe-checked) or script, else a hybrid",

@@ -39,9 +39,9 @@ from kserve.protocol.infer_type import (
 from pipeline_runtime import oip
 
 
-def from_bytes(body: bytes, json_length: int, model_name: str) -> InferRequest:
-    """A binary-extension request (JSON header, then each tensor's bytes) → InferRequest,
-    with every malformed part an InvalidInput (400), never an exception that is a 500."""
+def from_bytes(body: bytes, json_length: int | None, model_name: str) -> InferRequest:
+    """A binary-extension request (JSON header, then each tensor's bytes; `json_length`
+    None: all JSON) → InferRequest, every malformed part an InvalidInput (400), never a 500."""
     try:
         request = oip.Request.from_rest(body, json_length)
     except oip.OipError as err:
@@ -93,7 +93,7 @@ def infer_response(
 
 
 def install() -> None:
-    """Route the REST data plane's binary bodies through `from_bytes`."""
+    """Route the REST data plane's bodies that arrive as bytes through `from_bytes`."""
     original = DataPlane.decode_inference_request
 
     def decode_inference_request(
@@ -102,15 +102,15 @@ def install() -> None:
         if not isinstance(body, bytes):
             return original(self, body, headers, model_name)
         length = headers.get(INFERENCE_CONTENT_LENGTH_HEADER)
-        try:
-            json_length = int(length) if length is not None else -1
-        except ValueError:
-            json_length = -1
-        if json_length < 0:
-            raise InvalidInput(
-                f"A binary body needs the {INFERENCE_CONTENT_LENGTH_HEADER} header (the length of "
-                "its JSON part); send JSON with Content-Type: application/json otherwise."
-            )
+        json_length = None  # no header: JSON, whatever the Content-Type (the binary
+        # extension's rule; FastAPI hands over a body without a Content-Type as bytes)
+        if length is not None:
+            try:
+                json_length = int(length)
+            except ValueError:
+                raise InvalidInput(
+                    f"{INFERENCE_CONTENT_LENGTH_HEADER} is not a number: {length!r:.40}."
+                ) from None
         return from_bytes(body, json_length, model_name)
 
     DataPlane.decode_inference_request = decode_inference_request  # type: ignore[method-assign]

@@ -36,6 +36,7 @@ try:
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
     from kserve.errors import InvalidInput
+    from kserve.protocol.dataplane import DataPlane
     from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
     from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor, LoggingInterceptor
     from kserve.protocol.grpc.servicer import InferenceServicer
@@ -47,9 +48,11 @@ import torch  # noqa: E402
 from prometheus_client import Gauge, Histogram  # noqa: E402
 
 from pipeline.export.opened import open_export  # noqa: E402
+from pipeline.formats import base as formats  # noqa: E402
 from pipeline.runtimes.kserve import binary  # noqa: E402
 from pipeline.runtimes.kserve.batching import Batcher  # noqa: E402
 from pipeline.runtimes.kserve.config import RuntimeConfig, ServedExport  # noqa: E402
+from pipeline.runtimes.kserve.fastpath import ClientError, FastInfer  # noqa: E402
 from pipeline.runtimes.kserve.security import Guard, TokenInterceptor  # noqa: E402
 from pipeline.serving.guard import Keys  # noqa: E402
 from pipeline_runtime import codec, oip  # noqa: E402
@@ -67,11 +70,12 @@ WARMED = Gauge("pipeline_kserve_warmed_up", "1 once the model ran its warm-up", 
 GRACE_S = 5  # seconds the servers get to finish requests on SIGTERM
 
 
-class Refused(InvalidInput):
-    """A client error with its own HTTP status (413 for too many samples); gRPC: INVALID_ARGUMENT."""
+class Refused(InvalidInput, ClientError):  # noqa: N818 - the name tests and docs use
+    """A client error with its own HTTP status (413 for too many samples); gRPC: INVALID_ARGUMENT.
+    kserve's routes know it as InvalidInput, the fast REST route as ClientError."""
 
     def __init__(self, reason: str, status: int = 400) -> None:
-        super().__init__(reason)
+        InvalidInput.__init__(self, reason)
         self.status = status
 
 
@@ -83,6 +87,7 @@ class ExportModel(kserve.Model):
         exported = open_export(Path(served.export_dir))
         manifest = exported.manifest
         self.format = served.format
+        self.platform = formats.get(served.format).platform
         self.runner = exported.load(served.format, "cpu", config.threads)
         self.specs = manifest.inputs
         self.output_specs = manifest.outputs
@@ -119,13 +124,18 @@ class ExportModel(kserve.Model):
         """An InferRequest → checked arrays with their batch axis, and whether it had none."""
         if not isinstance(payload, kserve.InferRequest):
             raise Refused("Send an Open Inference Protocol (v2) request.")
+        return self.check(payload.inputs)
+
+    def check(self, tensors: Any) -> tuple[dict[str, np.ndarray], bool]:
+        """Input tensors (kserve's InferInput or oip.Tensor: name, datatype, shape,
+        as_numpy) → checked arrays with their batch axis, and whether they had none."""
         names = [s.name for s in self.specs]
-        got = [i.name for i in payload.inputs]
+        got = [i.name for i in tensors]
         if sorted(map(str, got)) != sorted(names):
             raise Refused(f"Inputs must be named {names}, got {got}.")
         by_name = {s.name: s for s in self.specs}
         arrays = {}
-        for item in payload.inputs:
+        for item in tensors:
             spec = by_name[item.name]
             wanted = oip.NAMES.get(spec.dtype)
             if item.datatype != wanted:
@@ -147,7 +157,7 @@ class ExportModel(kserve.Model):
             try:
                 # A copy: binary tensors are read-only views of the request body.
                 arrays[spec.name] = np.array(item.as_numpy())
-            except InvalidInput:
+            except (InvalidInput, ClientError):
                 raise
             except Exception as err:  # noqa: BLE001 - a bad tensor is this request's 400
                 raise Refused(
@@ -159,11 +169,13 @@ class ExportModel(kserve.Model):
         except codec.RequestError as err:
             raise Refused(str(err), 413 if err.status == 413 else 400) from None
 
-    async def predict(self, payload: Any, headers: dict[str, str] | None = None) -> Any:
-        arrays, unbatched = self.decode(payload)
+    async def run(self, arrays: dict[str, np.ndarray], unbatched: bool) -> list[np.ndarray]:
+        """Checked arrays through the batcher → the outputs, in the request's own shape."""
         outputs = await self.batcher.submit(arrays)
-        if unbatched:
-            outputs = [o[0] if o.ndim else o for o in outputs]
+        return [o[0] if o.ndim else o for o in outputs] if unbatched else outputs
+
+    async def predict(self, payload: Any, headers: dict[str, str] | None = None) -> Any:
+        outputs = await self.run(*self.decode(payload))
         response = oip.Response(
             tuple(
                 oip.Tensor.from_array(n, o) for n, o in zip(self.output_names, outputs, strict=True)
@@ -224,7 +236,9 @@ def _install(config: RuntimeConfig, models: list[ExportModel]) -> None:
             for exc in (RequestValidationError, ValueError, KeyError, TypeError):
                 app.add_exception_handler(exc, _bad_request)
             app.add_exception_handler(Refused, _refused)
-            app.add_middleware(Guard, keys=keys, max_body=config.max_request_size)
+            # Added first, so it runs inside the Guard: the token and size checks stay first.
+            app.add_middleware(FastInfer, models={m.name: m for m in models})
+            app.add_middleware(Guard, keys=keys, max_body=config.max_request_size, host=config.host)
 
     class Grpc(ksms.GRPCServer):
         async def start(self, max_workers: int) -> None:
@@ -258,6 +272,18 @@ def _install(config: RuntimeConfig, models: list[ExportModel]) -> None:
     ksms.RESTServer = Rest
     ksms.GRPCServer = Grpc
     binary.install()
+    _install_platform({m.name: m.platform for m in models})
+
+
+def _install_platform(platforms: dict[str, str]) -> None:
+    """Model metadata names the model's platform, as the protocol asks (kserve sends "")."""
+    original = DataPlane.model_metadata
+
+    async def model_metadata(self: DataPlane, model_name: str) -> dict[str, Any]:
+        meta = await original(self, model_name)
+        return {**meta, "platform": platforms.get(model_name, meta.get("platform", ""))}
+
+    DataPlane.model_metadata = model_metadata  # type: ignore[method-assign]
 
 
 def serve(config: RuntimeConfig) -> None:

@@ -1,0 +1,181 @@
+"""The KServe runtime's REST infer route, answered without FastAPI or pydantic.
+
+kserve 0.21 answers `POST /v2/models/{name}/infer` through FastAPI: the body is
+parsed into a pydantic `InferenceRequest` (every tensor element a validated
+Python object), turned into kserve's `InferRequest`, and the answer goes back
+through a pydantic `InferenceResponse` and the JSON encoder. For the digits CNN
+that Python path was about 95% of a served request (issue 28). `FastInfer`, a
+raw ASGI middleware inside the `Guard` (token, body size and routes are still
+checked first), answers the route for the served models itself:
+
+* the body is JSON unless `Inference-Header-Content-Length` is present, whatever
+  the Content-Type says (the binary tensor extension's rule; Triton's client
+  sends JSON with no Content-Type at all);
+* JSON is parsed by orjson, each tensor's `data` list becomes one numpy array
+  (`np.asarray`, in C), binary tensors are read in place (`np.frombuffer`);
+* answers are written by orjson straight from the numpy arrays
+  (`OPT_SERIALIZE_NUMPY`), or as the binary extension when asked for.
+
+Everything else (health, metadata, unknown models, /metrics) stays kserve's.
+The model's checks and its batcher are the ones gRPC requests go through.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import numpy as np
+import orjson
+from prometheus_client import Histogram
+
+from pipeline.runtimes.kserve.security import ASGIApp, Receive, Scope, Send
+from pipeline_runtime import oip
+
+log = logging.getLogger("pipeline.runtimes.kserve")
+
+INFER = re.compile(r"/v2/models/([A-Za-z0-9_.\-]+)/infer")
+LENGTH_HEADER = oip.HEADER_LENGTH.lower().encode()
+REQUEST_SECONDS = Histogram(
+    "pipeline_kserve_request_duration_seconds",
+    "REST inference requests, from the whole body read to the answer written",
+    ["model_name"],
+)
+
+
+class Model(Protocol):
+    """What FastInfer needs of a served model (runtime.ExportModel)."""
+
+    name: str
+    output_names: list[str]
+
+    def check(self, tensors: Any) -> tuple[dict[str, np.ndarray], bool]: ...
+
+    async def run(self, arrays: dict[str, np.ndarray], unbatched: bool) -> list[np.ndarray]: ...
+
+
+class ClientError(Exception):
+    """A request's fault: its status (4xx) and the message for `{"error": ...}`."""
+
+    def __init__(self, reason: str, status: int = 400) -> None:
+        super().__init__(reason)
+        self.reason, self.status = reason, status
+
+
+def parse(body: bytes, headers: Mapping[bytes, bytes]) -> oip.Request:
+    """A REST infer body → typed request: binary exactly when the length header is there."""
+    length = headers.get(LENGTH_HEADER)
+    split = len(body)
+    if length is not None:
+        try:
+            split = int(length)
+        except ValueError:
+            raise ClientError(f"{oip.HEADER_LENGTH} is not a number: {length[:40]!r}.") from None
+        if not 0 < split <= len(body):
+            raise ClientError(f"{oip.HEADER_LENGTH} is {split}; the body has {len(body)} bytes.")
+    if not body:
+        raise ClientError("The request has no body; send an Open Inference Protocol request.")
+    try:
+        parsed = orjson.loads(body[:split])
+    except orjson.JSONDecodeError as err:
+        hint = (
+            "" if length is not None else f" (binary tensors need the {oip.HEADER_LENGTH} header)"
+        )
+        raise ClientError(f"The body is not JSON{hint}: {err}") from None
+    try:
+        return oip.Request.from_json(parsed, body[split:])
+    except (oip.OipError, RecursionError) as err:
+        raise ClientError(f"Malformed request: {err}") from None
+
+
+def encode(
+    request: oip.Request, model: Model, outputs: list[np.ndarray]
+) -> tuple[bytes, int | None]:
+    """The answer as JSON, or as the binary extension for the outputs asked in binary."""
+    arrays = dict(zip(model.output_names, outputs, strict=True))
+    asked = {o["name"]: o.get("parameters") or {} for o in request.outputs}
+    unknown = sorted(set(asked) - set(arrays))
+    if unknown:
+        raise ClientError(f"No output named {unknown}; this model has {model.output_names}.")
+    default_binary = bool(request.parameters.get("binary_data_output", False))
+    items, tails = [], []
+    for name in asked or arrays:
+        array = np.ascontiguousarray(arrays[name])
+        item: dict[str, Any] = {
+            "name": name, "datatype": oip.datatype_of(array.dtype), "shape": list(array.shape)
+        }  # fmt: skip
+        if asked.get(name, {}).get("binary_data", default_binary):
+            raw = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+            item["parameters"] = {"binary_data_size": len(raw)}
+            tails.append(raw)
+        else:
+            item["data"] = array.reshape(-1)
+        items.append(item)
+    header = {"model_name": model.name, "id": request.id or str(uuid.uuid4()), "outputs": items}
+    try:
+        text = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError:  # a dtype orjson does not write: the slow way, still correct
+        for item in items:
+            if "data" in item:
+                item["data"] = item["data"].tolist()
+        text = orjson.dumps(header)
+    return (text + b"".join(tails), len(text)) if tails else (text, None)
+
+
+class FastInfer:
+    """ASGI middleware: the infer route of the served models (see the module doc)."""
+
+    def __init__(self, app: ASGIApp, models: Mapping[str, Model]) -> None:
+        self.app = app
+        self.models = dict(models)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        match = INFER.fullmatch(scope.get("path", "")) if scope["type"] == "http" else None
+        model = self.models.get(match[1]) if match and scope.get("method") == "POST" else None
+        if model is None:
+            await self.app(scope, receive, send)
+            return
+        body = await _body(receive)
+        if body is None:
+            return  # the client went away
+        started = time.perf_counter()
+        headers = dict(scope.get("headers", []))
+        extra: list[tuple[bytes, bytes]] = []
+        try:
+            request = parse(body, headers)
+            arrays, unbatched = model.check(request.inputs)
+            answer, json_length = encode(request, model, await model.run(arrays, unbatched))
+            status, content_type = 200, b"application/json"
+            if json_length is not None:
+                content_type = b"application/octet-stream"
+                extra.append((LENGTH_HEADER, str(json_length).encode()))
+        except ClientError as err:
+            status, content_type, answer = err.status, b"application/json", _error(err.reason)
+        except Exception as err:  # the model failed: the server's fault, said in JSON
+            log.exception("inference failed for %s", model.name)
+            status, content_type = 500, b"application/json"
+            answer = _error(f"Inference failed: {type(err).__name__}: {err}")
+        raw = [(b"content-type", content_type), (b"content-length", str(len(answer)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": raw + extra})
+        await send({"type": "http.response.body", "body": answer})
+        REQUEST_SECONDS.labels(model_name=model.name).observe(time.perf_counter() - started)
+
+
+def _error(reason: str) -> bytes:
+    return orjson.dumps({"error": reason})
+
+
+async def _body(receive: Receive) -> bytes | None:
+    """The whole request body (the Guard has bounded its size); None if the client left."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)

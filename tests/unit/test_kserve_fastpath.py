@@ -1,0 +1,163 @@
+"""The KServe runtime's REST infer route without FastAPI (pipeline.runtimes.kserve.fastpath).
+
+The binary tensor extension's rule: a body is binary exactly when the
+Inference-Header-Content-Length header is there, whatever the Content-Type.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pipeline.runtimes.kserve.fastpath import ClientError, FastInfer, encode, parse
+from pipeline_runtime import oip
+
+X = np.arange(6, dtype=np.float32).reshape(2, 3) / 7
+
+
+def _json_body(x: np.ndarray = X, **extra: Any) -> bytes:
+    tensor = {"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}
+    return json.dumps({"inputs": [tensor], **extra}).encode()
+
+
+def _binary_body(x: np.ndarray = X) -> tuple[bytes, int]:
+    return oip.Request((oip.Tensor.from_array("x", x),)).to_rest(binary=True)
+
+
+def test_a_body_without_the_length_header_is_json_whatever_its_content_type() -> None:
+    request = parse(_json_body(), {b"content-type": b"application/octet-stream"})
+    np.testing.assert_array_equal(request.inputs[0].as_numpy(), X)
+    assert parse(_json_body(), {}).inputs[0].shape == (2, 3)
+
+
+def test_a_body_with_the_length_header_is_binary_and_read_in_place() -> None:
+    body, length = _binary_body()
+    request = parse(body, {b"inference-header-content-length": str(length).encode()})
+    np.testing.assert_array_equal(request.inputs[0].as_numpy(), X)
+    assert not isinstance(request.inputs[0].data, list)  # never a per-element list
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "message"),
+    [
+        (b"", {}, "has no body"),
+        (b"\x00\x01binary", {}, "binary tensors need the Inference-Header-Content-Length"),
+        (b'{"inputs": [', {}, "The body is not JSON"),
+        (b'{"inputs": 3}', {}, "Malformed request"),
+        (b"{}", {b"inference-header-content-length": b"abc"}, "is not a number"),
+        (b"{}", {b"inference-header-content-length": b"9"}, "is 9; the body has 2 bytes"),
+        (b"{}", {b"inference-header-content-length": b"0"}, "is 0; the body has 2 bytes"),
+        (b'{"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "parameters": '
+         b'{"binary_data_size": 8}}]}\x00\x00', None, "8 bytes announced, 2 left"),
+    ],
+)  # fmt: skip
+def test_malformed_bodies_are_client_errors(body: bytes, headers: Any, message: str) -> None:
+    if headers is None:  # the JSON part's own length, the rest too short
+        headers = {b"inference-header-content-length": str(len(body) - 2).encode()}
+    with pytest.raises(ClientError, match=message) as err:
+        parse(body, headers)
+    assert err.value.status == 400
+
+
+class _Model:
+    """A served model's part FastInfer uses: checks inputs, returns two outputs."""
+
+    def __init__(self) -> None:
+        self.name, self.output_names, self.calls = "m", ["y", "z"], 0
+
+    def check(self, tensors: Any) -> tuple[dict[str, np.ndarray], bool]:
+        if [t.name for t in tensors] != ["x"]:
+            raise ClientError("Inputs must be named ['x'].")
+        return {"x": tensors[0].as_numpy()}, False
+
+    async def run(self, arrays: dict[str, np.ndarray], unbatched: bool) -> list[np.ndarray]:
+        self.calls += 1
+        x = arrays["x"]
+        return [x * 2, (x > 0.3).astype(np.int64)]
+
+
+def _request(**body: Any) -> oip.Request:
+    return parse(_json_body(**body), {})
+
+
+def test_answers_are_json_numbers_from_the_arrays() -> None:
+    answer, length = encode(_request(id="r1"), _Model(), [X * 2, np.ones((2,), np.int64)])
+    assert length is None
+    parsed = json.loads(answer)
+    assert parsed["id"] == "r1" and parsed["model_name"] == "m"
+    y, z = parsed["outputs"]
+    assert (y["name"], y["datatype"], y["shape"]) == ("y", "FP32", [2, 3])
+    np.testing.assert_array_equal(np.asarray(y["data"], np.float32).reshape(2, 3), X * 2)
+    assert (z["datatype"], z["data"]) == ("INT64", [1, 1])
+
+
+def test_binary_outputs_when_asked_per_output_or_for_all() -> None:
+    outputs = [X * 2, np.ones((2,), np.int64)]
+    asked = _request(outputs=[{"name": "z", "parameters": {"binary_data": True}}])
+    answer, length = encode(asked, _Model(), outputs)
+    response = oip.Response.from_rest(answer, length)
+    assert [t.name for t in response.outputs] == ["z"]  # only what was asked for
+    np.testing.assert_array_equal(response.outputs[0].as_numpy(), outputs[1])
+
+    every = _request(parameters={"binary_data_output": True})
+    answer, length = encode(every, _Model(), outputs)
+    response = oip.Response.from_rest(answer, length)
+    np.testing.assert_array_equal(response.outputs[0].as_numpy(), outputs[0])
+    assert length is not None and b'"data"' not in answer[:length]
+
+
+def test_an_unknown_output_is_a_client_error() -> None:
+    with pytest.raises(ClientError, match=r"No output named \['w'\]"):
+        encode(_request(outputs=[{"name": "w"}]), _Model(), [X, X])
+
+
+def _asgi(app: FastInfer, path: str, messages: list[dict], headers: list | None = None):
+    sent: list[dict] = []
+    queue = list(messages)
+
+    async def receive() -> dict:
+        return queue.pop(0)
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "headers": headers or []}
+    asyncio.run(app(scope, receive, send))
+    return sent
+
+
+def _passed_through() -> tuple[FastInfer, list[str]]:
+    seen: list[str] = []
+
+    async def inner(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope["path"])
+
+    return FastInfer(inner, {"m": _Model()}), seen
+
+
+def test_the_route_of_a_served_model_is_answered_from_a_body_in_several_messages() -> None:
+    app, seen = _passed_through()
+    body = _json_body()
+    chunks = [{"type": "http.request", "body": body[:10], "more_body": True},
+              {"type": "http.request", "body": body[10:], "more_body": False}]  # fmt: skip
+    start, message = _asgi(app, "/v2/models/m/infer", chunks)
+    assert start["status"] == 200 and not seen
+    assert json.loads(message["body"])["outputs"][0]["name"] == "y"
+
+
+def test_other_routes_and_models_go_to_kserve() -> None:
+    app, seen = _passed_through()
+    for path in ("/v2/models/other/infer", "/v2/models/m", "/v2/health/ready"):
+        assert _asgi(app, path, []) == []
+    assert seen == ["/v2/models/other/infer", "/v2/models/m", "/v2/health/ready"]
+
+
+def test_a_bad_request_is_a_json_4xx_and_a_client_gone_gets_nothing() -> None:
+    app, _ = _passed_through()
+    start, message = _asgi(app, "/v2/models/m/infer", [{"type": "http.request", "body": b"{"}])
+    assert start["status"] == 400 and "not JSON" in json.loads(message["body"])["error"]
+    assert _asgi(app, "/v2/models/m/infer", [{"type": "http.disconnect"}]) == []
