@@ -28,17 +28,12 @@ from pipeline.runtimes.kserve.config import RuntimeConfig
 from pipeline.runtimes.kserve.launch import served_export, start
 from pipeline.serving.launcher import free_port, stop
 from pipeline.serving.server import INFERENCE_KEY_FILE, Server
+from pipeline_runtime import oip
 
 
 def _kserve():
-    """kserve's clients; importing kserve parses sys.argv, so hide pytest's."""
-    argv, sys.argv = sys.argv, sys.argv[:1]
-    try:
-        import kserve
-        from kserve.inference_client import RESTConfig
-    finally:
-        sys.argv = argv
-    return kserve, RESTConfig
+    """kserve and its REST client's settings (imported with sys.argv hidden from kserve)."""
+    return oip.kserve_module("kserve"), oip.kserve_module("kserve.inference_client").RESTConfig
 
 
 @pytest.fixture(scope="module")

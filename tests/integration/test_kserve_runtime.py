@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import socket
-import sys
 import threading
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from pipeline.runtimes.kserve.config import RuntimeConfig
 from pipeline.runtimes.kserve.launch import served_export, start
 from pipeline.serving.launcher import free_port, stop
 from pipeline.serving.server import INFERENCE_KEY_FILE, SERVER_FILE, Server
+from pipeline_runtime import oip
 from tests.conftest import run_cli
 from tests.manifest_reads import counted
 
@@ -37,14 +37,9 @@ GATE = "my_decision_gate"
 
 
 def _stubs():
-    """kserve's gRPC stubs; importing kserve parses sys.argv, so hide pytest's."""
-    argv, sys.argv = sys.argv, sys.argv[:1]
-    try:
-        from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
-        from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc as pbg
-    finally:
-        sys.argv = argv
-    return pb, pbg
+    """kserve's gRPC stubs (imported with sys.argv hidden from kserve)."""
+    pb = oip.kserve_module("kserve.protocol.grpc.grpc_predict_v2_pb2")
+    return pb, oip.kserve_module("kserve.protocol.grpc.grpc_predict_v2_pb2_grpc")
 
 
 @pytest.fixture(scope="module")
