@@ -39,8 +39,8 @@ class KServe(runtime.Runtime):
     name = NAME
     title = "the KServe runtime"
     markers = (CONFIG_FILE,)
-    # One process: a killed runtime is restarted by Kubernetes, not by itself.
-    replaces_workers = False
+    # The supervisor replaces a killed worker (supervisor.py): loadtest --kill-worker-after.
+    replaces_workers = True
     # `pipeline stop` deletes no key file: the inference token outlives a restart, so
     # clients keep working (`--rotate-token` replaces it; tokens.py).
     removed_on_stop = ()
@@ -83,6 +83,14 @@ class KServe(runtime.Runtime):
             help="how long a batch waits for more requests (default: 0, only what is queued)",
         )
         group.add_argument(
+            "--workers",
+            type=int,
+            metavar="N",
+            help="runtime processes sharing the ports, each with its own models and batcher; "
+            "a dead one is replaced (default: one per core, at most 8; each gets "
+            "cores // N intra-op threads unless --threads-per-worker says)",
+        )
+        group.add_argument(
             "--rotate-token",
             action="store_true",
             help="write a new inference token (and metrics key, off loopback) even though the "
@@ -93,12 +101,20 @@ class KServe(runtime.Runtime):
     def serve(self, args: argparse.Namespace, run_dir: Path) -> Server:
         from pipeline.core import paths
         from pipeline.core.defaults import DEFAULT_MODEL
-        from pipeline.runtimes.kserve.config import RuntimeConfig, default_threads
+        from pipeline.runtimes.kserve.config import (
+            RuntimeConfig,
+            default_threads,
+            default_workers,
+        )
         from pipeline.runtimes.kserve.launch import served_export, start
+        from pipeline.serving.server import ServeError
 
         dirs = list(args.export_dir or [])
         dirs += [paths.export_dir(m, args.artifacts_dir) for m in args.serve_models or []]
         dirs = dirs or [paths.export_dir(DEFAULT_MODEL, args.artifacts_dir)]
+        workers = default_workers() if args.workers is None else args.workers
+        if workers < 1:
+            raise ServeError(f"--workers must be at least 1, e.g. --workers 2; got {workers}.")
         config = RuntimeConfig(
             models=[served_export(d, args.format) for d in dirs],
             host=args.host,
@@ -109,7 +125,8 @@ class KServe(runtime.Runtime):
             tls_key=str(args.tls_key) if args.tls_key else None,
             max_batch_size=args.max_batch_size,
             max_batch_delay_ms=args.max_batch_delay_ms,
-            threads=args.threads_per_worker or default_threads(),
+            threads=args.threads_per_worker or default_threads(workers),
+            workers=workers,
         )
         return start(config, run_dir, rotate_token=args.rotate_token)
 
@@ -174,8 +191,17 @@ class KServe(runtime.Runtime):
         return oip_request_file(server, name, path)
 
     def worker_pids(self, server: Server, name: str) -> list[int]:
-        # One process serves every model.
-        return [server.pid] if server.alive() else []
+        # Every worker serves every model; they are the supervisor's (server.pid's) children.
+        import psutil
+
+        if not server.alive():
+            return []
+        try:
+            children = psutil.Process(server.pid).children()
+            # A killed worker is a zombie until the supervisor reaps it: not serving.
+            return sorted(p.pid for p in children if p.status() != psutil.STATUS_ZOMBIE)
+        except psutil.NoSuchProcess:
+            return []
 
     def parity_backends(
         self, model: str, manifest: Manifest, server: Server, export_dir: Path

@@ -8,6 +8,7 @@ parses the other's command line.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -16,12 +17,32 @@ import psutil
 from pipeline.runtimes.kserve import CONFIG_FILE  # noqa: F401 - the runtime's marker
 from pipeline.serving.provenance import ArchiveInfo
 
+# `pipeline serve --runtime kserve`'s workers when not told: one per core it may use, at
+# most this many (each worker holds its own copy of every model).
+MAX_DEFAULT_WORKERS = 8
 
-def default_threads() -> int:
-    """Intra-op threads of the runtime's forward passes when not told: one per physical
-    core. It runs one pass at a time per model (stacking what is queued), where TorchServe
-    runs a single-threaded worker per core."""
-    return psutil.cpu_count(logical=False) or 1
+
+def cores() -> int:
+    """The cores this process may run on (its affinity, which a container's cpuset limits)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return psutil.cpu_count() or 1
+
+
+def default_workers() -> int:
+    """Runtime processes when not told: one per core, at most MAX_DEFAULT_WORKERS. Each runs
+    one forward pass at a time per model, so one process cannot use a second core for
+    its Python request path; more processes can (issue 28, point 3)."""
+    return max(1, min(cores(), MAX_DEFAULT_WORKERS))
+
+
+def default_threads(workers: int = 1) -> int:
+    """Intra-op threads of each worker's forward passes when not told: the physical cores
+    shared out among the workers, at least one (one worker: one per physical core, as
+    before workers; TorchServe runs a single-threaded worker per core)."""
+    physical = min(psutil.cpu_count(logical=False) or 1, cores())
+    return max(1, physical // max(1, workers))
 
 
 @dataclass(frozen=True)
@@ -52,7 +73,11 @@ class RuntimeConfig:
     # waits at most max_batch_delay_ms for more (0: only what is already queued).
     max_batch_size: int = 8
     max_batch_delay_ms: float = 0.0
-    threads: int = 1  # intra-op threads for the model calls
+    threads: int = 1  # intra-op threads for the model calls, per worker
+    # Runtime processes sharing the ports (SO_REUSEPORT), each with its own models, batcher
+    # and Guard, under the supervisor. 1 here (tests, bench's private servers); `pipeline
+    # serve` passes --workers, default config.default_workers().
+    workers: int = 1
     log_file: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
 

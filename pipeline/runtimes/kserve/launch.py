@@ -5,8 +5,9 @@ token in `<run_dir>/inference_key.json` from the previous start when it is fit, 
 writes a new one (mode 0600, the shape TorchServe's clients read:
 `{"inference": {"key": ...}}`; `rotate_token` always writes one; see tokens.py), off
 loopback does the same for the metrics key in `metrics_key.json`, starts
-`python -m pipeline.runtimes.kserve.runtime <run_dir>/kserve.json` in its own session,
-waits until `/v2/health/ready` answers 200 (every model loaded and warmed up)
+`python -m pipeline.runtimes.kserve.supervisor <run_dir>/kserve.json` in its own session
+(it starts `config.workers` runtime processes sharing the ports; supervisor.py),
+waits until `/v2/health/ready` answers 200 (every worker's models loaded and warmed up)
 and records a `server.json` that `pipeline stop` (`pipeline.serving.launcher.stop`)
 recognises and stops.
 
@@ -138,7 +139,7 @@ def start(
         "MKL_NUM_THREADS": threads,
         "PYTHONWARNINGS": "ignore::FutureWarning",
     }
-    argv = [sys.executable, "-m", "pipeline.runtimes.kserve.runtime", str(conf)]
+    argv = [sys.executable, "-m", "pipeline.runtimes.kserve.supervisor", str(conf)]
     proc = spawn(argv, run_dir, "kserve.out", env)
     scheme = "https" if config.tls_cert else "http"
     host = f"[{config.host}]" if ":" in config.host else config.host

@@ -1,5 +1,9 @@
 """The KServe runtime process: `python -m pipeline.runtimes.kserve.runtime <run_dir>/kserve.json`.
 
+With `--worker SLOT` it is one of the supervisor's workers (supervisor.py): it binds
+the HTTP port with SO_REUSEPORT beside the others and answers /v2/health/ready with 200
+only once every worker has warmed up. Without it, one process alone (the deploy image).
+
 A real kserve 0.21 `ModelServer` serving one model per export over the Open
 Inference Protocol (REST `/v2/...` and gRPC), each model loaded with
 `open_export(dir).load(format)` — the Runner verify uses — and warmed up on
@@ -22,6 +26,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import socket
 import sys
 import uuid
 from concurrent import futures
@@ -54,6 +60,7 @@ from pipeline.runtimes.kserve.batching import Batcher  # noqa: E402
 from pipeline.runtimes.kserve.config import RuntimeConfig, ServedExport  # noqa: E402
 from pipeline.runtimes.kserve.fastpath import ClientError, FastInfer  # noqa: E402
 from pipeline.runtimes.kserve.security import Guard, TokenInterceptor  # noqa: E402
+from pipeline.runtimes.kserve.supervisor import all_ready_marker, ready_marker  # noqa: E402
 from pipeline.serving.guard import Keys  # noqa: E402
 from pipeline_runtime import codec, oip  # noqa: E402
 from pipeline_runtime.request import MAX_ELEMENTS, SAMPLES_PER_BATCH  # noqa: E402
@@ -67,6 +74,8 @@ BATCH_SIZE = Histogram(
     buckets=(1, 2, 4, 8, 16, 32, 64),
 )
 WARMED = Gauge("pipeline_kserve_warmed_up", "1 once the model ran its warm-up", ["model_name"])
+# Which process answered a scrape: each worker has its own registry (batch sizes included).
+WORKER = Gauge("pipeline_kserve_worker", "1 per runtime process: its slot and pid", ["slot", "pid"])
 GRACE_S = 5  # seconds the servers get to finish requests on SIGTERM
 
 
@@ -210,9 +219,22 @@ async def _refused(request: Any, exc: Refused) -> JSONResponse:
     return JSONResponse({"error": exc.reason}, status_code=exc.status)
 
 
-def _install(config: RuntimeConfig, models: list[ExportModel]) -> None:
+def _reuseport_socket(host: str, port: int) -> socket.socket:
+    """A listening socket that the other workers bind too: the kernel spreads new
+    connections over them, and a dead worker's share goes to the rest."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(2048)  # uvicorn's default backlog
+    return sock
+
+
+def _install(config: RuntimeConfig, models: list[ExportModel], worker: Worker | None) -> None:
     """Replace kserve's REST and gRPC servers with ones that bind `config.host`, check
-    the token and the body size, and answer malformed requests with 400 JSON."""
+    the token and the body size, and answer malformed requests with 400 JSON. `worker`:
+    this process is one of the supervisor's; it shares the ports and is ready only when
+    every worker is."""
     keys = Keys(Path(config.token_file)) if config.token_file else None
     host = config.host
 
@@ -223,7 +245,7 @@ def _install(config: RuntimeConfig, models: list[ExportModel]) -> None:
 
         def _register_endpoints(self, app: Any) -> None:
             async def ready() -> JSONResponse:
-                warm = all(m.ready for m in models)
+                warm = all(m.ready for m in models) and (worker is None or worker.all_ready())
                 return JSONResponse({"ready": warm}, status_code=200 if warm else 503)
 
             # Registered first, so it answers instead of kserve's (always ready).
@@ -240,6 +262,16 @@ def _install(config: RuntimeConfig, models: list[ExportModel]) -> None:
             app.add_middleware(FastInfer, models={m.name: m for m in models})
             app.add_middleware(Guard, keys=keys, max_body=config.max_request_size, host=config.host)
 
+        async def start(self) -> None:
+            if worker is None:
+                await super().start()
+                return
+            # kserve's start lets uvicorn bind; a worker hands it a SO_REUSEPORT socket instead.
+            self.create_application()
+            sock = _reuseport_socket(host, config.http_port)
+            worker.mark_ready(f"{host}:{config.http_port}")
+            await self._server.serve(sockets=[sock])
+
     class Grpc(ksms.GRPCServer):
         async def start(self, max_workers: int) -> None:
             interceptors = [LoggingInterceptor(), ExceptionToStatusInterceptor()]
@@ -251,6 +283,8 @@ def _install(config: RuntimeConfig, models: list[ExportModel]) -> None:
                 options=[
                     ("grpc.max_send_message_length", 64 * 2**20),
                     ("grpc.max_receive_message_length", config.max_request_size),
+                    # gRPC's default, said here because the workers rely on it.
+                    ("grpc.so_reuseport", 1),
                 ],
             )
             grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
@@ -286,14 +320,41 @@ def _install_platform(platforms: dict[str, str]) -> None:
     DataPlane.model_metadata = model_metadata  # type: ignore[method-assign]
 
 
-def serve(config: RuntimeConfig) -> None:
+class Worker:
+    """This process as the supervisor's worker `slot` (pipeline.runtimes.kserve.supervisor)."""
+
+    def __init__(self, conf: Path, slot: int) -> None:
+        self.slot = slot
+        self.mine = ready_marker(conf, slot)
+        self.every = all_ready_marker(conf)
+
+    def mark_ready(self, address: str) -> None:
+        self.mine.write_text(str(os.getpid()))
+        # uvicorn logs no "Uvicorn running on" for sockets handed to it: say it here.
+        log.info(
+            "worker %d (pid %d): HTTP listening on %s (SO_REUSEPORT)",
+            self.slot,
+            os.getpid(),
+            address,
+        )
+
+    def all_ready(self) -> bool:
+        return self.every.exists()
+
+
+def serve(config: RuntimeConfig, worker: Worker | None = None) -> None:
+    """Serve `config.models` until SIGTERM; `worker`: as one of the supervisor's workers."""
     torch.set_num_threads(max(1, config.threads))
     models = [ExportModel(m, config) for m in config.models]
-    _install(config, models)
+    if worker is not None:
+        WORKER.labels(slot=str(worker.slot), pid=str(os.getpid())).set(1)
+    _install(config, models, worker)
     server = kserve.ModelServer(
         http_port=config.http_port,
         grpc_port=config.grpc_port,
-        workers=1,  # more would be spawned processes: no middleware, one batcher each
+        # kserve's own workers are processes it spawns from an import string, with none of
+        # _install's servers or middlewares: ours are the supervisor's (docs/kserve.md).
+        workers=1,
         enable_grpc=True,
         enable_docs_url=False,
         grace_period=GRACE_S,
@@ -307,14 +368,17 @@ def serve(config: RuntimeConfig) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) != 1:
+    ok = len(argv) == 1 or (len(argv) == 3 and argv[1] == "--worker" and argv[2].isdigit())
+    if not ok:
         print(
-            "usage: python -m pipeline.runtimes.kserve.runtime <run_dir>/kserve.json",
+            "usage: python -m pipeline.runtimes.kserve.runtime <run_dir>/kserve.json "
+            "[--worker SLOT]",
             file=sys.stderr,
         )
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    serve(RuntimeConfig.read(Path(argv[0])))
+    conf = Path(argv[0])
+    serve(RuntimeConfig.read(conf), Worker(conf, int(argv[2])) if len(argv) == 3 else None)
     return 0
 
 

@@ -1,0 +1,157 @@
+"""The KServe runtime's workers (issue 28, point 3): a real `pipeline serve --runtime kserve
+--workers 2` on 127.0.0.1, started by a fixture and always stopped.
+
+Two runtime processes share the HTTP port (SO_REUSEPORT) under a supervisor: both answer,
+a SIGKILLed one is replaced while the other keeps answering, `pipeline loadtest
+--kill-worker-after` loses nothing (the standard of TorchServe's kill test in
+test_reliability.py), and `pipeline stop` leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from pipeline.export import ExportResult
+from pipeline.runtimes.kserve import CONFIG_FILE
+from pipeline.serving import runtime
+from pipeline.serving.client import post
+from pipeline.serving.launcher import free_port, orphans, stop
+from pipeline.serving.loadtest import LoadConfig, run
+from pipeline.serving.server import INFERENCE_KEY_FILE, Server
+from pipeline.zoo.data import digits_sample
+from tests.conftest import run_cli
+
+DIGITS = "digits_lenet"
+
+
+def _serve(exported: ExportResult, run_dir: Path) -> Server:
+    proc = run_cli(
+        "serve", "--runtime", "kserve", "--workers", "2", "--export-dir", exported.out_dir,
+        "--format", "onnx", "--port", free_port(), "--grpc-port", free_port(),
+        "--run-dir", run_dir,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return Server.load(run_dir)
+
+
+@pytest.fixture(scope="module")
+def server(exported: ExportResult, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    run_dir = tmp_path_factory.mktemp("kserve_workers")
+    try:
+        yield _serve(exported, run_dir)
+    finally:
+        stop(run_dir)
+
+
+def _workers(server: Server) -> list[int]:
+    return runtime.of(server).worker_pids(server, DIGITS)
+
+
+def _infer(server: Server) -> int:
+    key = json.loads((Path(server.run_dir) / INFERENCE_KEY_FILE).read_text())["inference"]["key"]
+    url = f"{server.inference_url}/v2/models/{DIGITS}/infer"
+    x = digits_sample(1)
+    oip = {"inputs": [{"name": "image", "datatype": "FP32", "shape": list(x.shape),
+                       "data": x.flatten().tolist()}]}  # fmt: skip
+    # A fresh connection each time: the kernel picks a worker per connection.
+    r = httpx.post(url, json=oip, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    return r.status_code
+
+
+def _replaced(server: Server, killed: int, timeout_s: float = 60.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids = _workers(server)
+        if len(pids) == 2 and killed not in pids:
+            ready = [Path(server.run_dir) / "workers" / f"{s}.ready" for s in (0, 1)]
+            if {int(p.read_text()) for p in ready if p.exists()} == set(pids):
+                return pids
+        time.sleep(0.2)
+    raise AssertionError(f"worker {killed} not replaced within {timeout_s} s: {_workers(server)}")
+
+
+def test_two_workers_both_answer(server: Server) -> None:
+    """Each process has its own /metrics registry: scraped over fresh connections, both
+    workers show up, each naming its pid and having counted forward passes of its own."""
+    pids = _workers(server)
+    assert len(pids) == 2 and server.pid not in pids
+    assert httpx.get(f"{server.inference_url}/v2/health/ready").status_code == 200
+    for _ in range(40):
+        assert _infer(server) == 200
+    seen: dict[int, float] = {}
+    for _ in range(100):
+        text = httpx.get(f"{server.inference_url}/metrics", timeout=10).text
+        (pid,) = re.findall(r'^pipeline_kserve_worker\{pid="(\d+)",slot="\d"\} 1\.0$', text, re.M)
+        count = re.search(
+            rf'^pipeline_kserve_batch_size_count{{model_name="{DIGITS}"}} (\S+)$', text, re.M
+        )
+        seen[int(pid)] = float(count.group(1)) if count else 0.0
+        if len(seen) == 2:
+            break
+    assert set(seen) == set(pids), seen
+    assert all(n > 0 for n in seen.values()), seen  # both ran forward passes
+
+
+def test_killed_worker_is_replaced_and_the_server_keeps_answering(server: Server) -> None:
+    before = _workers(server)
+    os.kill(before[0], signal.SIGKILL)
+    body = runtime.of(server).encode({"image": digits_sample(1)})
+    for _ in range(20):  # the other worker answers meanwhile (the client resends a reset)
+        assert post(server, DIGITS, body.content, body.content_type).status_code == 200
+    after = _replaced(server, before[0])
+    assert before[1] in after
+    log = (Path(server.run_dir) / "logs" / "kserve.out").read_text()
+    assert re.search(
+        rf"worker \d \(pid {before[0]}\) exited with signal SIGKILL; started pid \d+ in its place",
+        log,
+    ), log[-2000:]
+    assert httpx.get(f"{server.inference_url}/v2/health/ready").status_code == 200
+    for _ in range(10):
+        assert _infer(server) == 200
+
+
+def test_worker_sigkill_mid_loadtest_loses_nothing(server: Server, exported: ExportResult) -> None:
+    """As TorchServe's (test_reliability.test_worker_sigkill_mid_run_loses_nothing)."""
+    _replaced(server, -1)  # both workers up, whatever the tests before did
+    report = run(
+        LoadConfig(
+            export_dir=exported.out_dir, run_dir=Path(server.run_dir), format="onnx",
+            requests=800, concurrency=32, time_limit_s=240, kill_worker_after=300,
+        )
+    )  # fmt: skip
+    assert report.killed_pid is not None
+    assert report.passed, report.summary()  # no request failed, none was wrong, none lost
+    assert report.answered == 800
+    assert report.recovery_s is not None and report.recovery_s < 60, report.summary()
+    assert report.killed_pid not in report.worker_pids_after
+    assert len(report.worker_pids_after) == len(report.worker_pids_before)
+
+
+def test_stop_leaves_no_process(exported: ExportResult, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    try:
+        server = _serve(exported, run_dir)
+        family = [server.pid, *_workers(server)]
+        assert len(family) == 3
+        proc = run_cli("stop", "--run-dir", run_dir)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        marker = str(run_dir / CONFIG_FILE)
+        left = [
+            p.pid
+            for p in psutil.process_iter(["cmdline"])
+            if marker in (p.info.get("cmdline") or [])
+        ]
+        assert left == [] and orphans(run_dir) == []
+        assert not any(psutil.pid_exists(pid) for pid in family)
+    finally:
+        stop(run_dir)
