@@ -102,6 +102,22 @@ def test_two_workers_both_answer(server: Server) -> None:
     assert all(n > 0 for n in seen.values()), seen  # both ran forward passes
 
 
+def test_kept_alive_requests_do_not_wait_for_delayed_acks(server: Server) -> None:
+    """The workers' own sockets must set TCP_NODELAY as uvicorn's do: without it each
+    kept-alive request waited ~40 ms (Nagle against the client's delayed ACK)."""
+    key = json.loads((Path(server.run_dir) / INFERENCE_KEY_FILE).read_text())["inference"]["key"]
+    body = runtime.of(server).encode({"image": digits_sample(1)})
+    url = f"{server.inference_url}/v2/models/{DIGITS}/infer"
+    headers = {"Authorization": f"Bearer {key}", **body.headers}
+    took = []
+    with httpx.Client(headers=headers, timeout=30) as http:
+        for _ in range(31):
+            t0 = time.perf_counter()
+            assert http.post(url, content=body.content).status_code == 200
+            took.append(time.perf_counter() - t0)
+    assert sorted(took)[15] < 0.02, took  # ~1.5 ms here; 40 ms is the delayed ACK
+
+
 def test_killed_worker_is_replaced_and_the_server_keeps_answering(server: Server) -> None:
     before = _workers(server)
     os.kill(before[0], signal.SIGKILL)

@@ -222,7 +222,12 @@ async def _refused(request: Any, exc: Refused) -> JSONResponse:
 def _reuseport_socket(host: str, port: int) -> socket.socket:
     """A listening socket that the other workers bind too: the kernel spreads new
     connections over them, and a dead worker's share goes to the rest."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP said, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP
+    # (base_events._set_nodelay), and accepted sockets copy it. With 0, Nagle and delayed
+    # ACKs made each kept-alive request wait ~40 ms.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
