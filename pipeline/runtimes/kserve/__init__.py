@@ -87,7 +87,7 @@ class KServe(runtime.Runtime):
             type=int,
             metavar="N",
             help="runtime processes sharing the ports, each with its own models and batcher; "
-            "a dead one is replaced (default: one per core, at most 8; each gets "
+            "a dead one is replaced (default: the cores but one, 1 to 8; each gets "
             "cores // N intra-op threads unless --threads-per-worker says)",
         )
         group.add_argument(
