@@ -17,7 +17,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -181,3 +181,15 @@ def assert_clean_error(proc: subprocess.CompletedProcess[str], *fragments: str) 
     assert "\nerror: " in "\n" + proc.stderr, proc.stderr
     for fragment in fragments:
         assert fragment in proc.stderr, proc.stderr
+
+
+def assert_kill_lost_nothing(report: Any, requests: int) -> None:
+    """The kill-a-worker standard every runtime meets (`loadtest --kill-worker-after`): a
+    worker was killed, every request was answered and right, service came back within a
+    minute, and the dead worker was replaced by a new one."""
+    assert report.killed_pid is not None
+    assert report.passed, report.summary()  # no request failed, none was wrong, none lost
+    assert report.answered == requests
+    assert report.recovery_s is not None and report.recovery_s < 60, report.summary()
+    assert report.killed_pid not in report.worker_pids_after
+    assert len(report.worker_pids_after) == len(report.worker_pids_before)
