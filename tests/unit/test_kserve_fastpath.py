@@ -99,6 +99,7 @@ def test_binary_outputs_when_asked_per_output_or_for_all() -> None:
     outputs = [X * 2, np.ones((2,), np.int64)]
     asked = _request(outputs=[{"name": "z", "parameters": {"binary_data": True}}])
     answer, length = encode(asked, _Model(), outputs)
+    assert length is not None and b'"data"' not in answer[:length]  # z went as bytes
     response = oip.Response.from_rest(answer, length)
     assert [t.name for t in response.outputs] == ["z"]  # only what was asked for
     np.testing.assert_array_equal(response.outputs[0].as_numpy(), outputs[1])
