@@ -77,12 +77,16 @@ class Supervisor:
         self.stopping = False
         self.all_ready = False
 
+    def worker_argv(self, slot: int) -> list[str]:
+        """The command of worker `slot`: a runtime process serving every model."""
+        runtime = "pipeline.runtimes.kserve.runtime"
+        return [sys.executable, "-m", runtime, str(self.conf), "--worker", str(slot)]
+
     def _spawn(self, slot: int) -> subprocess.Popen:
         ready_marker(self.conf, slot).unlink(missing_ok=True)
-        argv = [sys.executable, "-m", "pipeline.runtimes.kserve.runtime", str(self.conf)]
         # Same process group as this one (no new session): `pipeline stop` signals them all.
         # preexec_fn is safe here: the supervisor runs no other thread.
-        proc = subprocess.Popen([*argv, "--worker", str(slot)], preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(self.worker_argv(slot), preexec_fn=_die_with_parent)
         self.procs[slot] = proc
         return proc
 
