@@ -86,6 +86,10 @@ class BenchConfig:
     peer_models: tuple[str, ...] = (SERVED_MODELS[0],)
     peer_requests: int = 1500
     peer_rounds: int = 2
+    # Let each runtime first measure its own settings (the KServe runtime: how many worker
+    # processes serve each served model best; kserve_workers.json, which `pipeline serve`
+    # reads) and measure its rows, and the peers beside it, with what it found.
+    tune: bool = True
     # Export folders by model, where they are not <artifacts>/<model>/export.
     export_dirs: dict[str, Path] = field(default_factory=dict)
 
@@ -113,6 +117,7 @@ class BenchConfig:
             cpp=False,
             opsets=(),
             time_budget_s=10.0,
+            tune=False,
         )
         return cls(**{**base, **kw})
 
@@ -279,6 +284,8 @@ def run_bench(config: BenchConfig) -> BenchResult:
         requests_per_level=config.served_requests,
         batching=config.batching,
         level_budget_s=config.served_level_budget_s,
+        tune=config.tune,
+        out_dir=out_dir,
     )
     for model in config.served_models:
         for rt in chosen:
@@ -296,6 +303,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
         run = bench_peers(
             model, exported_of(model), runtimes=config.runtimes, requests=config.peer_requests,
             level_budget_s=config.served_level_budget_s, rounds=config.peer_rounds,
+            tuned_in=out_dir if config.tune else None,
         )  # fmt: skip
         peers += [p.to_json() for p in run.points]
         skipped += run.skipped
@@ -345,6 +353,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
             report.to_markdown(cells, info, peak),
             report.fastest_markdown(fastest),
             report.served_markdown(served),
+            *(rt.bench_notes(out_dir) for rt in chosen),
             peers_markdown(peers, peer_settings, data["peer_targets"]),
             report.targets_markdown(data["targets"]),
             report.skipped_markdown(skipped),

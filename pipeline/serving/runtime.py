@@ -72,6 +72,10 @@ class BenchSettings:
     requests_per_level: int = 200
     batching: tuple[str, ...] = ("off", "on")
     level_budget_s: float = 20.0
+    # A runtime may first measure its own settings (the KServe runtime: how many worker
+    # processes serve best) and keep what it found in `out_dir` for `pipeline serve`.
+    tune: bool = False
+    out_dir: Path | None = None
 
 
 class Runtime(abc.ABC):
@@ -110,10 +114,11 @@ class Runtime(abc.ABC):
 
     @abc.abstractmethod
     def private(
-        self, exported: ExportedModel, fmt: str, **settings: Any
+        self, exported: ExportedModel, fmt: str, *, tuned_in: Path | None = None, **settings: Any
     ) -> contextlib.AbstractContextManager[Server]:
         """A server of its own serving `exported` in `fmt`, on free loopback ports, stopped
-        on exit (loadtest --serve)."""
+        on exit (loadtest --serve). `tuned_in`: a bench folder whose findings (bench with
+        `BenchSettings.tune`) the server's settings follow, as `pipeline serve`'s do."""
 
     # -- the wire -------------------------------------------------------------------
     @abc.abstractmethod
@@ -157,6 +162,11 @@ class Runtime(abc.ABC):
     ) -> tuple[list[Any], list[dict[str, Any]]]:
         """Serve `model` and measure every concurrency level: (points, skipped). Each point
         has `to_json()`; its backend is `<name>/<format>`."""
+
+    def bench_notes(self, out_dir: Path) -> str:
+        """Markdown for bench.md about what this runtime's bench found in `out_dir` beyond
+        its rows (e.g. a settings sweep); "" when nothing."""
+        return ""
 
     def targets(self, cells: list[dict], served: list[dict]) -> list[dict[str, Any]]:
         """This runtime's performance targets over one bench run (none by default)."""

@@ -381,6 +381,10 @@ def test_cli_serve_and_stop_leave_nothing(exported: ExportResult, tmp_path: Path
             if c.status == psutil.CONN_LISTEN
         }
         assert listening == {"127.0.0.1"}, listening
+        # It says how many workers it started and why (bench's sweep or the cores rule).
+        said = re.search(r"workers: (\d+) × \d+ thread\(s\) \((.+)\)", served.stdout)
+        assert said, served.stdout
+        assert len(supervisor.children()) == int(said[1]) and said[2]
         r = httpx.get(f"{record.inference_url}/v2/health/ready")
         assert r.status_code == 200
     finally:

@@ -166,3 +166,26 @@ def test_stop_leaves_no_process(exported: ExportResult, tmp_path: Path) -> None:
         assert not any(psutil.pid_exists(pid) for pid in family)
     finally:
         stop(run_dir)
+
+
+def test_bench_sweep_measures_and_serve_follows_it(
+    exported: ExportResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # bench's worker sweep on a real runtime, few requests, one count (2 workers: the
+    # counts it tries are unit-tested, each start costs seconds): both levels measured,
+    # nothing failed, and the count it calls best is what bench's private runtimes (and
+    # `pipeline serve`, through the same `choose`) then start.
+    from pipeline.export.opened import open_export
+    from pipeline.runtimes.kserve import sweep
+
+    monkeypatch.setattr(sweep, "candidates", lambda: [2])
+    opened = open_export(exported.out_dir)
+    found = sweep.sweep(DIGITS, opened, requests=16, budget_s=2.0)
+    assert found is not None and found["format"] == "onnx"
+    assert {(p["workers"], p["concurrency"]) for p in found["points"]} == {(2, 8), (2, 32)}
+    assert all(p["failed"] == 0 and p["throughput"] > 0 for p in found["points"])
+    assert found["best"] == 2
+    sweep.write(tmp_path, {opened.name: found})
+    assert sweep.choose(tmp_path, [DIGITS]).workers == 2
+    with runtime.get("kserve").private(opened, "onnx", tuned_in=tmp_path) as server:
+        assert len(_workers(server)) == 2

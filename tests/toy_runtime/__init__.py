@@ -118,7 +118,9 @@ class Toy(runtime.Runtime):
         return [f"the toy runtime is up (pid {server.pid}) on {server.inference_url}"]
 
     @contextlib.contextmanager
-    def private(self, exported: ExportedModel, fmt: str, **settings: Any) -> Iterator[Server]:
+    def private(
+        self, exported: ExportedModel, fmt: str, *, tuned_in: Path | None = None, **settings: Any
+    ) -> Iterator[Server]:
         with tempfile.TemporaryDirectory(prefix="toy-") as tmp:
             run_dir = Path(tmp) / "run"
             server = start([(exported.dir, exported.manifest, fmt)], run_dir, launcher.free_port())

@@ -26,6 +26,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -81,9 +82,11 @@ def bench_peers(
     requests: int,
     level_budget_s: float,
     rounds: int,
+    tuned_in: Path | None = None,
 ) -> PeerRun:
     """Measure the peers and our runtimes (those in `runtimes`, None: all) serving
-    `exported`'s ONNX file; `rounds` passes, alternating the order."""
+    `exported`'s ONNX file; `rounds` passes, alternating the order. `tuned_in`: the bench
+    folder whose findings our runtimes start with (their worker count), as serve does."""
     run = PeerRun()
     if FORMAT not in {f.key for f in exported.formats()}:
         why = f"{model}'s export holds no {FORMAT} artifact; re-export with --format all"
@@ -103,7 +106,7 @@ def bench_peers(
     def ours_window(rt: runtime.Runtime) -> Any:
         @contextlib.contextmanager
         def window() -> Iterator[tuple[Server, str]]:
-            with rt.private(exported, FORMAT) as server:
+            with rt.private(exported, FORMAT, tuned_in=tuned_in) as server:
                 name = server.models[0]
                 workers[0] = max(1, len(rt.worker_pids(server, name)))
                 run.settings[f"{rt.name}/{FORMAT} on"] = {

@@ -87,8 +87,9 @@ class KServe(runtime.Runtime):
             type=int,
             metavar="N",
             help="runtime processes sharing the ports, each with its own models and batcher; "
-            "a dead one is replaced (default: the cores but one, 1 to 8; each gets "
-            "cores // N intra-op threads unless --threads-per-worker says)",
+            "a dead one is replaced (default: the count `pipeline bench` measured best on this "
+            "machine, <artifacts>/bench/kserve_workers.json; without one, the cores but one, "
+            "1 to 8; each gets cores // N intra-op threads unless --threads-per-worker says)",
         )
         group.add_argument(
             "--rotate-token",
@@ -104,19 +105,26 @@ class KServe(runtime.Runtime):
         from pipeline.runtimes.kserve.config import (
             RuntimeConfig,
             default_threads,
-            default_workers,
         )
         from pipeline.runtimes.kserve.launch import served_export, start
+        from pipeline.runtimes.kserve.sweep import choose
         from pipeline.serving.server import ServeError
 
         dirs = list(args.export_dir or [])
         dirs += [paths.export_dir(m, args.artifacts_dir) for m in args.serve_models or []]
         dirs = dirs or [paths.export_dir(DEFAULT_MODEL, args.artifacts_dir)]
-        workers = default_workers() if args.workers is None else args.workers
+        models = [served_export(d, args.format) for d in dirs]
+        if args.workers is None:
+            choice = choose(
+                paths.bench_dir(args.artifacts_dir), [m.info.model for m in models if m.info]
+            )
+            workers, why = choice.workers, choice.why
+        else:
+            workers, why = args.workers, "--workers"
         if workers < 1:
             raise ServeError(f"--workers must be at least 1, e.g. --workers 2; got {workers}.")
         config = RuntimeConfig(
-            models=[served_export(d, args.format) for d in dirs],
+            models=models,
             host=args.host,
             http_port=args.port,
             grpc_port=args.grpc_port,
@@ -128,7 +136,9 @@ class KServe(runtime.Runtime):
             threads=args.threads_per_worker or default_threads(workers),
             workers=workers,
         )
-        return start(config, run_dir, rotate_token=args.rotate_token)
+        server = start(config, run_dir, rotate_token=args.rotate_token)
+        server.extras["workers"] = f"{workers} × {config.threads} thread(s) ({why})"
+        return server
 
     def describe(self, server: Server) -> list[str]:
         from pipeline.serving.server import INFERENCE_KEY_FILE
@@ -158,6 +168,8 @@ class KServe(runtime.Runtime):
             f"  logs:    {run_dir / 'logs'}",
             "stop it with `pipeline stop` (the token stays for the next start)",
         ]
+        if server.extras.get("workers"):  # set by serve() on the start it returns
+            lines.insert(4, f"  workers: {server.extras['workers']}")
         changed = [
             str(run_dir / name)
             for name, state in ((INFERENCE_KEY_FILE, token), (METRICS_KEY_FILE, metrics_key))
@@ -168,8 +180,17 @@ class KServe(runtime.Runtime):
         return lines
 
     @contextlib.contextmanager
-    def private(self, exported: ExportedModel, fmt: str, **settings: Any) -> Iterator[Server]:
+    def private(
+        self, exported: ExportedModel, fmt: str, *, tuned_in: Path | None = None, **settings: Any
+    ) -> Iterator[Server]:
+        from pipeline.runtimes.kserve.config import default_threads
         from pipeline.runtimes.kserve.launch import private, served_export
+
+        if tuned_in is not None and "workers" not in settings:  # bench's sweep, as serve does
+            from pipeline.runtimes.kserve.sweep import choose
+
+            workers = choose(tuned_in, [exported.name]).workers
+            settings = {"workers": workers, "threads": default_threads(workers)} | settings
 
         served = served_export(exported.dir, fmt, manifest=exported.manifest)
         with private([served], **settings) as server:
@@ -219,6 +240,11 @@ class KServe(runtime.Runtime):
         from pipeline.runtimes.kserve.bench import bench_kserve
 
         return bench_kserve(model, exported, settings)
+
+    def bench_notes(self, out_dir: Path) -> str:
+        from pipeline.runtimes.kserve.sweep import markdown
+
+        return markdown(out_dir)
 
     def targets(self, cells: list[dict], served: list[dict]) -> list[dict[str, Any]]:
         from pipeline.runtimes.kserve.bench import targets

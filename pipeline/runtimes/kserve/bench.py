@@ -4,7 +4,9 @@ One private runtime (`pipeline.runtimes.kserve.launch.private`, free loopback po
 serves every format a model's export holds, each under its own name, with
 the runtime's defaults as `pipeline serve --runtime kserve` starts it: batch
 up to 8 requests already queued (no waiting), one forward pass at a time
-per model with one intra-op thread per physical core. Bodies are the Open
+per model and worker, the physical cores' intra-op threads shared out among the
+workers. With `settings.tune` (`pipeline bench`) the worker count is first swept
+(`sweep.py`) and the rows are measured with the best; otherwise one worker. Bodies are the Open
 Inference Protocol's binary extension (TorchServe gets `.npy`: neither
 parses numbers). Concurrency 1 alternates the formats request by request
 over one kept-alive connection each, as TorchServe's gateway and own port
@@ -23,7 +25,7 @@ from pipeline.bench import load
 from pipeline.bench.targets import DIGITS, RESNET, cell, served_at, target, versus
 from pipeline.export.opened import ExportedModel
 from pipeline.formats import base as registry
-from pipeline.runtimes.kserve import NAME
+from pipeline.runtimes.kserve import NAME, sweep
 from pipeline.runtimes.kserve.config import ServedExport, default_threads
 from pipeline.runtimes.kserve.launch import private, served_export
 
@@ -61,8 +63,20 @@ def bench_kserve(
         for fmt in formats
     ]
     skipped: list[dict[str, Any]] = []
+    workers = 1
+    if settings.tune:  # how many processes serve this model best here, then serve with that
+        found = sweep.sweep(
+            model, exported, requests=settings.requests_per_level,
+            budget_s=settings.level_budget_s, timeout=timeout,
+        )  # fmt: skip
+        if found is not None:
+            workers = found["best"]
+            if settings.out_dir is not None:
+                sweep.write(settings.out_dir, {exported.name: found})
     with contextlib.ExitStack() as stack:
-        server, exports = _start(stack, model, exports, threads or default_threads(), skipped)
+        server, exports = _start(
+            stack, model, exports, workers, threads or default_threads(workers), skipped
+        )
         if server is None:
             return [], skipped
         names = {m.format: m.name for m in exports}
@@ -102,6 +116,7 @@ def _start(
     stack: contextlib.ExitStack,
     model: str,
     exports: list[ServedExport],
+    workers: int,
     threads: int,
     skipped: list[dict[str, Any]],
 ) -> tuple[Server | None, list[ServedExport]]:
@@ -110,7 +125,7 @@ def _start(
     loads = exports
     for attempt in range(2):
         try:
-            return stack.enter_context(private(loads, threads=threads)), loads
+            return stack.enter_context(private(loads, workers=workers, threads=threads)), loads
         except ServeError as err:
             if len(loads) == 1 or attempt:
                 _skip(skipped, model, loads, err)

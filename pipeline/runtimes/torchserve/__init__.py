@@ -107,7 +107,9 @@ class TorchServe(runtime.Runtime):
         return describe(server)
 
     @contextlib.contextmanager
-    def private(self, exported: ExportedModel, fmt: str, **settings: Any) -> Iterator[Server]:
+    def private(
+        self, exported: ExportedModel, fmt: str, *, tuned_in: Path | None = None, **settings: Any
+    ) -> Iterator[Server]:
         from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
         from pipeline.runtimes.torchserve.launch import private_config, start
         from pipeline.serving.launcher import stop

@@ -1,0 +1,79 @@
+"""The KServe runtime's worker sweep: which counts bench tries, which it calls best, and
+what `pipeline serve` takes from it (only a measurement of this machine)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.runtimes.kserve import sweep
+from pipeline.runtimes.kserve.config import default_workers
+
+
+@pytest.mark.parametrize(
+    ("cores", "expected"),
+    [(1, [1]), (2, [1, 2]), (3, [1, 2]), (4, [1, 2, 3, 4]), (16, [1, 2, 4, 8]), (6, [1, 2, 4, 5])],
+)
+def test_candidates(cores: int, expected: list[int]) -> None:
+    assert sweep.candidates(cores) == expected
+
+
+def _point(workers: int, level: int, rps: float) -> dict:
+    return {"workers": workers, "threads": 1, "concurrency": level, "throughput": rps,
+            "median_ms": 1.0, "p99_ms": 2.0}  # fmt: skip
+
+
+def test_best_is_the_highest_level_and_ties_go_to_fewer_workers() -> None:
+    # At 32 (the highest level) two workers win by 20%, whatever concurrency 8 said.
+    points = [_point(1, 8, 900), _point(2, 8, 800), _point(1, 32, 1000), _point(2, 32, 1200)]
+    assert sweep.best_of(points) == 2
+    # Within 3% of the best: the fewest workers (each holds a copy of every model).
+    points = [_point(1, 32, 1000), _point(2, 32, 1020), _point(4, 32, 1500)]
+    assert sweep.best_of(points) == 4
+    assert sweep.best_of([_point(1, 32, 1000), _point(2, 32, 1020)]) == 1
+
+
+def _write(folder: Path, models: dict, machine: dict | None = None) -> None:
+    data = {"machine": machine or sweep.machine(), "models": models}
+    (folder / sweep.SWEEP_FILE).write_text(json.dumps(data))
+
+
+def test_serve_takes_the_served_models_best_on_this_machine(tmp_path: Path) -> None:
+    _write(tmp_path, {"digits_lenet": {"best": 3}, "torchvision:resnet18": {"best": 1}})
+    choice = sweep.choose(tmp_path, ["torchvision:resnet18"])
+    assert choice.workers == 1 and "for torchvision:resnet18" in choice.why
+    # A model not swept: the most common best.
+    _write(tmp_path, {"a": {"best": 2}, "b": {"best": 2}, "c": {"best": 5}})
+    choice = sweep.choose(tmp_path, ["my_model"])
+    assert choice.workers == 2 and "most common" in choice.why
+
+
+def test_another_machines_sweep_or_none_falls_back_to_the_rule(tmp_path: Path) -> None:
+    choice = sweep.choose(tmp_path, ["digits_lenet"])
+    assert choice.workers == default_workers() and "no worker sweep" in choice.why
+    other = {"cpu": "some other CPU", "cores": 64}
+    _write(tmp_path, {"digits_lenet": {"best": 7}}, machine=other)
+    choice = sweep.choose(tmp_path, ["digits_lenet"])
+    assert choice.workers == default_workers() and "another machine" in choice.why
+    (tmp_path / sweep.SWEEP_FILE).write_text("{not json")
+    assert sweep.choose(tmp_path, ["digits_lenet"]).workers == default_workers()
+    _write(tmp_path, {"digits_lenet": {"best": 0}, "x": {"best": "two"}})
+    choice = sweep.choose(tmp_path, ["digits_lenet"])
+    assert choice.workers == default_workers() and "holds no result" in choice.why
+
+
+def test_write_merges_models_measured_here_and_drops_another_machines(tmp_path: Path) -> None:
+    found = {"format": "onnx", "best": 1, "points": [_point(1, 8, 900.0), _point(2, 8, 850.0)]}
+    _write(tmp_path, {"old": {"best": 9}}, machine={"cpu": "elsewhere", "cores": 1})
+    sweep.write(tmp_path, {"digits_lenet": found})
+    data = json.loads((tmp_path / sweep.SWEEP_FILE).read_text())
+    assert list(data["models"]) == ["digits_lenet"]
+    sweep.write(tmp_path, {"torchvision:resnet18": found | {"best": 2}})
+    data = json.loads((tmp_path / sweep.SWEEP_FILE).read_text())
+    assert set(data["models"]) == {"digits_lenet", "torchvision:resnet18"}
+    md = sweep.markdown(tmp_path)
+    assert "| digits_lenet | onnx | 1 × 1 | 8 | 900.0 | 1.00 | 2.00 | ◀ |" in md
+    assert "| digits_lenet | onnx | 2 × 1 | 8 | 850.0 | 1.00 | 2.00 |  |" in md
+    assert sweep.markdown(tmp_path / "none") == ""
