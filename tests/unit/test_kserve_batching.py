@@ -113,3 +113,31 @@ def test_delay_waits_for_more_requests() -> None:
 def test_bad_settings_are_refused(kwargs: dict) -> None:
     with pytest.raises(ValueError, match="must be"):
         Batcher(forward=lambda b: [], input_axes={"x": 0}, output_axes=[0], **kwargs)
+
+
+def test_cheap_passes_run_on_the_loop_and_a_slow_one_goes_back_to_a_thread() -> None:
+    # A thread's round trip costs more than a sub-millisecond pass: once the batcher has
+    # seen passes that cheap it runs them on the event loop; a slow one (a large request)
+    # sends the next back to a thread, so the loop keeps reading requests.
+    threads: list[int] = []
+    slow = {10}  # the 11th pass sleeps past inline_below_ms
+
+    def forward(batch: dict[str, np.ndarray]) -> list[np.ndarray]:
+        threads.append(threading.get_ident())
+        if len(threads) - 1 in slow:
+            threading.Event().wait(0.005)
+        return [batch["x"]]
+
+    async def go() -> int:
+        b = Batcher(forward=forward, input_axes={"x": 0}, output_axes=[0])
+        for i in range(12):
+            out = await b.submit({"x": np.full((1, 2), float(i), np.float32)})
+            np.testing.assert_array_equal(out[0], np.full((1, 2), float(i)))
+        await b.close()
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(go())
+    on_loop = [t == loop_thread for t in threads]
+    assert on_loop[0] is False  # its cost unknown: a thread
+    assert all(on_loop[1:11])  # cheap, seen: on the loop (the 11th is the slow one)
+    assert on_loop[11] is False  # after the slow one: a thread again
