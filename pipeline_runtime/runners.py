@@ -173,6 +173,14 @@ LOADERS: dict[
     "torchscript": load_torchscript,
     "onnx": load_onnx,
     "pt2": load_pt2,
+    # Reduced precision (pipeline/formats/onnx_*.py): ONNX graphs like any other, int8
+    # QDQ/integer ops or float16 inside, float32 at their inputs and outputs.
+    "onnx_int8_static": load_onnx,
+    "onnx_int8_dynamic": load_onnx,
+    "onnx_fp16": load_onnx,
+    # torchao's int8 Linear layers compiled into a .pt2 (pipeline/formats/pt2_int8.py):
+    # plain AOTInductor C++, loaded like any package.
+    "pt2_int8": load_pt2,
 }
 
 

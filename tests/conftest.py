@@ -23,7 +23,7 @@ import pytest
 import torch
 from filelock import FileLock
 
-from pipeline.export import FORMATS, ExportConfig, ExportResult, export
+from pipeline.export import FORMATS, PRECISION_FORMATS, ExportConfig, ExportResult, export
 from pipeline.train import TrainConfig, TrainResult, train
 
 _FOLDER_MARKS = {"unit", "integration", "e2e"}
@@ -99,6 +99,25 @@ def exported(trained: TrainResult, tmp_path_factory: pytest.TempPathFactory) -> 
         return export(config)
 
     return shared(tmp_path_factory, "exported", make)
+
+
+@pytest.fixture(scope="session")
+def precision_exported(
+    trained: TrainResult, tmp_path_factory: pytest.TempPathFactory
+) -> ExportResult:
+    """The digits CNN in every reduced-precision format (int8 static and dynamic, float16),
+    from the same checkpoint as `exported`, in a folder of its own: the float32 formats'
+    tests compare with eager elementwise and must not meet these."""
+
+    def make(folder: Path) -> ExportResult:
+        config = ExportConfig(
+            checkpoint=trained.checkpoint.path,
+            out_dir=folder / "export",
+            formats=PRECISION_FORMATS,
+        )
+        return export(config)
+
+    return shared(tmp_path_factory, "precision_exported", make)
 
 
 @pytest.fixture(scope="session")

@@ -41,14 +41,20 @@ def reseal(export_dir: Path, key: str) -> None:
 
 
 def alter_onnx_initializer(
-    export_dir: Path, initializer: str, change: Callable[[np.ndarray], np.ndarray]
+    export_dir: Path,
+    initializer: str,
+    change: Callable[[np.ndarray], np.ndarray],
+    key: str = "onnx",
 ) -> None:
-    path = export_dir / "model.onnx"
+    """Change one initializer of artifact `key`'s ONNX graph (its dtype kept) and reseal."""
+    path = export_dir / Manifest.read(export_dir).artifacts[key].file
     model = onnx.load(str(path))
     init = next(t for t in model.graph.initializer if t.name == initializer)
-    init.CopyFrom(numpy_helper.from_array(change(numpy_helper.to_array(init)), init.name))
+    old = numpy_helper.to_array(init)
+    new = change(old).astype(old.dtype)
+    init.CopyFrom(numpy_helper.from_array(new, init.name))
     onnx.save(model, str(path))
-    reseal(export_dir, "onnx")
+    reseal(export_dir, key)
 
 
 def alter_torchscript_parameter(export_dir: Path, parameter: str) -> None:

@@ -8,7 +8,21 @@ runs, which is what `pipeline archive` reads to package one format:
 
     {"digits_lenet": {"backend": "onnxruntime", "format": "onnx", "median_ms": 0.04,
                       "batch": 1, "ranking": ["onnxruntime", "cpp", ...],
+                      "precision": "float32",
+                      "candidates": [{"backend": "onnxruntime", "format": "onnx",
+                                      "precision": "float32", "median_ms": 0.04}, ...],
+                      "excluded": [{"backend": "onnxruntime_fp16", "format": "onnx_fp16",
+                                    "precision": "float16", "why": "..."}],
+                      "why": "onnxruntime (onnx) is the fastest ...",
                       "measured": "2025-01-01T00:00:00+00:00"}}
+
+"Verified" is verify's verdict, which bench asks for on the same export: float32
+formats must match eager elementwise, int8/float16 formats must stay within the
+accuracy budget the export recorded (pipeline/export/quality.py). So the fastest
+backend is the fastest *within the budget*, never one that breaks it, and
+`excluded` says which were left out and why. `candidates` keeps the whole
+ranking so that archive and serve can choose again under a stricter
+`--accuracy-budget` (pipeline.serving.served.within_budget).
 
 A later run replaces the entries of the models it measured and keeps the others.
 """
@@ -24,6 +38,7 @@ from typing import Any
 
 from pipeline.core import paths
 from pipeline.core.fileio import write_json
+from pipeline.formats.base import FLOAT32, precision_of
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +63,59 @@ def fastest_of(cells: list[dict[str, Any]], *, exclude_suffix: str = "") -> dict
     if not ranked:
         return None
     best = ranked[0]
+    excluded = [
+        {
+            "backend": c["backend"],
+            "format": c["format"],
+            "precision": precision_of(c["format"]),
+            "why": _why_excluded(c["format"]),
+        }
+        for c in cells
+        if c["batch"] == BATCH
+        and c.get("format")
+        and not c.get("verified")
+        and not (exclude_suffix and c["backend"].endswith(exclude_suffix))
+    ]
     return {
         "backend": best["backend"],
         "format": best["format"],
+        "precision": precision_of(best["format"]),
         "median_ms": round(best["median_ms"], 4),
         "batch": BATCH,
         "ranking": [c["backend"] for c in ranked],
+        "candidates": [
+            {
+                "backend": c["backend"],
+                "format": c["format"],
+                "precision": precision_of(c["format"]),
+                "median_ms": round(c["median_ms"], 4),
+            }
+            for c in ranked
+        ],
+        "excluded": excluded,
+        "why": _why(best, len(ranked), excluded),
         "measured": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
+
+
+def _why_excluded(fmt: str) -> str:
+    if precision_of(fmt) == FLOAT32:
+        return "failed verify: it does not match eager elementwise"
+    return "failed verify: outside the accuracy budget the export recorded (or did not run)"
+
+
+def _why(best: dict[str, Any], verified: int, excluded: list[dict[str, Any]]) -> str:
+    """One sentence: what was chosen, on what measurement, and what was left out."""
+    precision = precision_of(best["format"])
+    text = (
+        f"{best['backend']} ({best['format']}, {precision}) is the fastest at batch {BATCH} "
+        f"({best['median_ms']:.3f} ms median) of the {verified} backend(s) that passed verify"
+    )
+    if precision != FLOAT32:
+        text += ", within the accuracy budget the export recorded"
+    if excluded:
+        text += "; left out: " + ", ".join(f"{e['backend']} ({e['why']})" for e in excluded)
+    return text
 
 
 def read_fastest(path: Path) -> dict[str, dict[str, Any]]:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline import __version__
-from pipeline.cli.args import input_specs, kwargs_arg, model_arg
+from pipeline.cli.args import add_budget_args, input_specs, kwargs_arg, model_arg
 from pipeline.cli.deploy import add_deploy_command, add_serving_commands
 from pipeline.cli.measure import add_bench_command, add_cpp_commands
 from pipeline.cli.train import add_train_command
@@ -180,9 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--format",
         action="append",
-        choices=(*export_formats, "all"),
+        choices=(*export_formats, registry.ALL, registry.ALL_PRECISION),
         help=f"what to write; repeat for several (default: {' and '.join(default_formats)}). "
-        "pt2 is torch.export + AOTInductor, compiled for --pt2-device (tens of seconds per model)",
+        "pt2 is torch.export + AOTInductor, compiled for --pt2-device (tens of seconds per "
+        f"model). {registry.ALL}: every float32 format; {registry.ALL_PRECISION}: every int8 "
+        "and float16 one (judged at task level, see --accuracy-budget)",
     )
     p.add_argument(
         "--pt2-device",
@@ -218,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"tolerance recorded for verify (default: {DEFAULT_ATOL:g})",
     )
     p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help=f"(default: {DEFAULT_RTOL:g})")
+    add_budget_args(p, export=True)
     g = p.add_argument_group(
         "models outside the zoo (module:Class, file.py:Class, torchvision:NAME)"
     )

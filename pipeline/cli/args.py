@@ -51,3 +51,38 @@ def run_dir_arg(p: argparse.ArgumentParser) -> None:
 
 def serve_run_dir(args: argparse.Namespace) -> Path:
     return args.run_dir or paths.artifacts_root(args.artifacts_dir) / "serve"
+
+
+def add_budget_args(p: argparse.ArgumentParser, *, export: bool = False) -> None:
+    """The reduced-precision formats' options: calibration data (export only) and the
+    budget they are judged against (recorded by export, overridable after it)."""
+    from pipeline.core.budget import DEFAULT_ACCURACY_BUDGET, DEFAULT_MIN_SQNR_DB
+
+    g = p.add_argument_group("reduced precision (int8, float16 formats)")
+    if export:
+        g.add_argument(
+            "--calibration",
+            type=Path,
+            metavar="FILE",
+            help="representative inputs for static int8: a torch.save'd list of {name: tensor} "
+            "dicts (one batch each) or an .npz with one array per input (default: the zoo "
+            "model's training split, else random inputs from the input spec, with a warning)",
+        )
+    where = "recorded in the manifest" if export else "default: the one export recorded"
+    sqnr = ", ".join(f"{k} {v:g}" for k, v in DEFAULT_MIN_SQNR_DB.items())
+    g.add_argument(
+        "--accuracy-budget",
+        type=float,
+        metavar="POINTS",
+        default=DEFAULT_ACCURACY_BUDGET if export else None,
+        help="the largest accuracy drop on the validation split (or top-1 disagreement with "
+        f"float32 eager, for classifiers without data) in points ({where}; "
+        f"{'default ' + str(DEFAULT_ACCURACY_BUDGET) if export else 'e.g. 1.0'})",
+    )
+    g.add_argument(
+        "--min-sqnr",
+        type=float,
+        metavar="DB",
+        help=f"the lowest SQNR per output for models that are not classifiers ({where}; "
+        f"default by precision: {sqnr})",
+    )

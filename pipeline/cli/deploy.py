@@ -9,7 +9,7 @@ import argparse
 import contextlib
 from pathlib import Path
 
-from pipeline.cli.args import model_arg, run_dir_arg, serve_run_dir
+from pipeline.cli.args import add_budget_args, model_arg, run_dir_arg, serve_run_dir
 from pipeline.cli.use import add_client_commands
 from pipeline.core import paths
 
@@ -59,6 +59,7 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
         choices=["cpu", "gpu"],
         help="pin workers to cpu or gpu (default: a GPU when the server has one, else CPU)",
     )
+    add_budget_args(p)
     p.set_defaults(func=_cmd_archive)
 
     p = sub.add_parser(
@@ -97,9 +98,20 @@ def _cmd_archive(args: argparse.Namespace) -> int:
         response_timeout_s=args.response_timeout,
         startup_timeout_s=args.startup_timeout,
         device=args.device,
+        accuracy_budget=args.accuracy_budget,
+        min_sqnr=args.min_sqnr,
     )
     for path in archive(config):
         print(f"wrote {path}")
+    from pipeline.core.manifest import read_manifest
+    from pipeline.serving.provenance import fastest_entry
+    from pipeline.serving.served import choose
+
+    if config.formats is None:  # every format archived: say which one serve will pick
+        manifest = read_manifest(config.export_dir)  # type: ignore[arg-type]
+        fastest = fastest_entry(config.model, config.bench_results)
+        fmt, why = choose(manifest, fastest, config.accuracy_budget, config.min_sqnr)
+        print(f"`pipeline serve` will serve {config.model} as {fmt}: {why}")
     return 0
 
 
@@ -172,6 +184,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     rt = runtime.get(args.runtime)
     server = rt.serve(args, serve_run_dir(args))
     for line in rt.describe(server):
+        print(line)
+    from pipeline.serving.served import choice_lines
+
+    # Which format each model is served in and why: bench's fastest within the accuracy
+    # budget (int8/float16 only when they keep to it), else the registry's first.
+    for line in choice_lines(server, args.artifacts_dir):
         print(line)
     return 0
 

@@ -6,7 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from pipeline.cli.args import model_arg, run_dir_arg, serve_run_dir
+from pipeline.cli.args import add_budget_args, model_arg, run_dir_arg, serve_run_dir
 
 log = logging.getLogger("pipeline")
 
@@ -35,7 +35,9 @@ def add_verify_command(sub: argparse._SubParsersAction) -> None:
         "write parity.json and a Markdown report with |error| histograms, and exit 1 listing "
         "every failed check. A failing backend is localised: the first module whose output "
         "departs from eager's is named. Failure kinds: tolerance, shape, non-finite (NaN/Inf), "
-        "missing output, crashed, and vacuous (a tolerance so large that all zeros would pass).",
+        "missing output, crashed, and vacuous (a tolerance so large that all zeros would pass). "
+        "int8 and float16 formats are judged at task level instead: the accuracy drop on the "
+        "validation split, top-1 agreement, or SQNR, against the budget export recorded.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     model_arg(p)
@@ -95,6 +97,7 @@ def add_verify_command(sub: argparse._SubParsersAction) -> None:
         help="JSON report path (default: <artifacts>/<model>/parity.json); the Markdown report "
         "and its histograms go beside it (parity.md, parity_files/)",
     )
+    add_budget_args(p)
     run_dir_arg(p)
     p.set_defaults(func=_cmd_verify)
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import logging
-import math
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,6 @@ import torch
 
 from pipeline.core import paths
 from pipeline.core.checkpoint import Checkpoint, sidecar_path
-from pipeline.core.compare import DEFAULT_ATOL, DEFAULT_RTOL
 from pipeline.core.errors import ExportError, ExportRequestError
 from pipeline.core.fileio import atomic_write, sha256_file
 from pipeline.core.manifest import (
@@ -31,108 +28,30 @@ from pipeline.core.manifest import (
     Tolerance,
     tool_versions,
 )
+from pipeline.export import quality
+from pipeline.export.calibration import Calibration, calibration_for, load_file
+from pipeline.export.config import (
+    DEFAULT_FORMATS as DEFAULT_FORMATS,
+)
+from pipeline.export.config import FORMATS as FORMATS
+from pipeline.export.config import KNOWN_FORMATS as KNOWN_FORMATS
+from pipeline.export.config import PRECISION_FORMATS as PRECISION_FORMATS
+from pipeline.export.config import ExportConfig
 from pipeline.export.partial import EXIT_PARTIAL as EXIT_PARTIAL  # re-exported for scripts
 from pipeline.export.partial import one_line
 from pipeline.export.staging import remove_new, save_tensors, swap_in
 from pipeline.export.weights import checkpoint_for, model_from
 from pipeline.formats import base as registry
-from pipeline.formats.onnx import DEFAULT_OPSET
-from pipeline.formats.pt2 import Pt2Device
-from pipeline.formats.torchscript import METHODS, Method
-from pipeline.zoo import DEFAULT_MODEL, resolve_entry
-from pipeline.zoo.spec import Inputs, TensorSpec, ZooEntry, dtype_name
+from pipeline.zoo import resolve_entry
+from pipeline.zoo.spec import Inputs, ZooEntry, dtype_name
 from pipeline_runtime.outputs import flatten_outputs, output_keys
 
 log = logging.getLogger(__name__)
 
-# The formats `pipeline export --format` offers ("all" means every one) and the
-# ones written without --format: both from the registry (pipeline/formats/).
-FORMATS: tuple[str, ...] = registry.keys()
-DEFAULT_FORMATS: tuple[str, ...] = registry.default_keys()
 GOLDEN_FILE = "golden.pt"
 GOLDEN_KEY, PROBES_KEY = "golden", "probes"  # their manifest keys
 PROBES_FILE = "probes.pt"
 EXPORT_SEED = 1234  # seeds the random example/golden inputs of models without data
-
-
-@dataclass
-class ExportConfig:
-    model: str = DEFAULT_MODEL
-    checkpoint: Path | None = None  # default: artifacts/<model>/checkpoint.pt
-    out_dir: Path | None = None  # default: artifacts/<model>/export
-    formats: tuple[str, ...] = DEFAULT_FORMATS
-    method: Method = "auto"
-    pt2_device: Pt2Device = "cpu"
-    allow_unsafe_trace: bool = False
-    opset: int = DEFAULT_OPSET
-    atol: float = DEFAULT_ATOL
-    rtol: float = DEFAULT_RTOL
-    # Export the model in train() mode. Only for demonstrating that verify
-    # catches the classic forgotten-eval() bug; never what a user wants.
-    train_mode: bool = False
-    # Models outside the zoo (module:Class, file.py:Class, torchvision:NAME).
-    model_kwargs: dict[str, Any] = field(default_factory=dict)
-    inputs: list[TensorSpec] | None = None
-    outputs: list[str] | None = None
-    probes_file: Path | None = None  # extra probe inputs (torch.save'd dicts)
-    # Where the weights come from when there is no checkpoint of ours yet:
-    weights: Path | None = None  # a state_dict saved elsewhere; imported (weights_only)
-    random_init: bool = False  # seeded random initialisation
-    seed: int = 0
-
-    @classmethod
-    def from_args(
-        cls, args: argparse.Namespace, *, inputs: list | None = None, outputs: list | None = None
-    ) -> ExportConfig:
-        """The config `pipeline export` ARGS describe (inputs/outputs parsed by the CLI)."""
-        from pipeline.zoo.user import parse_kwargs
-
-        chosen = args.format or ()
-        if not chosen:
-            formats = DEFAULT_FORMATS
-        elif "all" in chosen:
-            formats = FORMATS
-        else:
-            formats = tuple(dict.fromkeys(chosen))  # in the order given, once each
-        return cls(
-            model=args.model,
-            model_kwargs=parse_kwargs(args.model_kwargs),
-            inputs=inputs,
-            outputs=outputs,
-            probes_file=args.probes,
-            weights=args.weights,
-            random_init=args.random_init,
-            seed=args.seed,
-            checkpoint=args.checkpoint or paths.checkpoint_path(args.model, args.artifacts_dir),
-            out_dir=args.out_dir or paths.export_dir(args.model, args.artifacts_dir),
-            formats=formats,
-            pt2_device=args.pt2_device,
-            method=args.method,
-            allow_unsafe_trace=args.allow_unsafe_trace,
-            opset=args.opset,
-            atol=args.atol,
-            rtol=args.rtol,
-        )
-
-    def validate(self) -> None:
-        unknown = [f for f in self.formats if f not in FORMATS]
-        if unknown or not self.formats:
-            raise ExportError(
-                f"Unknown --format {', '.join(unknown) or '(none)'}; use one or more of "
-                f"{', '.join(FORMATS)} or all, e.g. --format torchscript --format pt2."
-            )
-        if self.pt2_device not in ("cpu", "cuda"):
-            raise ExportError(f"--pt2-device must be cpu or cuda, got {self.pt2_device!r}.")
-        if self.method not in METHODS:
-            raise ExportError(f"Unknown --method {self.method!r}; use one of {', '.join(METHODS)}.")
-        if not 7 <= self.opset <= 23:
-            raise ExportError(f"--opset must be between 7 and 23, got {self.opset}.")
-        if not all(math.isfinite(t) and t >= 0 for t in (self.atol, self.rtol)):
-            raise ExportError("--atol and --rtol must be finite and non-negative.")
-        if not 0 <= self.seed < 2**63:
-            raise ExportError(f"--seed must be between 0 and 2**63 - 1, got {self.seed}.")
-        if self.weights is not None and self.random_init:
-            raise ExportError("Give either --weights or --random-init, not both.")
 
 
 @dataclass(frozen=True)
@@ -180,6 +99,7 @@ def _write_artifacts(
     probes: list[tuple[str, Inputs]],
     output_shapes: dict[str, tuple],
     staging: Path,
+    calibration: Calibration | None = None,
 ) -> tuple[dict[str, ArtifactRecord], dict[str, str]]:
     """Each requested format's exporter, in registry order, writing into `staging`.
 
@@ -188,7 +108,36 @@ def _write_artifacts(
     removed and the next format runs; a setting that cannot be honoured
     (`ExportRequestError`), an interruption or a bug stops the export. When
     every format fails, the error is raised: nothing is written.
+
+    `calibration`: the --calibration file's batches, already checked; without it the
+    formats that need calibration data get the zoo's split or synthetic inputs.
     """
+    made: list[Calibration] = [calibration] if calibration is not None else []
+
+    def calibrate() -> Calibration:  # built on first use: most exports need none
+        if not made:
+            made.append(calibration_for(entry, None))
+        return made[0]
+
+    scratch = Path(tempfile.mkdtemp(prefix=".export-scratch-", dir=staging.parent))
+    try:
+        return _each_format(config, model, entry, golden_inputs, probes, output_shapes, staging,
+                            calibrate, scratch)  # fmt: skip
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _each_format(
+    config: ExportConfig,
+    model: torch.nn.Module,
+    entry: ZooEntry,
+    golden_inputs: Inputs,
+    probes: list[tuple[str, Inputs]],
+    output_shapes: dict[str, tuple],
+    staging: Path,
+    calibrate: Any,
+    scratch: Path,
+) -> tuple[dict[str, ArtifactRecord], dict[str, str]]:
     ctx = registry.ExportContext(
         entry=entry,
         golden=golden_inputs,
@@ -203,6 +152,9 @@ def _write_artifacts(
         rtol=config.rtol,
         # A train-mode export is wrong on purpose (see ExportConfig.train_mode).
         check=not config.train_mode,
+        calibration=calibrate,
+        budget=config.budget,
+        scratch=scratch,
     )
     written: dict[str, ArtifactRecord] = {}
     errors: dict[str, ExportError] = {}
@@ -211,7 +163,21 @@ def _write_artifacts(
             continue
         before = set(staging.iterdir())
         try:
-            written[fmt.key] = fmt.export(model, ctx)
+            record = fmt.export(model, ctx)
+            # What a table of size against accuracy needs, for every format alike.
+            details = {
+                "precision": fmt.precision,
+                **record.details,
+                "size_bytes": (staging / record.file).stat().st_size,
+            }
+            # int8/float16: judged by what the model still gets right, as verify will.
+            if fmt.precision != registry.FLOAT32 and ctx.check:
+                cases = [("golden", golden_inputs), *probes, *quality.random_cases(entry)]
+                found = quality.measure(model, entry, fmt.key, staging / record.file,
+                                        fmt.precision, config.budget, cases, details)  # fmt: skip
+                if found is not None:
+                    details["quality"] = found
+            written[fmt.key] = replace(record, details=details)
         except ExportRequestError:
             raise
         except ExportError as err:
@@ -248,6 +214,9 @@ def export(config: ExportConfig) -> ExportResult:
         outputs=config.outputs,
         probes_file=config.probes_file,
     )
+    # A --calibration file that does not fit the inputs is refused before anything is
+    # written (a checkpoint included), whichever formats were asked for.
+    calibration = load_file(config.calibration, entry) if config.calibration else None
     ckpt_path = Path(config.checkpoint) if config.checkpoint else paths.checkpoint_path(entry.name)
     pending: Path | None = None
     if config.weights is not None or config.random_init:
@@ -269,7 +238,7 @@ def export(config: ExportConfig) -> ExportResult:
             atol=config.atol,
             rtol=config.rtol,
         )
-        result = _export(config, entry, checkpoint, ckpt_path)
+        result = _export(config, entry, checkpoint, ckpt_path, calibration)
         if pending is not None:
             for name in (ckpt_path.name, sidecar_path(ckpt_path).name):  # weights, then sidecar
                 (pending / name).replace(ckpt_path.parent / name)
@@ -280,7 +249,11 @@ def export(config: ExportConfig) -> ExportResult:
 
 
 def _export(
-    config: ExportConfig, entry: ZooEntry, checkpoint: Checkpoint, ckpt_path: Path
+    config: ExportConfig,
+    entry: ZooEntry,
+    checkpoint: Checkpoint,
+    ckpt_path: Path,
+    calibration: Calibration | None = None,
 ) -> ExportResult:
     model = model_from(entry, checkpoint, ckpt_path)
     model.train(config.train_mode)
@@ -315,7 +288,7 @@ def _export(
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
     try:
         artifacts, failed = _write_artifacts(
-            config, model, entry, golden_inputs, probes, output_shapes, staging
+            config, model, entry, golden_inputs, probes, output_shapes, staging, calibration
         )
         save_tensors(
             staging / GOLDEN_FILE,

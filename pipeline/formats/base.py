@@ -36,6 +36,10 @@ if TYPE_CHECKING:  # imported where used: this module stays importable without t
     from pipeline_runtime import runners
 
 DEFAULT_OPSET = 18  # ONNX opset (pipeline.formats.onnx says why)
+FLOAT32 = "float32"
+PRECISIONS: tuple[str, ...] = (FLOAT32, "int8", "float16")
+ALL = "all"  # --format all: every full-precision (float32) format
+ALL_PRECISION = "precision"  # --format precision: every reduced-precision format
 METHODS: tuple[str, ...] = ("auto", "trace", "script")  # TorchScript's --method choices
 
 
@@ -62,6 +66,14 @@ class ExportContext:
     # the exporters' own checks against eager would refuse it.
     check: bool = True
     cache: dict[str, Any] = field(default_factory=dict)
+    # For the reduced-precision formats: their calibration data, built on first use
+    # (pipeline.export.calibration.Calibration), and the budget they are judged against
+    # (pipeline.core.budget.Budget).
+    calibration: Callable[[], Any] | None = None
+    budget: Any = None
+    # A folder the export stage removes when it ends: intermediate files (the float
+    # ONNX graph a quantiser starts from) that must not ship.
+    scratch: Path | None = None
 
 
 Exporter = Callable[["nn.Module", ExportContext], ArtifactRecord]
@@ -82,6 +94,10 @@ class Format:
     # The Open Inference Protocol's model metadata `platform` (Triton's name where it
     # has one: "onnxruntime_onnx", "pytorch_libtorch").
     platform: str = ""
+    # What its numbers are computed in. "float32" formats must match eager elementwise;
+    # the others (int8, float16) change the numbers on purpose and are judged by what
+    # the model still gets right (pipeline/export/quality.py).
+    precision: str = FLOAT32
 
     def load(
         self,
@@ -162,6 +178,24 @@ def default_keys() -> tuple[str, ...]:
     return tuple(f.key for f in declared() if f.default)
 
 
+def full_precision_keys() -> tuple[str, ...]:
+    """What `--format all` writes: every float32 format. Reduced-precision formats change
+    the numbers on purpose and need calibration data, so they are asked for by name or
+    with `--format precision`."""
+    return tuple(f.key for f in declared() if f.precision == FLOAT32)
+
+
+def reduced_precision_keys() -> tuple[str, ...]:
+    """What `--format precision` writes: every int8 and float16 format."""
+    return tuple(f.key for f in declared() if f.precision != FLOAT32)
+
+
+def precision_of(key: str | None) -> str:
+    """The precision of format `key` (float32 for an unknown or missing key)."""
+    found = next((f for f in declared() if f.key == key), None)
+    return found.precision if found is not None else FLOAT32
+
+
 def get(key: str) -> Format:
     _load_builtin()
     try:
@@ -191,10 +225,19 @@ class Declared:
     backend: str
     default: bool = True
     cpp: bool = False
+    precision: str = FLOAT32
 
     @classmethod
     def of(cls, fmt: Format) -> Declared:
-        return cls(fmt.key, fmt.title, fmt.archive_suffix, fmt.backend, fmt.default, fmt.cpp)
+        return cls(
+            fmt.key,
+            fmt.title,
+            fmt.archive_suffix,
+            fmt.backend,
+            fmt.default,
+            fmt.cpp,
+            fmt.precision,
+        )
 
 
 # The built-in formats, in order; each is pipeline/formats/<key>.py, which registers
@@ -205,6 +248,40 @@ BUILTIN_FORMATS = (
     Declared("onnx", "ONNX", "onnx", "onnxruntime"),
     # Opt-in: AOTInductor compiles C++ for each model (tens of seconds on a small CPU).
     Declared("pt2", ".pt2 (AOTInductor)", "pt2", "pt2", default=False, cpp=True),
+    # Reduced precision (issue 29): opt-in, judged at task level, one module each.
+    Declared(
+        "onnx_int8_static",
+        "ONNX int8 (static, QDQ)",
+        "onnx_int8s",
+        "onnxruntime_int8_static",
+        default=False,
+        precision="int8",
+    ),
+    Declared(
+        "onnx_int8_dynamic",
+        "ONNX int8 (dynamic)",
+        "onnx_int8d",
+        "onnxruntime_int8_dynamic",
+        default=False,
+        precision="int8",
+    ),
+    Declared(
+        "onnx_fp16",
+        "ONNX float16",
+        "onnx_fp16",
+        "onnxruntime_fp16",
+        default=False,
+        precision="float16",
+    ),
+    Declared(
+        "pt2_int8",
+        ".pt2 int8 (torchao)",
+        "pt2_int8",
+        "pt2_int8",
+        default=False,
+        cpp=True,
+        precision="int8",
+    ),
 )
 BUILTIN = tuple(d.key for d in BUILTIN_FORMATS)  # the modules of the built-in formats
 _loaded = False

@@ -312,6 +312,9 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
 
     path = ctx.out_dir / FILE
     result = to_onnx(model, ts, ctx.golden, ctx.entry, path, ctx.output_shapes, ctx.opset)
+    # The reduced-precision formats (pipeline/formats/reduced.py) start from this graph.
+    ctx.cache["onnx_file"] = path
+    ctx.cache["onnx_exporter"] = result.exporter
     return ArtifactRecord(
         file=FILE,
         format="onnx",

@@ -28,7 +28,7 @@ from pipeline.formats import base as registry
 from pipeline.serving import runtime as runtimes
 from pipeline.serving.provenance import ArchiveInfo, fastest_entry
 from pipeline.serving.server import ServeError, Server
-from pipeline_runtime.manifest import Manifest
+from pipeline_runtime.manifest import ArtifactRecord, Manifest
 
 
 class StaleServerError(ServeError):
@@ -49,15 +49,123 @@ def preferred_format(formats: Iterable[str], fastest: dict[str, Any] | None = No
 
 def export_format(manifest: Manifest, bench_results: Path | None = None) -> str:
     """The format `pipeline serve` would serve of this export once archived (what
-    `loadtest --serve` and the KServe runtime serve when no format is asked for).
-    ServeError when the export holds none."""
+    `loadtest --serve` and the KServe runtime serve when no format is asked for):
+    bench's fastest within the accuracy budget (`within_budget`), else the first in
+    registry order. ServeError when the export holds none."""
+    return choose(manifest, fastest_entry(manifest.model.name, bench_results))[0]
+
+
+def choose(
+    manifest: Manifest,
+    fastest: dict[str, Any] | None,
+    accuracy_budget: float | None = None,
+    min_sqnr: float | None = None,
+) -> tuple[str, str]:
+    """(format, why): the format to serve of this export, and one sentence saying why."""
     known = registry.keys()
     held = [k for k in manifest.artifacts if k in known]
     if not held:
         raise ServeError(
             f"The export of {manifest.model.name} holds no servable artifact; re-run `pipeline export`."
         )
-    return preferred_format(held, fastest_entry(manifest.model.name, bench_results))
+    entry = within_budget(fastest, manifest, accuracy_budget, min_sqnr)
+    fmt = preferred_format(held, entry)
+    if entry is not None and entry.get("format") == fmt:
+        return fmt, str(entry.get("why") or f"bench's fastest verified backend ({fmt})")
+    if fastest and entry is None:
+        reason = (
+            f"none of bench's verified backends ({', '.join(_formats_of(fastest))}) is within "
+            "the accuracy budget for this export"
+        )
+    elif fastest:
+        reason = f"bench's fastest format ({fastest.get('format')}) is not archived here"
+    else:
+        reason = "no bench result to choose by"
+    return fmt, (
+        f"{reason}: the first format held in registry order ({fmt}, {registry.precision_of(fmt)})"
+    )
+
+
+def _formats_of(fastest: dict[str, Any]) -> list[str]:
+    candidates = fastest.get("candidates") or [fastest]
+    return [str(c.get("format")) for c in candidates]
+
+
+def quality_holds(
+    record: ArtifactRecord, accuracy_budget: float | None = None, min_sqnr: float | None = None
+) -> tuple[bool, str]:
+    """Whether artifact `record` is within its accuracy budget as export measured it (the
+    given budget instead of the recorded one when set), and the measurement in words."""
+    precision = str(record.get("precision") or registry.precision_of(record.format))
+    if precision == registry.FLOAT32:
+        return True, "float32, which verify holds to eager elementwise"
+    quality = record.get("quality")
+    if not isinstance(quality, dict):
+        return False, f"{precision}, never judged (export recorded no task-level verdict)"
+    checks = [c for c in quality.get("checks", []) if isinstance(c, dict)]
+    if accuracy_budget is None and min_sqnr is None:
+        held = bool(quality.get("within_budget"))
+    else:
+        held = bool(checks) and all(_holds(c, accuracy_budget, min_sqnr) for c in checks)
+    words = "; ".join(
+        f"{c.get('metric')} {c.get('value')} {c.get('unit')} (bound {_bound(c, accuracy_budget, min_sqnr)})"
+        for c in checks
+    )
+    return held, f"{precision}, {'within' if held else 'OUTSIDE'} the accuracy budget: {words}"
+
+
+def _bound(check: dict[str, Any], accuracy_budget: float | None, min_sqnr: float | None) -> Any:
+    given = min_sqnr if check.get("rule") == "sqnr" else accuracy_budget
+    return check.get("bound") if given is None else given
+
+
+def _holds(check: dict[str, Any], accuracy_budget: float | None, min_sqnr: float | None) -> bool:
+    if check.get("kind") not in ("pass", "tolerance"):
+        return False  # crashed, non-finite, vacuous: no budget makes those right
+    try:
+        value = float(check["value"])
+        bound = float(_bound(check, accuracy_budget, min_sqnr))
+    except (KeyError, TypeError, ValueError):
+        return False
+    return value >= bound if check.get("rule") == "sqnr" else value <= bound
+
+
+def within_budget(
+    fastest: dict[str, Any] | None,
+    manifest: Manifest,
+    accuracy_budget: float | None = None,
+    min_sqnr: float | None = None,
+) -> dict[str, Any] | None:
+    """Bench's fastest entry for this export, chosen again so that its format is within
+    the accuracy budget (the recorded one, or the one given): the fastest of bench's
+    verified candidates whose artifact export judged within it. None when none is, or
+    when bench measured nothing; the caller then serves the first format in registry order.
+    Never a format outside the budget, even one bench ranked first on another export."""
+    if not fastest:
+        return None
+    candidates = fastest.get("candidates") or [fastest]
+    left_out = []
+    for c in candidates:
+        fmt = c.get("format")
+        record = manifest.artifacts.get(str(fmt))
+        if record is None:
+            left_out.append(f"{fmt}: not in this export")
+            continue
+        held, words = quality_holds(record, accuracy_budget, min_sqnr)
+        if held:
+            overridden = accuracy_budget is not None or min_sqnr is not None
+            if c is candidates[0] and fmt == fastest.get("format") and not overridden:
+                return dict(fastest)  # bench's own pick stands: its record says why
+            why = (
+                f"{c.get('backend')} ({fmt}) is the fastest at batch 1 "
+                f"({float(c.get('median_ms', 0)):.3f} ms median) of bench's verified "
+                f"backends whose artifact is within the budget ({words})"
+                + (f"; passed over: {'; '.join(left_out)}" if left_out else "")
+            )
+            return {**fastest, **{k: c[k] for k in ("backend", "format") if k in c},
+                    "median_ms": c.get("median_ms", fastest.get("median_ms")), "why": why}  # fmt: skip
+        left_out.append(f"{c.get('backend')} ({fmt}): {words}")
+    return None
 
 
 def archive_infos(store: Path, archives: Iterable[str]) -> dict[str, ArchiveInfo]:
@@ -227,3 +335,37 @@ def freshness(
         f"{archive} serves the export in {export_dir} "
         f"({_origin(manifest.created, manifest.checkpoint.sha256)})"
     )
+
+
+def choice_lines(server: Server, artifacts_dir: Path | None = None) -> list[str]:
+    """One line per model served in one format: which format, and why that one (bench's
+    fastest within the accuracy budget, or the registry's first). Models served in
+    every format, or by archive name, say so."""
+    lines = []
+    for model in sorted({info.model for info in server.archives.values()}):
+        mine = server.archives_of(model)
+        if len(mine) != 1:
+            lines.append(f"{model}: {len(mine)} formats served ({', '.join(mine)}), as asked")
+            continue
+        name, info = next(iter(mine.items()))
+        precision = registry.precision_of(info.format)
+        why = _why_served(info, artifacts_dir)
+        lines.append(f"{model}: serving {info.format} ({precision}) as {name}: {why}")
+    return lines
+
+
+def _why_served(info: ArchiveInfo, artifacts_dir: Path | None) -> str:
+    fastest = info.fastest or fastest_entry(info.model, None)
+    export_dir = paths.export_dir(info.model, artifacts_dir)
+    manifest = None
+    if (export_dir / MANIFEST_NAME).is_file():
+        try:
+            manifest = read_manifest(export_dir)
+        except PipelineError:
+            manifest = None
+    if manifest is not None and not stale("", info, manifest, export_dir):
+        fmt, why = choose(manifest, fastest)
+        return why if fmt == info.format else f"chosen by name ({fmt} would be the default: {why})"
+    if info.fastest and info.fastest.get("format") == info.format:
+        return str(info.fastest.get("why") or "bench's fastest verified backend when archived")
+    return "the first archived format in registry order (no bench result recorded with it)"

@@ -13,10 +13,13 @@ from pathlib import Path
 import torch
 
 from pipeline.core import paths
+from pipeline.core.budget import DEFAULT_ACCURACY_BUDGET, Budget
 from pipeline.core.compare import VACUOUS_FRACTION
-from pipeline.core.errors import PipelineError
+from pipeline.core.errors import ArtifactError, PipelineError
 from pipeline.core.fileio import write_json
 from pipeline.export.opened import ExportedModel, open_export
+from pipeline.export.quality import random_cases
+from pipeline.formats import base as registry
 from pipeline.verify.backends import (
     CPP,
     Backend,
@@ -24,9 +27,9 @@ from pipeline.verify.backends import (
     load_backends,
     local_backends,
 )
-from pipeline.verify.check import Tol, check_cases, locate_failures
+from pipeline.verify.check import Tol, check_cases, check_task, locate_failures, reduced
 from pipeline.verify.page import write_page
-from pipeline.verify.report import ParityReport
+from pipeline.verify.report import ParityReport, Row
 from pipeline.zoo import DEFAULT_MODEL
 from pipeline.zoo.spec import Inputs
 
@@ -57,6 +60,10 @@ class VerifyConfig:
     batch_sizes: tuple[int, ...] = (1, 7)
     seed: int = 0
     report: Path | None = None  # default: artifacts/<model>/parity.json
+    # The int8/float16 formats' bounds (pipeline/verify/task.py); None: the budget export
+    # recorded for each artifact.
+    accuracy_budget: float | None = None
+    min_sqnr: float | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> VerifyConfig:
@@ -76,6 +83,8 @@ class VerifyConfig:
             batch_sizes=tuple(args.batch_sizes),
             seed=args.seed,
             report=args.report or paths.report_path(args.model, args.artifacts_dir),
+            accuracy_budget=args.accuracy_budget,
+            min_sqnr=args.min_sqnr,
         )
 
     def validate(self, served: Sequence[Backend] = ()) -> None:
@@ -86,6 +95,11 @@ class VerifyConfig:
             raise PipelineError(
                 f"Unknown backend(s) {', '.join(unknown)}; choose from {', '.join(known)}."
             )
+        if self.accuracy_budget is not None or self.min_sqnr is not None:
+            Budget(
+                DEFAULT_ACCURACY_BUDGET if self.accuracy_budget is None else self.accuracy_budget,
+                self.min_sqnr,
+            ).validate()
         if any(b < 1 for b in self.batch_sizes):
             raise PipelineError("--batch-sizes must all be at least 1.")
         for name in ("atol", "rtol", "atol_scale"):
@@ -116,19 +130,10 @@ def _cases(
         ("golden", golden_inputs, golden_outputs)
     ]
     cases += [(f"probe {label}", inputs, None) for label, inputs in exported.probes()]
-    fresh_gen = torch.Generator().manual_seed(config.seed)
-    for batch in config.batch_sizes:
-        cases.append(
-            (f"random b={batch}", entry.sample_inputs(entry.sizes(batch=batch), fresh_gen), None)
-        )
-    # Every other dynamic axis (a sequence length) at a size export never used.
-    others = sorted(
-        {d for s in entry.inputs for d in s.shape if isinstance(d, str) and d != "batch"}
-    )
-    if others:
-        sizes = entry.sizes(**{a: entry.sizes().get(a, 5) + 5 for a in others})
-        label = " ".join(f"{a}={sizes[a]}" for a in others)
-        cases.append((f"random {label}", entry.sample_inputs(sizes, fresh_gen), None))
+    cases += [
+        (label, inputs, None)
+        for label, inputs in random_cases(entry, config.batch_sizes, config.seed)
+    ]
     return cases
 
 
@@ -137,6 +142,28 @@ def _served_names(config: VerifyConfig, served: Sequence[Backend]) -> tuple[str,
     # its backends need not also list the runtime in served_names.
     named = {b.name.split("/", 1)[0] for b in served if "/" in b.name}
     return (*config.served_names, *sorted(named - set(config.served_names)))
+
+
+def _load(
+    name: str, exported: ExportedModel, config: VerifyConfig, tol: Tol
+) -> tuple[list[Backend], list[Row]]:
+    """Backend `name`'s backends, or for a reduced-precision format that cannot run here
+    (a float16 graph the CPU provider refuses) a failed row saying so plainly."""
+    fmt = registry.by_backend(name)
+    if fmt is None or fmt.precision == registry.FLOAT32:
+        return load_backends(name, exported, config.cpp_binary), []
+    try:
+        return load_backends(name, exported, config.cpp_binary), []
+    except ArtifactError:
+        raise  # missing, altered or never written: not a question of where it runs
+    except Exception as err:  # noqa: BLE001 - reported as this backend's failed check
+        why = " ".join(str(err).split())[:300]
+        problem = RuntimeError(
+            f"{fmt.title} cannot run here ({why}); it was not verified on this machine: "
+            "verify it where a runtime provider that runs it is available (a GPU for float16)"
+        )
+        names = exported.manifest.output_names
+        return [], [Row.crashed(name, "task level", n, problem, tol.atol, tol.rtol) for n in names]
 
 
 def open_for(config: VerifyConfig) -> ExportedModel:
@@ -175,12 +202,13 @@ def verify(
                 f"with `pipeline serve --runtime {name}`."
             )
     wanted = config.backends or (*local_backends(exported), *((CPP,) if config.with_cpp else ()))
-    backends: list[Backend] = [
-        backend
-        for name in wanted
-        if name not in served_names
-        for backend in load_backends(name, exported, config.cpp_binary)
-    ]
+    backends: list[Backend] = []
+    unloadable: list[Row] = []
+    for name in wanted:
+        if name not in served_names:
+            loaded, failed = _load(name, exported, config, tol)
+            backends += loaded
+            unloadable += failed
     backends += served
 
     cases = _cases(exported, config)
@@ -191,18 +219,30 @@ def verify(
                 prepare([inputs for _, inputs, _ in cases])
             except Exception as err:  # noqa: BLE001 - reported per case below, via run()
                 log.warning("%s could not run all cases at once: %s", backend.name, err)
-    checked = check_cases(exported, backends, cases, tol)
+    # float32 backends elementwise; int8/float16 ones by what the model still gets right.
+    checked = check_cases(exported, [b for b in backends if not reduced(b)], cases, tol)
+    checked.rows += unloadable
+    task_level = [b for b in backends if reduced(b)]
+    if task_level:
+        checked.rows += check_task(
+            exported, task_level, cases, tol, config.accuracy_budget, config.min_sqnr
+        )
     report_path = Path(config.report) if config.report else paths.report_path(exported.name)
     report = ParityReport(
         model=exported.name,
         export_dir=str(export_dir),
         created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        tolerance=tol.to_json(),
+        tolerance=tol.to_json()
+        | (
+            {"accuracy_budget": config.accuracy_budget, "min_sqnr": config.min_sqnr}
+            if task_level
+            else {}
+        ),
         artifacts={
             k: {
                 kk: v
                 for kk, v in a.to_json().items()
-                if kk in ("file", "method", "exporter", "opset", "reason")
+                if kk in ("file", "method", "exporter", "opset", "reason", "precision")
             }
             for k, a in manifest.artifacts.items()
         },

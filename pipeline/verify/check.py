@@ -11,9 +11,12 @@ from typing import Any
 
 import torch
 
+from pipeline.core.budget import Budget
 from pipeline.core.compare import Comparison, Kind, compare_tensor
 from pipeline.core.errors import PipelineError
+from pipeline.export import quality as task
 from pipeline.export.opened import ExportedModel
+from pipeline.formats import base as registry
 from pipeline.verify.backends import Backend
 from pipeline.verify.report import Row
 from pipeline.zoo.spec import Inputs
@@ -138,6 +141,57 @@ def check_cases(
     return checked
 
 
+def reduced(backend: Backend) -> bool:
+    """Whether `backend` runs a reduced-precision artifact (judged at task level)."""
+    return registry.precision_of(backend.format_key) != registry.FLOAT32
+
+
+def check_task(
+    exported: ExportedModel,
+    backends: Sequence[Backend],
+    cases: Sequence[Case],
+    tol: Tol,
+    accuracy_budget: float | None = None,
+    min_sqnr: float | None = None,
+) -> list[Row]:
+    """Task-level rows for the reduced-precision backends (pipeline/verify/task.py): the
+    budget export recorded for each artifact, overridden by the given values."""
+    names = exported.manifest.output_names
+    classifier = bool(exported.manifest.serving.topk)
+    validation = None
+    if task.rule_for(exported.entry, classifier) == task.ACCURACY:
+        validation = task.validation_batches(exported.entry)  # loaded once for every backend
+    inputs = [(label, i) for label, i, _ in cases]
+    rows: list[Row] = []
+    for backend in backends:
+        key = backend.format_key
+        record = exported.manifest.artifacts.get(key or "")
+        recorded = Budget.from_json(record.get("budget") if record else None)
+        budget = recorded.override(accuracy_budget, min_sqnr)
+        precision = registry.precision_of(key)
+        try:
+            verdicts = task.judge(
+                exported.entry,
+                classifier,
+                exported.eager,
+                backend.run,
+                inputs,
+                names,
+                precision,
+                budget,
+                validation,
+            )
+        except Exception as err:  # noqa: BLE001 - a crashing backend is a failed check
+            label = "validation split" if validation is not None else "golden+probe+random"
+            rows += [Row.crashed(backend.name, label, n, err, tol.atol, tol.rtol) for n in names]
+            continue
+        rows += [
+            Row(backend.name, v.inputs_label, v.output, tol.atol, tol.rtol, v.comparison(), v)
+            for v in verdicts
+        ]
+    return rows
+
+
 def locate_failures(
     exported: ExportedModel,
     backends: Sequence[Backend],
@@ -161,7 +215,15 @@ def locate_failures(
     for name in failing:
         backend = by_name.get(name)
         fmt = getattr(backend, "format_key", None)
-        row = next((r for r in checked.rows if r.backend == name and r.kind in _LOCALISABLE), None)
+        # Task-level rows (int8, float16) differ from eager on purpose: nothing to localise.
+        row = next(
+            (
+                r
+                for r in checked.rows
+                if r.backend == name and r.kind in _LOCALISABLE and r.task is None
+            ),
+            None,
+        )
         if backend is None or fmt is None or row is None:
             continue  # the golden file, or a backend that only crashed: its error says it all
         if getattr(backend, "in_process", False):

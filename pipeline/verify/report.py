@@ -12,6 +12,7 @@ from rich.table import Table
 
 from pipeline.core.compare import Comparison, Kind, json_number
 from pipeline.core.errors import ParityError
+from pipeline.core.verdict import Verdict
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,9 @@ class Row:
     atol: float
     rtol: float
     comparison: Comparison
+    # A task-level check (reduced-precision formats, pipeline/verify/task.py): its metric
+    # and bound replace atol/rtol in the table.
+    task: Verdict | None = None
 
     @classmethod
     def of(
@@ -67,6 +71,8 @@ class Row:
         return f"{self.backend} / {self.inputs} / {self.output}"
 
     def describe(self) -> str:
+        if self.task is not None:
+            return f"{self.where}: {self.task.describe()}"
         c = self.comparison
         what = c.problem or f"max abs err {c.max_abs:.3g}, max rel err {c.max_rel:.3g}"
         kind = "" if c.passed or c.kind is Kind.TOLERANCE else f" [{c.kind}]"
@@ -85,6 +91,8 @@ class Row:
     def term(self) -> str | None:
         """The larger term of the allowance at the deciding element: "atol" or "rtol"."""
         c = self.comparison
+        if self.task is not None:
+            return None
         if not self.measured or c.bound_ref is None or c.max_abs == 0 or not c.bound_allowed:
             return None  # nothing measured, nothing to decide (exact), or no allowance at all
         return "atol" if self.atol >= self.rtol * c.bound_ref else "rtol"
@@ -96,6 +104,8 @@ class Row:
         c = self.comparison
         if not self.measured:
             return "—", "—", "—"
+        if self.task is not None:
+            return self.task.bound_text(), self.task.decided_by, self.task.margin_text()
         over = self.kind is Kind.TOLERANCE
         # A vacuous tolerance (accepted or not) passes zeros too: its room is no margin.
         vacuous = "vacuous" if c.vacuous and not over else ""
@@ -120,6 +130,7 @@ class Row:
             "rtol": self.rtol,
             **self.comparison.to_json(),
             "bound_term": self.term,
+            **({"task": self.task.to_json()} if self.task is not None else {}),
         }
 
 
@@ -130,6 +141,12 @@ BOUND_LEGEND = (
     "allowance; decided by: the larger of the two terms there",
     "margin: the share of that allowance left, or how many times over it the error is; "
     "vacuous: zeros would pass too, so there is no margin to speak of",
+)
+
+TASK_LEGEND = (
+    "int8/float16 formats are judged at task level against float32 eager: the accuracy drop "
+    "on the validation split, or top-1 disagreement, in points (bound: the accuracy budget), "
+    "or SQNR in dB (bound: the minimum SQNR); top-1: agreement with eager"
 )
 
 # The order in which failure kinds are raised when a report holds several:
@@ -233,6 +250,7 @@ class ParityReport:
             c = r.comparison
             nums = (c.p99_abs, c.ref_max, c.min_atol, c.min_rtol)
             result = "[green]✓ pass[/]" if r.passed else f"[bold red]✗ {c.kind}[/]"
+            tail = [_fmt(x) for x in nums] if r.task is None else ["", "", "", ""]
             bound, term, margin = r.bound_cells()
             style = "red" if r.kind is Kind.TOLERANCE else "yellow" if c.vacuous else "green"
             table.add_row(
@@ -243,7 +261,7 @@ class ParityReport:
                 bound,
                 term,
                 f"[{style}]{margin}[/]" if r.measured else margin,
-                *(_fmt(x) for x in nums),
+                *tail,
                 "" if c.top1 is None else f"{c.top1:.0%}",
                 result,
             )
@@ -256,6 +274,8 @@ class ParityReport:
         )
         for line in BOUND_LEGEND:
             console.print(f"  {line}")
+        if any(r.task is not None for r in self.rows):
+            console.print(f"  {TASK_LEGEND}")
         for name, art in self.artifacts.items():
             how = art.get("method") or art.get("exporter") or ""
             console.print(f"  {name}: {art.get('file')}  {how}  {art.get('reason', '')}".rstrip())

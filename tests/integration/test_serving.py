@@ -66,7 +66,9 @@ def store(exports: dict[str, ExportResult], tmp_path_factory: pytest.TempPathFac
     store = tmp_path_factory.mktemp("model_store")
     for name, result in exports.items():
         formats = tuple(
-            f.key for f in registry.all_formats() if f.key != "pt2" or name in PT2_SERVED
+            f.key
+            for f in registry.all_formats()
+            if f.key in result.manifest.artifacts and (f.key != "pt2" or name in PT2_SERVED)
         )
         # A longer batch delay makes concurrent requests land in one batch.
         archive(

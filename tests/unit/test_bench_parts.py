@@ -419,7 +419,8 @@ def test_fastest_is_the_quickest_verified_backend_at_batch_1_with_its_format() -
     ]
     best = fastest_of(rows, exclude_suffix=" (1 thread)")
     assert best is not None
-    assert {k: v for k, v in best.items() if k != "measured"} == {
+    choice = ("backend", "format", "median_ms", "batch", "ranking")
+    assert {k: best[k] for k in choice} == {
         "backend": "onnxruntime",
         "format": "onnx",
         "median_ms": 0.3,
@@ -427,6 +428,10 @@ def test_fastest_is_the_quickest_verified_backend_at_batch_1_with_its_format() -
         "ranking": ["onnxruntime", "torchscript_frozen", "eager"],
     }
     assert best["measured"].endswith("+00:00")  # ISO 8601, UTC
+    # What serve needs to say why, and to choose again within a stricter accuracy budget.
+    assert [c["backend"] for c in best["candidates"]] == best["ranking"]
+    assert [e["backend"] for e in best["excluded"]] == ["cpp/pt2"]
+    assert best["why"].startswith("onnxruntime (onnx, float32) is the fastest at batch 1")
     assert fastest_of([_ranked("eager", 0.5, "torchscript", verified=False)]) is None
 
 

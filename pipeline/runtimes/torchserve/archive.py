@@ -32,6 +32,7 @@ from pipeline.core.manifest import GOLDEN_KEY, MANIFEST_NAME, artifact_path, rea
 from pipeline.core.paths import DEFAULT_STORE
 from pipeline.formats import base as registry
 from pipeline.serving.provenance import ARCHIVE_INFO, ArchiveInfo, fastest_entry
+from pipeline.serving.served import within_budget
 from pipeline.zoo import DEFAULT_MODEL
 from pipeline_runtime.manifest import Manifest
 
@@ -70,6 +71,10 @@ class ArchiveConfig:
     # None: TorchServe decides (a GPU worker when the server has GPUs, else CPU);
     # "cpu" pins workers to CPU even on a GPU server.
     device: Literal["cpu", "gpu"] | None = None
+    # Bench's fastest is recorded only when its format is within the accuracy budget
+    # (served.within_budget): the one export recorded, or these when given.
+    accuracy_budget: float | None = None
+    min_sqnr: float | None = None
 
     def validate(self) -> None:
         known = registry.keys()
@@ -131,7 +136,14 @@ def archive(config: ArchiveConfig, manifest: Manifest | None = None) -> list[Pat
         raise ArchiveError(f"{export_dir} holds {manifest.model.name!r}, not {config.model!r}.")
     store = Path(config.store)
     store.mkdir(parents=True, exist_ok=True)
-    fastest = fastest_entry(config.model, config.bench_results)
+    # Bench's fastest verified backend, chosen again within the accuracy budget: an int8 or
+    # float16 artifact that breaks it is never recorded as the one to serve.
+    fastest = within_budget(
+        fastest_entry(config.model, config.bench_results),
+        manifest,
+        config.accuracy_budget,
+        config.min_sqnr,
+    )
     formats = config.formats or tuple(
         f.key for f in registry.all_formats() if f.key in manifest.artifacts
     )

@@ -1,0 +1,124 @@
+"""`ExportConfig`: what `pipeline export` is asked to do, built from the command line in one place."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.core import paths
+from pipeline.core.budget import DEFAULT_ACCURACY_BUDGET, Budget
+from pipeline.core.defaults import DEFAULT_ATOL, DEFAULT_MODEL, DEFAULT_RTOL
+from pipeline.core.errors import ExportError
+from pipeline.formats import base as registry
+from pipeline.formats.base import DEFAULT_OPSET, METHODS
+from pipeline.formats.pt2 import Pt2Device
+from pipeline.formats.torchscript import Method
+from pipeline.zoo.spec import TensorSpec
+
+# The formats `pipeline export --format` offers, what "all" means (every float32
+# format) and "precision" (every int8/float16 one), and the ones written without
+# --format: all from the registry (pipeline/formats/).
+KNOWN_FORMATS: tuple[str, ...] = registry.keys()
+FORMATS: tuple[str, ...] = registry.full_precision_keys()
+PRECISION_FORMATS: tuple[str, ...] = registry.reduced_precision_keys()
+DEFAULT_FORMATS: tuple[str, ...] = registry.default_keys()
+
+
+@dataclass
+class ExportConfig:
+    model: str = DEFAULT_MODEL
+    checkpoint: Path | None = None  # default: artifacts/<model>/checkpoint.pt
+    out_dir: Path | None = None  # default: artifacts/<model>/export
+    formats: tuple[str, ...] = DEFAULT_FORMATS
+    method: Method = "auto"
+    pt2_device: Pt2Device = "cpu"
+    allow_unsafe_trace: bool = False
+    opset: int = DEFAULT_OPSET
+    atol: float = DEFAULT_ATOL
+    rtol: float = DEFAULT_RTOL
+    # Export the model in train() mode. Only for demonstrating that verify
+    # catches the classic forgotten-eval() bug; never what a user wants.
+    train_mode: bool = False
+    # Models outside the zoo (module:Class, file.py:Class, torchvision:NAME).
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+    inputs: list[TensorSpec] | None = None
+    outputs: list[str] | None = None
+    probes_file: Path | None = None  # extra probe inputs (torch.save'd dicts)
+    # Where the weights come from when there is no checkpoint of ours yet:
+    weights: Path | None = None  # a state_dict saved elsewhere; imported (weights_only)
+    random_init: bool = False  # seeded random initialisation
+    seed: int = 0
+    # The reduced-precision formats (int8, float16): representative inputs for static
+    # quantisation (pipeline/export/calibration.py says what the default is) and the
+    # budget they are held to, recorded in the manifest for verify, bench and serve.
+    calibration: Path | None = None
+    accuracy_budget: float = DEFAULT_ACCURACY_BUDGET
+    min_sqnr: float | None = None  # dB; None: the precision's default
+
+    @classmethod
+    def from_args(
+        cls, args: argparse.Namespace, *, inputs: list | None = None, outputs: list | None = None
+    ) -> ExportConfig:
+        """The config `pipeline export` ARGS describe (inputs/outputs parsed by the CLI)."""
+        from pipeline.zoo.user import parse_kwargs
+
+        chosen = args.format or ()
+        groups = {registry.ALL: FORMATS, registry.ALL_PRECISION: PRECISION_FORMATS}
+        if not chosen:
+            formats = DEFAULT_FORMATS
+        else:  # in registry order, once each; a group stands for its formats
+            asked = {k for c in chosen for k in groups.get(c, (c,))}
+            formats = tuple(k for k in KNOWN_FORMATS if k in asked) + tuple(
+                k for k in dict.fromkeys(chosen) if k not in KNOWN_FORMATS and k not in groups
+            )
+        return cls(
+            model=args.model,
+            model_kwargs=parse_kwargs(args.model_kwargs),
+            inputs=inputs,
+            outputs=outputs,
+            probes_file=args.probes,
+            weights=args.weights,
+            random_init=args.random_init,
+            seed=args.seed,
+            checkpoint=args.checkpoint or paths.checkpoint_path(args.model, args.artifacts_dir),
+            out_dir=args.out_dir or paths.export_dir(args.model, args.artifacts_dir),
+            formats=formats,
+            pt2_device=args.pt2_device,
+            method=args.method,
+            allow_unsafe_trace=args.allow_unsafe_trace,
+            opset=args.opset,
+            atol=args.atol,
+            rtol=args.rtol,
+            calibration=args.calibration,
+            accuracy_budget=args.accuracy_budget,
+            min_sqnr=args.min_sqnr,
+        )
+
+    @property
+    def budget(self) -> Budget:
+        return Budget(self.accuracy_budget, self.min_sqnr)
+
+    def validate(self) -> None:
+        unknown = [f for f in self.formats if f not in KNOWN_FORMATS]
+        if unknown or not self.formats:
+            raise ExportError(
+                f"Unknown --format {', '.join(unknown) or '(none)'}; use one or more of "
+                f"{', '.join(KNOWN_FORMATS)}, all (every float32 format) or precision (every "
+                "int8/float16 one), e.g. --format torchscript --format onnx_int8_static."
+            )
+        self.budget.validate()
+        if self.pt2_device not in ("cpu", "cuda"):
+            raise ExportError(f"--pt2-device must be cpu or cuda, got {self.pt2_device!r}.")
+        if self.method not in METHODS:
+            raise ExportError(f"Unknown --method {self.method!r}; use one of {', '.join(METHODS)}.")
+        if not 7 <= self.opset <= 23:
+            raise ExportError(f"--opset must be between 7 and 23, got {self.opset}.")
+        if not all(math.isfinite(t) and t >= 0 for t in (self.atol, self.rtol)):
+            raise ExportError("--atol and --rtol must be finite and non-negative.")
+        if not 0 <= self.seed < 2**63:
+            raise ExportError(f"--seed must be between 0 and 2**63 - 1, got {self.seed}.")
+        if self.weights is not None and self.random_init:
+            raise ExportError("Give either --weights or --random-init, not both.")

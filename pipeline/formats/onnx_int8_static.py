@@ -1,0 +1,108 @@
+"""int8 ONNX, static: QDQ, per-channel weights, activation ranges from calibration data.
+
+The recipe ONNX Runtime documents for CNNs on CPU: `quant_pre_process` (shape
+inference and graph optimisation, so BatchNorm is folded before it is
+quantised), then `quantize_static` in QDQ format with per-channel int8 weights
+(`QInt8`), uint8 activations (`QUInt8`: the u8s8 pair x86 integer kernels
+take) and MinMax ranges from the calibration batches
+(pipeline/export/calibration.py). Every op ONNX Runtime can quantise is
+quantised: Conv and Gemm, and with them the pooling between them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from onnxruntime.quantization import (
+    CalibrationMethod,
+    QuantFormat,
+    QuantType,
+    quantize_static,
+)
+from torch import nn
+
+from pipeline.core.errors import ExportError
+from pipeline.core.noise import library_warnings
+from pipeline.formats import reduced
+from pipeline.formats.base import ExportContext, Format, register
+from pipeline.formats.program import captured_output
+from pipeline_runtime.manifest import ArtifactRecord
+
+log = logging.getLogger(__name__)
+
+KEY = "onnx_int8_static"
+FILE = "model.int8_static.onnx"
+SETTINGS = {
+    "quant_format": "QDQ",
+    "per_channel": True,
+    "weight_type": "QInt8",
+    "activation_type": "QUInt8",
+    "calibrate_method": "MinMax",
+}
+
+
+def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
+    if ctx.calibration is None:  # pragma: no cover - the export stage always sets it
+        raise ExportError("int8 static quantisation needs calibration data; none was given.")
+    calibration = ctx.calibration()
+    prepared = reduced.prepared_onnx(model, ctx)
+    log.info("ONNX int8 static (calibrated on %s)…", calibration.what)
+    path = ctx.out_dir / FILE
+    names = [s.name for s in ctx.entry.inputs]
+    what = "onnxruntime.quantization (static, QDQ)"
+    try:
+        with library_warnings(what), captured_output(what):
+            quantize_static(
+                str(prepared),
+                str(path),
+                reduced.CalibrationReader(calibration.batches, names),
+                quant_format=QuantFormat.QDQ,
+                per_channel=True,
+                weight_type=QuantType.QInt8,
+                activation_type=QuantType.QUInt8,
+                calibrate_method=CalibrationMethod.MinMax,
+            )
+    except Exception as err:  # noqa: BLE001 - the quantiser's failure is this format's
+        raise ExportError(
+            f"ONNX Runtime could not quantise {ctx.entry.name!r} statically: "
+            f"{type(err).__name__}: {reduced.first_line(err)}"
+        ) from None
+    reduced.check_graph(path, "int8 static ONNX")
+    ops = reduced.op_counts(path)
+    if not ops.get("QuantizeLinear"):
+        raise ExportError(
+            f"quantize_static left {ctx.entry.name!r} without a single quantised op "
+            "(no QuantizeLinear in the graph): there is nothing int8 about it."
+        )
+    return reduced.record(
+        ctx,
+        key=KEY,
+        path=path,
+        precision="int8",
+        reason="onnxruntime.quantization.quantize_static: QDQ, per-channel int8 weights, "
+        f"uint8 activations, MinMax ranges from {calibration.what}",
+        details={
+            "quantizer": SETTINGS,
+            "calibration": calibration.record(),
+            "from": str(ctx.cache.get("onnx_exporter", "the ONNX format's file")),
+            "opset": ctx.opset,
+            "quantized_nodes": ops.get("DequantizeLinear", 0),
+        },
+    )
+
+
+FORMAT = register(
+    Format(
+        key=KEY,
+        title="ONNX int8 (static, QDQ)",
+        file=FILE,
+        archive_suffix="onnx_int8s",
+        handler="onnx_int8_static_handler.py",
+        backend="onnxruntime_int8_static",
+        platform="onnxruntime_onnx",
+        export=export,
+        default=False,
+        precision="int8",
+        description="int8 QDQ ONNX (per-channel weights, calibrated activations); ONNX Runtime",
+    )
+)

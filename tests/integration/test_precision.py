@@ -1,0 +1,132 @@
+"""The reduced-precision formats' guarantees on the session's digits exports: what the
+issue's "done when" asks (int8 within 0.5 points, tampering caught, a bad calibration
+file refused before anything is written), and every bound able to fail."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import numpy_helper
+
+from pipeline.core.compare import Kind
+from pipeline.core.errors import InputSpecError
+from pipeline.export import ExportConfig, ExportResult, export
+from pipeline.formats import base as registry
+from pipeline.train import TrainResult
+from pipeline.verify import VerifyConfig, verify
+from tests.tamper import alter_onnx_initializer, copy_export
+
+STATIC = "onnx_int8_static"
+
+
+def _verify(export_dir: Path, key: str, tmp_path: Path, **budget: float):
+    return verify(
+        VerifyConfig(
+            model="digits_lenet",
+            export_dir=export_dir,
+            backends=(registry.get(key).backend,),
+            report=tmp_path / "parity.json",
+            page=False,
+            **budget,
+        )
+    )
+
+
+def test_int8_static_keeps_digits_accuracy_within_half_a_point(
+    precision_exported: ExportResult,
+) -> None:
+    record = precision_exported.manifest.artifact(STATIC)
+    quality = record.get("quality")
+    assert quality["rule"] == "accuracy" and quality["within_budget"] is True
+    assert quality["eager_accuracy"] - quality["accuracy"] <= 0.005
+    assert quality["samples"] == 361  # the whole validation split
+    assert record.get("calibration")["source"] == "zoo"  # the training split, not validation
+    float_size = precision_exported.manifest.artifact("onnx_fp16").get("size_bytes")
+    assert record.get("size_bytes") < float_size  # int8 weights: smaller than even float16
+
+
+def _dequantize_inputs(path: Path) -> tuple[str, str]:
+    """The int8 weight and the scale feeding the first Conv's weight DequantizeLinear."""
+    model = onnx.load(str(path))
+    inits = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        weight = inits.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
+        if weight is not None and numpy_helper.to_array(weight).ndim == 4:  # a conv weight
+            return node.input[0], node.input[1]
+    raise AssertionError("no quantised conv weight in the graph")
+
+
+@pytest.mark.parametrize("what", ["weights", "scales"])
+def test_altered_int8_weights_or_scales_fail_verify_even_with_hashes_revouched(
+    precision_exported: ExportResult, tmp_path: Path, what: str
+) -> None:
+    export_dir = copy_export(precision_exported, tmp_path / "export")
+    weight, scale = _dequantize_inputs(export_dir / registry.get(STATIC).file)
+    if what == "weights":
+        alter_onnx_initializer(export_dir, weight, lambda w: -w, key=STATIC)
+    else:
+        alter_onnx_initializer(export_dir, scale, lambda s: s * np.float32(8), key=STATIC)
+    report = _verify(export_dir, STATIC, tmp_path)
+    assert not report.passed
+    (row,) = [r for r in report.rows if r.task is not None]
+    assert row.kind is Kind.TOLERANCE and row.task.value > 0.5
+    assert "accuracy drop" in report.failure_message()
+    assert not report.localisations  # an int8 graph differs from eager on purpose
+
+
+def test_a_budget_that_chance_would_meet_is_refused_as_vacuous(
+    precision_exported: ExportResult, tmp_path: Path
+) -> None:
+    report = _verify(precision_exported.out_dir, STATIC, tmp_path, accuracy_budget=95.0)
+    assert not report.passed and {str(r.kind) for r in report.failures} == {"vacuous"}
+    assert "chance" in report.failure_message()
+
+
+@pytest.mark.parametrize(
+    ("batch", "fragment"),
+    [
+        (torch.rand(4, 1, 8, 8), "must have shape (batch, 1, 28, 28), got (4, 1, 8, 8)"),
+        (torch.rand(4, 1, 28, 28).double(), "must be float32, got float64"),
+    ],
+)
+def test_a_calibration_file_that_does_not_fit_is_refused_before_anything_is_written(
+    trained: TrainResult, tmp_path: Path, batch: torch.Tensor, fragment: str
+) -> None:
+    cal = tmp_path / "calibration.pt"
+    torch.save([{"image": batch}], cal)
+    out = tmp_path / "exports" / "export"
+    with pytest.raises(InputSpecError) as err:
+        export(
+            ExportConfig(
+                checkpoint=trained.checkpoint.path,
+                out_dir=out,
+                formats=("onnx", STATIC),
+                calibration=cal,
+            )
+        )
+    assert fragment in str(err.value) and str(cal) in str(err.value)
+    assert not out.exists() and not (tmp_path / "exports").exists()  # no staging left either
+
+
+def test_the_cpp_client_runs_the_int8_pt2_within_the_budget(
+    precision_exported: ExportResult, binary: Path, tmp_path: Path
+) -> None:
+    """torchao's int8 Linear layers compile to plain C++: LibTorch runs the package with no
+    torchao, and its answers keep the digits accuracy like the Python runner's."""
+    report = verify(
+        VerifyConfig(
+            model="digits_lenet",
+            export_dir=precision_exported.out_dir,
+            backends=("cpp",),
+            cpp_binary=binary,
+            report=tmp_path / "parity.json",
+            page=False,
+        )
+    )
+    assert report.passed, report.failure_message()
+    (row,) = [r for r in report.rows if r.task is not None]
+    assert row.backend == "cpp/pt2_int8" and row.task.rule == "accuracy"
