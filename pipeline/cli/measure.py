@@ -69,8 +69,11 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
         "each format it runs, at each batch size, then TorchServe per format at each concurrency "
         "with dynamic batching off, on (the archive defaults) and old (batch 8, 10 ms), "
         "TorchServe's own port beside the gateway at concurrency 1, and the KServe runtime "
-        "(Open Inference Protocol) on the same exports and levels. Writes "
-        "<artifacts>/bench/bench.json, bench.md, "
+        "(Open Inference Protocol) on the same exports and levels, with the worker count it "
+        "measured best first (kserve_workers.json, which `pipeline serve --runtime kserve` "
+        "reads), then peers on the digits CNN's ONNX file: a bare aiohttp + ONNX Runtime "
+        "yardstick and LitServe (the `bench` extra) beside the runtime, with PASS/MISS target "
+        "lines. Writes <artifacts>/bench/bench.json, bench.md, "
         "latency.png and throughput.png, and fastest.json: each model's fastest verified backend "
         "and its format, which `pipeline archive` reads. Exports are never modified.",
     )
@@ -108,6 +111,13 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
         f"(default: {defaults.served_requests})",
     )
     p.add_argument("--no-cpp", action="store_true", help="leave the C++ client out")
+    p.add_argument(
+        "--no-worker-sweep",
+        action="store_true",
+        help="measure the runtimes with their defaults, without first measuring which worker "
+        "count serves best (the sweep, about a minute per served model, writes "
+        "kserve_workers.json, which `pipeline serve --runtime kserve` reads)",
+    )
     from pipeline.serving import runtime
 
     p.add_argument(
@@ -119,7 +129,9 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
         f"one: {', '.join(runtime.names())})",
     )
     p.add_argument(
-        "--quick", action="store_true", help="digits only, few runs: checks the output, not speed"
+        "--quick",
+        action="store_true",
+        help="digits only, few runs, no worker sweep: checks the output, not speed",
     )
     p.add_argument("--out-dir", type=Path, help="default: <artifacts>/bench")
     p.set_defaults(func=_cmd_bench)
@@ -141,6 +153,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         overrides["cpp"] = False
     if args.runtime:
         overrides["runtimes"] = tuple(args.runtime)
+    if args.no_worker_sweep:
+        overrides["tune"] = False
     if args.quick:
         config = BenchConfig.quick(**overrides)
     else:
