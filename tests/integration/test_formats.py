@@ -23,13 +23,8 @@ from pipeline.export import ExportResult
 from pipeline.export.opened import open_export
 from pipeline.export.quality import judge
 from pipeline.formats import base as registry
-from pipeline.runtimes.kserve.config import RuntimeConfig
-from pipeline.runtimes.kserve.launch import served_export
-from pipeline.runtimes.kserve.launch import start as start_kserve
-from pipeline.runtimes.kserve.parity import KServeBackend
 from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive, archive_name
 from pipeline.runtimes.torchserve.launch import ServeConfig, Server, free_port, start, stop
-from pipeline.serving import launcher
 from pipeline.serving.client import post, tensors_body
 from pipeline.verify import VerifyConfig, verify
 
@@ -176,39 +171,3 @@ def test_served_answer_matches_eager(
     assert list(outputs) == opened.manifest.output_names
     for name, value in outputs.items():
         torch.testing.assert_close(torch.tensor(value), expected[name], atol=1e-4, rtol=1e-3)
-
-
-@pytest.fixture(scope="module")
-def kserve(
-    by_format: dict[str, ExportResult], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    """The KServe runtime serving every registered format, each under digits_<key>."""
-    run_dir = tmp_path_factory.mktemp("formats_kserve")
-    config = RuntimeConfig(
-        models=[served_export(by_format[k].out_dir, k, name=f"digits_{k}") for k in FORMATS],
-        http_port=launcher.free_port(),
-        grpc_port=launcher.free_port(),
-    )
-    try:
-        yield start_kserve(config, run_dir)
-    finally:
-        launcher.stop(run_dir)
-
-
-@pytest.mark.parametrize("key", FORMATS)
-def test_kserve_serves_the_format_and_verify_holds_it_to_its_rule(
-    by_format: dict[str, ExportResult], kserve: Server, key: str, tmp_path: Path
-) -> None:
-    """`verify --backend kserve`: elementwise for float32, at task level for the others."""
-    export_dir = by_format[key].out_dir
-    manifest = by_format[key].manifest
-    served = [KServeBackend(kserve, f"digits_{key}", key, manifest, t) for t in ("rest", "grpc")]
-    report = verify(
-        VerifyConfig(
-            model=MODEL, export_dir=export_dir, backends=("kserve",), report=tmp_path / "p.json"
-        ),
-        served=served,
-    )
-    assert report.passed, report.failure_message()
-    assert {r.backend for r in report.rows} == {"golden file", *(b.name for b in served)}
-    assert all((r.task is None) is _float32(key) for r in report.rows if r.backend != "golden file")
