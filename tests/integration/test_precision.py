@@ -130,3 +130,50 @@ def test_the_cpp_client_runs_the_int8_pt2_within_the_budget(
     assert report.passed, report.failure_message()
     (row,) = [r for r in report.rows if r.task is not None]
     assert row.backend == "cpp/pt2_int8" and row.task.rule == "accuracy"
+
+
+MLP = """
+import torch
+from torch import nn
+
+
+class Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+"""
+
+
+def test_a_model_without_data_is_calibrated_on_synthetic_inputs_said_and_recorded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Your own model, no --calibration: random inputs, a warning, the manifest says so,
+    and (not a classifier) the SQNR rule judges it."""
+    from pipeline.zoo.user import parse_input
+
+    (tmp_path / "mlp.py").write_text(MLP)
+    with caplog.at_level("WARNING"):
+        result = export(
+            ExportConfig(
+                model=f"{tmp_path / 'mlp.py'}:Mlp",
+                inputs=[parse_input("x:float32:batch,6")],
+                random_init=True,
+                checkpoint=tmp_path / "ckpt" / "checkpoint.pt",
+                out_dir=tmp_path / "export",
+                formats=(STATIC,),
+            )
+        )
+    assert "SYNTHETIC" in caplog.text and "--calibration FILE" in caplog.text
+    record = result.manifest.artifact(STATIC)
+    assert record.get("calibration")["synthetic"] is True
+    assert record.get("quality")["rule"] == "sqnr" and record.get("quality")["within_budget"]
+    model = f"{tmp_path / 'mlp.py'}:Mlp"
+    report = verify(VerifyConfig(model=model, export_dir=result.out_dir,
+                                 report=tmp_path / "p.json", page=False))  # fmt: skip
+    assert report.passed, report.failure_message()
+    report = verify(VerifyConfig(model=model, export_dir=result.out_dir, min_sqnr=0.0,
+                                 report=tmp_path / "p.json", page=False))  # fmt: skip
+    assert {str(r.kind) for r in report.failures} == {"vacuous"}
