@@ -8,7 +8,8 @@ per format, dynamic batching off, on and old, several concurrency levels) on
 private servers (served.py); then peers (peers/): a bare aiohttp + ONNX
 Runtime yardstick and LitServe beside our runtime, on the same ONNX file.
 Outputs, all under the bench folder: `bench.json` (machine, matmul peak, every
-cell, served and peer rows, targets), `bench.md`, two PNG charts, and
+cell, served and peer rows, targets, the precision table), `bench.md`, PNG
+charts (a third, precision.png, when an export holds int8/float16 formats), and
 `fastest.json`: each model's fastest backend among those that passed
 verification in this run, and the format it runs. Bench never writes into an
 export: export is the manifest's only writer.
@@ -168,7 +169,7 @@ def _verified(exported: ExportedModel, cpp_binary: Path | None) -> set[str]:
 
 
 def run_bench(config: BenchConfig) -> BenchResult:
-    from pipeline.bench import backends, inprocess, machine, report
+    from pipeline.bench import backends, inprocess, machine, pareto, report
     from pipeline.bench.fastest import FASTEST_NAME, fastest_of, write_fastest
     from pipeline.bench.peers import bench_peers
     from pipeline.bench.peers.targets import markdown as peers_markdown
@@ -311,6 +312,8 @@ def run_bench(config: BenchConfig) -> BenchResult:
         ours = run.ours
         phase_done(f"{model} peers")
 
+    pareto_rows = [r for m in config.models for r in pareto.rows(m, exported_of(m), all_cells)]
+
     # Measured again at the end; the better of the two is the machine's peak (a
     # busy moment can only lower it), and the in-process fractions are rescaled.
     peak_end = machine.matmul_peak_gflops(threads)
@@ -337,6 +340,8 @@ def run_bench(config: BenchConfig) -> BenchResult:
         "peers": peers,
         "peer_settings": peer_settings,
         "fastest": fastest,
+        # Issue 29: per model and format, speed, size and task-level accuracy (pareto.py).
+        "pareto": pareto_rows,
         "skipped": skipped,
         "duration_s": round(time.monotonic() - t_start, 1),
         "phase_seconds": phases,
@@ -352,6 +357,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
         for part in (
             report.to_markdown(cells, info, peak),
             report.fastest_markdown(fastest),
+            pareto.markdown(pareto_rows),
             report.served_markdown(served),
             *(rt.bench_notes(out_dir) for rt in chosen),
             peers_markdown(peers, peer_settings, data["peer_targets"]),
@@ -365,6 +371,9 @@ def run_bench(config: BenchConfig) -> BenchResult:
     charts = [report.latency_chart(cells, out_dir / "latency.png")]
     if served:
         charts.append(report.throughput_chart(served, out_dir / "throughput.png"))
+    precision_chart = pareto.chart(pareto_rows, out_dir / "precision.png")
+    if precision_chart is not None:
+        charts.append(precision_chart)
     return BenchResult(json_path, md_path, charts, data, fastest_path)
 
 

@@ -104,7 +104,9 @@ def runners(
             continue
         if getattr(loaded.call, "module", None) is not None:  # a TorchScript module
             out.update(_frozen(fmt, loaded.call.module, args, runner, threads))
-        if getattr(loaded.call, "session", None) is not None:  # an ONNX Runtime session
+        # An ONNX Runtime session of a float32 graph: int8/float16 graphs are not converted
+        # (the opset comparison is about the exporter's choice of opset, not precision).
+        if getattr(loaded.call, "session", None) is not None and fmt.precision == registry.FLOAT32:
             for opset in opsets:
                 out.update(_converted(exported, fmt, opset, args, loaded, runner, threads))
     if cpp_binary is not None:
