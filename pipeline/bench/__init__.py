@@ -176,6 +176,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
     from pipeline.bench.peers.targets import peer_targets
     from pipeline.bench.targets import targets
     from pipeline.export.opened import open_export
+    from pipeline.formats import base as registry
 
     t_start = time.monotonic()
     out_dir = config.bench_dir()
@@ -287,6 +288,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
         level_budget_s=config.served_level_budget_s,
         tune=config.tune,
         out_dir=out_dir,
+        formats=registry.full_precision_keys(),
     )
     for model in config.served_models:
         for rt in chosen:

@@ -37,6 +37,9 @@ class ArchiveInfo:
     # stale server can be told apart from a wrong one (serving.served.stale).
     checkpoint_sha256: str = ""
     exported: str = ""
+    # Why this format is served (served.why_served), said where the choice was made with
+    # the manifest at hand, so `pipeline serve` need not read it again to say so.
+    why: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,10 +56,13 @@ class ArchiveInfo:
             fastest=dict(fastest) if isinstance(fastest, dict) else None,
             checkpoint_sha256=str(data.get("checkpoint_sha256", "")),
             exported=str(data.get("exported", "")),
+            why=str(data.get("why", "")),
         )
 
     @classmethod
-    def of(cls, manifest: Manifest, fmt: str, fastest: dict[str, Any] | None = None) -> ArchiveInfo:
+    def of(
+        cls, manifest: Manifest, fmt: str, fastest: dict[str, Any] | None = None, why: str = ""
+    ) -> ArchiveInfo:
         """The record of `manifest`'s `fmt` artifact."""
         return cls(
             model=manifest.model.name,
@@ -65,6 +71,7 @@ class ArchiveInfo:
             fastest=fastest,
             checkpoint_sha256=manifest.checkpoint.sha256,
             exported=manifest.created,
+            why=why,
         )
 
     @classmethod

@@ -76,6 +76,14 @@ class BenchSettings:
     # processes serve best) and keep what it found in `out_dir` for `pipeline serve`.
     tune: bool = False
     out_dir: Path | None = None
+    # The formats to serve, of those the export holds (None: every one). bench serves the
+    # float32 formats; the int8/float16 ones are compared in-process (its precision table).
+    formats: tuple[str, ...] | None = None
+
+    def served_formats(self, exported: ExportedModel) -> list[str]:
+        """The keys of the formats to measure, in the export's order."""
+        keys = [f.key for f in exported.formats()]
+        return keys if self.formats is None else [k for k in keys if k in self.formats]
 
 
 class Runtime(abc.ABC):

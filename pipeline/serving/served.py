@@ -354,7 +354,15 @@ def choice_lines(server: Server, artifacts_dir: Path | None = None) -> list[str]
     return lines
 
 
+def why_served(manifest: Manifest, fmt: str, fastest: dict[str, Any] | None) -> str:
+    """Why `fmt` of this export is served: the default's reason, or that it was named."""
+    default, why = choose(manifest, fastest)
+    return why if default == fmt else f"chosen by name ({default} would be the default: {why})"
+
+
 def _why_served(info: ArchiveInfo, artifacts_dir: Path | None) -> str:
+    if info.why:  # said when it was chosen, the manifest at hand
+        return info.why
     fastest = info.fastest or fastest_entry(info.model, None)
     export_dir = paths.export_dir(info.model, artifacts_dir)
     manifest = None
@@ -364,8 +372,7 @@ def _why_served(info: ArchiveInfo, artifacts_dir: Path | None) -> str:
         except PipelineError:
             manifest = None
     if manifest is not None and not stale("", info, manifest, export_dir):
-        fmt, why = choose(manifest, fastest)
-        return why if fmt == info.format else f"chosen by name ({fmt} would be the default: {why})"
+        return why_served(manifest, info.format, fastest)
     if info.fastest and info.fastest.get("format") == info.format:
         return str(info.fastest.get("why") or "bench's fastest verified backend when archived")
     return "the first archived format in registry order (no bench result recorded with it)"

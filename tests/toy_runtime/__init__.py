@@ -70,7 +70,8 @@ def start(exports: list[tuple[Path, Manifest, str]], run_dir: Path, port: int) -
     for export_dir, manifest, fmt in exports:
         name = core_paths.model_slug(manifest.model.name)
         models.append({"name": name, "export_dir": str(export_dir), "format": fmt})
-        archives[name] = ArchiveInfo.of(manifest, fmt)
+        why = served.why_served(manifest, fmt, served.fastest_entry(manifest.model.name, None))
+        archives[name] = ArchiveInfo.of(manifest, fmt, why=why)
     conf = run_dir / CONFIG_FILE
     conf.write_text(json.dumps({"port": port, "token_file": str(token), "models": models}))
     argv = [sys.executable, "-m", "tests.toy_runtime.server", str(conf)]
@@ -172,7 +173,7 @@ class Toy(runtime.Runtime):
         inputs = exported.sample(1, seed=0)
         body, expected = self.encode(inputs), exported.eager(inputs)
         points, skipped = [], []
-        for fmt in (f.key for f in exported.formats()):
+        for fmt in settings.served_formats(exported):
             with self.private(exported, fmt) as server:
                 names = {fmt: server.models[0]}
                 first = first_answers(

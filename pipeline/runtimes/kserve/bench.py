@@ -53,7 +53,7 @@ def bench_kserve(
 
     Returns the points and the formats skipped (model, batch, backend, why).
     """
-    formats = [f.key for f in exported.formats()]
+    formats = settings.served_formats(exported)
     inputs = exported.sample(1, seed=0)
     expected = exported.eager(inputs)
     body = wire.oip_binary(inputs)

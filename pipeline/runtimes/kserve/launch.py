@@ -83,7 +83,8 @@ def served_export(
             f"{export_dir} has no {fmt!r} artifact; it holds {', '.join(held) or 'none'}."
         )
     name = name or re.sub(r"[^A-Za-z0-9_.\-]", "_", manifest.model.name)
-    info = ArchiveInfo.of(manifest, fmt)
+    why = served.why_served(manifest, fmt, served.fastest_entry(manifest.model.name, None))
+    info = ArchiveInfo.of(manifest, fmt, why=why)
     return ServedExport(name=name, export_dir=str(export_dir), format=fmt, info=info)
 
 

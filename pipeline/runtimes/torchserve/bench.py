@@ -90,10 +90,10 @@ def _sequential_pair(
 def bench_served(
     model: str, exported: ExportedModel, settings: BenchSettings, timeout: float = 120.0
 ) -> tuple[list[ServedPoint], list[dict[str, Any]]]:
-    """Serve `model` (every format it has) once per batching setting of `settings` and
+    """Serve `model` (the formats `settings` asks for that it has) once per batching setting of `settings` and
     measure each level. Returns the points and the formats skipped (model, batch, backend,
     why)."""
-    formats = tuple(f.key for f in exported.formats())  # every format it holds is measured
+    formats = tuple(settings.served_formats(exported))  # those bench asks for, if held
     inputs = exported.sample(1, seed=0)
     expected = exported.eager(inputs)
     # binary: JSON text would measure number parsing, not serving
