@@ -121,7 +121,7 @@ def markdown(table: list[dict[str, Any]]) -> str:
         "#### Precision: speed, size and accuracy (★ fastest within the budget at that batch)\n\n"
         "Latency in-process, this run; speed-up against the model's fastest float32 format at "
         "the same batch; size and the task-level metric from the export's manifest.\n\n"
-        "| model | format | precision | size MB | × float32 size | batch 1 ms | × | "
+        "| model | format | precision | size MB | ÷ largest float32 | batch 1 ms | × | "
         "batch 32 ms | × | accuracy | within budget |\n"
         "|---|---|---|---:|---:|---:|---:|---:|---:|---|---|"
     )

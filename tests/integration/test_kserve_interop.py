@@ -5,7 +5,8 @@ way, and gRPC) and kserve's own REST and gRPC clients, unmodified (Triton's gRPC
 process of its own: `tests/triton_grpc.py` says why), against a
 real runtime on 127.0.0.1 serving the digits CNN in every format: each answer
 equals the export's eager outputs within its tolerance, and health, readiness
-and metadata answer as the protocol says, for the server and per model.
+and metadata answer as the protocol says, for the server and per model. The same
+server serves the int8/float16 formats, which verify holds to their accuracy budget.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 import pytest
 import tritonclient.http as thttp
 
-from pipeline.export import FORMATS, ExportResult
+from pipeline.export import FORMATS, PRECISION_FORMATS, ExportResult
 from pipeline.export.opened import open_export
 from pipeline.runtimes.kserve.config import RuntimeConfig
 from pipeline.runtimes.kserve.launch import served_export, start
@@ -37,10 +38,18 @@ def _kserve():
 
 
 @pytest.fixture(scope="module")
-def server(exported: ExportResult, tmp_path_factory: pytest.TempPathFactory):
+def server(
+    exported: ExportResult,
+    precision_exported: ExportResult,
+    tmp_path_factory: pytest.TempPathFactory,
+):
     run_dir = tmp_path_factory.mktemp("interop_run")
+    # The int8/float16 formats too, from their own export: served like any other format.
+    reduced = [
+        served_export(precision_exported.out_dir, f, name=f"digits_{f}") for f in PRECISION_FORMATS
+    ]
     config = RuntimeConfig(
-        models=[served_export(exported.out_dir, f, name=f"digits_{f}") for f in FORMATS],
+        models=[served_export(exported.out_dir, f, name=f"digits_{f}") for f in FORMATS] + reduced,
         http_port=free_port(),
         grpc_port=free_port(),
     )
@@ -279,3 +288,30 @@ def test_a_thousand_and_more_binary_requests_are_all_answered(server, exported, 
             statuses.append(int(answer.split(b" ", 2)[1]))
     assert statuses == [200] * len(statuses), sorted(set(statuses))
     assert len(statuses) == 1310
+
+
+@pytest.mark.parametrize("key", PRECISION_FORMATS)
+def test_reduced_precision_formats_serve_and_verify_holds_them_to_their_budget(
+    server: Server, precision_exported: ExportResult, key: str, tmp_path: Path
+) -> None:
+    """`verify --backend kserve` over REST and gRPC on an int8/float16 format: judged at task
+    level (the export's accuracy budget), not elementwise."""
+    from pipeline.runtimes.kserve.parity import KServeBackend
+    from pipeline.verify import VerifyConfig, verify
+
+    manifest = precision_exported.manifest
+    served = [KServeBackend(server, f"digits_{key}", key, manifest, t) for t in ("rest", "grpc")]
+    report = verify(
+        VerifyConfig(
+            model="digits_lenet",
+            export_dir=precision_exported.out_dir,
+            backends=("kserve",),
+            report=tmp_path / "parity.json",
+            page=False,
+        ),
+        served=served,
+    )
+    assert report.passed, report.failure_message()
+    rows = [r for r in report.rows if r.backend != "golden file"]
+    assert {r.backend for r in rows} == {b.name for b in served}
+    assert all(r.task is not None for r in rows)  # task level, with its bound printed
