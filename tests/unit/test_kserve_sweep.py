@@ -83,3 +83,35 @@ def test_write_merges_models_measured_here_and_drops_another_machines(tmp_path: 
     assert "| digits_lenet | onnx | 1 × 1 | 8 | 900.0 | 1.00 | 2.00 | ◀ |" in md
     assert "| digits_lenet | onnx | 2 × 1 | 8 | 850.0 | 1.00 | 2.00 |  |" in md
     assert sweep.markdown(tmp_path / "none") == ""
+
+
+def test_private_runtimes_start_with_the_sweeps_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # bench's peers and rows: KServe.private(tuned_in=...) hands the runtime the count
+    # `choose` gives and the threads shared out as serve shares them, unless told.
+    import contextlib
+
+    from pipeline.runtimes.kserve import launch
+    from pipeline.runtimes.kserve.config import default_threads
+    from pipeline.serving import runtime
+
+    started: list[dict] = []
+
+    @contextlib.contextmanager
+    def private(exports, **settings):  # what would start the runtime processes
+        started.append(settings)
+        yield None
+
+    monkeypatch.setattr(launch, "private", private)
+    monkeypatch.setattr(launch, "served_export", lambda *a, **k: None)
+    exported = type("E", (), {"name": "digits_lenet", "dir": tmp_path, "manifest": None})()
+    _write(tmp_path, {"digits_lenet": {"best": 3}})
+    kserve = runtime.get("kserve")
+    with kserve.private(exported, "onnx", tuned_in=tmp_path):
+        pass
+    with kserve.private(exported, "onnx", tuned_in=tmp_path, workers=1):
+        pass
+    with kserve.private(exported, "onnx"):
+        pass
+    assert started == [{"workers": 3, "threads": default_threads(3)}, {"workers": 1}, {}]
