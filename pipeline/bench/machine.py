@@ -35,6 +35,11 @@ def _cpuinfo() -> tuple[str, list[str]]:
     return model, [f for f in FLAGS_OF_INTEREST if f in flags]
 
 
+def cpu_model() -> str:
+    """The CPU's model name (what a measurement of this machine is only valid on)."""
+    return _cpuinfo()[0]
+
+
 def _version(dist: str) -> str:
     try:
         return md.version(dist)

@@ -18,23 +18,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.bench.targets import cell
 from pipeline.formats.base import FLOAT32
 
 if TYPE_CHECKING:
     from pipeline.export.opened import ExportedModel
 
 BATCHES = (1, 32)
-
-
-def _cell(cells: list[dict], model: str, backend: str, batch: int) -> dict | None:
-    return next(
-        (
-            c
-            for c in cells
-            if c["model"] == model and c["backend"] == backend and c["batch"] == batch
-        ),
-        None,
-    )
 
 
 def _size(exported: ExportedModel, key: str, record: dict[str, Any]) -> int | None:
@@ -69,10 +59,10 @@ def rows(model: str, exported: ExportedModel, cells: list[dict]) -> list[dict[st
         }
         verified = []
         for batch in BATCHES:
-            cell = _cell(cells, model, fmt.backend, batch)
-            row[f"ms_{batch}"] = cell["median_ms"] if cell else None
-            if cell is not None:
-                verified.append(bool(cell.get("verified")))
+            found = cell(cells, model, fmt.backend, batch)
+            row[f"ms_{batch}"] = found["median_ms"] if found else None
+            if found is not None:
+                verified.append(bool(found.get("verified")))
         # Within the budget: this run's verify passed it (task level for int8/float16), and
         # the export's own check agreed (a reduced format written outside it says so).
         held = quality is None or quality.get("within_budget", False)

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.bench import load
 from pipeline.core.fileio import write_json
 from pipeline.runtimes.kserve.config import (
     MAX_DEFAULT_WORKERS,
@@ -37,9 +36,6 @@ from pipeline.runtimes.kserve.config import (
     default_threads,
     default_workers,
 )
-from pipeline.runtimes.kserve.launch import private, served_export
-from pipeline.serving import wire
-from pipeline.serving.server import ServeError
 
 if TYPE_CHECKING:
     from pipeline.export.opened import ExportedModel
@@ -62,9 +58,9 @@ def candidates(n_cores: int | None = None) -> list[int]:
 
 def machine() -> dict[str, Any]:
     """What a measurement is only valid on: the CPU model and the cores serve may use."""
-    from pipeline.bench.machine import machine_info
+    from pipeline.bench.machine import cpu_model
 
-    return {"cpu": machine_info()["cpu"], "cores": cores()}
+    return {"cpu": cpu_model(), "cores": cores()}
 
 
 def best_of(points: list[dict[str, Any]]) -> int:
@@ -85,6 +81,12 @@ def sweep(
     model: str, exported: ExportedModel, *, requests: int, budget_s: float, timeout: float = 120.0
 ) -> dict[str, Any] | None:
     """Measure every candidate count serving `model`; None if no runtime started."""
+    # Imported here: `pipeline serve` reads the sweep's file (`choose`) without the load client.
+    from pipeline.bench import load
+    from pipeline.runtimes.kserve.launch import private, served_export
+    from pipeline.serving import wire
+    from pipeline.serving.server import ServeError
+
     formats = [f.key for f in exported.formats()]
     fmt = PREFERRED_FORMAT if PREFERRED_FORMAT in formats else formats[0]
     inputs = exported.sample(1, seed=0)
