@@ -290,6 +290,39 @@ def test_a_thousand_and_more_binary_requests_are_all_answered(server, exported, 
     assert len(statuses) == 1310
 
 
+def test_the_intermittent_400_is_tritonclients_left_over_length_header(
+    server, exported, golden
+) -> None:
+    """Issue 28's 400 ("... (char 171)"), reproduced: Triton's HTTP client writes
+    Inference-Header-Content-Length into the headers dict it is given and leaves it there,
+    so a JSON request after a binary one with the same dict carries the binary header's
+    length (171 bytes in the issue). The answer is a 400 that says so; a fresh dict is answered."""
+    x, name = golden[0], _input_name(exported)
+    client = thttp.InferenceServerClient(_hostport(server))
+
+    def tensor(binary: bool) -> thttp.InferInput:
+        t = thttp.InferInput(name, list(x.shape), "FP32")
+        return t.set_data_from_numpy(x, binary_data=binary)
+
+    out = [thttp.InferRequestedOutput(_output_name(exported), binary_data=False)]
+    try:
+        shared = _auth(server)
+        client.infer("digits_onnx", [tensor(True)], outputs=out, headers=shared)
+        assert "Inference-Header-Content-Length" in shared  # the client's doing
+        with pytest.raises(thttp.InferenceServerException) as err:
+            client.infer("digits_onnx", [tensor(False)], outputs=out, headers=shared)
+        assert err.value.status() == "400"
+        assert "left over from an earlier binary request" in err.value.message()
+        # The same two calls, each with its own dict, and the server still serves.
+        for binary in (True, False):
+            result = client.infer(
+                "digits_onnx", [tensor(binary)], outputs=out, headers=_auth(server)
+            )
+            _close(result.as_numpy(_output_name(exported)), golden)
+    finally:
+        client.close()
+
+
 @pytest.mark.parametrize("key", PRECISION_FORMATS)
 def test_reduced_precision_formats_serve_and_verify_holds_them_to_their_budget(
     server: Server, precision_exported: ExportResult, key: str, tmp_path: Path

@@ -63,6 +63,19 @@ def test_malformed_bodies_are_client_errors(body: bytes, headers: Any, message: 
     assert err.value.status == 400
 
 
+def test_a_json_body_with_a_left_over_length_header_is_a_400_that_names_the_cause() -> None:
+    # Issue 28's intermittent 400: Triton's client keeps the binary request's length in
+    # the caller's headers dict, so the next JSON request carries it (see fastpath).
+    body = _json_body()
+    binary_header = len(_binary_body()[0]) - X.nbytes
+    with pytest.raises(ClientError, match="left over from an earlier binary request") as err:
+        parse(body, {b"inference-header-content-length": str(binary_header).encode()})
+    assert err.value.status == 400 and "fresh dict" in err.value.reason
+    # A body that is not JSON as a whole keeps the plain message.
+    with pytest.raises(ClientError, match="The body is not JSON: ") as err:
+        parse(body[:-1], {b"inference-header-content-length": str(binary_header).encode()})
+
+
 class _Model:
     """A served model's part FastInfer uses: checks inputs, returns two outputs."""
 

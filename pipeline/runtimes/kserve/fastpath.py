@@ -82,6 +82,8 @@ def parse(body: bytes, headers: Mapping[bytes, bytes]) -> oip.Request:
     try:
         parsed = orjson.loads(body[:split])
     except orjson.JSONDecodeError as err:
+        if length is not None and split < len(body) and _is_json(body):
+            raise ClientError(_stale_length(split, len(body))) from None
         hint = (
             "" if length is not None else f" (binary tensors need the {oip.HEADER_LENGTH} header)"
         )
@@ -90,6 +92,32 @@ def parse(body: bytes, headers: Mapping[bytes, bytes]) -> oip.Request:
         return oip.Request.from_json(parsed, body[split:])
     except (oip.OipError, RecursionError) as err:
         raise ClientError(f"Malformed request: {err}") from None
+
+
+def _is_json(body: bytes) -> bool:
+    try:
+        orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    return True
+
+
+def _stale_length(split: int, size: int) -> str:
+    """The 400 for a JSON body sent with a length header left over from a binary request.
+
+    Issue 28's intermittent 400 ("unexpected end of data ... (char 171)"): Triton's
+    HTTP client writes Inference-Header-Content-Length into the `headers` dict the
+    caller passes and never takes it out, so a JSON request made after a binary one
+    with the same dict carries the binary request's length (171 bytes for digits).
+    The extension says the header means binary, so this stays a 400; the message
+    names the cause, which the bare JSON error did not."""
+    return (
+        f"{oip.HEADER_LENGTH} says the JSON part is {split} bytes, but the whole "
+        f"{size}-byte body is one JSON document: the header looks left over from an "
+        "earlier binary request. Triton's HTTP client (tritonclient) adds it to the "
+        "headers dict you pass and keeps it there: pass a fresh dict to each call, or "
+        "drop the header from a JSON request."
+    )
 
 
 def encode(
