@@ -272,6 +272,24 @@ def check_arrays(
     return out, unbatched
 
 
+def warm_up_inputs(
+    arrays: Mapping[str, np.ndarray], specs: Sequence[InputSpec]
+) -> dict[str, np.ndarray]:
+    """The export's golden inputs made to fit `specs`: an axis the artifact was compiled
+    at one size for (--fix-axis) is cut or repeated to that size (values do not matter
+    for a warm-up; the shape does)."""
+    out = dict(arrays)
+    for spec in specs:
+        a = out.get(spec.name)
+        if a is None or a.ndim != len(spec.shape):
+            continue
+        for axis, want in enumerate(spec.shape):
+            if isinstance(want, int) and a.shape[axis] != want and a.shape[axis] > 0:
+                a = np.take(a, np.arange(want) % a.shape[axis], axis=axis)
+        out[spec.name] = a
+    return out
+
+
 def decode_request(
     body: Any, specs: Sequence[InputSpec], accepts_images: bool, limits: Limits | None = None
 ) -> Decoded:

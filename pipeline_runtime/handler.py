@@ -111,7 +111,7 @@ class PipelineHandler(BaseHandler):
         except IntegrityError as err:
             raise IntegrityError(f"Refusing to serve {record.file}: {err}") from None
         serving = self.contract.serving
-        self.specs: tuple[TensorRecord, ...] = self.contract.inputs
+        self.specs: tuple[TensorRecord, ...] = self.contract.input_specs(self.format_key)
         self.image_size = serving.image_size
         self.topk = serving.topk
         # An input without a batch axis (a shared scale, say) cannot be stacked either.
@@ -166,7 +166,9 @@ class PipelineHandler(BaseHandler):
             return
         started = time.perf_counter()
         data = torch.load(golden, map_location="cpu", weights_only=True)
-        self._forward({k: v.numpy() for k, v in data["inputs"].items()})
+        self._forward(
+            codec.warm_up_inputs({k: v.numpy() for k, v in data["inputs"].items()}, self.specs)
+        )
         logger.info("warm-up took %.1f ms", 1000 * (time.perf_counter() - started))
 
     def _forward(self, batch: dict[str, np.ndarray]) -> list[np.ndarray]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -248,6 +248,18 @@ class Manifest:
     @property
     def output_names(self) -> list[str]:
         return [o.name for o in self.outputs]
+
+    def input_specs(self, key: str) -> tuple[TensorRecord, ...]:
+        """The inputs as artifact `key` takes them: an axis it was compiled at one size
+        for (`fixed_axes`, from --fix-axis) is that size, so servers refuse other sizes
+        with a 400 naming the shape instead of the artifact failing."""
+        fixed = self.artifacts[key].details.get("fixed_axes") if key in self.artifacts else None
+        if not fixed:
+            return self.inputs
+        return tuple(
+            replace(i, shape=tuple(fixed.get(d, d) if isinstance(d, str) else d for d in i.shape))
+            for i in self.inputs
+        )
 
     def artifact(self, key: str) -> ArtifactRecord:
         try:

@@ -193,6 +193,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="device the .pt2 package is compiled for (default: cpu; cuda needs a GPU here)",
     )
     p.add_argument(
+        "--fix-axis",
+        action="append",
+        metavar="AXIS=N",
+        help="compile the .pt2 formats with dynamic axis AXIS at size N only (repeatable), "
+        "for a model torch.export cannot keep dynamic along it (a custom recurrent loop); "
+        "the other formats keep it dynamic, and verify and servers hold the .pt2 to N",
+    )
+    p.add_argument(
         "--method",
         choices=METHODS,
         default="auto",

@@ -148,6 +148,7 @@ def _each_format(
         allow_unsafe_trace=config.allow_unsafe_trace,
         opset=config.opset,
         pt2_device=config.pt2_device,
+        fix_axes=dict(config.fix_axes),
         atol=config.atol,
         rtol=config.rtol,
         # A train-mode export is wrong on purpose (see ExportConfig.train_mode).
@@ -214,6 +215,13 @@ def export(config: ExportConfig) -> ExportResult:
         outputs=config.outputs,
         probes_file=config.probes_file,
     )
+    axes = sorted({d for s in entry.inputs for d in s.shape if isinstance(d, str)})
+    unknown = [a for a in config.fix_axes if a not in axes]
+    if unknown:
+        raise ExportError(
+            f"--fix-axis {', '.join(unknown)}: {entry.name!r} has no such dynamic axis; its "
+            f"dynamic axes are {', '.join(axes) or 'none'}."
+        )
     # A --calibration file that does not fit the inputs is refused before anything is
     # written (a checkpoint included), whichever formats were asked for.
     calibration = load_file(config.calibration, entry) if config.calibration else None

@@ -35,6 +35,9 @@ class ExportConfig:
     formats: tuple[str, ...] = DEFAULT_FORMATS
     method: Method = "auto"
     pt2_device: Pt2Device = "cpu"
+    # Dynamic axes the .pt2 formats are compiled at one size (--fix-axis seq=32): the way
+    # out when torch.export cannot keep an axis dynamic (docs/export.md).
+    fix_axes: dict[str, int] = field(default_factory=dict)
     allow_unsafe_trace: bool = False
     opset: int = DEFAULT_OPSET
     atol: float = DEFAULT_ATOL
@@ -87,6 +90,7 @@ class ExportConfig:
             out_dir=args.out_dir or paths.export_dir(args.model, args.artifacts_dir),
             formats=formats,
             pt2_device=args.pt2_device,
+            fix_axes=parse_fix_axes(getattr(args, "fix_axis", None) or ()),
             method=args.method,
             allow_unsafe_trace=args.allow_unsafe_trace,
             opset=args.opset,
@@ -120,5 +124,22 @@ class ExportConfig:
             raise ExportError("--atol and --rtol must be finite and non-negative.")
         if not 0 <= self.seed < 2**63:
             raise ExportError(f"--seed must be between 0 and 2**63 - 1, got {self.seed}.")
+        for axis, size in self.fix_axes.items():
+            if not isinstance(size, int) or size < 1:
+                raise ExportError(f"--fix-axis {axis}={size}: the size must be at least 1.")
         if self.weights is not None and self.random_init:
             raise ExportError("Give either --weights or --random-init, not both.")
+
+
+def parse_fix_axes(values: Any) -> dict[str, int]:
+    """["seq=32"] → {"seq": 32}, or an error that shows the form."""
+    out: dict[str, int] = {}
+    for value in values:
+        axis, sep, size = str(value).partition("=")
+        if not sep or not axis.strip() or not size.strip().isdigit() or int(size) < 1:
+            raise ExportError(
+                f"--fix-axis {value!r}: write AXIS=N with a named dynamic axis and a size of at "
+                "least 1, e.g. --fix-axis seq=32."
+            )
+        out[axis.strip()] = int(size)
+    return out

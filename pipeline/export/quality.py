@@ -43,14 +43,15 @@ def random_cases(
     entry: ZooEntry, batch_sizes: Sequence[int] = (1, 7), seed: int = 0
 ) -> list[tuple[str, Inputs]]:
     """verify's fresh random inputs: one batch per size, then every other dynamic axis (a
-    sequence length) at a size export never used. Export measures on the same ones."""
+    sequence length) at 1 and at 3× the example's size, lengths a program that baked the
+    example's in gets wrong. Export measures on the same ones."""
     gen = torch.Generator().manual_seed(seed)
     cases = [(f"random b={b}", entry.sample_inputs(entry.sizes(batch=b), gen)) for b in batch_sizes]
     others = sorted(
         {d for s in entry.inputs for d in s.shape if isinstance(d, str) and d != "batch"}
     )
-    if others:
-        sizes = entry.sizes(**{a: entry.sizes().get(a, 5) + 5 for a in others})
+    for factor in (0, 3) if others else ():
+        sizes = entry.sizes(**{a: max(1, factor * entry.sizes().get(a, 5)) for a in others})
         label = " ".join(f"{a}={sizes[a]}" for a in others)
         cases.append((f"random {label}", entry.sample_inputs(sizes, gen)))
     return cases

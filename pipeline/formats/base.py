@@ -60,6 +60,8 @@ class ExportContext:
     allow_unsafe_trace: bool = False
     opset: int = DEFAULT_OPSET
     pt2_device: str = "cpu"
+    # Dynamic axes the torch.export-based formats compile at one size (--fix-axis seq=32).
+    fix_axes: dict[str, int] = field(default_factory=dict)
     atol: float = DEFAULT_ATOL
     rtol: float = DEFAULT_RTOL
     # False for a train-mode export, which is wrong on purpose (ExportConfig.train_mode):

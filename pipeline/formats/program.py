@@ -5,7 +5,11 @@ tensor's value fails, and a Python loop over a dynamic axis fixes that axis.
 Zoo models with such code carry a `torch.cond` formulation (`ZooEntry.
 cond_formulation`) that computes the same thing; `export_program` falls back
 to it, and for a user's model it says which line failed and what to write
-instead.
+instead. The library's recurrent layers (nn.LSTM, nn.GRU, nn.RNN) fix the
+sequence axis too, inside torch: they are swapped for their `scan`
+formulation first (pipeline/formats/recurrent.py). When an axis is still
+fixed, the message names what fixed it (the layer, or the model's line) and
+the way out, `--fix-axis AXIS=N`.
 """
 
 from __future__ import annotations
@@ -14,11 +18,9 @@ import contextlib
 import io
 import logging
 import os
-import re
 import sys
 import tempfile
-import traceback
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -26,33 +28,23 @@ from torch import nn
 
 from pipeline.core.errors import ExportError
 from pipeline.core.noise import library_warnings
+from pipeline.formats import recurrent
+from pipeline.formats.explain import explain, node_line, specialisations
 from pipeline.zoo.spec import Inputs, ZooEntry
-
-_TORCH_DIR = os.path.dirname(torch.__file__)
-# The exporters (formats/ and the export stage): frames there are not the model's own line.
-_PIPELINE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_EXPORT_DIRS = (os.path.join(_PIPELINE_DIR, "formats"), os.path.join(_PIPELINE_DIR, "export"))
-
-COND_HINT = (
-    "torch.export cannot follow a Python `if` on a tensor's value: write the branch as "
-    "`torch.cond(pred, true_fn, false_fn, (operands,))` (branches must not return an input "
-    "unchanged: return `x.clone()`), or export with --format torchscript/onnx, which script it"
-)
-LOOP_HINT = (
-    "a Python loop over a dynamic axis is unrolled by torch.export, fixing that axis: write it "
-    "with `torch._higher_order_ops.scan`, or declare the axis with a fixed size"
-)
 
 
 @dataclass(frozen=True)
 class Program:
     program: torch.export.ExportedProgram
-    method: str  # "torch.export" or "torch.export (torch.cond formulation)"
+    method: str  # "torch.export", "torch.export (torch.cond formulation)", "… (nn.LSTM → scan …)"
     reason: str
+    swaps: tuple[recurrent.Swap, ...] = ()  # the recurrent layers found, replaced or not
 
 
-def dynamic_shapes(entry: ZooEntry) -> tuple[dict[int, torch.export.Dim], ...]:
-    """torch.export's dynamic_shapes for the entry's named dynamic axes.
+def dynamic_shapes(
+    entry: ZooEntry, fixed: Collection[str] = ()
+) -> tuple[dict[int, torch.export.Dim], ...]:
+    """torch.export's dynamic_shapes for the entry's named dynamic axes, but `fixed` ones.
 
     One `Dim` per axis name, so inputs sharing "batch" share its size.
     """
@@ -61,6 +53,8 @@ def dynamic_shapes(entry: ZooEntry) -> tuple[dict[int, torch.export.Dim], ...]:
     for spec in entry.inputs:
         axes = {}
         for axis, name in spec.dynamic_axes().items():
+            if name in fixed:
+                continue
             dims.setdefault(name, torch.export.Dim(name))
             axes[axis] = dims[name]
         shapes.append(axes)
@@ -137,69 +131,15 @@ def quiet(what: str = "torch.export") -> Iterator[None]:
         torch_log.setLevel(level)
 
 
-def user_line(err: BaseException) -> str | None:
-    """'file.py:LINE (source)' of the model code where torch.export gave up.
-
-    The deepest traceback frame outside torch and the export stage is the
-    model's own line (non-strict torch.export runs the model's Python as written).
-    """
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        frames = [
-            f
-            for f in traceback.extract_tb(err.__traceback__)
-            if not f.filename.startswith((_TORCH_DIR, *_EXPORT_DIRS)) and f.filename[0] != "<"
-        ]
-        if frames:
-            f = frames[-1]
-            name = os.path.relpath(f.filename) if f.filename.startswith(os.getcwd()) else f.filename
-            return f"{name}:{f.lineno}" + (f" ({f.line.strip()})" if f.line else "")
-        err = err.__cause__ or err.__context__
-    return None
-
-
-_FRAME = re.compile(r'File "([^"]+)", line (\d+), in [^\n]*\n[ \t]*([^\n]*)')
-
-
-def node_line(stack_trace: str | None) -> str | None:
-    """'file.py:LINE (source)' of the model code an FX node came from.
-
-    `stack_trace` is the node's `meta["stack_trace"]`, innermost frame last;
-    the deepest frame outside torch and the exporters is the model's own line.
-    """
-    frames = [
-        (path, line, source.strip())
-        for path, line, source in _FRAME.findall(stack_trace or "")
-        if not path.startswith((_TORCH_DIR, *_EXPORT_DIRS)) and path[0] != "<"
-    ]
-    if not frames:
-        return None
-    path, line, source = frames[-1]
-    name = os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
-    return f"{name}:{line}" + (f" ({source})" if source else "")
-
-
-def explain(err: BaseException) -> str:
-    """One sentence on why torch.export failed, with the line and what to do."""
-    text = str(err)
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(err).__name__)
-    where = user_line(err)
-    if "specialized it to be a constant" in text or "Constraints violated" in text:
-        what, hint = "the code fixed a dynamic axis", LOOP_HINT
-    elif "data-dependent" in text or "GuardOnDataDependent" in type(err).__name__:
-        what, hint = "the code branches on a tensor's value", COND_HINT
-    else:
-        what, hint = "", "see the torch.export documentation for what it supports"
-    at = f" at {where}" if where else ""
-    what = f" ({what})" if what else ""
-    return f"torch.export failed{at}{what}: {type(err).__name__}: {first[:200]}. Hint: {hint}."
-
-
-def _export(model: nn.Module, example: Inputs, entry: ZooEntry) -> torch.export.ExportedProgram:
+def _export(
+    model: nn.Module, example: Inputs, entry: ZooEntry, fixed: Collection[str] = ()
+) -> torch.export.ExportedProgram:
     with quiet():
         return torch.export.export(
-            model, tuple(example.values()), dynamic_shapes=dynamic_shapes(entry), strict=False
+            model,
+            tuple(example.values()),
+            dynamic_shapes=dynamic_shapes(entry, fixed),
+            strict=False,
         )
 
 
@@ -223,20 +163,41 @@ def op_lines(model: nn.Module, example: Inputs, entry: ZooEntry, ops: set[str]) 
     return found
 
 
-def export_program(model: nn.Module, example: Inputs, entry: ZooEntry) -> Program:
-    """`torch.export` of `model`, or of its torch.cond formulation when it has one.
+def export_program(
+    model: nn.Module, example: Inputs, entry: ZooEntry, fixed: Collection[str] = ()
+) -> Program:
+    """`torch.export` of `model` (its recurrent layers as `scan`), or of its torch.cond
+    formulation when it has one. `fixed`: dynamic axes exported at the example's size.
 
-    Raises `ExportError` naming the failing line when neither works.
+    Raises `ExportError` naming the failing line, or what fixed an axis, when neither works.
     """
-    try:
-        return Program(_export(model, example, entry), "torch.export", "the model as written")
-    except Exception as err:  # noqa: BLE001 - any failure is explained or retried below
-        first = explain(err)
-        if entry.cond_formulation is None:
-            raise ExportError(first) from None
+    scanned = recurrent.scan_formulation(model)
+    swaps = scanned.swaps if scanned else ()
+    target, method, reason = model, "torch.export", "the model as written"
+    if scanned is not None and scanned.replaced:
+        target = scanned.model
+        kinds = ", ".join(dict.fromkeys(s.kind for s in scanned.replaced))
+        method = f"torch.export ({kinds} → scan formulation)"
+        reason = (
+            "; ".join(s.describe() for s in scanned.replaced)
+            + " (torch.export's own lowering fixes the sequence axis)"
+        )
+    if fixed:
+        reason += (
+            "; compiled for "
+            + ", ".join(f"{a}={n} only" for a, n in _sizes(example, entry, fixed).items())
+            + " (--fix-axis)"
+        )
+    with specialisations() as sites:
+        try:
+            return Program(_export(target, example, entry, fixed), method, reason, swaps)
+        except Exception as err:  # noqa: BLE001 - any failure is explained or retried below
+            first = explain(err, sites, scanned.kept if scanned else ())
+    if entry.cond_formulation is None:
+        raise ExportError(first) from None
     twin = entry.cond_formulation(model)
     try:
-        program = _export(twin, example, entry)
+        program = _export(twin, example, entry, fixed)
     except Exception as err:  # noqa: BLE001 - the formulation itself failed: report both
         raise ExportError(
             f"{first} The model's torch.cond formulation failed too: {explain(err)}"
@@ -246,4 +207,15 @@ def export_program(model: nn.Module, example: Inputs, entry: ZooEntry) -> Progra
         "torch.export (torch.cond formulation)",
         f"{first.split('. Hint:')[0]}; exported the zoo's torch.cond formulation instead, "
         "which computes the same function with the branch as torch.cond",
+        swaps,
     )
+
+
+def _sizes(example: Inputs, entry: ZooEntry, axes: Collection[str]) -> dict[str, int]:
+    """The example's size of each named axis in `axes`."""
+    sizes: dict[str, int] = {}
+    for spec in entry.inputs:
+        for axis, name in spec.dynamic_axes().items():
+            if name in axes and spec.name in example:
+                sizes.setdefault(name, int(example[spec.name].shape[axis]))
+    return sizes

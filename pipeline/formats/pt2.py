@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -54,6 +55,7 @@ class Pt2Result:
     reason: str
     device: str
     compile_seconds: float
+    details: dict[str, object]  # the recurrent layers swapped, the axes fixed (for the manifest)
 
 
 def load_package(path: Path, device: str = "cpu") -> object:
@@ -92,17 +94,28 @@ def to_pt2(
     atol: float,
     rtol: float,
     check: bool = True,
+    fix_axes: Mapping[str, int] | None = None,
 ) -> Pt2Result:
-    """Export `model`, compile it into `path` and check the package on every probe."""
+    """Export `model`, compile it into `path` and check the package on every probe.
+
+    `fix_axes` ({"seq": 32}): dynamic axes compiled at one size (--fix-axis); the
+    example is drawn at that size and only probes of that size are checked.
+    """
     if device == "cuda" and not torch.cuda.is_available():
         raise ExportRequestError(
             "--pt2-device cuda needs CUDA at export time (AOTInductor compiles for the device "
             "it runs on), and none is available here. Export on a GPU machine or use "
             "--pt2-device cpu."
         )
+    fix_axes = dict(fix_axes or {})
+    skipped = 0
+    if fix_axes:
+        example = at_sizes(example, entry, fix_axes)
+        kept = [(label, p) for label, p in probes if entry.fits(p, fix_axes)]
+        skipped, probes = len(probes) - len(kept), kept
     model = model.to(device)
     example = _to(example, device)
-    program = export_program(model, example, entry)
+    program = export_program(model, example, entry, fixed=tuple(fix_axes))
     log.info(".pt2: %s; compiling with AOTInductor (this takes a while)…", program.method)
     started = time.perf_counter()
     try:
@@ -140,7 +153,27 @@ def to_pt2(
                     f"The AOTInductor package of {entry.name!r} differs from eager on probe "
                     f"{label!r} ({worst}); it was not kept."
                 )
-    return Pt2Result(program.method, program.reason, device, seconds)
+    details: dict[str, object] = {}
+    if program.swaps:
+        details["recurrent"] = [swap.to_json() for swap in program.swaps]
+    if fix_axes:
+        details["fixed_axes"] = fix_axes
+        if skipped:
+            details["probes_not_checked"] = skipped  # of other sizes than the fixed ones
+    return Pt2Result(program.method, program.reason, device, seconds, details)
+
+
+def at_sizes(example: Inputs, entry: ZooEntry, sizes: Mapping[str, int]) -> Inputs:
+    """`example` with the axes in `sizes` at those sizes: itself when it already fits, else
+    inputs drawn from the spec (seeded) with its other sizes kept."""
+    if entry.fits(example, sizes):
+        return example
+    kept: dict[str, int] = {}
+    for spec in entry.inputs:
+        for axis, name in spec.dynamic_axes().items():
+            kept.setdefault(name, int(example[spec.name].shape[axis]))
+    generator = torch.Generator().manual_seed(0)
+    return entry.sample_inputs({**entry.sizes(), **kept, **sizes}, generator)
 
 
 # --- the format ---------------------------------------------------------------
@@ -162,6 +195,7 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
             atol=ctx.atol,
             rtol=ctx.rtol,
             check=ctx.check,
+            fix_axes=ctx.fix_axes,
         )
     finally:
         model.to("cpu")  # the next format (and the golden outputs) run on CPU
@@ -174,6 +208,7 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
             "method": result.method,
             "device": result.device,
             "compile_seconds": round(result.compile_seconds, 1),
+            **result.details,
         },
     )
 

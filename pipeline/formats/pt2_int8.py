@@ -84,6 +84,7 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
         atol=ctx.atol,
         rtol=ctx.rtol,
         check=False,  # judged at task level below, against float32 eager
+        fix_axes=ctx.fix_axes,
     )
     return reduced.record(
         ctx,
@@ -97,6 +98,7 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
             "device": result.device,
             "compile_seconds": round(result.compile_seconds, 1),
             "quantizer": {"torchao": version, "config": CONFIG, "linear_layers": linears},
+            **result.details,
         },
     )
 

@@ -27,7 +27,7 @@ from pipeline.verify.backends import (
     load_backends,
     local_backends,
 )
-from pipeline.verify.check import Tol, check_cases, check_task, locate_failures, reduced
+from pipeline.verify.check import Tol, check_cases, check_task, locate_failures, reduced, runs_on
 from pipeline.verify.page import write_page
 from pipeline.verify.report import ParityReport, Row
 from pipeline.zoo import DEFAULT_MODEL
@@ -134,7 +134,20 @@ def _cases(
         (label, inputs, None)
         for label, inputs in random_cases(entry, config.batch_sizes, config.seed)
     ]
+    # An artifact compiled for one size of an axis (--fix-axis) gets inputs of that size.
+    generator = torch.Generator().manual_seed(config.seed + 1)
+    for sizes in {tuple(sorted(f.items())) for f in _fixed_sizes(exported)}:
+        label = "random " + " ".join(f"{a}={n}" for a, n in sizes) + " (--fix-axis)"
+        cases.append((label, entry.sample_inputs(entry.sizes(**dict(sizes)), generator), None))
     return cases
+
+
+def _fixed_sizes(exported: ExportedModel) -> list[dict[str, int]]:
+    return [
+        dict(a.get("fixed_axes"))
+        for a in exported.manifest.artifacts.values()
+        if a.get("fixed_axes")
+    ]
 
 
 def _served_names(config: VerifyConfig, served: Sequence[Backend]) -> tuple[str, ...]:
@@ -216,7 +229,7 @@ def verify(
         prepare = getattr(backend, "prepare", None)
         if prepare is not None:  # backends that run every case in one go (the C++ client)
             try:
-                prepare([inputs for _, inputs, _ in cases])
+                prepare([i for _, i, _ in cases if runs_on(exported, backend, i)])
             except Exception as err:  # noqa: BLE001 - reported per case below, via run()
                 log.warning("%s could not run all cases at once: %s", backend.name, err)
     # float32 backends elementwise; int8/float16 ones by what the model still gets right.

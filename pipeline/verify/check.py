@@ -85,16 +85,40 @@ def _by_name(
     return dict(zip(names, actual, strict=False))
 
 
+def fixed_axes(exported: ExportedModel, backend: Backend) -> dict[str, int]:
+    """The axes `backend`'s artifact was compiled at one size for (--fix-axis), else {}."""
+    record = exported.manifest.artifacts.get(backend.format_key or "")
+    return dict(record.get("fixed_axes") or {}) if record else {}
+
+
+def runs_on(exported: ExportedModel, backend: Backend, inputs: Inputs) -> bool:
+    """Whether `backend` takes `inputs`: an artifact with fixed axes takes only those sizes."""
+    return exported.entry.fits(inputs, fixed_axes(exported, backend))
+
+
+def _skipped_note(exported: ExportedModel, backend: Backend, labels: list[str]) -> str:
+    sizes = ", ".join(f"{a}={n}" for a, n in fixed_axes(exported, backend).items())
+    return (
+        f"{backend.name} was compiled for {sizes} only (--fix-axis): not run on the "
+        f"{len(labels)} input set(s) of other sizes ({', '.join(labels[:4])}"
+        f"{', …' if len(labels) > 4 else ''})"
+    )
+
+
 def check_cases(
     exported: ExportedModel, backends: Sequence[Backend], cases: Sequence[Case], tol: Tol
 ) -> Checked:
-    """One row per backend × case × output; the stored golden outputs are a backend too."""
+    """One row per backend × case × output; the stored golden outputs are a backend too.
+
+    A backend whose artifact has fixed axes runs only the cases of those sizes; the
+    others are listed in a note (they would fail by construction, not by a bug)."""
     names = exported.manifest.output_names
     # Top-1 agreement for classifiers (serving shows their top k): the first output.
     classifier = {names[0]} if exported.manifest.serving.topk and names else set()
     checked = Checked()
     zero_refs: set[str] = set()
     vacuous_accepted: set[str] = set()
+    skipped: dict[str, list[str]] = {}
     for label, inputs, stored in cases:
         exported.entry.check_inputs(inputs)
         checked.inputs[label] = inputs
@@ -112,6 +136,9 @@ def check_cases(
         if stored is not None:
             answers.append((GOLDEN_FILE_BACKEND, stored))
         for backend in backends:
+            if not runs_on(exported, backend, inputs):
+                skipped.setdefault(backend.name, []).append(label)
+                continue
             try:
                 answers.append((backend.name, backend.run(inputs)))
             except Exception as err:  # noqa: BLE001 - a crashing backend is a failed check
@@ -128,6 +155,8 @@ def check_cases(
                 checked.rows.append(Row.of(who, label, name, c, atol, tol.rtol))
                 if tol.allow_vacuous and c.passed and c.vacuous:
                     vacuous_accepted.add(name)
+    by_name = {b.name: b for b in backends}
+    checked.notes += [_skipped_note(exported, by_name[n], ls) for n, ls in skipped.items()]
     for name in sorted(zero_refs):
         checked.notes.append(
             f"eager's {name!r} is all zeros on some inputs: those checks only show that the "
@@ -161,9 +190,9 @@ def check_task(
     validation = None
     if task.rule_for(exported.entry, classifier) == task.ACCURACY:
         validation = task.validation_batches(exported.entry)  # loaded once for every backend
-    inputs = [(label, i) for label, i, _ in cases]
     rows: list[Row] = []
     for backend in backends:
+        inputs = [(label, i) for label, i, _ in cases if runs_on(exported, backend, i)]
         key = backend.format_key
         record = exported.manifest.artifacts.get(key or "")
         recorded = Budget.from_json(record.get("budget") if record else None)

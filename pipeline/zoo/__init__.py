@@ -13,7 +13,7 @@ from torch import nn
 from pipeline.core.defaults import DEFAULT_MODEL  # defined torch-free, for the CLI
 from pipeline.core.errors import InputSpecError, UnknownModelError
 from pipeline.core.paths import is_external
-from pipeline.zoo import rnn
+from pipeline.zoo import recurrent, rnn
 from pipeline.zoo.data import DIGITS_CLASSES, DIGITS_SIZE, digits_sample
 from pipeline.zoo.lenet import DigitsLeNet, DigitsMLP
 from pipeline.zoo.spec import Inputs, TensorSpec, ZooEntry
@@ -109,6 +109,25 @@ def _sequence_probes(generator: torch.Generator, model: nn.Module) -> list[tuple
     return [(label, {"xs": _steps(linear, signs, b, generator)}) for label, signs, b in cases]
 
 
+def _length_probes(specs: tuple[TensorSpec, ...], cases: tuple[tuple[int, int], ...]) -> Any:
+    """Probes at (batch, seq) sizes: the sequence shorter and longer than the example's."""
+
+    def probes(generator: torch.Generator, model: nn.Module) -> list[tuple[str, Inputs]]:
+        return [
+            (f"b={b} seq={n}", {s.name: s.sample({"batch": b, "seq": n}, generator) for s in specs})
+            for b, n in cases
+        ]
+
+    return probes
+
+
+# The recurrent models' example is 16 steps; probes go down to 1 step and up to 3×.
+_RECURRENT_SIZES = {"batch": 2, "seq": 16}
+_RECURRENT_PROBES = ((1, 1), (3, 5), (2, 48))
+_TOKENS = (TensorSpec("tokens", ("batch", "seq"), torch.int64, 0, 1000),)
+_FRAMES = (TensorSpec("frames", ("batch", "seq", 20), low=-1.0, high=1.0),)
+
+
 # The gate sums over the whole batch, so stacking several clients' requests
 # into one forward pass could flip a request's branch: serve them one by one.
 _BATCH_COUPLED = {"stack_requests": False}
@@ -196,6 +215,28 @@ _ENTRIES: dict[str, ZooEntry] = {
             probes=_sequence_probes,
             serving=_BATCH_COUPLED,
             cond_formulation=rnn.cond_formulation,
+        ),
+        ZooEntry(
+            name="lstm_tagger",
+            description="token tagger: Embedding → 2-layer bidirectional nn.LSTM → Linear "
+            "(sequence axis dynamic; random init)",
+            builder=recurrent.LstmTagger,
+            inputs=_TOKENS,
+            outputs=("tag_logits",),
+            task=None,
+            default_sizes=_RECURRENT_SIZES,
+            probes=_length_probes(_TOKENS, _RECURRENT_PROBES),
+        ),
+        ZooEntry(
+            name="gru_encoder",
+            description="sequence encoder: 2-layer bidirectional nn.GRU over feature frames → "
+            "one vector (sequence axis dynamic; random init)",
+            builder=recurrent.GruEncoder,
+            inputs=_FRAMES,
+            outputs=("embedding",),
+            task=None,
+            default_sizes=_RECURRENT_SIZES,
+            probes=_length_probes(_FRAMES, _RECURRENT_PROBES),
         ),
     ]
 }

@@ -158,6 +158,15 @@ class ZooEntry:
     ) -> list[tuple[str, Inputs]]:
         return list(self.probes(generator, model)) if self.probes is not None else []
 
+    def fits(self, inputs: Mapping[str, torch.Tensor], sizes: Mapping[str, int]) -> bool:
+        """Whether every dynamic axis named in `sizes` has that size in `inputs`."""
+        return all(
+            int(inputs[spec.name].shape[axis]) == sizes[name]
+            for spec in self.inputs
+            for axis, name in spec.dynamic_axes().items()
+            if name in sizes and spec.name in inputs
+        )
+
     def check_inputs(self, inputs: Mapping[str, torch.Tensor]) -> None:
         expected = [s.name for s in self.inputs]
         if list(inputs) != expected:

@@ -20,8 +20,8 @@ import torch
 from pipeline.core.errors import ArtifactError, ExportError
 from pipeline.export import EXIT_PARTIAL, ExportConfig, export
 from pipeline.export.opened import open_export
+from pipeline.formats.explain import node_line
 from pipeline.formats.onnx import missing_ops, python_name
-from pipeline.formats.program import node_line
 from pipeline.runtimes.torchserve.archive import ArchiveConfig, ArchiveError, archive
 from pipeline.verify import VerifyConfig, verify
 from pipeline.zoo.user import parse_input

@@ -98,7 +98,7 @@ class ExportModel(kserve.Model):
         self.format = served.format
         self.platform = formats.get(served.format).platform
         self.runner = exported.load(served.format, "cpu", config.threads)
-        self.specs = manifest.inputs
+        self.specs = manifest.input_specs(served.format)
         self.output_specs = manifest.outputs
         self.output_names = manifest.output_names
         self.limits = codec.Limits(max_samples=SAMPLES_PER_BATCH * max(1, config.max_batch_size))
@@ -113,7 +113,7 @@ class ExportModel(kserve.Model):
             on_batch=histogram.observe,
         )
         golden, _ = exported.golden()
-        self._forward({k: v.numpy() for k, v in golden.items()})
+        self._forward(codec.warm_up_inputs({k: v.numpy() for k, v in golden.items()}, self.specs))
         WARMED.labels(model_name=served.name).set(1)
         log.info("%s (%s, %s) loaded and warmed up", served.name, served.format, served.export_dir)
         self.ready = True
