@@ -90,7 +90,7 @@ latency: | $(STAMP)  ## C++ client vs Python TorchScript at batch 1 (digits CNN,
 
 BENCH_FLAGS ?=
 # The bench measures every format: an export missing one is redone with --format all.
-BENCH_MODELS := torchvision:resnet18 digits_lenet my_decision_gate my_cell my_rnn_loop wrap_rnn
+BENCH_MODELS := torchvision:resnet18 digits_lenet my_decision_gate my_cell my_rnn_loop wrap_rnn lstm_tagger gru_encoder
 # Also exported in the int8/float16 formats, for bench's precision table (the recurrent
 # family has nothing to quantise, or torch.export refuses it: see docs/export.md).
 BENCH_PRECISION_MODELS := torchvision:resnet18 digits_lenet

@@ -41,6 +41,8 @@ DEFAULT_MODELS = (
     "my_cell",
     "my_rnn_loop",
     "wrap_rnn",
+    "lstm_tagger",
+    "gru_encoder",
 )
 SERVED_MODELS = ("digits_lenet", "torchvision:resnet18")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -27,6 +28,8 @@ from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive, archive
 from pipeline.runtimes.torchserve.launch import ServeConfig, Server, free_port, start, stop
 from pipeline.serving.client import post, tensors_body
 from pipeline.verify import VerifyConfig, verify
+from pipeline.verify.backends import cpp_backend_name
+from tests.integration.conftest import RECURRENT
 
 FORMATS = [f.key for f in registry.all_formats()]
 MODEL = "digits_lenet"
@@ -47,11 +50,21 @@ def by_format(exported: ExportResult, precision_exported: ExportResult) -> dict[
 
 
 @pytest.fixture(scope="module")
-def store(by_format: dict[str, ExportResult], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One archive per registered format, through the registry's own archive suffix/handler."""
+def store(
+    by_format: dict[str, ExportResult],
+    recurrent: dict[str, dict[str, Any]],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Path:
+    """One archive per registered format, through the registry's own archive suffix/handler;
+    and the recurrent models' .pt2 (the format with the scan formulation inside)."""
     store = tmp_path_factory.mktemp("formats_store")
     for result in {id(r): r for r in by_format.values()}.values():
         archive(ArchiveConfig(model=MODEL, export_dir=result.out_dir, store=store, formats=None))
+    for made in recurrent.values():
+        folder = Path(made["export_dir"])
+        archive(
+            ArchiveConfig(model=made["model"], export_dir=folder, store=store, formats=("pt2",))
+        )
     return store
 
 
@@ -171,3 +184,67 @@ def test_served_answer_matches_eager(
     assert list(outputs) == opened.manifest.output_names
     for name, value in outputs.items():
         torch.testing.assert_close(torch.tensor(value), expected[name], atol=1e-4, rtol=1e-3)
+
+
+# --- recurrent models: nn.LSTM and nn.GRU with a dynamic sequence axis (issue 30) -------
+
+
+def _example_length(opened: Any) -> int:
+    inputs, _ = opened.golden()
+    return int(next(iter(inputs.values())).shape[1])  # (batch, seq, ...)
+
+
+@pytest.mark.parametrize("name", sorted(RECURRENT))
+def test_recurrent_models_export_every_format_and_verify_at_three_lengths(
+    recurrent: dict[str, dict[str, Any]], binary: Path, name: str, tmp_path: Path
+) -> None:
+    """`--format all` exits 0; every format, and the C++ client on those it runs, equals
+    eager at sequence length 1, the example's and 3× the example's."""
+    made = recurrent[name]
+    assert made["returncode"] == 0, made["stderr"]
+    layer = "nn.LSTM" if "lstm" in name else "nn.GRU"
+    assert (
+        f"torch.export ({layer} → scan formulation): rnn: {layer} → scan formulation"
+        in (made["stdout"])
+    )
+    opened = open_export(Path(made["export_dir"]))
+    float32 = [k for k in FORMATS if _float32(k)]
+    assert sorted(k for k in opened.manifest.artifacts if k in FORMATS) == sorted(float32)
+    pt2 = opened.manifest.artifact("pt2")
+    assert [(r["module"], r["replaced"]) for r in pt2.get("recurrent")] == [("rnn", True)]
+    assert pt2.get("fixed_axes") is None
+    report = verify(
+        VerifyConfig(
+            model=made["model"],
+            export_dir=Path(made["export_dir"]),
+            with_cpp=True,
+            cpp_binary=binary,
+            report=tmp_path / "parity.json",
+        )
+    )
+    assert report.passed, report.failure_message()
+    example = _example_length(opened)
+    lengths = {"random seq=1", "golden", f"random seq={3 * example}"}
+    wanted = {registry.get(k).backend for k in float32}
+    wanted |= {cpp_backend_name(registry.get(k)) for k in float32 if registry.get(k).cpp}
+    backends = {r.backend for r in report.rows} - {"golden file"}
+    assert wanted <= backends, backends
+    for backend in backends:
+        assert lengths <= {r.inputs for r in report.rows if r.backend == backend}, backend
+
+
+@pytest.mark.parametrize("name", sorted(RECURRENT))
+def test_served_recurrent_pt2_answers_at_other_sequence_lengths(
+    recurrent: dict[str, dict[str, Any]], server: Server, name: str
+) -> None:
+    made = recurrent[name]
+    opened = open_export(Path(made["export_dir"]))
+    example = _example_length(opened)
+    for length in (1, 3 * example):
+        generator = torch.Generator().manual_seed(length)
+        inputs = opened.entry.sample_inputs(opened.entry.sizes(batch=2, seq=length), generator)
+        expected = opened.eager(inputs)
+        resp = post(server, archive_name(made["model"], "pt2"), tensors_body(inputs))
+        assert resp.status_code == 200, resp.text
+        for key, value in resp.json()["outputs"].items():
+            torch.testing.assert_close(torch.tensor(value), expected[key], atol=1e-4, rtol=1e-3)

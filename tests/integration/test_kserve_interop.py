@@ -17,10 +17,12 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+import torch
 import tritonclient.http as thttp
 
 from pipeline.export import FORMATS, PRECISION_FORMATS, ExportResult
@@ -30,6 +32,7 @@ from pipeline.runtimes.kserve.launch import served_export, start
 from pipeline.serving.launcher import free_port, stop
 from pipeline.serving.server import INFERENCE_KEY_FILE, Server
 from pipeline_runtime import oip
+from tests.integration.conftest import RECURRENT
 
 
 def _kserve():
@@ -41,6 +44,7 @@ def _kserve():
 def server(
     exported: ExportResult,
     precision_exported: ExportResult,
+    recurrent: dict[str, dict[str, Any]],
     tmp_path_factory: pytest.TempPathFactory,
 ):
     run_dir = tmp_path_factory.mktemp("interop_run")
@@ -48,8 +52,15 @@ def server(
     reduced = [
         served_export(precision_exported.out_dir, f, name=f"digits_{f}") for f in PRECISION_FORMATS
     ]
+    # And the recurrent models' .pt2 (nn.LSTM / nn.GRU as scan, sequence axis dynamic).
+    scanned = [
+        served_export(Path(r["export_dir"]), "pt2", name=f"{name}_pt2")
+        for name, r in recurrent.items()
+    ]
     config = RuntimeConfig(
-        models=[served_export(exported.out_dir, f, name=f"digits_{f}") for f in FORMATS] + reduced,
+        models=[served_export(exported.out_dir, f, name=f"digits_{f}") for f in FORMATS]
+        + reduced
+        + scanned,
         http_port=free_port(),
         grpc_port=free_port(),
     )
@@ -348,3 +359,29 @@ def test_reduced_precision_formats_serve_and_verify_holds_them_to_their_budget(
     rows = [r for r in report.rows if r.backend != "golden file"]
     assert {r.backend for r in rows} == {b.name for b in served}
     assert all(r.task is not None for r in rows)  # task level, with its bound printed
+
+
+@pytest.mark.parametrize("name", sorted(RECURRENT))
+def test_recurrent_pt2_answers_tritonclient_at_other_sequence_lengths(
+    server: Server, recurrent: dict[str, dict[str, Any]], name: str
+) -> None:
+    """The .pt2 of an nn.LSTM tagger (INT64 tokens) and an nn.GRU encoder, served by the
+    runtime, equal eager at sequence lengths 1 and 3× the example's, over Triton's client."""
+    opened = open_export(Path(recurrent[name]["export_dir"]))
+    (spec,) = opened.entry.inputs
+    (output,) = opened.manifest.output_names
+    example = int(next(iter(opened.golden()[0].values())).shape[1])
+    client = thttp.InferenceServerClient(_hostport(server))
+    try:
+        for length in (1, 3 * example):
+            inputs = opened.entry.sample_inputs(
+                opened.entry.sizes(batch=2, seq=length), torch.Generator().manual_seed(length)
+            )
+            x = inputs[spec.name].numpy()
+            tensor = thttp.InferInput(spec.name, list(x.shape), oip.datatype_of(x.dtype))
+            tensor.set_data_from_numpy(x, binary_data=True)
+            result = client.infer(f"{name}_pt2", [tensor], headers=_auth(server))
+            expected = opened.eager(inputs)[output].numpy()
+            np.testing.assert_allclose(result.as_numpy(output), expected, atol=1e-4, rtol=1e-3)
+    finally:
+        client.close()

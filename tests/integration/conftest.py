@@ -1,0 +1,46 @@
+"""Integration fixtures beyond tests/conftest.py's: the recurrent models' exports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.core.paths import model_slug
+from tests.conftest import run_cli, shared
+
+# The two recurrent models of issue 30, exported as a user does from the command line:
+# the tagger as a user's class with its inputs declared (the issue's own words), the
+# encoder by its zoo name. Both have a dynamic sequence axis.
+RECURRENT: dict[str, tuple[str, tuple[str, ...]]] = {
+    "lstm_tagger": (
+        "pipeline.zoo.recurrent:LstmTagger",
+        ("--input", "tokens:int64:batch,seq:0:1000", "--output", "tag_logits"),
+    ),
+    "gru_encoder": ("gru_encoder", ()),
+}
+
+
+@pytest.fixture(scope="session")
+def recurrent(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """name → {model, export_dir, returncode, stdout, stderr} of `pipeline export --format all
+    --random-init` (every float32 format, the .pt2 through the scan formulation)."""
+
+    def make(root: Path) -> dict[str, dict[str, Any]]:
+        out = {}
+        for name, (model, flags) in RECURRENT.items():
+            proc = run_cli(
+                "--artifacts-dir", root, "export", "--model", model, *flags,
+                "--random-init", "--format", "all", cwd=root,
+            )  # fmt: skip
+            out[name] = {
+                "model": model,
+                "export_dir": str(root / model_slug(model) / "export"),
+                "returncode": proc.returncode,
+                "stdout": proc.stdout,
+                "stderr": proc.stderr,
+            }
+        return out
+
+    return shared(tmp_path_factory, "recurrent", make)
