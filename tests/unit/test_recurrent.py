@@ -9,6 +9,8 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
+from pipeline.core.errors import ExportError
+from pipeline.export.config import parse_fix_axes
 from pipeline.formats.recurrent import (
     RecurrentInputError,
     ScanRecurrent,
@@ -135,3 +137,10 @@ def test_torch_export_keeps_the_sequence_axis_of_the_formulation_dynamic() -> No
         x = torch.randint(0, 50, (batch, length))
         with torch.no_grad():
             torch.testing.assert_close(program.module()(x), model(x), atol=1e-6, rtol=1e-5)
+
+
+def test_fix_axis_values_are_axis_equals_a_positive_size() -> None:
+    assert parse_fix_axes(["seq=32", " time = 4"]) == {"seq": 32, "time": 4}
+    for bad in ("seq", "seq=0", "=4", "seq=-1", "seq=x"):
+        with pytest.raises(ExportError, match="write AXIS=N"):
+            parse_fix_axes([bad])
