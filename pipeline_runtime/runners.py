@@ -36,6 +36,10 @@ class LoadError(RuntimeError):
     """An artifact that cannot run here (wrong device kind, unreadable file)."""
 
 
+class ProviderError(RuntimeError):
+    """A sound artifact this machine's runtime provider cannot run (export found so)."""
+
+
 @dataclass
 class Runner:
     """An artifact ready to run: named tensors in, named tensors out (on CPU)."""
@@ -105,6 +109,12 @@ def load_onnx(
         else:
             log.info("onnxruntime has no CUDAExecutionProvider here; running on CPU")
             device = torch.device("cpu")
+    if record.get("cpu_runs") is False and providers == ["CPUExecutionProvider"]:
+        # Export tried, in a process of its own: loading it here could crash this one.
+        raise ProviderError(
+            f"{Path(path).name} does not run on ONNX Runtime's CPU provider "
+            f"({record.get('cpu_problem') or 'export found so'}); run it on a GPU provider."
+        )
     options = ort_session_options(threads)
     session = ort.InferenceSession(str(path), options, providers=providers)
     names = [i.name for i in session.get_inputs()]

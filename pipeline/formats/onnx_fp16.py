@@ -16,6 +16,9 @@ plainly instead of passing.
 from __future__ import annotations
 
 import logging
+import signal
+import subprocess
+import sys
 
 import onnx
 from torch import nn
@@ -33,17 +36,37 @@ KEY = "onnx_fp16"
 FILE = "model.fp16.onnx"
 
 
+# Loads the graph in a child process: ONNX Runtime 1.2x's CPU provider does not just refuse
+# some float16 graphs, it crashes on them (a segmentation fault creating the session of a
+# float16 nn.LSTM tagger), which would take the whole export down with it.
+_PROBE = (
+    "import sys, onnxruntime as ort\n"
+    "from pipeline_runtime.runners import ort_session_options\n"
+    "try:\n"
+    "    ort.InferenceSession(sys.argv[1], ort_session_options(1), "
+    "providers=['CPUExecutionProvider'])\n"
+    "except Exception as err:\n"
+    "    print(' '.join(str(err).split())[:300] or type(err).__name__)\n"
+    "    sys.exit(3)\n"
+)
+
+
 def cpu_problem(path: str) -> str:
     """Why ONNX Runtime's CPU provider cannot run the graph at `path`, or ""."""
-    import onnxruntime as ort
-
-    from pipeline_runtime.runners import ort_session_options
-
     try:
-        ort.InferenceSession(path, ort_session_options(1), providers=["CPUExecutionProvider"])
-    except Exception as err:  # noqa: BLE001 - any refusal is the answer
-        return " ".join(str(err).split())[:300] or type(err).__name__
-    return ""
+        proc = subprocess.run(
+            [sys.executable, "-c", _PROBE, path], capture_output=True, text=True, timeout=300
+        )
+    except subprocess.TimeoutExpired:
+        return "ONNX Runtime's CPU provider took over 5 minutes to load it"
+    if proc.returncode == 0:
+        return ""
+    if proc.returncode == 3:
+        return proc.stdout.strip() or "refused"
+    if proc.returncode < 0:
+        name = signal.Signals(-proc.returncode).name
+        return f"ONNX Runtime's CPU provider crashed loading it ({name})"
+    return " ".join((proc.stderr or "").split())[-300:] or f"exit status {proc.returncode}"
 
 
 def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
