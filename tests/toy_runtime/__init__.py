@@ -56,9 +56,14 @@ class ToyBackend:
         return {o.name: got[o.name].to(getattr(torch, o.dtype)) for o in self.outputs}
 
 
-def start(exports: list[tuple[Path, Manifest, str]], run_dir: Path, port: int) -> Server:
+def start(
+    exports: list[tuple[Path, Manifest, str]],
+    run_dir: Path,
+    port: int,
+    names: list[str] | None = None,
+) -> Server:
     """Serve each (export folder, its manifest, format) as an OIP model named after its
-    model."""
+    model, or `names[i]` (bench serves every format of one model side by side)."""
     run_dir = launcher.prepare(
         launcher.Launch(title="the toy runtime", run_dir=run_dir, host="127.0.0.1",
                         ports=[("127.0.0.1", port, "--port")])
@@ -67,8 +72,8 @@ def start(exports: list[tuple[Path, Manifest, str]], run_dir: Path, port: int) -
         run_dir / INFERENCE_KEY_FILE, {"inference": {"key": secrets.token_urlsafe(16)}}
     )
     models, archives = [], {}
-    for export_dir, manifest, fmt in exports:
-        name = core_paths.model_slug(manifest.model.name)
+    for i, (export_dir, manifest, fmt) in enumerate(exports):
+        name = names[i] if names else core_paths.model_slug(manifest.model.name)
         models.append({"name": name, "export_dir": str(export_dir), "format": fmt})
         why = served.why_served(manifest, fmt, served.fastest_entry(manifest.model.name, None))
         archives[name] = ArchiveInfo.of(manifest, fmt, why=why)
@@ -122,13 +127,8 @@ class Toy(runtime.Runtime):
     def private(
         self, exported: ExportedModel, fmt: str, *, tuned_in: Path | None = None, **settings: Any
     ) -> Iterator[Server]:
-        with tempfile.TemporaryDirectory(prefix="toy-") as tmp:
-            run_dir = Path(tmp) / "run"
-            server = start([(exported.dir, exported.manifest, fmt)], run_dir, launcher.free_port())
-            try:
-                yield server
-            finally:
-                launcher.stop(run_dir)
+        with _private([(exported.dir, exported.manifest, fmt)]) as server:
+            yield server
 
     def infer_path(self, name: str) -> str:
         return f"/v2/models/{name}/infer"
@@ -172,35 +172,48 @@ class Toy(runtime.Runtime):
 
         inputs = exported.sample(1, seed=0)
         body, expected = self.encode(inputs), exported.eager(inputs)
-        points, skipped = [], []
-        for fmt in settings.served_formats(exported):
-            with self.private(exported, fmt) as server:
-                names = {fmt: server.models[0]}
-                first = first_answers(
-                    server, names, body, expected, skipped, model=model, backend=_backend
-                )
+        skipped: list[dict[str, Any]] = []
+        formats = settings.served_formats(exported)
+        if not formats:
+            return [], skipped
+        # Every format of the model from one server, as the KServe runtime's bench serves
+        # them (one start, not one per format), each under a name of its own.
+        slug = core_paths.model_slug(model)
+        names = {fmt: f"{slug}_{fmt}" for fmt in formats}
+        exports = [(exported.dir, exported.manifest, fmt) for fmt in formats]
+        with _private(exports, list(names.values())) as server:
+            first = first_answers(
+                server, names, body, expected, skipped, model=model, backend=_backend
+            )
 
-                def at_one(
-                    order: list[str],
-                    server: Server = server,
-                    names: dict = names,
-                    first: dict = first,
-                ) -> list[Any]:
-                    paths = {f: (server, names[f]) for f in order}
-                    got = sequential(
-                        paths, body, settings.requests_per_level, settings.level_budget_s
-                    )
-                    return [
-                        sequential_point(lat, failed, backend=_backend(f), model=model,
-                                         batching="on", first_request_ms=first[f])
-                        for f, (lat, failed) in got.items()
-                    ]  # fmt: skip
+            def at_one(order: list[str]) -> list[Any]:
+                paths = {f: (server, names[f]) for f in order}
+                got = sequential(paths, body, settings.requests_per_level, settings.level_budget_s)
+                return [
+                    sequential_point(lat, failed, backend=_backend(f), model=model,
+                                     batching="on", first_request_ms=first[f])
+                    for f, (lat, failed) in got.items()
+                ]  # fmt: skip
 
-                points += every_level(
-                    server, names, list(first), body, settings, at_one=at_one,
-                    backend=_backend, model=model, batching="on",
-                )  # fmt: skip
+            points = every_level(
+                server, names, [f for f in names if f in first], body, settings,
+                at_one=at_one, backend=_backend, model=model, batching="on",
+            )  # fmt: skip
         return points, skipped
+
+
+@contextlib.contextmanager
+def _private(
+    exports: list[tuple[Path, Manifest, str]], names: list[str] | None = None
+) -> Iterator[Server]:
+    """A toy server of its own in a temporary folder, stopped on the way out."""
+    with tempfile.TemporaryDirectory(prefix="toy-") as tmp:
+        run_dir = Path(tmp) / "run"
+        server = start(exports, run_dir, launcher.free_port(), names)
+        try:
+            yield server
+        finally:
+            launcher.stop(run_dir)
 
 
 def _backend(fmt: str) -> str:
