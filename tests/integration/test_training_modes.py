@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -24,22 +25,33 @@ def torchrun(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
 
 
-def test_two_process_ddp_matches_one_process_over_the_same_global_batch(tmp_path: Path) -> None:
-    args = [
-        "train",
-        "--model",
-        "digits_mlp",
-        "--epochs",
-        "2",
-        "--batch-size",
-        "64",
-        "--no-progress",
-        "--no-report",
-    ]
-    proc = torchrun(tmp_path, "--artifacts-dir", str(tmp_path / "ddp"), *args)
+# The digits MLP over two processes, as both DDP tests below run it.
+DDP_MLP = ["train", "--model", "digits_mlp", "--epochs", "2", "--batch-size", "64",
+           "--no-progress", "--no-report"]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DdpRun:
+    proc: subprocess.CompletedProcess[str]
+    checkpoint: Path
+
+
+@pytest.fixture(scope="module")
+def ddp_mlp(tmp_path_factory: pytest.TempPathFactory) -> DdpRun:
+    """One uninterrupted two-process run of DDP_MLP: what the single-process run and the
+    stopped-and-resumed run are each compared with (one torchrun start, not two)."""
+    tmp = tmp_path_factory.mktemp("ddp_mlp")
+    proc = torchrun(tmp, "--artifacts-dir", str(tmp / "ddp"), *DDP_MLP)
+    return DdpRun(proc, tmp / "ddp" / "digits_mlp" / "checkpoint.pt")
+
+
+def test_two_process_ddp_matches_one_process_over_the_same_global_batch(
+    ddp_mlp: DdpRun, tmp_path: Path
+) -> None:
+    proc = ddp_mlp.proc
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("checkpoint:") == 1  # only rank 0 reports and writes
-    ddp = load_checkpoint(tmp_path / "ddp" / "digits_mlp" / "checkpoint.pt")
+    ddp = load_checkpoint(ddp_mlp.checkpoint)
     assert ddp.meta["world_size"] == 2
     single = train(
         TrainConfig(model="digits_mlp", out=tmp_path / "single" / "checkpoint.pt", epochs=2,
@@ -137,18 +149,22 @@ def test_fp16_amp_with_grad_scaler_on_cuda(tmp_path: Path) -> None:
     )
 
 
-def test_ddp_run_stopped_and_resumed_matches_an_uninterrupted_one(tmp_path: Path) -> None:
-    base = ["train", "--model", "digits_mlp", "--epochs", "3", "--no-progress", "--no-report"]
-    whole = torchrun(tmp_path, "--artifacts-dir", str(tmp_path / "whole"), *base)
+def test_ddp_run_stopped_and_resumed_matches_an_uninterrupted_one(
+    ddp_mlp: DdpRun, tmp_path: Path
+) -> None:
+    whole = ddp_mlp.proc  # the same settings, never stopped
     assert whole.returncode == 0, whole.stderr[-2000:]
     first = torchrun(
-        tmp_path, "--artifacts-dir", str(tmp_path / "split"), *base, "--stop-after-epoch", "1"
+        tmp_path, "--artifacts-dir", str(tmp_path / "split"), *DDP_MLP, "--stop-after-epoch", "1"
     )
     assert first.returncode == 0, first.stderr[-2000:]
-    second = torchrun(tmp_path, "--artifacts-dir", str(tmp_path / "split"), *base, "--resume")
+    assert "stopped after epoch 1" in first.stdout + first.stderr
+    second = torchrun(tmp_path, "--artifacts-dir", str(tmp_path / "split"), *DDP_MLP, "--resume")
     assert second.returncode == 0, second.stderr[-2000:]
-    a = load_checkpoint(tmp_path / "whole" / "digits_mlp" / "checkpoint.pt")
+    assert "resuming digits_mlp after epoch 1" in second.stdout + second.stderr
+    a = load_checkpoint(ddp_mlp.checkpoint)
     b = load_checkpoint(tmp_path / "split" / "digits_mlp" / "checkpoint.pt")
+    assert b.meta["world_size"] == 2
     assert a.meta["weights_sha256"] == b.meta["weights_sha256"]
 
 
