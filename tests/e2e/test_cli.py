@@ -133,6 +133,7 @@ def test_method_trace_on_the_gate_fails_naming_the_branch_line(
     )
     assert not (art / "my_decision_gate" / "export").exists()
 
+    # TorchScript alone: what --method chooses for (ONNX would add an export and its verify).
     proc = run(
         "--artifacts-dir",
         art,
@@ -142,6 +143,8 @@ def test_method_trace_on_the_gate_fails_naming_the_branch_line(
         "--method",
         "trace",
         "--allow-unsafe-trace",
+        "--format",
+        "torchscript",
     )
     assert proc.returncode == 0, proc.stderr
     proc = run("--artifacts-dir", art, "verify", "--model", "my_decision_gate")
@@ -155,7 +158,9 @@ def test_auto_export_of_a_trained_rnn_scripts_it(
 ) -> None:
     art = tmp_path / "art"
     _trained_by_the_session(family, art, "wrap_rnn")
-    proc = run("--artifacts-dir", art, "export", "--model", "wrap_rnn")
+    # TorchScript alone: the format whose method auto picks (the session's family fixture
+    # exports and verifies wrap_rnn's other formats).
+    proc = run("--artifacts-dir", art, "export", "--model", "wrap_rnn", "--format", "torchscript")
     assert proc.returncode == 0, proc.stderr
     assert "script: trace rejected" in proc.stdout
     proc = run("--artifacts-dir", art, "verify", "--model", "wrap_rnn")

@@ -85,6 +85,7 @@ def test_unsafe_trace_is_exported_but_verify_shows_the_mismatch(
             model="my_rnn_loop",
             checkpoint=ckpt.resolve(),
             out_dir=tmp_path / "export",
+            formats=("torchscript",),  # what --method trace makes (the family has the rest)
             method="trace",
             allow_unsafe_trace=True,
         )

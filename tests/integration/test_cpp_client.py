@@ -163,8 +163,8 @@ def test_latency_is_reported_next_to_python_for_digits_and_resnet18(
     """Both numbers come from one run (interleaved rounds); the ratio is reported, not asserted."""
     from pipeline.export import ExportConfig, export
 
-    resnet = export(
-        ExportConfig(model="torchvision:resnet18", random_init=True,
+    resnet = export(  # TorchScript only: the file both clients run (no ONNX to convert)
+        ExportConfig(model="torchvision:resnet18", random_init=True, formats=("torchscript",),
                      checkpoint=tmp_path / "r18" / "checkpoint.pt", out_dir=tmp_path / "r18" / "export")
     )  # fmt: skip
     cases = {
