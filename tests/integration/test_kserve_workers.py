@@ -45,12 +45,24 @@ def _serve(exported: ExportResult, run_dir: Path) -> Server:
 
 
 @pytest.fixture(scope="module")
-def server(exported: ExportResult, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def started(
+    exported: ExportResult, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Server]]:
     run_dir = tmp_path_factory.mktemp("kserve_workers")
+    state = {"server": _serve(exported, run_dir)}
     try:
-        yield _serve(exported, run_dir)
+        yield state
     finally:
         stop(run_dir)
+
+
+@pytest.fixture
+def server(started: dict[str, Server], exported: ExportResult) -> Server:
+    """The module's runtime, served again if a test stopped it (test_stop_leaves_no_process
+    stops it, and is last, so in file order it is served once)."""
+    if not started["server"].alive():
+        started["server"] = _serve(exported, Path(started["server"].run_dir))
+    return started["server"]
 
 
 def _workers(server: Server) -> list[int]:
@@ -148,26 +160,6 @@ def test_worker_sigkill_mid_loadtest_loses_nothing(server: Server, exported: Exp
     assert_kill_lost_nothing(report, 800)
 
 
-def test_stop_leaves_no_process(exported: ExportResult, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    try:
-        server = _serve(exported, run_dir)
-        family = [server.pid, *_workers(server)]
-        assert len(family) == 3
-        proc = run_cli("stop", "--run-dir", run_dir)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        marker = str(run_dir / CONFIG_FILE)
-        left = [
-            p.pid
-            for p in psutil.process_iter(["cmdline"])
-            if marker in (p.info.get("cmdline") or [])
-        ]
-        assert left == [] and orphans(run_dir) == []
-        assert not any(psutil.pid_exists(pid) for pid in family)
-    finally:
-        stop(run_dir)
-
-
 def test_bench_sweep_measures_and_serve_follows_it(
     exported: ExportResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -188,3 +180,24 @@ def test_bench_sweep_measures_and_serve_follows_it(
     sweep.write(tmp_path, {opened.name: found})
     assert sweep.choose(tmp_path, [DIGITS]).workers == 2
     # What bench's private runtimes start with it: tests/unit/test_kserve_sweep.py.
+
+
+def test_stop_leaves_no_process(server: Server) -> None:
+    """`pipeline stop` on the module's runtime (served by `pipeline serve --workers 2`, as
+    every test here; a worker killed and replaced on the way): nothing is left."""
+    run_dir = Path(server.run_dir)
+    try:
+        family = [server.pid, *_replaced(server, -1)]  # both workers up
+        assert len(family) == 3
+        proc = run_cli("stop", "--run-dir", run_dir)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        marker = str(run_dir / CONFIG_FILE)
+        left = [
+            p.pid
+            for p in psutil.process_iter(["cmdline"])
+            if marker in (p.info.get("cmdline") or [])
+        ]
+        assert left == [] and orphans(run_dir) == []
+        assert not any(psutil.pid_exists(pid) for pid in family)
+    finally:
+        stop(run_dir)
