@@ -80,16 +80,16 @@ def shared(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[
 # one worker was still running one while the others had finished (longest first is the
 # classic remedy for that tail). Files not named keep their order after these.
 LONGEST_FILES = (
+    "integration/test_formats.py",  # 215 s with the recurrent exports (2026-11-24, late)
     "integration/test_kserve_runtime.py",
+    "integration/test_kserve_interop.py",
     "integration/test_training_modes.py",
     "integration/test_user_models.py",
     "e2e/test_walkthrough.py",
     "integration/test_serving.py",
     "e2e/test_cli.py",
     "integration/test_stale_server.py",
-    "integration/test_kserve_interop.py",
     "integration/test_partial_export.py",
-    "integration/test_formats.py",
     "integration/test_reliability.py",
     "integration/test_localise.py",
     "integration/test_kserve_workers.py",
