@@ -49,13 +49,6 @@ def _worker_ports() -> None:
 
 _worker_ports()
 
-# One intra-op thread per xdist worker: `make test` runs cores + 1 workers, and each one's
-# torch defaulted to a thread per core, so in-process torch work ran oversubscribed (a bf16
-# training test took 66 s in a full run against 1 s alone). Servers and CLI runs the tests
-# start are processes of their own and keep torch's default.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    torch.set_num_threads(1)
-
 
 def shared(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], T]) -> T:
     """`make(folder)`, once for all xdist workers (pytest-xdist's documented recipe): the
