@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from pipeline_runtime import oplibs
 from pipeline_runtime.outputs import name_outputs
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,11 @@ def ort_session_options(threads: int | None = None) -> Any:
 def load_torchscript(
     path: Path, device: torch.device, threads: int | None, record: Mapping[str, Any]
 ) -> tuple[Callable[[list[torch.Tensor]], Any], torch.device, dict[str, Any]]:
+    # Custom operators (torchvision::nms) must be registered before the file is read.
+    try:
+        oplibs.load_op_libraries(record.get(oplibs.OP_LIBRARIES_KEY) or ())
+    except oplibs.OpLibraryError as err:
+        raise LoadError(f"{Path(path).name}: {err}") from None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated; see DESIGN.md
         module = torch.jit.load(str(path), map_location=device).eval()

@@ -22,7 +22,8 @@ std::string Usage(const char* program) {
   std::ostringstream out;
   out << "usage: " << program
       << " --model MODEL.pt|MODEL.pt2 --inputs INPUTS.pt [--outputs OUTPUTS.pt]\n"
-         "       [--device cpu|cuda[:N]] [--threads N] [--warmup N] [--repeat N]\n\n"
+         "       [--device cpu|cuda[:N]] [--threads N] [--warmup N] [--repeat N]\n"
+         "       [--load-library LIB.so]...\n\n"
          "Runs a TorchScript model, or an AOTInductor package (a .pt2 file from\n"
          "torch._inductor.aoti_compile_and_package or `pipeline export --format pt2`,\n"
          "run on the device type it was compiled for), on tensors saved by Python's torch.save.\n"
@@ -30,7 +31,12 @@ std::string Usage(const char* program) {
          "{name: tensor} dict or a golden.pt from `pipeline export`) or several (a list of\n"
          "lists). OUTPUTS.pt gets a tuple of cases, each a tuple of\n"
          "output tensors (tuples are flattened), readable with torch.load.\n"
-         "Latency statistics over --repeat runs (after --warmup) go to stdout as JSON.\n";
+         "Latency statistics over --repeat runs (after --warmup) go to stdout as JSON.\n"
+         "--load-library (repeatable) dlopens a shared library (RTLD_NOW|RTLD_GLOBAL), in the\n"
+         "order given, before the model is loaded: the library of custom ops the model calls.\n"
+         "torchvision's ops (torchvision::nms) need three, in this order: libpython3.X.so,\n"
+         "torch/lib/libtorch_python.so, torchvision/_C_stable.so; `pipeline verify --backend cpp`\n"
+         "passes them itself when the manifest records op_libraries.\n";
   return out.str();
 }
 
@@ -60,6 +66,12 @@ std::optional<Args> ParseArgs(int argc, char** argv, std::string* error) {
         *error = "--threads must be a positive integer";
         return std::nullopt;
       }
+    } else if (flag == "--load-library") {
+      if (value.empty()) {
+        *error = "--load-library needs a path to a shared library";
+        return std::nullopt;
+      }
+      args.load_libraries.emplace_back(value);
     } else if (flag == "--warmup") {
       if (!ParseInt(value, /*min_value=*/0, &args.warmup)) {
         *error = "--warmup must be 0 or more";

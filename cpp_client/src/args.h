@@ -3,6 +3,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace client {
 
@@ -14,6 +15,9 @@ struct Args {
   int threads = 0;  // 0: LibTorch's default
   int warmup = 0;
   int repeat = 1;
+  // Shared libraries to dlopen, in this order, before the model is loaded: the
+  // custom ops a model calls (torchvision::nms) and what their library needs first.
+  std::vector<std::string> load_libraries;
 };
 
 // Parses argv; on a usage error returns nullopt and fills `error`.

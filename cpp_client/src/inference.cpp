@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <dlfcn.h>
 #include <fstream>
 #include <numeric>
 
@@ -91,9 +92,18 @@ class TorchScriptRunner final : public Runner {
     try {
       module_ = torch::jit::load(path, device);
       module_.eval();
-    } catch (const c10::Error& e) {
-      throw std::runtime_error("cannot load TorchScript model " + path + ": " +
-                               e.what_without_backtrace());
+    } catch (const std::exception& e) {  // c10::Error, or torch::jit::ErrorReport
+      std::string cause = MessageOf(e);
+      cause.erase(0, cause.find_first_not_of("\n "));  // an ErrorReport starts with a newline
+      if (cause.rfind("Unknown builtin op", 0) == 0) {
+        // A custom operator (torchvision::nms) whose library was not loaded first: its
+        // first line names it; the TorchScript source excerpt after it adds nothing.
+        cause = cause.substr(0, cause.find('\n')) +
+                " The model calls a custom operator: load the library that registers it "
+                "first with --load-library (torchvision's ops need libpython3.X.so, "
+                "torch/lib/libtorch_python.so and torchvision/_C_stable.so, in that order).";
+      }
+      throw std::runtime_error("cannot load TorchScript model " + path + ": " + cause);
     }
   }
 
@@ -188,6 +198,16 @@ void Synchronize(const c10::Device& device) {
 }
 
 }  // namespace
+
+void LoadLibrary(const std::string& path) {
+  dlerror();  // clear any earlier error
+  if (dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+    const char* why = dlerror();
+    throw std::runtime_error("cannot load library " + path + " (--load-library): " +
+                             (why ? why : "unknown dlopen error"));
+  }
+  // Never dlclose'd: the operators it registered must outlive the model.
+}
 
 const char* FormatName(ModelFormat format) {
   return format == ModelFormat::kPt2 ? "pt2" : "torchscript";

@@ -29,6 +29,11 @@ class DeviceMismatchError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// dlopens the shared library at PATH with RTLD_NOW|RTLD_GLOBAL (its symbols, and the
+// operators it registers, then serve the model loaded after it); throws
+// std::runtime_error with dlerror()'s message when it cannot be loaded.
+void LoadLibrary(const std::string& path);
+
 // A loaded model: runs one case whose tensors are already on the model's device.
 class Runner {
  public:

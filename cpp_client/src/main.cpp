@@ -2,7 +2,7 @@
 // from C++ and write its outputs.
 // Exit codes: 0 ok, 2 usage, 3 model cannot be loaded, 4 inputs cannot be read,
 // 5 the model rejected the inputs, 6 outputs cannot be written, 7 bad device
-// (or a .pt2 package compiled for another device).
+// (or a .pt2 package compiled for another device), 8 a --load-library cannot be loaded.
 
 // The few LibTorch headers this file needs, not <torch/torch.h> (build time).
 #include <ATen/Parallel.h>
@@ -27,6 +27,7 @@ constexpr int kInputsError = 4;
 constexpr int kRunError = 5;
 constexpr int kOutputsError = 6;
 constexpr int kDeviceError = 7;
+constexpr int kLibraryError = 8;
 
 std::string JsonEscape(const std::string& text) {
   std::string out;
@@ -50,6 +51,15 @@ int main(int argc, char** argv) {
   if (!args) {
     std::cerr << (error.empty() ? "" : "error: " + error + "\n") << client::Usage(argv[0]);
     return error.empty() ? 0 : kUsageError;
+  }
+
+  // Before anything else: a library may register operators (torchvision::nms) the model needs.
+  for (const auto& library : args->load_libraries) {
+    try {
+      client::LoadLibrary(library);
+    } catch (const std::exception& e) {
+      return Fail(kLibraryError, e.what());
+    }
   }
 
   c10::Device device(c10::kCPU);

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from pipeline.core.errors import PipelineError
+from pipeline_runtime import oplibs
 from pipeline_runtime.runners import aoti_load
 
 log = logging.getLogger(__name__)
@@ -152,9 +153,18 @@ def run(
     warmup: int = 0,
     repeat: int = 1,
     timeout: float = 600,
+    op_libraries: Sequence[str] = (),
 ) -> CppRun:
-    """Run the client on `cases` (each a list of input tensors in forward order)."""
+    """Run the client on `cases` (each a list of input tensors in forward order).
+
+    `op_libraries`: the artifact record's `op_libraries` (["torchvision"]); the
+    client dlopens the shared libraries they need (`--load-library`) before the model.
+    """
     binary = Path(binary or ensure_built())
+    try:
+        libraries = oplibs.cpp_library_paths(op_libraries)
+    except oplibs.OpLibraryError as err:
+        raise CppError(f"Cannot run {model} from C++: {err}") from None
     with tempfile.TemporaryDirectory(prefix="pipeline-cpp-") as tmp:
         inputs, outputs = Path(tmp) / "inputs.pt", Path(tmp) / "outputs.pt"
         # clone(): a tensor torch.export touched carries Python attributes LibTorch cannot unpickle.
@@ -163,6 +173,8 @@ def run(
                "--device", device, "--warmup", str(warmup), "--repeat", str(repeat)]  # fmt: skip
         if threads:
             cmd += ["--threads", str(threads)]
+        for library in libraries:
+            cmd += ["--load-library", str(library)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
         if proc.returncode != 0:
             how = (
@@ -191,8 +203,9 @@ def is_pt2(model: Path) -> bool:
         return False
 
 
-def _load_for_python(model: Path) -> Callable[..., Any]:
-    """MODEL loaded on CPU as Python runs it: the runtime's aoti_load for .pt2, else torch.jit.load."""
+def _load_for_python(model: Path, op_libraries: Sequence[str] = ()) -> Callable[..., Any]:
+    """MODEL loaded on CPU as Python runs it: the runtime's aoti_load for .pt2, else torch.jit.load
+    (after the op libraries it needs)."""
     from pipeline.core.noise import library_warnings
 
     if is_pt2(model):
@@ -200,18 +213,28 @@ def _load_for_python(model: Path) -> Callable[..., Any]:
             return aoti_load(model)  # the runtime's loader: input checks on, as everywhere
         except Exception as e:  # the loader raises RuntimeError/zip errors of several kinds
             raise CppError(f"Cannot load the AOTInductor package {model}: {e}") from e
+    try:
+        oplibs.load_op_libraries(op_libraries)
+    except oplibs.OpLibraryError as err:
+        raise CppError(f"Cannot load {model} in Python: {err}") from None
     with library_warnings("torch.jit.load", FutureWarning):  # jit deprecation: see DESIGN.md
         return torch.jit.load(str(model), map_location="cpu").eval()
 
 
 def python_latency(
-    model: Path, inputs: list[torch.Tensor], *, threads: int, warmup: int, repeat: int
+    model: Path,
+    inputs: list[torch.Tensor],
+    *,
+    threads: int,
+    warmup: int,
+    repeat: int,
+    op_libraries: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The C++ client's statistics for the same file (TorchScript or .pt2) run from Python."""
     import statistics
     import time
 
-    module = _load_for_python(model)
+    module = _load_for_python(model, op_libraries)
     inputs = [t.contiguous() for t in inputs]  # as the client does (a .pt2 checks strides)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -245,6 +268,7 @@ def compare_latency(
     warmup: int = 20,
     repeat: int = 200,
     rounds: int = 3,
+    op_libraries: Sequence[str] = (),
 ) -> dict[str, Any]:
     """C++ vs Python on the same model file (TorchScript or .pt2) and inputs, in interleaved rounds.
 
@@ -252,11 +276,10 @@ def compare_latency(
     best round's p50 of each is compared (a ratio, not an absolute claim).
     """
     cpp_runs, py_runs = [], []
+    same = {"threads": threads, "warmup": warmup, "repeat": repeat, "op_libraries": op_libraries}
     for _ in range(rounds):
-        cpp_runs.append(
-            run(model, [inputs], binary=binary, threads=threads, warmup=warmup, repeat=repeat).stats
-        )
-        py_runs.append(python_latency(model, inputs, threads=threads, warmup=warmup, repeat=repeat))
+        cpp_runs.append(run(model, [inputs], binary=binary, **same).stats)  # type: ignore[arg-type]
+        py_runs.append(python_latency(model, inputs, **same))  # type: ignore[arg-type]
     best_cpp = min(cpp_runs, key=lambda s: s["p50_ms"])
     best_py = min(py_runs, key=lambda s: s["p50_ms"])
     return {

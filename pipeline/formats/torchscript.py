@@ -30,6 +30,7 @@ from pipeline.formats.base import METHODS, ExportContext, Format, register
 from pipeline.zoo.spec import Inputs
 from pipeline_runtime.files import sha256_file
 from pipeline_runtime.manifest import ArtifactRecord
+from pipeline_runtime.oplibs import OP_LIBRARIES_KEY, op_libraries_of
 
 log = logging.getLogger(__name__)
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -342,12 +343,16 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
     path = ctx.out_dir / FILE
     with library_warnings("torch.jit.save", FutureWarning):  # jit deprecation: see DESIGN.md
         torch.jit.save(ts.module, str(path))
+    details: dict[str, object] = {"method": ts.method}
+    # Libraries whose custom operators (torchvision::nms) must be loaded before the file.
+    if libraries := op_libraries_of(ts.module):
+        details[OP_LIBRARIES_KEY] = libraries
     return ArtifactRecord(
         file=FILE,
         format="torchscript",
         sha256=sha256_file(path),
         reason=ts.reason,
-        details={"method": ts.method},
+        details=details,
     )
 
 

@@ -69,12 +69,19 @@ class CppBackend:
         self.format_key = fmt.key
         self.model = exported.path(fmt.key)
         self.binary = Path(binary) if binary else cpp.ensure_built()
+        # Custom-op libraries (torchvision) the client must dlopen before the model.
+        self.op_libraries = list(exported.manifest.artifact(fmt.key).get("op_libraries") or [])
         self.results: dict[int, list[torch.Tensor]] = {}
 
     def prepare(self, cases: list[Inputs]) -> None:
         from pipeline.formats import cpp
 
-        done = cpp.run(self.model, [list(c.values()) for c in cases], binary=self.binary)
+        done = cpp.run(
+            self.model,
+            [list(c.values()) for c in cases],
+            binary=self.binary,
+            op_libraries=self.op_libraries,
+        )
         self.results = {id(c): out for c, out in zip(cases, done.outputs, strict=True)}
 
     def run(self, inputs: Inputs) -> list[torch.Tensor]:
@@ -82,7 +89,9 @@ class CppBackend:
             return self.results[id(inputs)]
         from pipeline.formats import cpp
 
-        return cpp.run(self.model, [list(inputs.values())], binary=self.binary).outputs[0]
+        return cpp.run(
+            self.model, [list(inputs.values())], binary=self.binary, op_libraries=self.op_libraries
+        ).outputs[0]
 
 
 def cpp_backend_name(fmt: registry.Format) -> str:
