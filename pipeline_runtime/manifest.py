@@ -105,6 +105,12 @@ class ArtifactRecord:
     def get(self, key: str, default: Any = None) -> Any:
         return self.details.get(key, default)
 
+    @property
+    def outside_budget(self) -> bool:
+        """An int8/float16 file export judged outside its accuracy budget: kept for
+        inspection and listed under the manifest's `failed` too (never served)."""
+        return bool(self.details.get("outside_budget"))
+
     def to_json(self) -> dict[str, Any]:
         out = {**self.details, "file": self.file, "format": self.format, "sha256": self.sha256}
         if self.reason:
@@ -236,10 +242,21 @@ class Manifest:
     created: str = ""
     versions: dict[str, str] = field(default_factory=dict)
     schema: str = SCHEMA
-    # Formats export was asked for but could not write: format key → why, in
-    # one line. The export holds the others (`pipeline export` exits 3). Absent
-    # from the JSON when empty, so older manifests and readers are unaffected.
+    # Formats export was asked for but could not write, or wrote outside their accuracy
+    # budget: format key → why, in one line. The export holds the others (`pipeline
+    # export` exits 3); an outside-budget file stays in `artifacts` too, marked
+    # `outside_budget`, for inspection. Absent from the JSON when empty, so older
+    # manifests and readers are unaffected.
     failed: dict[str, str] = field(default_factory=dict)
+    # Per-sample outputs (a detector's boxes, scores, labels per image): their fields, which
+    # every artifact answers concatenated over the batch with a last output `counts`
+    # (pipeline_runtime/outputs.py). Empty for every other model, and absent from the JSON.
+    per_sample: tuple[str, ...] = ()
+
+    @property
+    def unwritten(self) -> dict[str, str]:
+        """The failed formats that have no file (key → why)."""
+        return {k: v for k, v in self.failed.items() if k not in self.artifacts}
 
     @property
     def input_names(self) -> list[str]:
@@ -283,7 +300,16 @@ class Manifest:
                 raise ManifestError(
                     f"artifact {key!r} names a file outside the export: {record.file!r}"
                 )
-        both = sorted(set(self.failed) & set(self.artifacts))
+        if self.per_sample and [*self.per_sample, "counts"] != self.output_names:
+            raise ManifestError(
+                f"per-sample fields {list(self.per_sample)} and 'counts' must be the outputs, "
+                f"in order; the manifest lists {self.output_names}"
+            )
+        both = sorted(
+            k
+            for k in set(self.failed) & set(self.artifacts)
+            if not self.artifacts[k].outside_budget
+        )
         if both:
             raise ManifestError(f"format(s) {both} are listed both as written and as failed")
 
@@ -303,6 +329,8 @@ class Manifest:
         }
         if self.failed:
             out["failed"] = dict(self.failed)
+        if self.per_sample:
+            out["per_sample"] = {"fields": list(self.per_sample), "counts": "counts"}
         return out
 
     def dumps(self) -> str:
@@ -336,6 +364,9 @@ class Manifest:
                 versions=dict(data.get("versions") or {}),
                 schema=SCHEMA,
                 failed={str(k): str(v) for k, v in dict(data.get("failed") or {}).items()},
+                per_sample=tuple(
+                    str(f) for f in dict(data.get("per_sample") or {}).get("fields", ())
+                ),
             )
         except (TypeError, ValueError, AttributeError) as err:
             if isinstance(err, ManifestError):

@@ -103,8 +103,10 @@ _EXPORT_EPILOG = """exit status:
      setting cannot be honoured (--method trace refused, --pt2-device cuda without CUDA)
   2  bad arguments
   3  partial: some formats written and checked, the others could not express the model
-     (e.g. an op ONNX has no conversion for); manifest.json lists them under "failed"
-     with the reason, verify/archive/serve use what was written, and the checkpoint
+     (e.g. an op ONNX has no conversion for), or an int8/float16 format was judged
+     outside its accuracy budget (its file kept, marked outside_budget, for inspection);
+     manifest.json lists them under "failed" with the reason or verdict, verify/archive/
+     serve use what was written within budget, and the checkpoint
      made by --weights/--random-init is kept. With --if-missing, a format recorded as
      failed is not retried (export without --if-missing to try again) and the status is 3.
   130  interrupted (Ctrl-C): nothing written

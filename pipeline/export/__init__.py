@@ -39,12 +39,13 @@ from pipeline.export.config import PRECISION_FORMATS as PRECISION_FORMATS
 from pipeline.export.config import ExportConfig
 from pipeline.export.partial import EXIT_PARTIAL as EXIT_PARTIAL  # re-exported for scripts
 from pipeline.export.partial import one_line
+from pipeline.export.per_sample import per_sample_entry, per_sample_shapes
 from pipeline.export.staging import remove_new, save_tensors, swap_in
 from pipeline.export.weights import checkpoint_for, model_from
 from pipeline.formats import base as registry
 from pipeline.zoo import resolve_entry
 from pipeline.zoo.spec import Inputs, ZooEntry, dtype_name
-from pipeline_runtime.outputs import flatten_outputs, output_keys
+from pipeline_runtime.outputs import collate, flatten_outputs, output_keys, per_sample_fields
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ def _write_artifacts(
     output_shapes: dict[str, tuple],
     staging: Path,
     calibration: Calibration | None = None,
+    per_sample: tuple[str, ...] | None = None,
 ) -> tuple[dict[str, ArtifactRecord], dict[str, str]]:
     """Each requested format's exporter, in registry order, writing into `staging`.
 
@@ -122,7 +124,7 @@ def _write_artifacts(
     scratch = Path(tempfile.mkdtemp(prefix=".export-scratch-", dir=staging.parent))
     try:
         return _each_format(config, model, entry, golden_inputs, probes, output_shapes, staging,
-                            calibrate, scratch)  # fmt: skip
+                            calibrate, scratch, per_sample or ())  # fmt: skip
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -137,6 +139,7 @@ def _each_format(
     staging: Path,
     calibrate: Any,
     scratch: Path,
+    per_sample: tuple[str, ...] = (),
 ) -> tuple[dict[str, ArtifactRecord], dict[str, str]]:
     ctx = registry.ExportContext(
         entry=entry,
@@ -156,14 +159,22 @@ def _each_format(
         calibration=calibrate,
         budget=config.budget,
         scratch=scratch,
+        per_sample=per_sample,
     )
     written: dict[str, ArtifactRecord] = {}
     errors: dict[str, ExportError] = {}
+    outside: dict[str, str] = {}  # written, but outside the accuracy budget: key → verdict
     for fmt in registry.all_formats():
         if fmt.key not in config.formats:
             continue
         before = set(staging.iterdir())
         try:
+            if per_sample and fmt.precision != registry.FLOAT32:
+                raise ExportError(
+                    f"{fmt.title} is not made for models with per-sample outputs (detectors) "
+                    "yet: their int8/float16 verdict needs a detection-level rule "
+                    "(docs/export.md, 'Detection models')"
+                )
             record = fmt.export(model, ctx)
             # What a table of size against accuracy needs, for every format alike.
             details = {
@@ -178,6 +189,10 @@ def _each_format(
                                         fmt.precision, config.budget, cases, details)  # fmt: skip
                 if found is not None:
                     details["quality"] = found
+                    if not found["within_budget"]:
+                        # Kept for inspection, marked, and failed: export exits 3 (partial).
+                        details["outside_budget"] = True
+                        outside[fmt.key] = _outside_budget(found)
             written[fmt.key] = replace(record, details=details)
         except ExportRequestError:
             raise
@@ -185,14 +200,29 @@ def _each_format(
             remove_new(staging, before)  # a half-written file must not ship
             log.debug("%s failed: %s", fmt.title, err)
             errors[fmt.key] = err
-    if not written:
+    if not written:  # (an outside-budget artifact counts as written: its file is kept)
         if len(errors) == 1:
             raise next(iter(errors.values()))
         raise ExportError(
             f"No format could be exported for {entry.name!r}, so nothing was written. "
             + " ".join(f"{registry.get(k).title}: {one_line(str(e))}" for k, e in errors.items())
         )
-    return written, {k: one_line(str(e)) for k, e in errors.items()}
+    return written, {k: one_line(str(e)) for k, e in errors.items()} | outside
+
+
+def _outside_budget(quality_record: dict[str, Any]) -> str:
+    """The `failed` entry of an artifact judged outside its budget: the rule that decided."""
+    checks = [c for c in quality_record.get("checks", []) if not c.get("passed")]
+    said = "; ".join(
+        c.get("problem")
+        or f"{c['rule']} rule: {c['metric']} {c['value']} {c['unit']} against a bound of "
+        f"{c['bound']} {c['unit']} on {c['on']}"
+        for c in checks
+    )
+    return (
+        f"outside its accuracy budget ({said}). The file is kept for inspection, marked "
+        "outside_budget; verify fails it and archive/serve never choose it"
+    )
 
 
 def export(config: ExportConfig) -> ExportResult:
@@ -286,18 +316,25 @@ def _export(
             f"{type(err).__name__}: {' '.join(str(err).split())[:300]}. Check --input/--input-spec "
             "(names in forward() order, shapes, dtypes, value ranges)."
         ) from None
-    if not entry.outputs:  # a user model without output names: its dict's keys, else numbers
-        entry = replace(entry, outputs=_output_names(raw_outputs, len(golden_outputs)))
     batch = next(iter(golden_inputs.values())).shape[0]
-    output_shapes = _output_shapes(entry, golden_outputs, batch)
+    per_sample = per_sample_fields(raw_outputs, batch)
+    if per_sample:  # a detector's boxes/scores/labels per image: collated, with counts
+        entry, model = per_sample_entry(entry, model, per_sample)
+        golden_outputs = collate(raw_outputs, per_sample)
+        output_shapes = per_sample_shapes(entry, golden_outputs)
+    else:
+        if not entry.outputs:  # a user model without output names: its dict's keys, else numbers
+            entry = replace(entry, outputs=_output_names(raw_outputs, len(golden_outputs)))
+        output_shapes = _output_shapes(entry, golden_outputs, batch)
 
     out_dir = Path(config.out_dir) if config.out_dir else paths.export_dir(entry.name)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
     try:
         artifacts, failed = _write_artifacts(
-            config, model, entry, golden_inputs, probes, output_shapes, staging, calibration
-        )
+            config, model, entry, golden_inputs, probes, output_shapes, staging, calibration,
+            per_sample,
+        )  # fmt: skip
         save_tensors(
             staging / GOLDEN_FILE,
             {
@@ -347,6 +384,7 @@ def _export(
             artifacts=artifacts,
             versions=tool_versions(),
             failed=failed,
+            per_sample=per_sample or (),
         )
         manifest.validate()
         atomic_write(staging / MANIFEST_NAME, lambda tmp: tmp.write_text(manifest.dumps()))

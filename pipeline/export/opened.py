@@ -47,8 +47,9 @@ class ExportedModel:
         return self.manifest.failed
 
     def path(self, key: str) -> Path:
-        """Artifact `key`'s file, after its sha256 check."""
-        if key in self.manifest.failed:
+        """Artifact `key`'s file, after its sha256 check (one export judged outside its
+        budget included: verify checks it again, and fails it)."""
+        if key in self.manifest.unwritten:
             raise ArtifactError(
                 f"{self.dir} has no {key!r} artifact: its export could not write it "
                 f"({' '.join(self.manifest.failed[key].split())}). Use the formats it holds "

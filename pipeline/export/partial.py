@@ -4,7 +4,9 @@ A model can use an op one format cannot express (`torch.linalg.eigvals` has
 no ONNX conversion) while the other formats take it. Export then keeps what
 it could make, lists the rest under `failed` in the manifest with the reason,
 and `pipeline export` prints one paragraph and exits `EXIT_PARTIAL`, so a
-script can tell "partial" (3) from "failed, nothing written" (1).
+script can tell "partial" (3) from "failed, nothing written" (1). An int8/float16
+artifact judged outside its accuracy budget is partial the same way: listed under
+`failed` with its verdict, its file kept (marked `outside_budget`) for inspection.
 """
 
 from __future__ import annotations
@@ -39,9 +41,15 @@ def partial_message(manifest: Manifest, out_dir: Path) -> str:
     """The one paragraph `pipeline export` prints for a partial export."""
     failed = " ".join(
         f"{_titled(key)} was not written: {_sentence(reason)}"
+        if key in manifest.unwritten
+        else f"{_titled(key)} was written but is {_sentence(reason)}"
         for key, reason in manifest.failed.items()
     )
-    written = [f for f in registry.all_formats() if f.key in manifest.artifacts]
+    written = [
+        f
+        for f in registry.all_formats()
+        if f.key in manifest.artifacts and f.key not in manifest.failed
+    ]
     return (
         f"partial export of {manifest.model.name}: {failed} Written and checked in {out_dir}: "
         f"{', '.join(_titled(f.key) for f in written)}. The manifest lists "

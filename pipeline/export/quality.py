@@ -5,10 +5,13 @@ Which rule judges a model (docs/verification.md):
 - **accuracy**: a zoo model whose task has labelled data (the digits): accuracy
   on the validation split, eager float32 against the backend. The *drop* in
   points must stay within the accuracy budget (default 0.5); top-1 agreement
-  and the SQNR of the logits are reported beside it.
+  is reported beside it.
 - **agreement**: a classifier without data (torchvision, a user model with
   `topk`): top-1 agreement with eager on the golden, probe and random inputs.
   The disagreement, in points, must stay within the same budget.
+- Both classifier rules also hold the scores: the SQNR of the classifier's output
+  on the same samples must reach the precision's minimum, as for `sqnr` below
+  (`pipeline.core.tasklevel.score_bound`). Right decisions with far-off scores fail.
 - **sqnr**: anything else: the signal-to-quantisation-noise ratio of each
   output, 10·log10(Σref² / Σ(ref − got)²) pooled over those inputs, must reach
   the minimum (default by precision, `pipeline.core.budget.DEFAULT_MIN_SQNR_DB`).
@@ -106,7 +109,7 @@ def judge(
     rule = rule_for(entry, classifier)
     if rule == ACCURACY:
         batches = validation if validation is not None else validation_batches(entry)
-        return judge_accuracy(eager, backend, batches, names, budget)
+        return judge_accuracy(eager, backend, batches, names, budget, precision)
     return judge_cases(rule, eager, backend, cases, names, precision, budget)
 
 

@@ -56,6 +56,7 @@ class Calibration:
     batch_size: int
     output_max_abs: float | None  # max |output| on the golden inputs; None if it could not run
     problem: str = ""  # why calibration was skipped or abandoned
+    after: str = ""  # what the zoo entry did next (ZooEntry.after_random_init)
 
     @property
     def note(self) -> str:
@@ -69,6 +70,8 @@ class Calibration:
                 f"{self.layers} normalisation layers' running statistics calibrated on "
                 f"{self.batches} random batches of {self.batch_size} from the input spec"
             )
+        if self.after:
+            done = f"{done}; {self.after}"
         if self.output_max_abs is None:
             return done
         return f"{done}; max |output| on the golden inputs {self.output_max_abs:.3g}"
@@ -80,6 +83,7 @@ class Calibration:
             "batch_size": self.batch_size,
             "output_max_abs": self.output_max_abs,
             **({"problem": self.problem} if self.problem else {}),
+            **({"after": self.after} if self.after else {}),
         }
 
 
@@ -156,8 +160,9 @@ def initialise(
     torch.manual_seed(seed)
     model = entry.build()
     done = calibrate(model, entry, torch.Generator().manual_seed(seed))
+    after = entry.after_random_init(model, golden) if entry.after_random_init else ""
     scale = output_scale(model, golden)
-    done = Calibration(done.layers, done.batches, done.batch_size, scale, done.problem)
+    done = Calibration(done.layers, done.batches, done.batch_size, scale, done.problem, after)
     if scale is not None and scale < TINY_OUTPUT:
         log.warning(tiny_output_warning(entry.name, done, atol=atol, rtol=rtol))
     return model, done

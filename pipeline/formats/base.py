@@ -76,6 +76,9 @@ class ExportContext:
     # A folder the export stage removes when it ends: intermediate files (the float
     # ONNX graph a quantiser starts from) that must not ship.
     scratch: Path | None = None
+    # The fields of per-sample outputs (a detector's boxes, scores, labels), else empty: the
+    # model handed to the exporter answers them collated (pipeline/formats/per_sample.py).
+    per_sample: tuple[str, ...] = ()
 
 
 Exporter = Callable[["nn.Module", ExportContext], ArtifactRecord]

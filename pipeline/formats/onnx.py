@@ -311,7 +311,11 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
         return made.module, made.method
 
     path = ctx.out_dir / FILE
-    result = to_onnx(model, ts, ctx.golden, ctx.entry, path, ctx.output_shapes, ctx.opset)
+    fixed: dict[str, int] = {}
+    if ctx.per_sample:
+        result, fixed = per_sample_trace(model, ctx, path)
+    else:
+        result = to_onnx(model, ts, ctx.golden, ctx.entry, path, ctx.output_shapes, ctx.opset)
     # The reduced-precision formats (pipeline/formats/reduced.py) start from this graph.
     ctx.cache["onnx_file"] = path
     ctx.cache["onnx_exporter"] = result.exporter
@@ -324,8 +328,54 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
             "exporter": result.exporter,
             "opset": result.opset,
             "opset_reason": OPSET_REASON if ctx.opset == DEFAULT_OPSET else "set by --opset",
+            **({"fixed_axes": fixed} if fixed else {}),
         },
     )
+
+
+def per_sample_trace(
+    model: nn.Module, ctx: ExportContext, path: Path
+) -> tuple[OnnxResult, dict[str, int]]:
+    """A model with per-sample outputs (a detector) the way torchvision's own ONNX tests
+    export theirs: the *eager* module traced by the TorchScript-based exporter, at one
+    image. torch.export stops on NMS's data-dependent sizes, and the TorchScript-based
+    exporter fails on a scripted torchvision detector (BoxCoder), so neither is tried.
+
+    The trace unrolls the per-image loop: a graph traced at batch N answers only the first
+    N images of a larger batch, silently. So it is traced at batch 1 and that size is
+    recorded as a fixed axis (as --fix-axis records one): verify runs it at that size and
+    servers refuse other sizes with a 400. The counts of boxes stay dynamic."""
+    example = {k: v[:1] for k, v in ctx.golden.items()}
+    # Only the rows stay dynamic: a graph input marked dynamic would take batch 2 and
+    # silently answer for the first image only; fixed, ONNX Runtime refuses it.
+    rows = {n: {0: str(shape[0])} for n, shape in ctx.output_shapes.items() if shape[0] != "batch"}
+    what = "torch.onnx.export (dynamo=False, traced)"
+    try:
+        with library_warnings(what), captured_output(what):
+            torch.onnx.export(
+                model,
+                tuple(example.values()),
+                str(path),
+                dynamo=False,
+                opset_version=ctx.opset,
+                input_names=[s.name for s in ctx.entry.inputs],
+                output_names=list(ctx.entry.outputs),
+                dynamic_axes=rows,
+            )
+    except Exception as err:  # noqa: BLE001 - the one exporter for these models: say why
+        raise ExportError(f"ONNX export of the traced model failed: {_summary(err)}") from None
+    fixed = {"batch": 1}
+    for spec in ctx.entry.inputs:  # the trace fixes every other dynamic axis too
+        for axis, name in spec.dynamic_axes().items():
+            if name != "batch":
+                fixed[name] = int(example[spec.name].shape[axis])
+    reason = (
+        "per-sample outputs (a detector): the eager module traced by the TorchScript-based "
+        "exporter, as torchvision's ONNX tests do (torch.export stops on NMS's data-dependent "
+        f"sizes); the trace unrolls the per-image loop, so the graph takes "
+        f"{', '.join(f'{a}={n}' for a, n in fixed.items())} only (recorded as fixed axes)"
+    )
+    return OnnxResult("torchscript trace (dynamo=False)", ctx.opset, reason), fixed
 
 
 FORMAT = register(

@@ -137,7 +137,7 @@ def _cases(
     # An artifact compiled for one size of an axis (--fix-axis) gets inputs of that size.
     generator = torch.Generator().manual_seed(config.seed + 1)
     for sizes in {tuple(sorted(f.items())) for f in _fixed_sizes(exported)}:
-        label = "random " + " ".join(f"{a}={n}" for a, n in sizes) + " (--fix-axis)"
+        label = "random " + " ".join(f"{a}={n}" for a, n in sizes) + " (a fixed axis)"
         cases.append((label, entry.sample_inputs(entry.sizes(**dict(sizes)), generator), None))
     return cases
 
@@ -263,7 +263,7 @@ def verify(
         notes=checked.notes
         + [
             f"{key} was not checked: export could not write it ({' '.join(why.split())[:300]})"
-            for key, why in exported.failed.items()
+            for key, why in exported.manifest.unwritten.items()
         ],
     )
     if not report.passed:

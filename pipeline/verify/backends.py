@@ -126,7 +126,7 @@ def load_backends(
     fmt = registry.by_backend(name)
     if fmt is None:
         raise ArtifactError(f"Unknown backend {name!r}; choose from {', '.join(backend_names())}.")
-    if fmt.key in exported.failed:
+    if fmt.key in exported.manifest.unwritten:
         exported.path(fmt.key)  # raises, with the reason export recorded
     if fmt.key not in exported.manifest.artifacts:
         raise ArtifactError(

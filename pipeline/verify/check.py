@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from pipeline.core import detections as detect
 from pipeline.core.budget import Budget
 from pipeline.core.compare import Comparison, Kind, compare_tensor
 from pipeline.core.errors import PipelineError
@@ -99,7 +100,7 @@ def runs_on(exported: ExportedModel, backend: Backend, inputs: Inputs) -> bool:
 def _skipped_note(exported: ExportedModel, backend: Backend, labels: list[str]) -> str:
     sizes = ", ".join(f"{a}={n}" for a, n in fixed_axes(exported, backend).items())
     return (
-        f"{backend.name} was compiled for {sizes} only (--fix-axis): not run on the "
+        f"{backend.name} was compiled for {sizes} only (a fixed axis: --fix-axis, or a trace that unrolled it): not run on the "
         f"{len(labels)} input set(s) of other sizes ({', '.join(labels[:4])}"
         f"{', …' if len(labels) > 4 else ''})"
     )
@@ -115,6 +116,8 @@ def check_cases(
     names = exported.manifest.output_names
     # Top-1 agreement for classifiers (serving shows their top k): the first output.
     classifier = {names[0]} if exported.manifest.serving.topk and names else set()
+    detections = detection_fields(exported)
+    found: dict[str, detect.Verdict] = {}  # backend → its detection verdicts, summed
     checked = Checked()
     zero_refs: set[str] = set()
     vacuous_accepted: set[str] = set()
@@ -147,6 +150,9 @@ def check_cases(
                 ]
         for who, actual in answers:
             got = _by_name(actual, names)
+            if detections:  # boxes, scores, labels per image: the detection rule
+                checked.rows.append(_detection_row(who, label, expected, got, detections, found))
+                continue
             for name, ref in expected.items():
                 if name not in got:
                     checked.rows.append(Row.missing(who, label, name, tol.atol, tol.rtol))
@@ -157,6 +163,9 @@ def check_cases(
                     vacuous_accepted.add(name)
     by_name = {b.name: b for b in backends}
     checked.notes += [_skipped_note(exported, by_name[n], ls) for n, ls in skipped.items()]
+    if detections:
+        checked.notes.append(DETECTION_RULE)
+        checked.notes += [f"{who}: {v.summary()}" for who, v in found.items()]
     for name in sorted(zero_refs):
         checked.notes.append(
             f"eager's {name!r} is all zeros on some inputs: those checks only show that the "
@@ -168,6 +177,57 @@ def check_cases(
             "--allow-vacuous; these passes prove little"
         )
     return checked
+
+
+DETECTION_RULE = (
+    f"detections are compared per image by the detection rule (docs/verification.md): each "
+    f"of eager's detections is matched to the backend's of the same label with IoU ≥ "
+    f"{detect.IOU_MATCH}; matched boxes must agree within {detect.BOX_ATOL} px and scores "
+    f"within {detect.SCORE_ATOL}; an unmatched detection fails unless its score is within "
+    f"{detect.SCORE_ATOL} of another's or of the lowest kept score (a tie); when fewer than "
+    f"{detect.MIN_FIRM_SHARE:.0%} of eager's detections are firm, the check is vacuous"
+)
+
+
+def detection_fields(exported: ExportedModel) -> tuple[str, str, str] | None:
+    """(boxes, scores, labels) when the export's per-sample outputs are detections."""
+    fields = exported.manifest.per_sample
+    wanted = ("boxes", "scores", "labels")
+    return wanted if set(wanted) <= set(fields) else None
+
+
+def _detection_row(
+    who: str,
+    label: str,
+    expected: dict[str, torch.Tensor],
+    got: dict[str, torch.Tensor],
+    fields: tuple[str, str, str],
+    found: dict[str, detect.Verdict],
+) -> Row:
+    missing = [n for n in (*fields, "counts") if n not in got]
+    if missing:
+        c = Comparison.failed(Kind.MISSING, f"the backend did not return {', '.join(missing)}")
+        return Row.of(who, label, "detections", c, detect.BOX_ATOL, 0.0)
+    v = detect.compare(expected, got, fields)
+    total = found.setdefault(who, detect.Verdict())
+    for attr in ("images", "eager", "matched", "firm", "ties"):
+        setattr(total, attr, getattr(total, attr) + getattr(v, attr))
+    total.box_err, total.score_err = (
+        max(total.box_err, v.box_err),
+        max(total.score_err, v.score_err),
+    )
+    total.min_iou = min(total.min_iou, v.min_iou)
+    if v.problems:
+        kind = Kind.TOLERANCE
+    elif v.vacuous:
+        kind = Kind.VACUOUS
+    else:
+        kind = Kind.PASS
+    c = Comparison(
+        v.box_err, v.score_err, kind is Kind.PASS, "" if kind is Kind.PASS else v.problem(), kind,
+        vacuous=kind is Kind.VACUOUS,
+    )  # fmt: skip
+    return Row.of(who, label, "detections", c, detect.BOX_ATOL, 0.0)
 
 
 def reduced(backend: Backend) -> bool:

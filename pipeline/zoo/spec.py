@@ -131,6 +131,9 @@ class ZooEntry:
     # module written with torch.cond (and scan), for torch.export-based
     # exporters (.pt2, the default ONNX exporter). Same weights, same outputs.
     cond_formulation: Callable[[nn.Module], nn.Module] | None = None
+    # What --random-init does after calibrating normalisation statistics, given the golden
+    # inputs; returns a note for the manifest (a detector's scores spread, zoo/detection.py).
+    after_random_init: Callable[[nn.Module, Inputs], str] | None = None
 
     def build(self, **overrides: Any) -> nn.Module:
         kwargs = {**self.kwargs, **overrides}

@@ -287,11 +287,16 @@ def external_entry(
         arch = name.removeprefix(TORCHVISION_PREFIX)
         import torchvision
 
+        from pipeline.zoo import detection
+
         known = torchvision.models.list_models(module=torchvision.models)
+        if arch in detection.detector_names():
+            return _detector_entry(name, arch, kwargs, inputs, outputs, probes_file)
         if arch not in known:
             raise UnknownModelError(
-                f"Unknown torchvision classifier {arch!r}. Known: {', '.join(known[:12])}, … "
-                "(torchvision.models.list_models())."
+                f"Unknown torchvision model {arch!r}. Known classifiers: {', '.join(known[:12])}, "
+                "… (torchvision.models.list_models()); detectors: "
+                f"{', '.join(detection.detector_names()[:6])}, …"
             )
 
         def builder(**kw: Any) -> nn.Module:
@@ -326,6 +331,36 @@ def external_entry(
         probes=_file_probes(probes_file) if probes_file else _random_probes(specs, sizes),
         source=source,
         serving={"topk": 5} if source == "torchvision" else {},
+    )
+
+
+def _detector_entry(
+    name: str,
+    arch: str,
+    kwargs: dict[str, Any],
+    inputs: Sequence[TensorSpec] | None,
+    outputs: Sequence[str] | None,
+    probes_file: Path | None,
+) -> ZooEntry:
+    """A torchvision detector (pipeline/zoo/detection.py): a batch tensor in, per-image
+    detections out; requests are not stacked (each image's detections are its own)."""
+    from pipeline.zoo import detection
+
+    specs = tuple(inputs or (detection.DETECTION_INPUT,))
+    sizes = {d: 2 if d == "batch" else 5 for s in specs for d in s.shape if isinstance(d, str)}
+    return ZooEntry(
+        name=name,
+        description=f"torchvision detector {arch} (random init unless --weights)",
+        builder=lambda **kw: detection.build_detector(arch, **kw),
+        kwargs=kwargs,
+        inputs=specs,
+        outputs=tuple(outputs or detection.DETECTION_OUTPUTS),
+        task=None,
+        default_sizes=sizes,
+        probes=_file_probes(probes_file) if probes_file else _random_probes(specs, sizes),
+        source="torchvision",
+        serving={"stack_requests": False},
+        after_random_init=detection.spread_scores,
     )
 
 

@@ -61,7 +61,7 @@ def test_fix_axis_compiles_the_pt2_for_one_length_that_verify_and_serving_hold_i
         "--format", "onnx", "--format", "pt2", "--fix-axis", "seq=6", cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "compiled for seq=6 only (--fix-axis)" in proc.stdout
+    assert "compiled for seq=6 only (a fixed axis: --fix-axis" in proc.stdout
     export_dir = tmp_path / model_slug(model) / "export"
     opened = open_export(export_dir)
     assert opened.manifest.artifact("pt2").get("fixed_axes") == {"seq": 6}
@@ -70,10 +70,12 @@ def test_fix_axis_compiles_the_pt2_for_one_length_that_verify_and_serving_hold_i
     report = verify(VerifyConfig(model=model, export_dir=export_dir, report=tmp_path / "p.json"))
     assert report.passed, report.failure_message()
     pt2_rows = {r.inputs for r in report.rows if r.backend == "pt2"}
-    assert pt2_rows == {"random seq=6 (--fix-axis)"}
+    assert pt2_rows == {"random seq=6 (a fixed axis)"}
     onnx_rows = {r.inputs for r in report.rows if r.backend == "onnxruntime"}
-    assert {"random seq=1", "random seq=15", "random seq=6 (--fix-axis)"} <= onnx_rows
-    assert any("pt2 was compiled for seq=6 only (--fix-axis)" in n for n in report.notes)
+    assert {"random seq=1", "random seq=15", "random seq=6 (a fixed axis)"} <= onnx_rows
+    assert any(
+        "pt2 was compiled for seq=6 only (a fixed axis: --fix-axis" in n for n in report.notes
+    )
 
     config = RuntimeConfig(
         models=[served_export(export_dir, "pt2", name="loop_pt2")],

@@ -84,16 +84,16 @@ def _flip_first(inputs: dict) -> dict:
 
 def test_agreement_counts_flips_in_points_against_the_budget() -> None:
     cases = _cases(4, (5, 10))  # 20 samples: one flip is 5 points
-    (v,) = task.judge_cases(verdict.AGREEMENT, _eager, _flip_first, cases, NAMES, "int8", Budget())
+    v, _ = task.judge_cases(verdict.AGREEMENT, _eager, _flip_first, cases, NAMES, "int8", Budget())
     assert v.rule == verdict.AGREEMENT and v.samples == 20
     assert v.agreement == pytest.approx(0.8) and v.value == pytest.approx(20.0)
     assert v.kind is Kind.TOLERANCE and "one disagreement is 5.00 pts" in v.on
-    (ok,) = task.judge_cases(verdict.AGREEMENT, _eager, _eager, cases, NAMES, "int8", Budget())
-    assert ok.passed and ok.agreement == 1.0
+    ok, scores = task.judge_cases(verdict.AGREEMENT, _eager, _eager, cases, NAMES, "int8", Budget())
+    assert ok.passed and ok.agreement == 1.0 and scores.passed
 
 
 def test_an_agreement_budget_that_chance_would_meet_is_vacuous() -> None:
-    (v,) = task.judge_cases(verdict.AGREEMENT, _eager, _eager, _cases(2, (5, 10)), NAMES, "int8",
+    v, _ = task.judge_cases(verdict.AGREEMENT, _eager, _eager, _cases(2, (5, 10)), NAMES, "int8",
                             Budget(accuracy_points=95.0))  # fmt: skip
     assert v.kind is Kind.VACUOUS and "chance" in v.problem
 
@@ -102,13 +102,53 @@ def test_accuracy_drop_in_points_on_labelled_batches() -> None:
     x = torch.eye(4).repeat(2, 1)  # 8 samples, classes 0..3 twice
     labels = torch.arange(4).repeat(2)
     batches = [({"x": x[:4]}, labels[:4]), ({"x": x[4:]}, labels[4:])]
-    (v,) = task.judge_accuracy(_eager, _flip_first, batches, NAMES, Budget(accuracy_points=10.0))
+    v, _ = task.judge_accuracy(
+        _eager, _flip_first, batches, NAMES, Budget(accuracy_points=10.0), "int8"
+    )
     # Eager is right on all 8; the backend is wrong on the first of each batch: 25 points.
     assert (v.eager_accuracy, v.accuracy) == (1.0, 0.75)
     assert v.value == pytest.approx(25.0) and v.kind is Kind.TOLERANCE
     assert "accuracy 100.00% eager → 75.00%" in v.describe()
-    (v,) = task.judge_accuracy(_eager, _flip_first, batches, NAMES, Budget(accuracy_points=80.0))
+    v, _ = task.judge_accuracy(
+        _eager, _flip_first, batches, NAMES, Budget(accuracy_points=80.0), "int8"
+    )
     assert v.kind is Kind.VACUOUS  # 75 points would leave it at chance (25%) and still pass
+
+
+def _scaled_scores(inputs: dict) -> dict:
+    """Every top-1 answer kept, every score ×4: a layer's quantisation scale gone wrong."""
+    return {"y": _eager(inputs)["y"] * 4.0}
+
+
+def test_right_decisions_with_far_off_scores_fail_the_score_bound() -> None:
+    x = torch.eye(4).repeat(2, 1)
+    labels = torch.arange(4).repeat(2)
+    batches = [({"x": x[:4]}, labels[:4]), ({"x": x[4:]}, labels[4:])]
+    drop, scores = task.judge_accuracy(_eager, _scaled_scores, batches, NAMES, Budget(), "int8")
+    assert drop.passed and drop.value == 0.0  # the accuracy rule alone would pass it
+    # (3y − 12y)² is 9× the signal: SQNR −9.5 dB, below the int8 floor of 20 dB.
+    assert scores.rule == verdict.SQNR and scores.bound == 20.0
+    assert scores.kind is Kind.TOLERANCE and scores.value == pytest.approx(-9.54, abs=0.01)
+    assert "the score bound" in scores.on and scores.agreement == 1.0
+    record = task.quality_record([drop, scores], Budget(), "int8")
+    assert record["rule"] == verdict.SQNR and not record["within_budget"]  # the rule that decided
+    cases = _cases(3, (5, 10))
+    agree, scores = task.judge_cases(
+        verdict.AGREEMENT, _eager, _scaled_scores, cases, NAMES, "float16", Budget()
+    )
+    assert agree.passed and scores.bound == 40.0 and not scores.passed
+
+
+def test_a_classifier_within_both_bounds_records_its_decision_rule() -> None:
+    cases = _cases(3, (5, 10))
+    verdicts = task.judge_cases(
+        verdict.AGREEMENT, _eager, _noisy(45), cases, NAMES, "int8", Budget()
+    )
+    assert [v.rule for v in verdicts] == [verdict.AGREEMENT, verdict.SQNR]
+    assert all(v.passed for v in verdicts)
+    record = task.quality_record(verdicts, Budget(), "int8")
+    assert record["rule"] == verdict.AGREEMENT and record["within_budget"]
+    assert record["sqnr_db"] == pytest.approx(45, abs=0.01)
 
 
 @pytest.mark.parametrize(

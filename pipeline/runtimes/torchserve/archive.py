@@ -147,7 +147,7 @@ def archive(config: ArchiveConfig, manifest: Manifest | None = None) -> list[Pat
     formats = config.formats or tuple(
         f.key for f in registry.all_formats() if f.key in manifest.artifacts
     )
-    _check_failed(export_dir, manifest.failed, asked=config.formats, held=formats)
+    _check_failed(export_dir, manifest.unwritten, asked=config.formats, held=formats)
     golden = artifact_path(export_dir, manifest, GOLDEN_KEY)  # checked once, packed in each
     written = []
     for key in formats:

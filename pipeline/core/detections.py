@@ -1,0 +1,182 @@
+"""The rule verify holds detections to (a detector's boxes, scores and labels per image).
+
+Elementwise comparison does not fit them: which boxes survive non-maximum suppression,
+the score threshold and the per-image cap is a *decision*, and two detections whose
+scores differ by less than the backends' rounding may swap places. So, per image:
+
+1. **Match** each of eager's detections, highest score first, to the backend's
+   unmatched detection of the same label with the highest IoU, if that IoU is at
+   least `IOU_MATCH`.
+2. **Matched pairs** must agree: box corners within `BOX_ATOL` pixels, scores within
+   `SCORE_ATOL`.
+3. **Unmatched detections** (on either side) fail, unless they are **ties**: a score
+   within `SCORE_ATOL` of another detection's in the same image (NMS or the cap could
+   keep either), or of the cut, the lowest score either side kept (the score
+   threshold or the per-image cap ended the list there).
+4. **Ties everywhere prove nothing.** When fewer than `MIN_FIRM_SHARE` of eager's
+   detections are firm (not ties), or eager found none, the comparison cannot judge:
+   it fails as vacuous instead of passing (random weights tie every score).
+
+docs/verification.md ("Detections") states the rule and why these tolerances.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+IOU_MATCH = 0.9  # the same box, computed twice: float rounding moves corners by ~1e-3 px
+BOX_ATOL = 0.01  # pixels; ONNX Runtime's boxes differ from eager's by up to ~1.3e-3 px
+SCORE_ATOL = 2e-4  # probability; ONNX Runtime's scores differed by up to 1.3e-4 (saturated logits)
+MIN_FIRM_SHARE = 0.5
+
+
+@dataclass
+class Image:
+    """One image's detections: boxes [n, 4] (x1, y1, x2, y2), scores [n], labels [n]."""
+
+    boxes: torch.Tensor
+    scores: torch.Tensor
+    labels: torch.Tensor
+
+    @property
+    def count(self) -> int:
+        return int(self.scores.numel())
+
+
+@dataclass
+class Verdict:
+    """What comparing one input set's detections found."""
+
+    images: int = 0
+    eager: int = 0  # eager's detections
+    matched: int = 0
+    firm: int = 0  # eager's detections that are not ties
+    ties: int = 0  # unmatched detections excused as ties
+    box_err: float = 0.0  # worst |corner difference| of a matched pair, pixels
+    score_err: float = 0.0
+    min_iou: float = 1.0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def vacuous(self) -> bool:
+        return self.eager == 0 or self.firm < MIN_FIRM_SHARE * self.eager
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems and not self.vacuous
+
+    def summary(self) -> str:
+        return (
+            f"{self.matched} of eager's {self.eager} detections matched over {self.images} "
+            f"image(s) (IoU ≥ {IOU_MATCH}, worst {self.min_iou:.4f}); boxes within "
+            f"{self.box_err:.2g} px (≤ {BOX_ATOL}), scores within {self.score_err:.2g} "
+            f"(≤ {SCORE_ATOL}); {self.ties} unmatched tie(s) excused; {self.firm} firm"
+        )
+
+    def problem(self) -> str:
+        if self.problems:
+            more = f" (and {len(self.problems) - 3} more)" if len(self.problems) > 3 else ""
+            return "; ".join(self.problems[:3]) + more
+        if self.eager == 0:
+            return (
+                "vacuous: eager found no detections on these inputs, so there is nothing to compare"
+            )
+        return (
+            f"vacuous: only {self.firm} of eager's {self.eager} detections are firm; the rest "
+            f"have a score within {SCORE_ATOL} of another detection's or of the cut, so which "
+            "of them survive is arbitrary and the comparison cannot fail. Give the detector "
+            "spread scores (trained weights; --random-init rescales torchvision heads)"
+        )
+
+
+def _near(value: float, others: torch.Tensor) -> bool:
+    return bool(((others - value).abs() <= SCORE_ATOL).any()) if others.numel() else False
+
+
+def _tie(score: float, others: torch.Tensor, cut: float) -> bool:
+    """Whether a detection of `score` could have swapped with another, or with the cut."""
+    return score - cut <= SCORE_ATOL or _near(score, others)
+
+
+def compare_image(eager: Image, got: Image, index: int, verdict: Verdict) -> None:
+    """Add image `index`'s comparison to `verdict` (see the module docstring)."""
+    from torchvision.ops import box_iou
+
+    verdict.images += 1
+    verdict.eager += eager.count
+    cut = float(torch.cat([eager.scores, got.scores]).min()) if eager.count + got.count else 0.0
+    every = torch.cat([eager.scores, got.scores])
+    own_cut = float(eager.scores.min()) if eager.count else 0.0
+    for i in range(eager.count):  # firm: no other of eager's own within reach, above its cut
+        others = torch.cat([eager.scores[:i], eager.scores[i + 1 :]])
+        if not _tie(float(eager.scores[i]), others, own_cut):
+            verdict.firm += 1
+    iou = box_iou(eager.boxes.double(), got.boxes.double()) if eager.count and got.count else None
+    taken: set[int] = set()
+    unmatched_eager = []
+    for i in torch.argsort(eager.scores, descending=True).tolist():
+        best, best_iou = None, IOU_MATCH
+        for j in range(got.count):
+            if j in taken or int(got.labels[j]) != int(eager.labels[i]) or iou is None:
+                continue
+            if float(iou[i, j]) >= best_iou:
+                best, best_iou = j, float(iou[i, j])
+        if best is None:
+            unmatched_eager.append(i)
+            continue
+        taken.add(best)
+        verdict.matched += 1
+        verdict.min_iou = min(verdict.min_iou, best_iou)
+        box_err = float((eager.boxes[i].double() - got.boxes[best].double()).abs().max())
+        score_err = abs(float(eager.scores[i]) - float(got.scores[best]))
+        verdict.box_err = max(verdict.box_err, box_err)
+        verdict.score_err = max(verdict.score_err, score_err)
+        if box_err > BOX_ATOL or score_err > SCORE_ATOL:
+            verdict.problems.append(
+                f"image {index}: eager's detection {i} (label {int(eager.labels[i])}, score "
+                f"{float(eager.scores[i]):.4f}) is matched but differs: box by {box_err:.3g} px "
+                f"(≤ {BOX_ATOL}), score by {score_err:.3g} (≤ {SCORE_ATOL})"
+            )
+    for side, image, rows in (
+        ("eager's", eager, unmatched_eager),
+        ("the backend's", got, [j for j in range(got.count) if j not in taken]),
+    ):
+        for r in rows:
+            score = float(image.scores[r])
+            offset = 0 if image is eager else eager.count
+            others = torch.cat([every[: offset + r], every[offset + r + 1 :]])
+            if _tie(score, others, cut):
+                verdict.ties += 1
+                continue
+            verdict.problems.append(
+                f"image {index}: {side} detection {r} (label {int(image.labels[r])}, score "
+                f"{score:.4f}, box {[round(float(v), 1) for v in image.boxes[r]]}) has no match "
+                f"and no tie (no score within {SCORE_ATOL} of it or of the cut {cut:.4f})"
+            )
+
+
+def split(named: dict[str, torch.Tensor], fields: tuple[str, str, str]) -> list[Image]:
+    """Collated detections (boxes, scores, labels, counts) → one Image per input image."""
+    boxes, scores, labels = (named[f] for f in fields)
+    out, start = [], 0
+    for n in named["counts"].flatten().tolist():
+        end = start + int(n)
+        out.append(Image(boxes[start:end], scores[start:end], labels[start:end]))
+        start = end
+    return out
+
+
+def compare(
+    eager: dict[str, torch.Tensor], got: dict[str, torch.Tensor], fields: tuple[str, str, str]
+) -> Verdict:
+    """Eager's and a backend's collated detections on one input set, under the rule."""
+    verdict = Verdict()
+    mine, theirs = split(eager, fields), split(got, fields)
+    if len(mine) != len(theirs):
+        verdict.problems.append(f"{len(theirs)} images answered, eager answered {len(mine)}")
+        return verdict
+    for index, (e, g) in enumerate(zip(mine, theirs, strict=True)):
+        compare_image(e, g, index, verdict)
+    return verdict
