@@ -50,6 +50,27 @@ def _worker_ports() -> None:
 _worker_ports()
 
 
+def _worker_threads() -> None:
+    """One intra-op thread per xdist worker, in the worker and in every process it starts.
+
+    `make test` runs cores + 1 workers, and each one's torch defaulted to a thread per
+    core, as did the CLI runs they start: the CPU ran oversubscribed (a bf16 training test
+    took 66 s in a full run against 1 s alone). The count goes into the environment that
+    CLI subprocesses inherit as well as into this process's torch, so a test comparing an
+    in-process run with a CLI run bit for bit compares two runs with the same thread count.
+    Servers set their workers' threads themselves (OMP_NUM_THREADS from their config), and
+    what measures speed passes its threads explicitly. An OMP_NUM_THREADS given to pytest
+    is kept and used for both."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    threads = os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", threads)
+    torch.set_num_threads(max(1, int(threads)))
+
+
+_worker_threads()
+
+
 def shared(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], T]) -> T:
     """`make(folder)`, once for all xdist workers (pytest-xdist's documented recipe): the
     first worker to ask builds it under the session's common temp folder and pickles the
