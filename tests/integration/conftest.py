@@ -44,3 +44,33 @@ def recurrent(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
         return out
 
     return shared(tmp_path_factory, "recurrent", make)
+
+
+# A torchvision detector (issue 36), exported as a user does: by its torchvision name, with
+# random weights (no download) whose class scores --random-init spreads, in the two
+# formats a detector goes to (torch.export stops on NMS's data-dependent sizes: .pt2 is
+# refused with the reason, tested in test_detection.py). 20 detections per image keep
+# verify's per-image matching small; the transform still runs at SSDlite's 320×320.
+DETECTOR = "torchvision:ssdlite320_mobilenet_v3_large"
+DETECTOR_KWARGS = '{"num_classes": 5, "detections_per_img": 20}'
+
+
+@pytest.fixture(scope="session")
+def detector(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """{model, export_dir, returncode, stdout, stderr} of the detector's CLI export."""
+
+    def make(root: Path) -> dict[str, Any]:
+        proc = run_cli(
+            "--artifacts-dir", root, "export", "--model", DETECTOR, "--model-kwargs",
+            DETECTOR_KWARGS, "--random-init", "--format", "torchscript", "--format", "onnx",
+            cwd=root,
+        )  # fmt: skip
+        return {
+            "model": DETECTOR,
+            "export_dir": str(root / model_slug(DETECTOR) / "export"),
+            "returncode": proc.returncode,
+            "stdout": proc.stdout,
+            "stderr": proc.stderr,
+        }
+
+    return shared(tmp_path_factory, "detector", make)

@@ -1,0 +1,101 @@
+"""A torchvision detector through export and verify (issue 36): per-sample outputs in the
+manifest, TorchScript scripted and ONNX traced at one image, --random-init's spread
+scores, the C++ client, and a detection rule that passes the real thing, fails an altered
+head and refuses to judge ties. Served answers are checked beside the other formats' in
+test_formats.py (TorchServe) and test_kserve_interop.py (the KServe runtime)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+
+from pipeline.core import detections as detect
+from pipeline.export.opened import open_export
+from pipeline.verify import VerifyConfig, verify
+from pipeline_runtime.outputs import name_outputs
+from tests.tamper import alter_onnx_initializer, copy_export
+
+
+def _verify(export_dir: Path, tmp_path: Path, **more: Any):
+    return verify(
+        VerifyConfig(
+            model=open_export(export_dir).name,
+            export_dir=export_dir,
+            report=tmp_path / "parity.json",
+            page=False,
+            **more,
+        )
+    )
+
+
+def test_the_detector_exports_torchscript_and_onnx_from_the_command_line(
+    detector: dict[str, Any],
+) -> None:
+    assert detector["returncode"] == 0, detector["stderr"][-3000:]
+    manifest = open_export(Path(detector["export_dir"])).manifest
+    assert manifest.per_sample == ("boxes", "scores", "labels")
+    assert [(o.name, o.shape) for o in manifest.outputs] == [
+        ("boxes", ("detections", 4)),
+        ("scores", ("detections",)),
+        ("labels", ("detections",)),
+        ("counts", ("batch",)),
+    ]
+    ts, onnx = manifest.artifact("torchscript"), manifest.artifact("onnx")
+    assert ts.get("method") == "script" and "trace rejected" in ts.reason
+    assert ts.get("op_libraries") == ["torchvision"]  # NMS: the C++ client loads it first
+    assert onnx.get("fixed_axes") == {"batch": 1} and "traced" in onnx.reason
+    assert "rescaled" in manifest.model.init_note  # --random-init spread the class scores
+
+
+def test_verify_passes_in_process_and_in_cpp_with_spread_scores(
+    detector: dict[str, Any], binary: Path, tmp_path: Path
+) -> None:
+    report = _verify(Path(detector["export_dir"]), tmp_path, with_cpp=True, cpp_binary=binary)
+    assert report.passed, report.failure_message()
+    rows = [r for r in report.rows if r.backend != "golden file"]
+    assert {"torchscript", "onnxruntime"} < {r.backend for r in rows}
+    assert any(r.backend.startswith("cpp") for r in rows)
+    assert {r.output for r in rows} == {"detections"}
+    assert all(r.kind == "pass" and not r.comparison.vacuous for r in rows)
+    # ONNX runs only where its traced batch allows, and says so.
+    assert {r.inputs for r in rows if r.backend == "onnxruntime"} >= {"random b=1"}
+    assert any("onnxruntime was compiled for batch=1 only" in n for n in report.notes)
+    assert any("detection rule" in n for n in report.notes)
+    summary = next(n for n in report.notes if n.startswith("onnxruntime: "))
+    assert "0 unmatched tie(s)" in summary or "tie(s) excused" in summary
+
+
+def test_an_altered_class_head_fails_the_detection_rule(
+    detector: dict[str, Any], tmp_path: Path
+) -> None:
+    class Made:
+        out_dir = Path(detector["export_dir"])
+
+    export_dir = copy_export(Made, tmp_path / "export")  # type: ignore[arg-type]
+    graph = onnx.load(str(export_dir / "model.onnx"))
+    head = next(
+        t.name for t in graph.graph.initializer if "classification_head" in t.name and t.dims
+    )
+    alter_onnx_initializer(export_dir, head, lambda w: w * np.float32(1.5))
+    report = _verify(export_dir, tmp_path, backends=("onnxruntime",))
+    assert not report.passed
+    message = report.failure_message()
+    assert "onnxruntime" in message and ("differs" in message or "no match" in message)
+
+
+def test_a_detector_whose_scores_all_tie_cannot_be_judged(detector: dict[str, Any]) -> None:
+    """Random weights without --random-init's spread: every score the same (0.2 over 5
+    classes), so which boxes survive is arbitrary: verify's rule says it cannot judge."""
+    opened = open_export(Path(detector["export_dir"]))
+    torch.manual_seed(0)
+    raw = opened.entry.build(**opened.manifest.model.kwargs).eval()
+    images = opened.entry.sample_inputs(opened.entry.sizes(batch=1), torch.Generator())
+    with torch.no_grad():
+        named = name_outputs(raw(*images.values()), opened.manifest.output_names)
+    assert named["scores"].unique().numel() <= 2  # all (or all but) the same score
+    verdict = detect.compare(named, named, ("boxes", "scores", "labels"))
+    assert verdict.vacuous and not verdict.passed and "vacuous" in verdict.problem()
