@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from pipeline.core.checkpoint import load_checkpoint
-from pipeline.train import TrainConfig, train
+from pipeline.train import TrainConfig, TrainResult, train
 
 TRAINABLE = ["digits_lenet", "digits_mlp", "my_cell", "my_rnn_loop", "wrap_rnn"]
 
@@ -43,6 +43,15 @@ def ddp_mlp(tmp_path_factory: pytest.TempPathFactory) -> DdpRun:
     tmp = tmp_path_factory.mktemp("ddp_mlp")
     proc = torchrun(tmp, "--artifacts-dir", str(tmp / "ddp"), *DDP_MLP)
     return DdpRun(proc, tmp / "ddp" / "digits_mlp" / "checkpoint.pt")
+
+
+@pytest.fixture(scope="module")
+def two_epochs(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
+    """The default digits run, two epochs, two DataLoader workers, report on: the
+    uninterrupted run the stopped-and-resumed one is compared with, and the run whose
+    summary and plot are checked (one training for both, not two)."""
+    out = tmp_path_factory.mktemp("two_epochs") / "whole" / "checkpoint.pt"
+    return train(TrainConfig(out=out, epochs=2, workers=2, progress=False, device="cpu"))
 
 
 def test_two_process_ddp_matches_one_process_over_the_same_global_batch(
@@ -93,16 +102,27 @@ def test_bf16_amp_on_cpu_loss_falls(tmp_path: Path) -> None:
     )
 
 
-def test_interrupted_then_resumed_run_ends_with_the_same_weights(tmp_path: Path) -> None:
+def test_interrupted_then_resumed_run_ends_with_the_same_weights(
+    two_epochs: TrainResult, tmp_path: Path
+) -> None:
     """BatchNorm, Dropout, two DataLoader workers: every RNG has to be restored (the
-    epoch after the resume differs otherwise, so two epochs, stopped after the first)."""
+    epoch after the resume differs otherwise, so two epochs, stopped after the first).
+    Resuming it with other settings is refused first (and changes nothing)."""
+    from pipeline.core.errors import PipelineError
+
+    whole = two_epochs  # the same settings, never stopped
     common = {"epochs": 2, "workers": 2, "progress": False, "device": "cpu"}
-    whole = train(TrainConfig(out=tmp_path / "whole" / "checkpoint.pt", **common))
     first = train(
         TrainConfig(out=tmp_path / "split" / "checkpoint.pt", stop_after_epoch=1, **common)
     )
     assert not first.completed
     assert first.checkpoint.meta["epoch"] == 1
+    with pytest.raises(PipelineError, match=r"other settings \(epochs: 2 then, 3 now\)"):
+        train(
+            TrainConfig(
+                out=tmp_path / "split" / "checkpoint.pt", resume=True, **{**common, "epochs": 3}
+            )
+        )
     proc = subprocess.run(
         [sys.executable, "-m", "pipeline", "train", "--out", str(tmp_path / "split" / "checkpoint.pt"),
          "--epochs", "2", "--workers", "2", "--device", "cpu", "--resume", "--no-progress"],
@@ -122,13 +142,11 @@ def test_resume_without_state_is_a_clear_error(tmp_path: Path) -> None:
         train(TrainConfig(out=tmp_path / "c.pt", resume=True, progress=False))
 
 
-def test_summary_and_plot_are_written(tmp_path: Path) -> None:
-    result = train(
-        TrainConfig(out=tmp_path / "checkpoint.pt", epochs=2, progress=False, device="cpu")
-    )
+def test_summary_and_plot_are_written(two_epochs: TrainResult) -> None:
+    result, folder = two_epochs, two_epochs.checkpoint.path.parent
     assert "Total params" in result.summary
-    assert "Conv2d" in (tmp_path / "checkpoint.summary.txt").read_text()
-    assert result.plot == tmp_path / "checkpoint.png"
+    assert "Conv2d" in (folder / "checkpoint.summary.txt").read_text()
+    assert result.plot == folder / "checkpoint.png"
     with Image.open(result.plot) as image:
         assert image.format == "PNG"
         assert image.width > 400
@@ -167,12 +185,3 @@ def test_ddp_run_stopped_and_resumed_matches_an_uninterrupted_one(
     b = load_checkpoint(tmp_path / "split" / "digits_mlp" / "checkpoint.pt")
     assert b.meta["world_size"] == 2
     assert a.meta["weights_sha256"] == b.meta["weights_sha256"]
-
-
-def test_resume_with_other_settings_is_refused(tmp_path: Path) -> None:
-    from pipeline.core.errors import PipelineError
-
-    common = {"out": tmp_path / "c.pt", "progress": False, "report": False, "device": "cpu"}
-    train(TrainConfig(epochs=2, stop_after_epoch=1, **common))
-    with pytest.raises(PipelineError, match=r"other settings \(epochs: 2 then, 3 now\)"):
-        train(TrainConfig(epochs=3, resume=True, **common))
