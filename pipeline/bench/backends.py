@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +116,13 @@ def runners(
             name = cpp_backend_name(fmt)
             out[name] = Runner(
                 name,
-                _cpp_measure(exported.path(fmt.key), args, cpp_binary, threads),
+                _cpp_measure(
+                    exported.path(fmt.key),
+                    args,
+                    cpp_binary,
+                    threads,
+                    exported.manifest.artifact(fmt.key).get("op_libraries") or (),
+                ),
                 {"intra_op_threads": threads, "libtorch": "same wheel"},
                 format=fmt.key,
                 verified_as=name,
@@ -186,18 +192,24 @@ def _converted(
 
 
 def _cpp_measure(
-    model: Path, args: list[torch.Tensor], binary: Path, threads: int
+    model: Path,
+    args: list[torch.Tensor],
+    binary: Path,
+    threads: int,
+    op_libraries: Sequence[str] = (),
 ) -> Callable[[int, int], dict[str, float]]:
     """A measure() running the C++ client: one round is one client run, which times
     `repeat` calls itself (no process start-up in the figures). Each run is a new
-    process, so it always warms up at least once: its first call is a cold start."""
+    process, so it always warms up at least once: its first call is a cold start.
+    `op_libraries`: the record's custom-op libraries (torchvision), loaded first."""
 
     def measure(warmup: int, repeat: int) -> dict[str, float]:
         from pipeline.formats.cpp import run as run_cpp
 
         stats = run_cpp(
-            model, [args], binary=binary, threads=threads, warmup=max(warmup, 1), repeat=repeat
-        ).stats
+            model, [args], binary=binary, threads=threads, warmup=max(warmup, 1), repeat=repeat,
+            op_libraries=op_libraries,
+        ).stats  # fmt: skip
         return {k: float(stats[k]) for k in ("p50_ms", "p90_ms", "p99_ms")} | {"runs": repeat}
 
     return measure

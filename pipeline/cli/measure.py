@@ -199,6 +199,7 @@ def _cmd_latency(args: argparse.Namespace) -> int:
         result = compare_latency(
             exported.path(fmt.key), _first_sample(exported, golden), threads=args.threads,
             warmup=args.warmup, repeat=args.repeat, rounds=args.rounds,
+            op_libraries=exported.manifest.artifact(fmt.key).get("op_libraries") or (),
         )  # fmt: skip
         result["model"] = model
         result["format"] = fmt.key

@@ -53,10 +53,12 @@ def by_format(exported: ExportResult, precision_exported: ExportResult) -> dict[
 def store(
     by_format: dict[str, ExportResult],
     recurrent: dict[str, dict[str, Any]],
+    detector: dict[str, Any],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Path:
     """One archive per registered format, through the registry's own archive suffix/handler;
-    and the recurrent models' .pt2 (the format with the scan formulation inside)."""
+    the recurrent models' .pt2 (the format with the scan formulation inside); and the
+    detector's TorchScript and ONNX (per-sample outputs)."""
     store = tmp_path_factory.mktemp("formats_store")
     for result in {id(r): r for r in by_format.values()}.values():
         archive(ArchiveConfig(model=MODEL, export_dir=result.out_dir, store=store, formats=None))
@@ -65,6 +67,8 @@ def store(
         archive(
             ArchiveConfig(model=made["model"], export_dir=folder, store=store, formats=("pt2",))
         )
+    folder = Path(detector["export_dir"])
+    archive(ArchiveConfig(model=detector["model"], export_dir=folder, store=store, formats=None))
     return store
 
 
@@ -81,6 +85,8 @@ def server(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Se
             workers_per_model=1,
             threads_per_worker=1,
             startup_timeout_s=420,
+            # The detector's 320×320 images as JSON are about 6 MB each.
+            max_request_size=64 * 2**20,
         )
     )
     try:
@@ -248,3 +254,40 @@ def test_served_recurrent_pt2_answers_at_other_sequence_lengths(
         assert resp.status_code == 200, resp.text
         for key, value in resp.json()["outputs"].items():
             torch.testing.assert_close(torch.tensor(value), expected[key], atol=1e-4, rtol=1e-3)
+
+
+# --- a detector: per-sample outputs (issue 36) ---------------------------------------------
+
+
+def test_served_detections_pass_the_detection_rule(
+    detector: dict[str, Any], server: Server, tmp_path: Path
+) -> None:
+    """TorchServe answers the detector's boxes, scores, labels and counts (TorchScript at
+    any batch, ONNX at its traced batch of 1, other sizes refused with a 400), and verify
+    holds the served answers to the detection rule."""
+    from pipeline.runtimes.torchserve.parity import served_backends
+
+    export_dir = Path(detector["export_dir"])
+    opened = open_export(export_dir)
+    served = served_backends(detector["model"], opened.manifest, server)
+    assert {b.format_key for b in served} == {"torchscript", "onnx"}
+    config = VerifyConfig(
+        model=detector["model"],
+        export_dir=export_dir,
+        backends=("torchserve",),
+        report=tmp_path / "parity.json",
+        page=False,
+    )
+    report = verify(config, served=served)
+    assert report.passed, report.failure_message()
+    rows = [r for r in report.rows if r.backend.startswith("torchserve/")]
+    assert {r.backend for r in rows} == {"torchserve/torchscript", "torchserve/onnx"}
+    assert {r.output for r in rows} == {"detections"}
+    two = opened.sample(2)
+    refused = post(server, archive_name(detector["model"], "onnx"), tensors_body(two))
+    assert refused.status_code == 400 and "(1, 3, 320, 320)" in refused.text, refused.text
+    answer = post(server, archive_name(detector["model"], "torchscript"), tensors_body(two))
+    assert answer.status_code == 200, answer.text
+    outputs = answer.json()["outputs"]
+    assert set(outputs) == {"boxes", "scores", "labels", "counts"}
+    assert len(outputs["counts"]) == 2 and sum(outputs["counts"]) == len(outputs["scores"])

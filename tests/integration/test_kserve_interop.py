@@ -45,6 +45,7 @@ def server(
     exported: ExportResult,
     precision_exported: ExportResult,
     recurrent: dict[str, dict[str, Any]],
+    detector: dict[str, Any],
     tmp_path_factory: pytest.TempPathFactory,
 ):
     run_dir = tmp_path_factory.mktemp("interop_run")
@@ -57,12 +58,19 @@ def server(
         served_export(Path(r["export_dir"]), "pt2", name=f"{name}_pt2")
         for name, r in recurrent.items()
     ]
+    # And a detector (per-sample outputs), whose 320×320 images as JSON are ~6 MB each.
+    detections = [
+        served_export(Path(detector["export_dir"]), f, name=f"detector_{f}")
+        for f in ("torchscript", "onnx")
+    ]
     config = RuntimeConfig(
         models=[served_export(exported.out_dir, f, name=f"digits_{f}") for f in FORMATS]
         + reduced
-        + scanned,
+        + scanned
+        + detections,
         http_port=free_port(),
         grpc_port=free_port(),
+        max_request_size=64 * 2**20,
     )
     try:
         yield start(config, run_dir)
@@ -385,3 +393,47 @@ def test_recurrent_pt2_answers_tritonclient_at_other_sequence_lengths(
             np.testing.assert_allclose(result.as_numpy(output), expected, atol=1e-4, rtol=1e-3)
     finally:
         client.close()
+
+
+def test_served_detections_pass_the_detection_rule_over_rest_grpc_and_tritonclient(
+    server: Server, detector: dict[str, Any], tmp_path: Path
+) -> None:
+    """The detector's boxes, scores, labels and counts (one named output per field,
+    batch-major, with per-image counts: docs/kserve.md) over REST and gRPC, held to the
+    detection rule by verify; and read by Triton's client as a user would."""
+    from pipeline.runtimes.kserve.parity import KServeBackend
+    from pipeline.verify import VerifyConfig, verify
+
+    export_dir = Path(detector["export_dir"])
+    opened = open_export(export_dir)
+    served = [
+        KServeBackend(server, f"detector_{f}", f, opened.manifest, t)
+        for f in ("torchscript", "onnx")
+        for t in ("rest", "grpc")
+    ]
+    config = VerifyConfig(
+        model=detector["model"],
+        export_dir=export_dir,
+        backends=("kserve",),
+        report=tmp_path / "parity.json",
+        page=False,
+    )
+    report = verify(config, served=served)
+    assert report.passed, report.failure_message()
+    assert {r.backend for r in report.rows if r.backend != "golden file"} == {
+        b.name for b in served
+    }
+    inputs = opened.sample(2, seed=7)
+    x = inputs["images"].numpy()
+    client = thttp.InferenceServerClient(_hostport(server))
+    try:
+        tensor = thttp.InferInput("images", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x, binary_data=True)
+        result = client.infer("detector_torchscript", [tensor], headers=_auth(server))
+    finally:
+        client.close()
+    counts = result.as_numpy("counts")
+    expected = opened.eager(inputs)
+    assert counts.tolist() == expected["counts"].tolist()
+    assert result.as_numpy("boxes").shape == (int(counts.sum()), 4)
+    assert result.as_numpy("labels").dtype == np.int64

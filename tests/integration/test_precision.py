@@ -15,6 +15,7 @@ from onnx import numpy_helper
 from pipeline.core.compare import Kind
 from pipeline.core.errors import InputSpecError
 from pipeline.export import ExportConfig, ExportResult, export
+from pipeline.export.opened import open_export
 from pipeline.formats import base as registry
 from pipeline.train import TrainResult
 from pipeline.verify import VerifyConfig, verify
@@ -72,10 +73,58 @@ def test_altered_int8_weights_or_scales_fail_verify_even_with_hashes_revouched(
         alter_onnx_initializer(export_dir, scale, lambda s: s * np.float32(8), key=STATIC)
     report = _verify(export_dir, STATIC, tmp_path)
     assert not report.passed
-    (row,) = [r for r in report.rows if r.task is not None]
+    (row,) = [r for r in report.rows if r.task is not None and r.task.rule == "accuracy"]
     assert row.kind is Kind.TOLERANCE and row.task.value > 0.5
     assert "accuracy drop" in report.failure_message()
     assert not report.localisations  # an int8 graph differs from eager on purpose
+
+
+def test_right_answers_with_far_off_scores_fail_on_the_score_bound(
+    precision_exported: ExportResult, tmp_path: Path
+) -> None:
+    """The issue's case: one hidden layer's weight scales ×4 after export, the hashes
+    re-vouched. Its top-1 answers barely move (within a 5-point decision budget here), but
+    its logits are far from eager's: the SQNR floor on the same samples fails it."""
+    export_dir = copy_export(precision_exported, tmp_path / "export")
+    path = export_dir / registry.get(STATIC).file
+    scales = [t.name for t in onnx.load(str(path)).graph.initializer if t.name.endswith("scale")]
+    hidden = next(n for n in scales if n.startswith("classifier.5.weight"))  # 120 → 84 Linear
+    alter_onnx_initializer(export_dir, hidden, lambda s: s * np.float32(4), key=STATIC)
+    report = _verify(export_dir, STATIC, tmp_path, accuracy_budget=5.0)
+    rows = {r.task.rule: r for r in report.rows if r.task is not None}
+    assert rows["accuracy"].passed  # the decisions alone would pass it
+    assert rows["accuracy"].task.agreement > 0.95
+    scores = rows["sqnr"]
+    assert not scores.passed and scores.task.value < 20.0 and scores.task.bound == 20.0
+    message = report.failure_message()
+    assert "SQNR" in message and "the score bound" in message  # the rule that decided
+    good = _verify(precision_exported.out_dir, STATIC, tmp_path / "good")
+    assert good.passed, good.failure_message()  # the export as written passes both bounds
+    (held,) = [r for r in good.rows if r.task is not None and r.task.rule == "sqnr"]
+    assert held.task.value >= 30.0  # with margin: 10 dB or more above the int8 floor
+
+
+def test_an_export_outside_its_budget_is_partial_kept_and_marked(
+    trained: TrainResult, tmp_path: Path
+) -> None:
+    """A budget the int8 artifact cannot meet: export writes it (for inspection), marks it,
+    lists it under failed with its verdict, and the CLI exits 3 (partial)."""
+    from tests.conftest import run_cli
+
+    out = tmp_path / "export"
+    proc = run_cli(
+        "export", "--model", "digits_lenet", "--checkpoint", trained.checkpoint.path,
+        "--out-dir", out, "--format", "onnx_int8_dynamic", "--min-sqnr", "200",
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    assert "was written but is outside its accuracy budget" in proc.stderr
+    manifest = open_export(out).manifest
+    record = manifest.artifact("onnx_int8_dynamic")
+    assert record.outside_budget and (out / record.file).is_file()
+    assert "sqnr rule" in manifest.failed["onnx_int8_dynamic"]
+    report = _verify(out, "onnx_int8_dynamic", tmp_path)
+    assert not report.passed  # verify checks the kept file and fails it, naming SQNR
+    assert "SQNR" in report.failure_message()
 
 
 def test_a_budget_that_chance_would_meet_is_refused_as_vacuous(
