@@ -188,6 +188,30 @@ def mobilenet(tmp_path_factory: pytest.TempPathFactory) -> ExportResult:
     return shared(tmp_path_factory, "mobilenet", make)
 
 
+@pytest.fixture(scope="session")
+def resnet18_cli(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """`pipeline --artifacts-dir ART export --model torchvision:resnet18 --random-init` as a
+    user runs it (the default formats: TorchScript and ONNX), once per session: {art,
+    export_dir, returncode, stdout, stderr}. test_user_models checks the command and
+    verifies what it wrote; test_cpp_client times its TorchScript file against C++."""
+
+    def make(root: Path) -> dict[str, Any]:
+        art = root / "art"
+        proc = run_cli(
+            "--artifacts-dir", art, "export", "--model", "torchvision:resnet18", "--random-init",
+            cwd=root,
+        )  # fmt: skip
+        return {
+            "art": str(art),
+            "export_dir": str(art / "torchvision_resnet18" / "export"),
+            "returncode": proc.returncode,
+            "stdout": proc.stdout,
+            "stderr": proc.stderr,
+        }
+
+    return shared(tmp_path_factory, "resnet18_cli", make)
+
+
 # The built-in models with data-dependent control flow (the TorchScript tutorial's).
 FAMILY = ["my_decision_gate", "my_cell", "my_rnn_loop", "wrap_rnn"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -158,18 +159,15 @@ def test_reads_an_exports_golden_file(
 
 
 def test_latency_is_reported_next_to_python_for_digits_and_resnet18(
-    binary: Path, family_exports: dict[str, ExportResult], tmp_path: Path
+    binary: Path, family_exports: dict[str, ExportResult], resnet18_cli: dict[str, Any]
 ) -> None:
-    """Both numbers come from one run (interleaved rounds); the ratio is reported, not asserted."""
-    from pipeline.export import ExportConfig, export
-
-    resnet = export(  # TorchScript only: the file both clients run (no ONNX to convert)
-        ExportConfig(model="torchvision:resnet18", random_init=True, formats=("torchscript",),
-                     checkpoint=tmp_path / "r18" / "checkpoint.pt", out_dir=tmp_path / "r18" / "export")
-    )  # fmt: skip
+    """Both numbers come from one run (interleaved rounds); the ratio is reported, not asserted.
+    resnet18 is the session's `pipeline export --model torchvision:resnet18 --random-init`
+    (test_user_models verifies it): its TorchScript file is what both clients run."""
+    assert resnet18_cli["returncode"] == 0, resnet18_cli["stderr"]
     cases = {
         "digits_lenet": family_exports["digits_lenet"].out_dir / "model.torchscript.pt",
-        "resnet18": resnet.out_dir / "model.torchscript.pt",
+        "resnet18": Path(resnet18_cli["export_dir"]) / "model.torchscript.pt",
     }
     shapes = {"digits_lenet": (1, 1, 28, 28), "resnet18": (1, 3, 224, 224)}
     for name, model in cases.items():

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -89,19 +91,16 @@ def test_module_model_with_spec_file_weights_and_probes(tmp_path: Path) -> None:
         sys.path.remove(str(USER_FILE.parent))
 
 
-def test_torchvision_resnet18_exports_and_verifies(tmp_path: Path) -> None:
+def test_torchvision_resnet18_exports_and_verifies(
+    resnet18_cli: dict[str, Any], tmp_path: Path
+) -> None:
+    # The export is the session's (`pipeline export --model torchvision:resnet18
+    # --random-init`, run once: test_cpp_client times its TorchScript file too); verify
+    # runs on a copy, so the report it writes beside the export is this test's own.
+    assert resnet18_cli["returncode"] == 0, resnet18_cli["stderr"]
+    assert "trace: traced" in resnet18_cli["stdout"]
     art = tmp_path / "art"
-    proc = cli(
-        "--artifacts-dir",
-        art,
-        "export",
-        "--model",
-        "torchvision:resnet18",
-        "--random-init",
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "trace: traced" in proc.stdout
+    shutil.copytree(resnet18_cli["art"], art)
     proc = cli(
         "--artifacts-dir",
         art,
