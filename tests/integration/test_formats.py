@@ -285,7 +285,7 @@ def test_served_detections_pass_the_detection_rule(
     assert {r.output for r in rows} == {"detections"}
     two = opened.sample(2)
     refused = post(server, archive_name(detector["model"], "onnx"), tensors_body(two))
-    assert refused.status_code == 400 and "(1, 3, 320, 320)" in refused.text, refused.text
+    assert refused.status_code == 400 and "[1, 3, 320, 320]" in refused.text, refused.text
     answer = post(server, archive_name(detector["model"], "torchscript"), tensors_body(two))
     assert answer.status_code == 200, answer.text
     outputs = answer.json()["outputs"]
