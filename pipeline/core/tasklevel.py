@@ -149,23 +149,36 @@ def judge_cases(
             )
             verdicts.append(score_bound(name, ref, got, precision, budget, on_samples, agreement))
             continue
-        verdicts.append(
-            held(
-                Verdict(
-                    SQNR,
-                    name,
-                    sqnr,
-                    budget.sqnr_for(precision),
-                    Kind.PASS,
-                    int(ref.numel()),
-                    f"{on}: {ref.numel()} values",
-                    agreement=agreement,
-                    sqnr_db=sqnr,
-                    max_abs=max_abs,
-                )
-            )
-        )
+        on_values = f"{on}: {ref.numel()} values"
+        verdicts.append(sqnr_verdict(name, ref, got, precision, budget, on_values, agreement))
     return verdicts
+
+
+def sqnr_verdict(
+    name: str,
+    ref: torch.Tensor,
+    got: torch.Tensor,
+    precision: str,
+    budget: Budget,
+    on: str,
+    agreement: float | None = None,
+) -> Verdict:
+    """The SQNR of output `name` (eager's `ref`, the backend's `got`) against the floor."""
+    sqnr = sqnr_db(ref, got)
+    return held(
+        Verdict(
+            SQNR,
+            name,
+            sqnr,
+            budget.sqnr_for(precision),
+            Kind.PASS,
+            int(ref.numel()),
+            on,
+            agreement=agreement,
+            sqnr_db=sqnr,
+            max_abs=float((ref - got).abs().max()) if ref.numel() else 0.0,
+        )
+    )
 
 
 def score_bound(
@@ -180,21 +193,8 @@ def score_bound(
     """A classifier's second bound: the SQNR of its scores (`name`, pooled over the samples
     its decisions were judged on) must reach the precision's floor, as a non-classifier's
     outputs must. docs/verification.md ("Scores too") has the measurements behind it."""
-    sqnr = sqnr_db(ref, got)
-    return held(
-        Verdict(
-            SQNR,
-            name,
-            sqnr,
-            budget.sqnr_for(precision),
-            Kind.PASS,
-            int(ref.numel()),
-            f"{on} (the score bound: {ref.numel()} values)",
-            agreement=agreement,
-            sqnr_db=sqnr,
-            max_abs=float((ref - got).abs().max()) if ref.numel() else 0.0,
-        )
-    )
+    on = f"{on} (the score bound: {ref.numel()} values)"
+    return sqnr_verdict(name, ref, got, precision, budget, on, agreement)
 
 
 def judge_accuracy(

@@ -42,10 +42,10 @@ def _kserve():
 
 @pytest.fixture(scope="module")
 def server(
+    detector: dict[str, Any],  # first: built here while test_formats' worker builds the rest
     exported: ExportResult,
     precision_exported: ExportResult,
     recurrent: dict[str, dict[str, Any]],
-    detector: dict[str, Any],
     tmp_path_factory: pytest.TempPathFactory,
 ):
     run_dir = tmp_path_factory.mktemp("interop_run")
