@@ -159,7 +159,10 @@ def test_user_model_errors(tmp_path: Path) -> None:
         )
     with pytest.raises(UnknownModelError, match="Cannot import module 'no_such_pkg'"):
         export(ExportConfig(model="no_such_pkg:Net", random_init=True, out_dir=tmp_path / "e"))
-    with pytest.raises(UnknownModelError, match="Unknown torchvision classifier 'resnet9'"):
+    with pytest.raises(
+        UnknownModelError,
+        match=r"Unknown torchvision model 'resnet9'. Known classifiers: .*detectors: ",
+    ):
         export(ExportConfig(model="torchvision:resnet9", random_init=True, out_dir=tmp_path / "e"))
     with pytest.raises(CheckpointError, match=r"--weights FILE .* or --random-init"):
         export(
