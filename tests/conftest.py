@@ -248,10 +248,29 @@ def all_exports(exported: ExportResult, family: dict[str, ExportResult]) -> dict
 
 @pytest.fixture(scope="session")
 def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The C++ client, built for real once per session under pytest's temp dir."""
+    """The C++ client, built for real once per session under pytest's temp dir, by
+    `pipeline build-cpp` as on a machine without the CUDA toolkit: no nvcc on PATH and
+    no system toolkit visible (PIPELINE_CUDA_ROOTS=""), so the wheels' nvcc builds it."""
     from pipeline.formats import cpp
 
-    return shared(tmp_path_factory, "cpp_build", cpp.build)
+    def build(folder: Path) -> Path:
+        env = without_system_cuda()
+        cmd = [sys.executable, "-m", "pipeline", "build-cpp", "--build-dir", str(folder)]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stderr
+        return cpp.binary_path(folder)
+
+    return shared(tmp_path_factory, "cpp_build", build)
+
+
+def without_system_cuda() -> dict[str, str]:
+    """This process's environment with every nvcc folder off PATH and no system toolkit."""
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_HOME"}
+    env["PATH"] = os.pathsep.join(
+        d for d in env.get("PATH", "").split(os.pathsep) if d and not Path(d, "nvcc").exists()
+    )
+    env["PIPELINE_CUDA_ROOTS"] = ""
+    return env
 
 
 def run_cli(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -4,9 +4,12 @@ The client runs TorchScript files and AOTInductor `.pt2` packages with the
 same flags and output; `run()` and `compare_latency()` take either.
 
 The client links the LibTorch inside the pinned torch wheel. That wheel is a
-CUDA build, so its CMake config needs the CUDA toolkit and the wheel's own
-nvrtc (../shared/DESIGN.md); `build()` finds them and fails with a message
-saying what to install when something is missing.
+CUDA build, so its CMake config enables CUDA (a real nvcc) even for a CPU-only
+client. `make venv` installs NVIDIA's own wheels of that CUDA version's
+compiler (nvidia-cuda-nvcc, -crt, -cccl, nvvm) beside the runtime wheels torch
+brings; `build()` lays them out as a toolkit in the build directory, so no
+system CUDA toolkit is needed. `$CUDA_HOME` (or /usr/local/cuda when the wheels
+are missing) is used otherwise; what is missing is named in the error.
 """
 
 from __future__ import annotations
@@ -42,8 +45,23 @@ class CppError(PipelineError):
     """The C++ client could not be built or failed to run."""
 
 
+def _wheel_cuda_dirs() -> list[Path]:
+    """The nvidia/cuXX folders of the torch wheel's CUDA version (headers, libs, nvcc)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    if torch.version.cuda is None or spec is None or not spec.submodule_search_locations:
+        return []
+    major = torch.version.cuda.split(".")[0]
+    return [
+        Path(r, f"cu{major}")
+        for r in spec.submodule_search_locations
+        if Path(r, f"cu{major}").is_dir()
+    ]
+
+
 def _nvrtc() -> Path | None:
-    """libnvrtc from the wheel's nvidia-* packages (the toolkit's may be another version)."""
+    """libnvrtc from the wheel's nvidia-* packages (a system toolkit's may be another version)."""
     import importlib.util
 
     spec = importlib.util.find_spec("nvidia")
@@ -56,21 +74,61 @@ def _nvrtc() -> Path | None:
     return None
 
 
-def cmake_args() -> list[str]:
+def wheel_toolkit(dest: Path) -> Path | None:
+    """A CUDA toolkit laid out at `dest` from the wheel's nvidia packages, or None.
+
+    nvcc finds everything relative to its own folder ($TOP/lib64, $TOP/include,
+    $TOP/nvvm), and the wheels keep the libraries in `lib` with only versioned
+    names; CMake's FindCUDA wants `libcudart.so`. So `dest` gets real folders of
+    symbolic links: bin/ and lib64/ per file (a linked folder would send nvcc's
+    `..` back into site-packages), unversioned names beside the versioned ones.
+    """
+    source = next((d for d in _wheel_cuda_dirs() if (d / "bin" / "nvcc").is_file()), None)
+    if source is None or not (source / "nvvm" / "bin").is_dir():
+        return None
+    if dest.exists():
+        shutil.rmtree(dest)
+    (dest / "bin").mkdir(parents=True)
+    (dest / "lib64").mkdir()
+    for item in (source / "bin").iterdir():
+        (dest / "bin" / item.name).symlink_to(item)
+    for name in ("include", "nvvm"):
+        (dest / name).symlink_to(source / name)
+    for item in (source / "lib").iterdir():
+        (dest / "lib64" / item.name).symlink_to(item)
+        if ".so." in item.name:
+            plain = dest / "lib64" / (item.name.split(".so.")[0] + ".so")
+            if not plain.exists():
+                plain.symlink_to(item)
+    return dest
+
+
+def _system_roots() -> tuple[str, ...]:
+    # PIPELINE_CUDA_ROOTS="" hides the system toolkit (tests build as on a machine without one).
+    roots = os.environ.get("PIPELINE_CUDA_ROOTS")
+    return CUDA_ROOTS if roots is None else tuple(r for r in roots.split(os.pathsep) if r)
+
+
+def cmake_args(build_dir: Path | None = None) -> list[str]:
     """The -D flags the wheel's LibTorch needs on this machine."""
     args = [f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}", "-DCMAKE_BUILD_TYPE=Release"]
     if torch.version.cuda is None:  # a CPU-only wheel needs nothing more
         return args
-    cuda_root = os.environ.get("CUDA_HOME") or next(
-        (r for r in CUDA_ROOTS if Path(r, "bin", "nvcc").exists()), None
-    )
+    build_dir = Path(build_dir or DEFAULT_BUILD_DIR)
+    cuda_home = os.environ.get("CUDA_HOME")
+    toolkit = None if cuda_home else wheel_toolkit(build_dir / "cuda-toolkit")
+    roots = _system_roots()
+    cuda_root = cuda_home or (str(toolkit) if toolkit else None)
+    cuda_root = cuda_root or next((r for r in roots if Path(r, "bin", "nvcc").exists()), None)
     if cuda_root is None:
+        major = torch.version.cuda.split(".")[0]
         raise CppError(
             f"The installed torch {torch.__version__} is a CUDA {torch.version.cuda} build, and its "
-            "LibTorch CMake config needs the CUDA toolkit even for a CPU-only client, but no nvcc "
-            f"was found (looked in $CUDA_HOME and {', '.join(CUDA_ROOTS)}). Install the CUDA "
-            f"{torch.version.cuda.split('.')[0]} toolkit (for example Debian/Ubuntu's cuda-toolkit "
-            "package from NVIDIA's repository) or set CUDA_HOME to it."
+            "LibTorch CMake config needs a CUDA compiler even for a CPU-only client, but none "
+            f"was found: not the wheel's (nvidia/cu{major}/bin/nvcc), not $CUDA_HOME, not "
+            f"{', '.join(roots) or 'a system toolkit'}. Run `make venv` (it installs NVIDIA's "
+            f"nvidia-cuda-nvcc, -crt, -cccl and nvvm wheels for CUDA {torch.version.cuda}), or "
+            f"install the CUDA {major} toolkit and set CUDA_HOME to it."
         )
     nvrtc = _nvrtc()
     if nvrtc is None:
@@ -81,13 +139,33 @@ def cmake_args() -> list[str]:
     # No GPU here to probe: name the architectures instead of letting
     # LibTorch's config try (and warn) to detect one.
     arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
-    return [
-        *args,
+    args += [
         f"-DCUDA_TOOLKIT_ROOT_DIR={cuda_root}",
         f"-DCUDA_nvrtc_LIBRARY={nvrtc}",
         f"-DCUDA_NVRTC_LIB={nvrtc}",
         f"-DTORCH_CUDA_ARCH_LIST={arch}",
     ]
+    if toolkit is not None:
+        # enable_language(CUDA) and FindCUDAToolkit search on their own (PATH,
+        # /usr/local/cuda): hold both to the wheel's toolkit, whose version is torch's.
+        hidden = [p for r in CUDA_ROOTS for p in (r, str(Path(r).resolve()))]
+        args += [
+            f"-DCMAKE_CUDA_COMPILER={toolkit / 'bin' / 'nvcc'}",
+            f"-DCUDAToolkit_ROOT={toolkit}",
+            f"-DCMAKE_IGNORE_PREFIX_PATH={';'.join(hidden)}",
+        ]
+    return args
+
+
+def configured_toolkit(build_dir: Path) -> str | None:
+    """The CUDA toolkit a configured build directory used (from its CMake cache)."""
+    cache = Path(build_dir) / "CMakeCache.txt"
+    if not cache.is_file():
+        return None
+    for line in cache.read_text(errors="replace").splitlines():
+        if line.startswith("CUDA_TOOLKIT_ROOT_DIR:"):
+            return line.split("=", 1)[1]
+    return None
 
 
 def binary_path(build_dir: Path | None = None) -> Path:
@@ -104,8 +182,16 @@ def build(build_dir: Path | None = None, jobs: int | None = None) -> Path:
     if shutil.which("c++") is None and shutil.which("g++") is None:
         raise CppError("No C++ compiler found; install g++ (Debian: apt-get install g++).")
     build_dir.mkdir(parents=True, exist_ok=True)
+    args = cmake_args(build_dir)
+    root = next(
+        (a.split("=", 1)[1] for a in args if a.startswith("-DCUDA_TOOLKIT_ROOT_DIR=")), None
+    )
+    if configured_toolkit(build_dir) not in (None, root):
+        # CMake keeps the first CUDA compiler it found; another toolkit needs a fresh cache.
+        (build_dir / "CMakeCache.txt").unlink()
+        shutil.rmtree(build_dir / "CMakeFiles", ignore_errors=True)
     steps = [
-        ["cmake", "-S", str(SOURCE_DIR), "-B", str(build_dir), *cmake_args()],
+        ["cmake", "-S", str(SOURCE_DIR), "-B", str(build_dir), *args],
         ["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 2)],
     ]
     for cmd in steps:

@@ -109,13 +109,30 @@ def test_errors_name_the_file_and_the_problem(
     assert "--repeat must be at least 1" in proc.stderr
 
 
-def test_cpu_only_machine_is_told_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_built_with_the_wheels_nvcc_and_no_system_toolkit(binary: Path) -> None:
+    # The session's build ran with no nvcc on PATH and no system toolkit visible
+    # (tests/conftest.py); its CMake cache shows what it compiled with.
+    if torch.version.cuda is None:
+        pytest.skip("a CPU-only torch needs no CUDA compiler")
+    cache = (binary.parent / "CMakeCache.txt").read_text()
+    toolkit = binary.parent / "cuda-toolkit"
+    assert f"CMAKE_CUDA_COMPILER:STRING={toolkit}/bin/nvcc" in cache
+    assert cpp.configured_toolkit(binary.parent) == str(toolkit)
+    assert (toolkit / "bin" / "nvcc").resolve().is_relative_to(Path(torch.__file__).parents[1])
+    assert not [ln for ln in cache.splitlines() if "/usr/local/cuda" in ln and "IGNORE" not in ln]
+
+
+def test_cpu_only_machine_is_told_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     if torch.version.cuda is None:
         pytest.skip("a CPU-only torch needs no CUDA toolkit")
-    monkeypatch.setattr(cpp, "CUDA_ROOTS", ("/nonexistent/cuda",))
+    # A venv without NVIDIA's compiler wheels, on a machine without a toolkit.
+    monkeypatch.setattr(cpp, "_wheel_cuda_dirs", lambda: [])
+    monkeypatch.setenv("PIPELINE_CUDA_ROOTS", "")
     monkeypatch.delenv("CUDA_HOME", raising=False)
-    with pytest.raises(cpp.CppError, match=r"CUDA \d+(\.\d+)? build.*Install the CUDA"):
-        cpp.cmake_args()
+    with pytest.raises(cpp.CppError, match=r"CUDA \d+(\.\d+)? build.*Run `make venv`"):
+        cpp.cmake_args(tmp_path)
 
 
 def test_command_line_prints_json(
