@@ -3,7 +3,8 @@
 Every ```bash block in README.md, docs/ and cpp_client/README.md carries a marker on
 the line before it: `<!-- test: walkthrough -->` (README only: `test_walkthrough` runs
 those blocks, in order, as written, in a copy of the repository) or `<!-- not run by
-tests: REASON -->`. Every block, run or not, is checked: each `make` target it names
+tests: REASON -->`; docs/own-model.md's are `<!-- test: own-model -->`, run by
+`test_own_model`. Every block, run or not, is checked: each `make` target it names
 exists and each `pipeline` option it uses is in that stage's `--help`.
 """
 
@@ -21,6 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "cpp_client/README.md"]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 WALKTHROUGH = "<!-- test: walkthrough -->"
+# docs/own-model.md's blocks, run in order by tests/e2e/test_own_model.py.
+OWN_MODEL = "<!-- test: own-model -->"
+OWN_MODEL_PAGE = ROOT / "docs" / "own-model.md"
 NOT_RUN = re.compile(r"^<!-- not run by tests: \S.*\S -->$")
 SHELLS = {"sh", "shell", "console", "zsh", "bash"}
 # Options of `pipeline` itself, before the stage name.
@@ -92,8 +96,13 @@ def test_every_command_block_is_bash_and_marked() -> None:
         if b.marker == WALKTHROUGH:
             if b.page.name != "README.md" or b.page.parent != ROOT:
                 problems.append(f"{b.where}: only README's example is the walkthrough")
+        elif b.marker == OWN_MODEL:
+            if b.page != OWN_MODEL_PAGE:
+                problems.append(f"{b.where}: only docs/own-model.md's example is {OWN_MODEL}")
         elif not NOT_RUN.match(b.marker):
-            problems.append(f"{b.where}: no `{WALKTHROUGH}` or `<!-- not run by tests: why -->`")
+            problems.append(
+                f"{b.where}: no `{WALKTHROUGH}`, `{OWN_MODEL}` or `<!-- not run by tests: why -->`"
+            )
     assert not problems, "\n".join(problems)
 
 
