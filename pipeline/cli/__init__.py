@@ -129,8 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     export_formats, default_formats = registry.keys(), registry.default_keys()
     parser = argparse.ArgumentParser(
         prog="pipeline",
-        description="Train a PyTorch model, export it to TorchScript and ONNX, serve it with "
-        "TorchServe, run it from C++, and prove every backend computes what eager PyTorch computes.",
+        description="Train a PyTorch model, export it to TorchScript, ONNX and .pt2, serve it "
+        "(TorchServe, or the KServe runtime speaking the Open Inference Protocol), run it from "
+        "C++, and prove every backend computes what eager PyTorch computes.",
         epilog=_EPILOG.format(
             suffixes=", ".join(f"_{f.archive_suffix}" for f in registry.declared())
         ),

@@ -9,22 +9,28 @@ from pipeline.core import paths
 from pipeline.core.errors import PipelineError
 
 
-def model_arg(p: argparse.ArgumentParser) -> None:
+def model_arg(p: argparse.ArgumentParser, *, built_in_only: bool = False) -> None:
     from pipeline.core.defaults import DEFAULT_MODEL  # not pipeline.zoo: it imports torch
 
-    p.add_argument(
-        "--model",
-        default=DEFAULT_MODEL,
-        help=f"a zoo model (default: {DEFAULT_MODEL}; see `pipeline models`), "
-        "package.module:ClassName, path/to/file.py:ClassName or torchvision:NAME",
-    )
+    if built_in_only:  # `train` has a task (data, loss) for the built-in models only
+        help = (
+            f"a built-in model (default: {DEFAULT_MODEL}; see `pipeline models`). Your own "
+            "model trains in your code; bring its state_dict with `export --weights` "
+            "(docs/own-model.md)"
+        )
+    else:
+        help = (
+            f"a built-in model (default: {DEFAULT_MODEL}; see `pipeline models`), "
+            "package.module:ClassName, path/to/file.py:ClassName or torchvision:NAME"
+        )
+    p.add_argument("--model", default=DEFAULT_MODEL, help=help)
 
 
-def kwargs_arg(p: argparse.ArgumentParser) -> None:
+def kwargs_arg(p: argparse.ArgumentParser, what: str = "constructor keyword arguments") -> None:
     p.add_argument(
         "--model-kwargs",
         metavar="JSON",
-        help="constructor keyword arguments as a JSON object, e.g. '{\"num_classes\": 10}'",
+        help=f"{what} as a JSON object, e.g. '{{\"num_classes\": 10}}'",
     )
 
 

@@ -6,7 +6,6 @@ Like the rest of the CLI, this only parses arguments and calls a stage function.
 from __future__ import annotations
 
 import argparse
-import contextlib
 from pathlib import Path
 
 from pipeline.cli.args import add_budget_args, model_arg, run_dir_arg, serve_run_dir
@@ -74,7 +73,13 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
     run_dir_arg(p)
     p.set_defaults(func=_cmd_serve)
 
-    p = sub.add_parser("stop", help="stop the TorchServe started by `pipeline serve`")
+    p = sub.add_parser(
+        "stop",
+        help="stop the server `pipeline serve` started (TorchServe or the KServe runtime)",
+        description="Stop whichever runtime `pipeline serve` started from the run dir (its "
+        "record names it; processes left without a record are found by their command line) "
+        "and say which it was.",
+    )
     run_dir_arg(p)
     p.set_defaults(func=_cmd_stop)
 
@@ -210,14 +215,12 @@ def add_deploy_command(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
-    from pipeline.serving import runtime
-    from pipeline.serving.launcher import stop
-    from pipeline.serving.server import SERVER_FILE, Server
+    from pipeline.serving.launcher import found_runtime, stop
 
     run_dir = serve_run_dir(args)
-    kind = runtime.declared()[0].title  # nothing recorded: say what `serve` starts
-    if (run_dir / SERVER_FILE).is_file():
-        with contextlib.suppress(OSError, ValueError, TypeError, runtime.RuntimeNameError):
-            kind = runtime.of(Server.load(run_dir)).title
-    print(f"stopped {kind}" if stop(run_dir) else f"no {kind} was running")
+    kind = found_runtime(run_dir)  # before stopping: the record goes with the server
+    if stop(run_dir):
+        print(f"stopped {kind or 'the server'} (run dir {run_dir})")
+    else:
+        print(f"no server was running from {run_dir} (no record there, no process started from it)")
     return 0

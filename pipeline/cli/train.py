@@ -12,13 +12,15 @@ from pipeline.cli.args import kwargs_arg, model_arg
 def add_train_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
-        help="train a zoo model and write a checkpoint",
+        help="train a built-in model and write a checkpoint",
         description="Seeded, deterministic training; writes <model>/checkpoint.pt, its .json "
         "sidecar, a resumable .state.pt, a .summary.txt and a .png plot, atomically, after every "
         "epoch. Several processes: torchrun --nproc-per-node N -m pipeline train ... "
-        "(DistributedDataParallel; --batch-size is the global batch).",
+        "(DistributedDataParallel; --batch-size is the global batch). Only the built-in models "
+        "have a task (data and loss) here; train your own in your code and export its "
+        "state_dict with `pipeline export --weights`.",
     )
-    model_arg(p)
+    model_arg(p, built_in_only=True)
     p.add_argument(
         "--out", type=Path, help="checkpoint path (default: <artifacts>/<model>/checkpoint.pt)"
     )
@@ -57,7 +59,7 @@ def add_train_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--no-report", action="store_true", help="skip the model summary and the PNG plot"
     )
-    kwargs_arg(p)
+    kwargs_arg(p, "the built-in model's constructor arguments, overriding its defaults,")
     p.set_defaults(func=_cmd_train)
 
 

@@ -19,8 +19,10 @@ def add_client_commands(sub: argparse._SubParsersAction, formats: list[str]) -> 
     p = sub.add_parser(
         "infer",
         help="send an image or tensors to a served model and print the answer",
-        description="POST a .png/.jpg image, a .json body or a torch.save'd .pt of tensors to "
-        "/predictions/<model> with the inference token.",
+        description="Send a file to a served model with the inference token and print the "
+        "answer: a .png/.jpg image, a .json body, a .npy/.npz array file or a torch.save'd .pt "
+        "of tensors. TorchServe gets it at /predictions/<model>; the KServe runtime gets it as "
+        "an Open Inference Protocol request (/v2/models/<model>/infer; tensors only, no images).",
     )
     p.add_argument(
         "--model",
@@ -38,7 +40,7 @@ def add_client_commands(sub: argparse._SubParsersAction, formats: list[str]) -> 
         description="Send --requests requests at --concurrency over loopback to a served model, "
         "check every answer against the eager model, and report failures, p50/p99 latency, "
         "throughput, worker memory before and after, and (with --kill-worker-after) how long "
-        "TorchServe took to replace a SIGKILLed worker. Exits 1 if any request failed or was wrong.",
+        "the runtime took to replace a SIGKILLed worker. Exits 1 if any request failed or was wrong.",
     )
     p.add_argument(
         "--model",

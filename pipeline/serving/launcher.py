@@ -229,6 +229,21 @@ def orphans(run_dir: Path) -> list[int]:
     return found
 
 
+def found_runtime(run_dir: Path | None = None) -> str | None:
+    """The title of the runtime serving from `run_dir`: its record's, else the one whose
+    marker files a left-over process was started with; None when neither is there."""
+    run_dir = Path(run_dir or default_run_dir()).resolve()
+    if (run_dir / SERVER_FILE).is_file():
+        with contextlib.suppress(OSError, ValueError, TypeError, runtime.RuntimeNameError):
+            return runtime.of(Server.load(run_dir)).title
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = set(proc.info.get("cmdline") or [])
+        for rt in runtime.all_runtimes():
+            if cmdline.intersection(str(run_dir / m) for m in rt.markers):
+                return rt.title
+    return None
+
+
 def stop(run_dir: Path | None = None, timeout: float = 30.0) -> bool:
     """Stop the server started from `run_dir`; True if one was running. The files its
     runtime lists in `removed_on_stop` go with it (TorchServe's keys); without a record,

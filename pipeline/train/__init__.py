@@ -155,7 +155,8 @@ def train(config: TrainConfig) -> TrainResult:
         raise PipelineError(
             f"{config.model!r} is not a zoo model, so `pipeline train` has no task for it. Train it "
             "in your own code, save `model.state_dict()` with torch.save, and export it with "
-            f"`pipeline export --model {config.model} --weights FILE` (or --random-init)."
+            f"`pipeline export --model {config.model} --weights FILE` (or --random-init); "
+            "docs/own-model.md walks it through export, verify, serving and a request."
         )
     entry = resolve_entry(config.model, kwargs=config.model_kwargs)
     config = config.resolved(dict(entry.train_defaults))

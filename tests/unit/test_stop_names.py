@@ -1,0 +1,46 @@
+"""`pipeline stop` names the runtime it stopped, with or without serve's record."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.runtimes.kserve import CONFIG_FILE
+from pipeline.serving.launcher import found_runtime
+
+
+def test_a_left_over_process_is_named_by_its_marker(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No server.json (a record lost, a killed run), but a process started from the run
+    # dir with the KServe runtime's config on its command line, as the runtime is.
+    run_dir = tmp_path / "serve"
+    run_dir.mkdir()
+    marker = str(run_dir.resolve() / CONFIG_FILE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", marker], start_new_session=True
+    )
+    try:
+        assert found_runtime(run_dir) == "the KServe runtime"
+        assert main(["stop", "--run-dir", str(run_dir)]) == 0
+        assert (
+            f"stopped the KServe runtime (run dir {run_dir.resolve()})" in capsys.readouterr().out
+        )
+        assert proc.wait(timeout=30) is not None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_nothing_running_names_no_runtime(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert found_runtime(tmp_path) is None
+    assert main(["stop", "--run-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"no server was running from {tmp_path.resolve()}" in out
+    assert "TorchServe" not in out
