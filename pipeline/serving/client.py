@@ -23,6 +23,7 @@ import aiohttp
 import httpx
 import torch
 
+from pipeline.core import paths
 from pipeline.core.errors import PipelineError
 from pipeline.serving import runtime, wire
 from pipeline.serving.server import Server, default_run_dir
@@ -317,11 +318,17 @@ def read_request_file(path: Path) -> tuple[bytes, str]:
 
 def resolve_model(server: Server, model: str, fmt: str | None = None) -> str:
     """The served archive for `model`: an archive name as given, or the archive of a model
-    (as its export names it) that serve recorded, in format `fmt` or, when the model is
-    served in several, the first in registry order (TorchScript, the reference)."""
+    (as its export names it, or by its folder name: my_model_MyModel for
+    models/my_model.py:MyModel, as `pipeline serve --models` takes it) that serve recorded,
+    in format `fmt` or, when the model is served in several, the first in registry order
+    (TorchScript, the reference)."""
     if model in server.models and fmt is None:
         return model
     found = server.archives_of(model)
+    if not found:
+        by_slug = {paths.model_slug(info.model): info.model for info in server.archives.values()}
+        if model in by_slug:
+            found = server.archives_of(by_slug[model])
     if fmt is not None:
         found = {name: info for name, info in found.items() if info.format == fmt}
     if found:

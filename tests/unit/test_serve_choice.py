@@ -118,6 +118,17 @@ def test_a_user_model_spec_finds_its_archive() -> None:
     assert resolve_model(server, "torchvision:resnet18") == "torchvision_resnet18_onnx"
 
 
+def test_a_user_model_file_is_found_by_its_folder_name_too() -> None:
+    # `pipeline archive` names the archives my_model_MyModel_<suffix> and `serve --models`
+    # takes my_model_MyModel; `infer --model my_model_MyModel` once said the server did not
+    # serve it ("it serves my_model_MyModel_ts").
+    server = _server({"my_model_MyModel_ts": ("models/my_model.py:MyModel", "torchscript")})
+    assert resolve_model(server, "models/my_model.py:MyModel") == "my_model_MyModel_ts"
+    assert resolve_model(server, "my_model_MyModel") == "my_model_MyModel_ts"
+    with pytest.raises(ClientError, match="does not serve my_model_Other"):
+        resolve_model(server, "my_model_Other")
+
+
 def test_a_failed_archive_is_not_picked() -> None:
     server = _server(
         {

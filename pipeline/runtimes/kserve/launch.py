@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import ssl
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from pipeline.core.manifest import read_manifest
 from pipeline.formats import base as registry
 from pipeline.runtimes.kserve import METRICS_KEY_FILE, NAME
 from pipeline.runtimes.kserve.config import CONFIG_FILE, RuntimeConfig, ServedExport
+from pipeline.runtimes.kserve.manifests import served_name
 from pipeline.runtimes.kserve.security import is_loopback
 from pipeline.runtimes.kserve.tokens import INFERENCE, METRICS, KeyState, ensure_key
 from pipeline.serving import served
@@ -67,9 +67,10 @@ def served_export(
     manifest: Manifest | None = None,
 ) -> ServedExport:
     """The export at `export_dir` as one served model: format `fmt` (default: the one
-    `pipeline serve` would serve, `served.export_format`) under `name` (default: the model's name,
-    with characters a URL path segment should not hold replaced by '_'). `manifest`: its
-    manifest, when the caller has read it."""
+    `pipeline serve` would serve, `served.export_format`) under `name` (default: the model's
+    folder name, `manifests.served_name`: digits_lenet, torchvision_resnet18, my_model_MyModel for
+    models/my_model.py:MyModel, as `pipeline archive` and `deploy kserve` name it).
+    `manifest`: its manifest, when the caller has read it."""
     export_dir = Path(export_dir).resolve()
     manifest = manifest or read_manifest(export_dir)
     order = registry.keys()
@@ -82,7 +83,7 @@ def served_export(
         raise ServeError(
             f"{export_dir} has no {fmt!r} artifact; it holds {', '.join(held) or 'none'}."
         )
-    name = name or re.sub(r"[^A-Za-z0-9_.\-]", "_", manifest.model.name)
+    name = name or served_name(manifest.model.name)
     why = served.why_served(manifest, fmt, served.fastest_entry(manifest.model.name, None))
     info = ArchiveInfo.of(manifest, fmt, why=why)
     return ServedExport(name=name, export_dir=str(export_dir), format=fmt, info=info)
