@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import shutil
 import socket
 import sys
 from dataclasses import dataclass, field, replace
@@ -166,10 +167,34 @@ def exposure_warning(config: ServeConfig) -> str | None:
     return launcher.exposure_warning(_launch(config))
 
 
+def java_missing(env: dict[str, str]) -> str | None:
+    """Why TorchServe's frontend would not start in `env`, or None: it runs
+    `$JAVA_HOME/bin/java`, else `java` from PATH, and without one it only prints "java not
+    found" into its log and exits 0."""
+    java_home = env.get("JAVA_HOME")
+    if java_home:
+        java = Path(java_home) / "bin" / "java"
+        if java.is_file() and os.access(java, os.X_OK):
+            return None
+        where = f"JAVA_HOME={java_home} has no bin/java"
+    elif shutil.which("java", path=env.get("PATH", os.defpath)):
+        return None
+    else:
+        where = "no `java` on PATH and JAVA_HOME is not set"
+    return (
+        f"TorchServe needs Java 17, and {where}. Install a Java 17 runtime (Debian/Ubuntu: "
+        "`apt-get install openjdk-17-jre-headless`) or point JAVA_HOME at one, or serve with "
+        "the KServe runtime, which needs no Java: `pipeline serve --runtime kserve --model MODEL`."
+    )
+
+
 def start(config: ServeConfig) -> Server:
     """Start TorchServe and return once every model is READY."""
     launch = _launch(config)
     launcher.check_tls(launch)  # what to change in the command line first, as before
+    no_java = java_missing(dict(os.environ))
+    if no_java:
+        raise ServeError(no_java)
     store = Path(config.store).resolve()
     archives = sorted(p.stem for p in store.glob("*.mar")) if store.is_dir() else []
     if not archives:

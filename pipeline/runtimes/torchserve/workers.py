@@ -89,9 +89,11 @@ def wait_ready(
     failed: set[str] = set()
     while pending:
         if proc.poll() is not None:
+            out = Path(server.run_dir) / "logs" / "torchserve.out"
             raise ServeError(
-                f"TorchServe exited with status {proc.returncode} while starting. Its output is in "
-                f"{server.run_dir}/logs/torchserve.out; model errors:\n{model_errors(Path(server.run_dir))}"
+                f"TorchServe exited with status {proc.returncode} while starting. The end of its "
+                f"output ({out}):\n{output_tail(out)}\nmodel errors:\n"
+                f"{model_errors(Path(server.run_dir))}"
             )
         if time.monotonic() > deadline:
             raise ServeError(
@@ -134,6 +136,14 @@ def failed_to_load(server: Server, name: str) -> bool:
     # Only this model's worker lines count (W-<port>-<model>_<version>).
     mine = [ln for ln in text.splitlines() if f"-{name}_1.0" in ln]
     return any("Traceback" in ln or "Backend worker process died" in ln for ln in mine)
+
+
+def output_tail(path: Path, limit: int = 10) -> str:
+    """The last lines of TorchServe's own output (where it says "java not found")."""
+    if not path.is_file():
+        return f"(no {path.name} was written)"
+    lines = path.read_text(errors="replace").splitlines()
+    return "\n".join(lines[-limit:]) or f"({path.name} is empty)"
 
 
 def model_errors(run_dir: Path, limit: int = 30) -> str:
