@@ -111,8 +111,9 @@ def parse_body(body: Any) -> tuple[Any, str]:
         text = body.strip()
         if not text.startswith(("{", "[")):
             raise RequestError(
-                'The body is not JSON. Send {"inputs": ...} with Content-Type: application/json, '
-                "or a PNG/JPEG image.",
+                'The body is not JSON (it does not start with "{" or "["), nor a NumPy .npy/.npz '
+                'or a PNG/JPEG image. Send JSON like {"inputs": [...]}; its Content-Type does '
+                "not matter.",
                 status=415,
             )
         try:

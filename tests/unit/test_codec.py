@@ -75,7 +75,7 @@ def test_image_bytes() -> None:
         (b"", 400, "Empty request body"),
         (None, 400, "Empty request body"),
         (b"\xff\xfe\x00garbage", 415, "neither UTF-8 JSON"),
-        (b"hello", 415, "not JSON"),
+        (b"hello", 415, 'not JSON (it does not start with "{" or "["), nor a NumPy'),
         (b'{"inputs": [1, 2', 400, "Malformed JSON"),
         (b'{"inputs": [NaN]}', 400, "Malformed JSON"),
         ({"instances": []}, 400, "'inputs' field"),
