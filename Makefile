@@ -10,8 +10,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 MODEL ?= digits_lenet
-# The built-in models `make demo` runs end to end.
-DEMO_MODELS ?= digits_lenet digits_mlp my_decision_gate my_cell my_rnn_loop wrap_rnn
+# The built-in models `make demo` runs end to end: all of them (`pipeline models`).
+DEMO_MODELS ?= digits_lenet digits_mlp my_decision_gate my_cell my_rnn_loop wrap_rnn lstm_tagger gru_encoder
 ARTIFACTS ?= artifacts
 PIPELINE := $(BIN)/pipeline --artifacts-dir $(ARTIFACTS)
 CHECKPOINT := $(ARTIFACTS)/$(MODEL)/checkpoint.pt

@@ -114,7 +114,8 @@ def cmake_args(build_dir: Path | None = None) -> list[str]:
     args = [f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}", "-DCMAKE_BUILD_TYPE=Release"]
     if torch.version.cuda is None:  # a CPU-only wheel needs nothing more
         return args
-    build_dir = Path(build_dir or DEFAULT_BUILD_DIR)
+    # Absolute: CMake reads relative paths against the build folder, not ours.
+    build_dir = Path(build_dir or DEFAULT_BUILD_DIR).resolve()
     cuda_home = os.environ.get("CUDA_HOME")
     toolkit = None if cuda_home else wheel_toolkit(build_dir / "cuda-toolkit")
     roots = _system_roots()
