@@ -61,8 +61,13 @@ def model_from(entry: ZooEntry, checkpoint: Checkpoint, ckpt_path: Path) -> nn.M
     try:
         model.load_state_dict(checkpoint.state_dict, strict=True)
     except RuntimeError as err:
+        # Imported by --weights: name the user's file, not the checkpoint it was to become.
+        imported = checkpoint.meta.get("imported_from")
+        what = (
+            f"The state_dict in {imported} (--weights)" if imported else f"Checkpoint {ckpt_path}"
+        )
         raise CheckpointError(
-            f"Checkpoint {ckpt_path} does not fit model {entry.name!r}: "
+            f"{what} does not fit model {entry.name!r}: "
             f"{' '.join(str(err).split())[:400]} "
             + (
                 "Train it again with `pipeline train`."
