@@ -19,13 +19,12 @@ from pipeline.export import quality as task
 from pipeline.export.opened import ExportedModel
 from pipeline.formats import base as registry
 from pipeline.verify.backends import Backend
-from pipeline.verify.report import Row
+from pipeline.verify.report import GOLDEN_FILE_BACKEND, Row
 from pipeline.zoo.spec import Inputs
 
 log = logging.getLogger(__name__)
 
 Case = tuple[str, Inputs, dict[str, torch.Tensor] | None]  # label, inputs, stored golden outputs
-GOLDEN_FILE_BACKEND = "golden file"  # the outputs export stored, checked against today's eager
 # Failures that say something about the numbers, and so can be localised.
 _LOCALISABLE = (Kind.TOLERANCE, Kind.NON_FINITE, Kind.SHAPE)
 

@@ -149,6 +149,16 @@ TASK_LEGEND = (
     "or SQNR in dB (bound: the minimum SQNR); top-1: agreement with eager"
 )
 
+GOLDEN_FILE_BACKEND = "golden file"  # the outputs export stored, checked against today's eager
+# Said when that check fails: every backend is compared with today's eager, so a model
+# edited since export fails everywhere, and the golden file's row is what tells why.
+GOLDEN_CHANGED = (
+    "  note: eager PyTorch no longer gives the outputs export stored in golden.pt: most "
+    "likely the model's code (its file or module) changed since the export; its checkpoint "
+    "is sha256-checked. Every backend above is compared with today's eager: if you meant "
+    "to change the model, run `pipeline export` again."
+)
+
 # The order in which failure kinds are raised when a report holds several:
 # a backend that cannot answer hides whatever its numbers would have said.
 _SEVERITY = (Kind.CRASHED, Kind.MISSING, Kind.SHAPE, Kind.NON_FINITE, Kind.TOLERANCE, Kind.VACUOUS)
@@ -216,6 +226,8 @@ class ParityReport:
         ]
         lines += [f"  - {r.describe()}" for r in self.failures]
         lines += [f"  where: {loc['line']}" for loc in self.localisations]
+        if any(r.backend == GOLDEN_FILE_BACKEND for r in self.failures):
+            lines.append(GOLDEN_CHANGED)
         if self.page:
             lines.append(f"Report: {self.page}")
         elif self.path:
