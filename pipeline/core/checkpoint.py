@@ -149,7 +149,8 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
             path,
             "it holds pickled objects beyond tensors, which could run code when loaded, "
             f"so it was not unpickled ({_blocked_global(err)}).",
-            "Save only `model.state_dict()` with `torch.save`, or train with `pipeline train`.",
+            "Save only `model.state_dict()` with `torch.save` (`torch.save(model, path)` "
+            "pickles the module's class as well).",
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as err:
         raise _refuse(

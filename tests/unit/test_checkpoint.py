@@ -126,8 +126,11 @@ def test_pickled_code_is_refused_and_never_runs(tmp_path: Path) -> None:
 
 def test_whole_model_instead_of_state_dict_is_refused(tmp_path: Path) -> None:
     path = _fake_checkpoint(tmp_path / "model.pt", torch.nn.Linear(2, 2))
-    with pytest.raises(CheckpointError, match="pickled objects beyond tensors"):
+    with pytest.raises(CheckpointError, match="pickled objects beyond tensors") as err:
         load_checkpoint(path)
+    # The advice fits a user's own model too, which `pipeline train` does not train.
+    assert "Save only `model.state_dict()` with `torch.save`" in str(err.value)
+    assert "pipeline train" not in str(err.value)
 
 
 def test_bare_tensor_is_not_a_state_dict(tmp_path: Path) -> None:
