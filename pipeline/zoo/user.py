@@ -170,6 +170,23 @@ def load_spec_file(path: Path) -> tuple[list[TensorSpec], list[str]]:
     return specs, outputs
 
 
+def _sibling_hint(err: Exception, path: Path) -> str | None:
+    """What to do when a model file imports a module that sits beside it: `file.py:Class`
+    imports that one file, without its folder on the path (unlike `python file.py`)."""
+    if not isinstance(err, ModuleNotFoundError) or not err.name:
+        return None
+    top, folder = err.name.split(".")[0], path.parent
+    beside = next((p for p in (folder / f"{top}.py", folder / top) if p.exists()), None)
+    if beside is None:
+        return None
+    return (
+        f"{beside} is beside it, but a model file is imported on its own, without its folder "
+        f"on the path: run every stage that builds the model (export, verify) with that folder "
+        f"on PYTHONPATH (PYTHONPATH={folder}), or name the class as module:Class from an "
+        "installed package."
+    )
+
+
 def _import_class(name: str) -> type[nn.Module]:
     where, _, cls_name = name.rpartition(":")
     if not where or not cls_name:
@@ -193,7 +210,8 @@ def _import_class(name: str) -> type[nn.Module]:
             del sys.modules[module_name]
             where = f" (line {err.lineno})" if isinstance(err, SyntaxError) and err.lineno else ""
             raise UnknownModelError(
-                f"Importing {path}{where} failed: {type(err).__name__}: {err}. Fix the file and retry."
+                f"Importing {path}{where} failed: {type(err).__name__}: {err}. "
+                + (_sibling_hint(err, path) or "Fix the file and retry.")
             ) from None
     else:
         try:
