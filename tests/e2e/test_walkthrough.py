@@ -40,9 +40,11 @@ def walkthrough() -> list[str]:
     ]
 
 
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    copy = tmp_path_factory.mktemp("newcomer") / "repo"
+def copy_repository(copy: Path) -> Path:
+    """The files git tracks or would track, copied to `copy` with their times (a `make`
+    target in the copy compares the copy's pyproject.toml with the linked venv's
+    .installed stamp, and reinstalls the venv, from the copy, when it is newer), with the
+    project's `.venv` linked in."""
     files = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
         cwd=ROOT,
@@ -54,13 +56,27 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             (copy / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, copy / name)
     (copy / ".venv").symlink_to(ROOT / ".venv")
+    return copy
+
+
+def copy_env(repo: Path) -> dict[str, str]:
+    """The environment the page's commands run in: the copy's code, not the checkout the
+    venv was installed from, and the copy's artifacts/."""
+    env = {k: v for k, v in os.environ.items() if k != "PIPELINE_ARTIFACTS"}
+    env["PYTHONPATH"] = str(repo)
+    return env
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    copy = copy_repository(tmp_path_factory.mktemp("newcomer") / "repo")
     try:
         yield copy
     finally:
         stop(copy / "artifacts" / "serve")
 
 
-def _as_run_here(command: str, ports: dict[str, int]) -> str:
+def as_run_here(command: str, ports: dict[str, int]) -> str:
     """The command with this test's free ports instead of the defaults."""
     command = command.replace("127.0.0.1:8080", f"127.0.0.1:{ports['port']}")
     if command.startswith(".venv/bin/pipeline serve"):
@@ -111,14 +127,12 @@ def test_walkthrough(repo: Path) -> None:
         assert needed in kinds, f"the README's example lost its `{needed}` step"
     assert LOCAL_VERIFY in steps, f"the README's example lost its `{LOCAL_VERIFY}` step"
     ports = {"port": free_port(), "management-port": free_port(), "metrics-port": free_port()}
-    # The copy's code, not the checkout the venv was installed from.
-    env = {k: v for k, v in os.environ.items() if k != "PIPELINE_ARTIFACTS"}
-    env["PYTHONPATH"] = str(repo)
+    env = copy_env(repo)
     out: dict[str, str] = {}
     before = {p.name for p in repo.iterdir()}
 
     def launch(step: str) -> subprocess.Popen[str]:
-        command = ["bash", "-c", _as_run_here(step, ports)]
+        command = ["bash", "-c", as_run_here(step, ports)]
         return subprocess.Popen(
             command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
