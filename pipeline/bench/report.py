@@ -92,15 +92,18 @@ def latency_chart(cells: list[Cell], path: Path) -> Path:
 def throughput_chart(points: list[dict], path: Path) -> Path:
     """Served requests/s against concurrency: one line per backend and batching setting.
 
-    TorchServe's own port (measured at concurrency 1 only, for the gateway's
-    cost) is left out: a single point is not a line.
+    A backend measured at one concurrency only (TorchServe's own port, measured
+    at concurrency 1 for the gateway's cost) is left out: a single point is not a line.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = [p for p in points if not p["backend"].startswith("torchserve-direct/")]
+    levels: dict[tuple[str, str], set[int]] = {}
+    for p in points:
+        levels.setdefault((p["model"], p["backend"]), set()).add(p["concurrency"])
+    points = [p for p in points if len(levels[p["model"], p["backend"]]) > 1]
     models = list(dict.fromkeys(p["model"] for p in points))
     fig, axes = plt.subplots(
         1, max(1, len(models)), figsize=(4.5 * max(1, len(models)), 3.6), squeeze=False

@@ -249,12 +249,6 @@ def of(server: Server) -> Runtime:
     return get(server.runtime)
 
 
-def by_backend(backend: str) -> Runtime | None:
-    """The runtime whose served backends `backend` names (`kserve/rest/onnx`, `kserve`)."""
-    _load_builtin()
-    return _REGISTRY.get(backend.split("/", 1)[0])
-
-
 def markers() -> Iterator[str]:
     for runtime in all_runtimes():
         yield from runtime.markers

@@ -165,6 +165,18 @@ def _compared_runtime_names(path: Path, names: tuple[str, ...]) -> list[str]:
             return any(literal(e) for e in node.elts)
         return False
 
+    def prefix(node: ast.AST) -> bool:
+        # `.startswith("torchserve-direct/")`: a runtime's name as the start of a string
+        # compared by prefix (its name, then a character no name continues with).
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            return any(prefix(e) for e in node.elts)
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+            return literal(node)
+        return any(
+            node.value == n or (node.value.startswith(n) and not node.value[len(n)].isalnum())
+            for n in names
+        )
+
     found = []
     for node in ast.walk(tree):
         operands: list[ast.AST] = []
@@ -172,7 +184,13 @@ def _compared_runtime_names(path: Path, names: tuple[str, ...]) -> list[str]:
             operands = [node.left, *node.comparators]
         elif isinstance(node, ast.match_case) and isinstance(node.pattern, ast.MatchValue):
             operands = [node.pattern.value]
-        if any(literal(o) for o in operands):
+        is_prefix = (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("startswith", "removeprefix")
+            and any(prefix(a) for a in node.args)
+        )
+        if is_prefix or any(literal(o) for o in operands):
             where = getattr(node, "lineno", None) or node.pattern.lineno  # type: ignore[attr-defined]
             found.append(f"{path.name}:{where}: {ast.unparse(node).splitlines()[0]}")
     return found
@@ -211,6 +229,9 @@ def test_the_runtime_name_check_can_fail(tmp_path: Path) -> None:
         "    if rt.name == rt.other: pass\n"
         "    match rt:\n"
         '        case "torchserve": pass\n'
+        '    if rt.startswith("torchserve-direct/"): pass\n'
+        '    if rt.startswith(("x", KSERVE)): pass\n'
+        '    if rt.startswith("kservex"): pass\n'
     )
     found = _compared_runtime_names(bad, RUNTIMES)
-    assert [f.split(":")[1] for f in found] == ["3", "4", "5", "8"], found
+    assert [f.split(":")[1] for f in found] == ["3", "4", "5", "8", "9", "10"], found

@@ -310,7 +310,6 @@ def _install(config: RuntimeConfig, models: list[ExportModel], worker: Worker | 
 
     ksms.RESTServer = Rest
     ksms.GRPCServer = Grpc
-    binary.install()
     _install_platform({m.name: m.platform for m in models})
 
 
