@@ -235,3 +235,15 @@ def test_the_runtime_name_check_can_fail(tmp_path: Path) -> None:
     )
     found = _compared_runtime_names(bad, RUNTIMES)
     assert [f.split(":")[1] for f in found] == ["3", "4", "5", "8", "9", "10"], found
+
+
+@pytest.mark.parametrize(
+    "module", sorted(m for m in MODULES if _runtime_package(m) and m.count(".") > 2)
+)
+def test_no_runtime_module_imports_its_package_face(module: str) -> None:
+    """A runtime's modules share names through a module of their own (constants.py), not
+    through the package's face, which registers the runtime: importing it from inside
+    makes every module depend on the whole registration (and hides import cycles, which
+    test_no_import_cycles leaves out for a package's own face)."""
+    face = ".".join(module.split(".")[:3])
+    assert face not in GRAPH[module], f"{module} imports names from {face} (its package's face)"

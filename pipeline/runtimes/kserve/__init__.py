@@ -17,6 +17,12 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.runtimes.kserve.constants import (
+    CONFIG_FILE,
+    DEFAULT_GRPC_PORT,
+    METRICS_KEY_FILE,
+    NAME,
+)
 from pipeline.serving import runtime
 
 if TYPE_CHECKING:
@@ -28,11 +34,8 @@ if TYPE_CHECKING:
     from pipeline.serving.wire import Body
     from pipeline_runtime.manifest import Manifest
 
-NAME = "kserve"
-CONFIG_FILE = "kserve.json"  # the runtime's config, on its command line: its marker
-# The metrics key, beside inference_key.json; written and needed only off loopback.
-METRICS_KEY_FILE = "metrics_key.json"
-DEFAULT_GRPC_PORT = 8083  # not 8081 (KServe's own default), which TorchServe's management takes
+
+__all__ = ["CONFIG_FILE", "DEFAULT_GRPC_PORT", "METRICS_KEY_FILE", "NAME", "KServe"]
 
 
 class KServe(runtime.Runtime):

@@ -25,8 +25,9 @@ from pipeline.bench import load
 from pipeline.bench.targets import DIGITS, RESNET, cell, served_at, target, versus
 from pipeline.export.opened import ExportedModel
 from pipeline.formats import base as registry
-from pipeline.runtimes.kserve import NAME, sweep
+from pipeline.runtimes.kserve import sweep
 from pipeline.runtimes.kserve.config import ServedExport, default_threads
+from pipeline.runtimes.kserve.constants import NAME
 from pipeline.runtimes.kserve.launch import private, served_export
 
 # The KServe runtime's targets measure it against TorchServe's points in the same run.

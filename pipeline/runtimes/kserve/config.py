@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from pipeline.runtimes.kserve import CONFIG_FILE  # noqa: F401 - the runtime's marker
+from pipeline.runtimes.kserve.constants import CONFIG_FILE  # noqa: F401 - the runtime's marker
 from pipeline.serving.provenance import ArchiveInfo
 
 # `pipeline serve --runtime kserve`'s workers when not told: one per core it may use but

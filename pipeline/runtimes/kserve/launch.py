@@ -31,8 +31,8 @@ import httpx
 
 from pipeline.core.manifest import read_manifest
 from pipeline.formats import base as registry
-from pipeline.runtimes.kserve import METRICS_KEY_FILE, NAME
 from pipeline.runtimes.kserve.config import CONFIG_FILE, RuntimeConfig, ServedExport
+from pipeline.runtimes.kserve.constants import METRICS_KEY_FILE, NAME
 from pipeline.runtimes.kserve.manifests import served_name
 from pipeline.runtimes.kserve.security import is_loopback
 from pipeline.runtimes.kserve.tokens import INFERENCE, METRICS, KeyState, ensure_key

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from pipeline.core.manifest import read_manifest
-from pipeline.runtimes.kserve import NAME
 from pipeline.runtimes.kserve.config import CONFIG_FILE, RuntimeConfig, ServedExport
+from pipeline.runtimes.kserve.constants import NAME
 from pipeline.serving import client, wire
 from pipeline.serving import served as served_mod
 from pipeline.serving.server import ServeError, Server

@@ -29,7 +29,7 @@ from typing import Any
 
 import grpc
 
-from pipeline.runtimes.kserve import METRICS_KEY_FILE
+from pipeline.runtimes.kserve.constants import METRICS_KEY_FILE
 from pipeline.serving.guard import (
     WWW_AUTHENTICATE,
     BodyLimit,

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from pipeline.core import fileio
-from pipeline.runtimes.kserve import METRICS_KEY_FILE
+from pipeline.runtimes.kserve.constants import METRICS_KEY_FILE
 from pipeline.serving.server import ServeError
 
 log = logging.getLogger(__name__)

@@ -18,6 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.core.paths import DEFAULT_STORE
+from pipeline.runtimes.torchserve.constants import (
+    CONFIG_PROPERTIES,
+    GATEWAY_CONFIG,
+    NAME,
+)
 from pipeline.serving import runtime
 
 if TYPE_CHECKING:
@@ -29,9 +34,8 @@ if TYPE_CHECKING:
     from pipeline.serving.wire import Body
     from pipeline_runtime.manifest import Manifest
 
-NAME = "torchserve"
-CONFIG_PROPERTIES = "config.properties"  # TorchServe's own config: the launcher's marker
-GATEWAY_CONFIG = "gateway.json"  # the gateway's: pipeline.runtimes.torchserve.gateway.CONFIG_FILE
+
+__all__ = ["CONFIG_PROPERTIES", "GATEWAY_CONFIG", "NAME", "RUNTIME", "TorchServe"]
 
 
 class TorchServe(runtime.Runtime):

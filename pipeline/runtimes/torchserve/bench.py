@@ -39,8 +39,9 @@ from pipeline.bench.load import (
 from pipeline.bench.targets import RESNET, cell, served_at, versus
 from pipeline.export.opened import ExportedModel
 from pipeline.formats import base as registry
-from pipeline.runtimes.torchserve import NAME, codec
+from pipeline.runtimes.torchserve import codec
 from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
+from pipeline.runtimes.torchserve.constants import NAME
 from pipeline.runtimes.torchserve.launch import Server, private_config, start, stop
 from pipeline.serving import wire
 from pipeline.serving.runtime import BenchSettings

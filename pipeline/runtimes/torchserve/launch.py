@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.paths import DEFAULT_STORE
-from pipeline.runtimes.torchserve import CONFIG_PROPERTIES, NAME
+from pipeline.runtimes.torchserve.constants import CONFIG_PROPERTIES, NAME
 from pipeline.runtimes.torchserve.gateway import CONFIG_FILE as GATEWAY_CONFIG
 from pipeline.runtimes.torchserve.gateway import GatewayConfig
 from pipeline.runtimes.torchserve.workers import scale, status, wait_ready, warm_up, worker_plan

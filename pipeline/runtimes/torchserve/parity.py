@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.runtimes.torchserve import NAME
+from pipeline.runtimes.torchserve.constants import NAME
 from pipeline.serving import served as served_mod
 from pipeline.serving.client import post, tensors_body
 from pipeline.serving.served import StaleServerError
