@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.errors import UnknownModelError
-from pipeline.zoo.user import _import_class
+from pipeline.zoo.user_class import import_class
 
 NET = """from torch import nn
 from {module} import Block
@@ -25,7 +25,7 @@ def test_a_module_beside_the_file_gets_the_pythonpath_hint(tmp_path: Path) -> No
     (tmp_path / "layers.py").write_text("from torch import nn\nBlock = nn.Identity\n")
     (tmp_path / "net.py").write_text(NET.format(module="layers"))
     with pytest.raises(UnknownModelError) as err:
-        _import_class(f"{tmp_path / 'net.py'}:Net")
+        import_class(f"{tmp_path / 'net.py'}:Net")
     message = str(err.value)
     assert "No module named 'layers'" in message
     assert f"{tmp_path / 'layers.py'} is beside it" in message
@@ -35,4 +35,4 @@ def test_a_module_beside_the_file_gets_the_pythonpath_hint(tmp_path: Path) -> No
 def test_a_missing_module_elsewhere_keeps_the_plain_message(tmp_path: Path) -> None:
     (tmp_path / "net.py").write_text(NET.format(module="nowhere_to_be_found"))
     with pytest.raises(UnknownModelError, match=r"No module named .*Fix the file and retry\.$"):
-        _import_class(f"{tmp_path / 'net.py'}:Net")
+        import_class(f"{tmp_path / 'net.py'}:Net")
