@@ -100,7 +100,7 @@ LONGEST_FILES = (
     "integration/test_training_modes.py",
     "integration/test_user_models.py",
     "e2e/test_walkthrough.py",
-    "e2e/test_own_model.py",  # 46 s alone (2026-11-25, the 2-core machine while shared)
+    "e2e/test_own_model.py",  # 33-46 s alone (2026-11-25, the 2-core machine while shared)
     "integration/test_serving.py",
     "e2e/test_cli.py",
     "integration/test_stale_server.py",
