@@ -175,7 +175,7 @@ def sequential(
     for key, (server, _) in paths.items():
         token = server.keys()["inference"]
         headers[key] = {**body.headers, **({"Authorization": f"Bearer {token}"} if token else {})}
-    routes = {k: runtime.of(s).infer_path(name) for k, (s, name) in paths.items()}
+    routes = {k: runtime.of(s).protocol.infer_path(name) for k, (s, name) in paths.items()}
     lat: dict[str, list[float]] = {k: [] for k in paths}
     failed = dict.fromkeys(paths, 0)
     # Warm-up: at least 10 rounds and WARMUP_BUDGET_S. The gateway's cost fell from

@@ -25,7 +25,7 @@ import torch
 
 from pipeline.core import paths
 from pipeline.core.errors import PipelineError
-from pipeline.serving import runtime, wire
+from pipeline.serving import runtime
 from pipeline.serving.server import Server, default_run_dir
 
 # The bodies' builders live in wire; callers of client.numpy_body/tensors_body keep working.
@@ -83,7 +83,7 @@ def _headers(
 
 def prediction_url(server: Server, model: str) -> str:
     """The inference URL of `model` on `server`, in its runtime's protocol."""
-    return server.inference_url + runtime.of(server).infer_path(model)
+    return server.inference_url + runtime.of(server).protocol.infer_path(model)
 
 
 @dataclass
@@ -256,33 +256,16 @@ def post(
     return answer.response
 
 
-def management(
-    server: Server,
-    method: str,
-    path: str,
-    *,
-    params: dict[str, Any] | None = None,
-    timeout: float = 10.0,
-) -> httpx.Response:
-    """A call to TorchServe's management API (loopback) with the management token.
+def auth_headers(server: Server, api: Literal["inference", "management"]) -> dict[str, str]:
+    """The Authorization header for `server`'s `api` (its recorded key), or none."""
+    return _headers(server, api)
 
-    httpx errors pass through: callers polling a starting server expect them.
-    """
-    return httpx.request(
-        method,
-        f"{server.extras['management_url']}{path}",
-        params=params,
-        headers=_headers(server, "management"),
-        timeout=timeout,
+
+def server_get(server: Server, url: str, timeout: float = 10.0) -> httpx.Response:
+    """A GET on `server` (metadata, health) with the inference token and its TLS trust."""
+    return httpx.get(
+        url, headers=_headers(server, "inference"), verify=tls_context(server), timeout=timeout
     )
-
-
-def workers(server: Server, archive: str) -> list[dict[str, Any]] | None:
-    """TorchServe's worker records for `archive` (pid, status, gpu, ...); None if not served."""
-    resp = management(server, "GET", f"/models/{archive}")
-    if resp.status_code != 200:
-        return None
-    return list(resp.json()[0].get("workers", []))
 
 
 def read_request_file(path: Path) -> tuple[bytes, str]:
@@ -337,44 +320,11 @@ def resolve_model(server: Server, model: str, fmt: str | None = None) -> str:
     raise ClientError(f"The server does not serve {what}; it serves {', '.join(server.models)}.")
 
 
-def oip_request_file(server: Server, model: str, path: Path) -> wire.Body:
-    """A request file as an Open Inference Protocol request for `model` on the KServe runtime,
-    in the datatypes its metadata (`GET /v2/models/<model>`) declares."""
-    body, content_type = read_request_file(path)
-    if content_type.startswith("image/"):
-        raise ClientError(
-            f"The KServe runtime speaks the Open Inference Protocol, which carries tensors, not "
-            f"images: send {path.stem}.npy, .json or .pt (TorchServe's handler decodes images)."
-        )
-    if content_type == "application/json":
-        try:
-            parsed = json.loads(body)
-        except ValueError as err:
-            raise ClientError(f"{path} is not JSON: {err}") from None
-        if (
-            isinstance(parsed, dict)
-            and isinstance(parsed.get("inputs"), list)
-            and all(isinstance(i, dict) for i in parsed["inputs"])
-        ):
-            return wire.Body(body, {"Content-Type": "application/json"})  # already OIP
-    kind = "json" if content_type == "application/json" else "npy"
-    url = f"{server.inference_url}/v2/models/{model}"
-    try:
-        meta = httpx.get(url, headers=_headers(server, "inference"), verify=tls_context(server))
-        meta.raise_for_status()
-        arrays = wire.oip_from_file(body, kind, meta.json()["inputs"])
-    except httpx.HTTPError as err:
-        raise ClientError(f"Cannot read {model}'s metadata from {url}: {err}") from None
-    except (ValueError, KeyError, TypeError, OSError) as err:
-        raise ClientError(f"{path} cannot be sent to {model}: {err}") from None
-    return wire.oip_binary(arrays)
-
-
 def infer(model: str, input_path: Path, run_dir: Path | None = None) -> Any:
     """Send one file to a served model; return the decoded JSON answer."""
     server = Server.load(Path(run_dir or default_run_dir()))
     model = resolve_model(server, model)
-    request = runtime.of(server).request_file(server, model, Path(input_path))
+    request = runtime.of(server).protocol.request_file(server, model, Path(input_path))
     resp = post(server, model, request.content, request.content_type, headers=request.headers)
     try:
         answer = resp.json()

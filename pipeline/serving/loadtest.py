@@ -182,8 +182,8 @@ def _inputs_pool(
     for i in range(config.pool):
         inputs = exported.sample(1, seed=config.seed + i)
         kind, content_type = ENCODINGS[config.encodings[i % len(config.encodings)]]
-        body = rt.encode(inputs, binary=kind == "npy")
-        bodies.append(rt.encode_as(body, content_type))
+        body = rt.protocol.encode(inputs, binary=kind == "npy")
+        bodies.append(rt.protocol.encode_as(body, content_type))
         expected.append(exported.eager(inputs))
     return bodies, expected
 
@@ -313,11 +313,11 @@ def run(config: LoadConfig, exported: ExportedModel | None = None) -> LoadReport
             f"--kill-worker-after needs a runtime that replaces a killed worker itself; "
             f"{rt.title} does not (in a cluster, Kubernetes restarts its pod)."
         )
-    unread = [e for e in config.encodings if rt.encodings is not None and e not in rt.encodings]
+    readable = rt.protocol.encodings
+    unread = [e for e in config.encodings if readable is not None and e not in readable]
     if unread:
         raise LoadTestError(
-            f"{rt.title} reads the encodings {', '.join(rt.encodings or ())}, not "
-            f"{', '.join(unread)}."
+            f"{rt.title} reads the encodings {', '.join(readable or ())}, not {', '.join(unread)}."
         )
     exported = exported or open_export(config.export_dir)
     name = config.archive or client.resolve_model(server, exported.name, config.format)

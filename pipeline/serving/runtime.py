@@ -5,8 +5,8 @@ and calls `register()` once, as a format does in `pipeline/formats/`. It
 declares everything runtime-specific: its name (the `--runtime` choice, the
 record's `runtime`, the prefix of its verify and bench backends), the marker
 file that identifies its processes, its `pipeline serve` options and start,
-how it serves an export privately (loadtest, bench), its wire codec (request
-bodies, the inference route), its parity backends, its bench driver and
+how it serves an export privately (loadtest, bench), the wire protocol it speaks
+(pipeline.serving.protocol: routes, bodies, request files), its parity backends, its bench driver and
 targets, the command that fixes a stale server, and its deploy targets.
 
 `pipeline serve`, `stop`, `infer`, `verify`, `loadtest`, `bench` and `deploy`
@@ -27,7 +27,7 @@ import abc
 import argparse
 import contextlib
 import importlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,11 +35,9 @@ from typing import TYPE_CHECKING, Any
 from pipeline.core.errors import PipelineError
 
 if TYPE_CHECKING:
-    import torch
-
     from pipeline.export.opened import ExportedModel
+    from pipeline.serving.protocol import Protocol
     from pipeline.serving.server import Server
-    from pipeline.serving.wire import Body
     from pipeline_runtime.manifest import Manifest
 
 
@@ -101,8 +99,6 @@ class Runtime(abc.ABC):
     # belong to one run (TorchServe's, which it mints at every start). A runtime whose token
     # outlives a restart lists none (the KServe runtime).
     removed_on_stop: tuple[str, ...] = ()
-    # loadtest's --encodings the runtime reads (None: every one loadtest knows).
-    encodings: tuple[str, ...] | None = None
     description: str = ""
 
     # -- pipeline serve -------------------------------------------------------------
@@ -128,23 +124,12 @@ class Runtime(abc.ABC):
         on exit (loadtest --serve). `tuned_in`: a bench folder whose findings (bench with
         `BenchSettings.tune`) the server's settings follow, as `pipeline serve`'s do."""
 
-    # -- the wire -------------------------------------------------------------------
+    # -- the wire: the protocol the runtime speaks (routes, bodies, request files) ------
+    @property
     @abc.abstractmethod
-    def infer_path(self, name: str) -> str:
-        """The inference route of served `name`."""
-
-    @abc.abstractmethod
-    def encode(self, inputs: Mapping[str, torch.Tensor], binary: bool = False) -> Body:
-        """Named tensors as one request body (JSON, or the runtime's binary form)."""
-
-    def encode_as(self, body: Body, content_type: str | None) -> Body:
-        """`body` sent with another Content-Type (loadtest's untyped and form encodings);
-        a runtime whose protocol fixes the type keeps `body`."""
-        return body
-
-    @abc.abstractmethod
-    def request_file(self, server: Server, name: str, path: Path) -> Body:
-        """A request file (`pipeline infer`: an image, .json, .npy/.npz, .pt) as a body."""
+    def protocol(self) -> Protocol:
+        """The wire protocol its servers speak (pipeline.serving.protocol): clients,
+        loadtest, verify's served backends and bench's drivers speak to it."""
 
     @abc.abstractmethod
     def worker_pids(self, server: Server, name: str) -> list[int]:

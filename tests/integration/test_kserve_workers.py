@@ -118,7 +118,7 @@ def test_kept_alive_requests_do_not_wait_for_delayed_acks(server: Server) -> Non
     """The workers' own sockets must set TCP_NODELAY as uvicorn's do: without it each
     kept-alive request waited ~40 ms (Nagle against the client's delayed ACK)."""
     key = json.loads((Path(server.run_dir) / INFERENCE_KEY_FILE).read_text())["inference"]["key"]
-    body = runtime.of(server).encode({"image": digits_sample(1)})
+    body = runtime.of(server).protocol.encode({"image": digits_sample(1)})
     url = f"{server.inference_url}/v2/models/{DIGITS}/infer"
     headers = {"Authorization": f"Bearer {key}", **body.headers}
     took = []
@@ -133,7 +133,7 @@ def test_kept_alive_requests_do_not_wait_for_delayed_acks(server: Server) -> Non
 def test_killed_worker_is_replaced_and_the_server_keeps_answering(server: Server) -> None:
     before = _workers(server)
     os.kill(before[0], signal.SIGKILL)
-    body = runtime.of(server).encode({"image": digits_sample(1)})
+    body = runtime.of(server).protocol.encode({"image": digits_sample(1)})
     for _ in range(20):  # the other worker answers meanwhile (the client resends a reset)
         assert post(server, DIGITS, body.content, body.content_type).status_code == 200
     after = _replaced(server, before[0])

@@ -36,8 +36,9 @@ from pipeline.runtimes.torchserve.launch import (
     start,
     stop,
 )
+from pipeline.runtimes.torchserve.management import management
 from pipeline.runtimes.torchserve.parity import served_backends
-from pipeline.serving.client import management, numpy_body, post, resolve_model, tensors_body
+from pipeline.serving.client import numpy_body, post, resolve_model, tensors_body
 from pipeline.train import TrainResult
 from pipeline.verify import ParityReport, VerifyConfig, verify
 from pipeline.zoo.data import digits_sample, preprocess_digits

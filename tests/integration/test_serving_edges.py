@@ -35,7 +35,8 @@ from PIL import Image
 from pipeline.export import ExportResult
 from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
 from pipeline.runtimes.torchserve.launch import Server, private_config, start, stop
-from pipeline.serving.client import management, numpy_body, post, tensors_body
+from pipeline.runtimes.torchserve.management import management
+from pipeline.serving.client import numpy_body, post, tensors_body
 from pipeline.serving.loadtest import ENCODINGS, LoadConfig
 from pipeline.serving.loadtest import run as load_run
 from pipeline.zoo.data import preprocess_digits

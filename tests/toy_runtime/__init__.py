@@ -15,7 +15,7 @@ import os
 import secrets
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,8 @@ from pipeline.core.defaults import DEFAULT_MODEL
 from pipeline.core.manifest import read_manifest
 from pipeline.export.opened import ExportedModel
 from pipeline.serving import client, launcher, runtime, served, wire
+from pipeline.serving.openinference import OpenInference
+from pipeline.serving.protocol import Protocol
 from pipeline.serving.provenance import ArchiveInfo
 from pipeline.serving.runtime import BenchSettings
 from pipeline.serving.server import INFERENCE_KEY_FILE, ServeError, Server
@@ -35,6 +37,9 @@ from pipeline_runtime.manifest import Manifest
 
 NAME = "toy"
 CONFIG_FILE = "toy.json"
+# The shared Open Inference Protocol (routes, bodies, request files); the toy's server
+# reads OIP JSON only, so loadtest offers no binary encoding for it.
+PROTOCOL = OpenInference(encodings=("json",))
 
 
 class ToyBackend:
@@ -48,7 +53,7 @@ class ToyBackend:
         self.outputs = manifest.outputs
 
     def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        body = RUNTIME.encode(inputs)
+        body = RUNTIME.protocol.encode(inputs)
         resp = client.post(self.server, self.served_name, body.content, body.content_type)
         if resp.status_code != 200:
             raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
@@ -61,12 +66,15 @@ def start(
     run_dir: Path,
     port: int,
     names: list[str] | None = None,
+    *,
+    host: str = "127.0.0.1",
+    max_request_size: int = 4 * 1024 * 1024,
 ) -> Server:
     """Serve each (export folder, its manifest, format) as an OIP model named after its
     model, or `names[i]` (bench serves every format of one model side by side)."""
     run_dir = launcher.prepare(
-        launcher.Launch(title="the toy runtime", run_dir=run_dir, host="127.0.0.1",
-                        ports=[("127.0.0.1", port, "--port")])
+        launcher.Launch(title="the toy runtime", run_dir=run_dir, host=host,
+                        ports=[(host, port, "--port")])
     )  # fmt: skip
     token = fileio.write_secret(
         run_dir / INFERENCE_KEY_FILE, {"inference": {"key": secrets.token_urlsafe(16)}}
@@ -78,11 +86,16 @@ def start(
         why = served.why_served(manifest, fmt, served.fastest_entry(manifest.model.name, None))
         archives[name] = ArchiveInfo.of(manifest, fmt, why=why)
     conf = run_dir / CONFIG_FILE
-    conf.write_text(json.dumps({"port": port, "token_file": str(token), "models": models}))
+    conf.write_text(
+        json.dumps(
+            {"host": host, "port": port, "max_request_size": max_request_size,
+             "token_file": str(token), "models": models}
+        )
+    )  # fmt: skip
     argv = [sys.executable, "-m", "tests.toy_runtime.server", str(conf)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = launcher.spawn(argv, run_dir, "toy.out", env)
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{host}:{port}"
     server = Server(
         runtime=NAME, pid=proc.pid, run_dir=str(run_dir), inference_url=url, metrics_url=url,
         models=[m["name"] for m in models], started=launcher.created(proc.pid),
@@ -105,7 +118,6 @@ class Toy(runtime.Runtime):
     name = NAME
     title = "the toy runtime"
     markers = (CONFIG_FILE,)
-    encodings = ("json",)
     description = "a test's Open Inference Protocol server (JSON only)"
 
     def add_serve_options(self, group: argparse._ArgumentGroup, formats: list[str]) -> None:
@@ -118,7 +130,9 @@ class Toy(runtime.Runtime):
             manifest = read_manifest(export_dir)
             fmt = args.toy_format or served.export_format(manifest)
             exports.append((export_dir, manifest, fmt))
-        return start(exports, run_dir, args.port)
+        return start(
+            exports, run_dir, args.port, host=args.host, max_request_size=args.max_request_size
+        )
 
     def describe(self, server: Server) -> list[str]:
         return [f"the toy runtime is up (pid {server.pid}) on {server.inference_url}"]
@@ -130,21 +144,9 @@ class Toy(runtime.Runtime):
         with _private([(exported.dir, exported.manifest, fmt)]) as server:
             yield server
 
-    def infer_path(self, name: str) -> str:
-        return f"/v2/models/{name}/infer"
-
-    def encode(self, inputs: Mapping[str, torch.Tensor], binary: bool = False) -> wire.Body:
-        if binary:
-            raise ValueError("the toy runtime reads JSON only")
-        return wire.Body(wire.oip_json(inputs), {"Content-Type": "application/json"})
-
-    def request_file(self, server: Server, name: str, path: Path) -> wire.Body:
-        """A torch.save'd dict of named tensors (a golden file's inputs too)."""
-        data = torch.load(path, map_location="cpu", weights_only=True)
-        data = data["inputs"] if isinstance(data, dict) and "inputs" in data else data
-        if not isinstance(data, dict):
-            raise ServeError(f"the toy runtime sends named tensors; {path} holds {type(data)}")
-        return self.encode(data)
+    @property
+    def protocol(self) -> Protocol:
+        return PROTOCOL
 
     def worker_pids(self, server: Server, name: str) -> list[int]:
         return [server.pid] if server.alive() else []
@@ -171,7 +173,7 @@ class Toy(runtime.Runtime):
         from pipeline.bench.load import every_level, first_answers, sequential, sequential_point
 
         inputs = exported.sample(1, seed=0)
-        body, expected = self.encode(inputs), exported.eager(inputs)
+        body, expected = PROTOCOL.encode(inputs), exported.eager(inputs)
         skipped: list[dict[str, Any]] = []
         formats = settings.served_formats(exported)
         if not formats:

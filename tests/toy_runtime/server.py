@@ -2,24 +2,27 @@
 
 `python -m tests.toy_runtime.server <run_dir>/toy.json`. Health, model metadata and
 inference; every route but health needs the inference token. Small on purpose: it
-shows what a runtime must answer, not how to answer it fast.
+shows what a runtime must answer, not how to answer it fast. The token and the body
+limit are the shared guard's (pipeline.serving.guard) and the bodies are read and
+written by the shared OIP messages (pipeline_runtime.oip), as a real runtime's are,
+so the toy proves those shared parts, not only the runtime hooks.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from aiohttp import web
 
 from pipeline.core.manifest import artifact_path, read_manifest
 from pipeline.formats import base as registry
-from pipeline_runtime.codec import V2_DATATYPES, V2_NAMES
+from pipeline.serving import guard
+from pipeline_runtime import oip
+from pipeline_runtime.codec import V2_NAMES
 
 
 def _load(model: dict[str, Any]) -> dict[str, Any]:
@@ -39,16 +42,27 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
+def _refused(refusal: guard.Refusal) -> web.Response:
+    return web.Response(
+        status=refusal.status,
+        body=refusal.json(guard.oip_shape),
+        content_type="application/json",
+        headers=dict(refusal.headers),
+    )
+
+
 def build_app(config: dict[str, Any]) -> web.Application:
-    token = json.loads(Path(config["token_file"]).read_text())["inference"]["key"]
+    keys = guard.Keys(Path(config["token_file"]))
+    limit = guard.BodyLimit(int(config["max_request_size"]))
     models = {m["name"]: _load(m) for m in config["models"]}
 
     @web.middleware
-    async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
         if not request.path.startswith("/v2/health/"):
-            given = request.headers.get("Authorization", "").removeprefix("Bearer ")
-            if not hmac.compare_digest(given.encode(), token.encode()):
-                return _error(401, "a valid inference token is required")
+            refusal = guard.check_token(keys, request.headers.get("Authorization"))
+            refusal = refusal or limit.check_declared(request.headers.get("Content-Length"))
+            if refusal is not None:
+                return _refused(refusal)
         return await handler(request)
 
     async def ready(request: web.Request) -> web.Response:
@@ -74,33 +88,25 @@ def build_app(config: dict[str, Any]) -> web.Application:
 
     async def infer(request: web.Request) -> web.Response:
         model = model_of(request)
+        body = await limit.read(request.content.iter_any())
+        if isinstance(body, guard.Refusal):
+            return _refused(body)
+        length = request.headers.get(oip.HEADER_LENGTH)
         try:
-            body = json.loads(await request.read())
-            inputs = {
-                i["name"]: torch.from_numpy(
-                    np.asarray(i["data"], dtype=V2_DATATYPES[i["datatype"]]).reshape(i["shape"])
-                )
-                for i in body["inputs"]
-            }
-        except (ValueError, KeyError, TypeError) as err:
-            return _error(400, f"not an Open Inference Protocol JSON request: {err}")
+            parsed = oip.Request.from_rest(body, int(length) if length is not None else None)
+        except (oip.OipError, ValueError) as err:
+            return _error(400, f"not an Open Inference Protocol request: {err}")
+        inputs = {n: torch.from_numpy(a.copy()) for n, a in parsed.arrays().items()}
         outputs = model["runner"](inputs)
-        return web.json_response(
-            {
-                "model_name": request.match_info["name"],
-                "outputs": [
-                    {
-                        "name": name,
-                        "datatype": V2_NAMES[str(t.dtype).removeprefix("torch.")],
-                        "shape": list(t.shape),
-                        "data": t.reshape(-1).tolist(),
-                    }
-                    for name, t in outputs.items()
-                ],
-            }
+        answer = oip.Response(
+            tuple(oip.Tensor.from_array(n, t.numpy()) for n, t in outputs.items()),
+            id=parsed.id,
+            model_name=request.match_info["name"],
         )
+        content, _ = answer.to_rest(binary=False)
+        return web.Response(body=content, content_type="application/json")
 
-    app = web.Application(middlewares=[guard])
+    app = web.Application(middlewares=[check], client_max_size=limit.limit + 1)
     app.router.add_get("/v2/health/ready", ready)
     app.router.add_get("/v2/health/live", ready)
     app.router.add_get("/v2/models/{name}", metadata)
@@ -110,7 +116,7 @@ def build_app(config: dict[str, Any]) -> web.Application:
 
 def main(argv: list[str]) -> int:
     config = json.loads(Path(argv[0]).read_text())
-    web.run_app(build_app(config), host="127.0.0.1", port=config["port"], print=None)
+    web.run_app(build_app(config), host=config["host"], port=config["port"], print=None)
     return 0
 
 

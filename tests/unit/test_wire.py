@@ -28,14 +28,14 @@ INPUTS = {
 
 
 def test_routes_follow_the_runtime() -> None:
-    assert runtime.get("torchserve").infer_path("m_ts") == "/predictions/m_ts"
-    assert runtime.get("kserve").infer_path("m") == "/v2/models/m/infer"
+    assert runtime.get("torchserve").protocol.infer_path("m_ts") == "/predictions/m_ts"
+    assert runtime.get("kserve").protocol.infer_path("m") == "/v2/models/m/infer"
 
 
 @pytest.mark.parametrize("binary", [False, True])
 def test_kserve_reads_our_requests_exactly(kserve_types, binary: bool) -> None:
     InferRequest, _, _ = kserve_types
-    body = runtime.get("kserve").encode(INPUTS, binary=binary)
+    body = runtime.get("kserve").protocol.encode(INPUTS, binary=binary)
     if binary:
         length = int(body.headers[wire.HEADER_LENGTH])
         request = InferRequest.from_bytes(body.content, length, "m")
@@ -54,10 +54,10 @@ def test_kserve_reads_our_requests_exactly(kserve_types, binary: bool) -> None:
 
 
 def test_torchserve_bodies_are_the_handlers_formats() -> None:
-    body = runtime.get("torchserve").encode({"x": INPUTS["x"]}, binary=True)
+    body = runtime.get("torchserve").protocol.encode({"x": INPUTS["x"]}, binary=True)
     assert body.content_type == "application/octet-stream"
     np.testing.assert_array_equal(np.load(io.BytesIO(body.content)), INPUTS["x"].numpy())
-    body = runtime.get("torchserve").encode(INPUTS)
+    body = runtime.get("torchserve").protocol.encode(INPUTS)
     assert json.loads(body.content) == {"inputs": {k: v.tolist() for k, v in INPUTS.items()}}
 
 

@@ -35,6 +35,7 @@ from pipeline.bench import load
 from pipeline.bench.peers.servers import PeerSpec, litserve_missing, started
 from pipeline.core.errors import PipelineError
 from pipeline.serving import runtime, wire
+from pipeline.serving.openinference import OpenInference
 
 if TYPE_CHECKING:
     from pipeline.export.opened import ExportedModel
@@ -65,12 +66,14 @@ class PeerRun:
 
 def protocol_runtimes(inputs: dict[str, Any]) -> list[runtime.Runtime]:
     """The registered runtimes that take the peers' exact request (OIP JSON on the OIP
-    route): asked of each runtime's own codec, never of its name."""
+    route): asked of each runtime's protocol, never of its name."""
     body = wire.oip_json(inputs)
+    oip = OpenInference()
     return [
         rt
         for rt in runtime.all_runtimes()
-        if rt.infer_path("m") == "/v2/models/m/infer" and rt.encode(inputs).content == body
+        if rt.protocol.infer_path("m") == oip.infer_path("m")
+        and rt.protocol.encode(inputs).content == body
     ]
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,12 +26,10 @@ from pipeline.runtimes.kserve.constants import (
 from pipeline.serving import runtime
 
 if TYPE_CHECKING:
-    import torch
-
     from pipeline.export.opened import ExportedModel
+    from pipeline.serving.protocol import Protocol
     from pipeline.serving.runtime import BenchSettings
     from pipeline.serving.server import Server
-    from pipeline.serving.wire import Body
     from pipeline_runtime.manifest import Manifest
 
 
@@ -47,7 +45,6 @@ class KServe(runtime.Runtime):
     # `pipeline stop` deletes no key file: the inference token outlives a restart, so
     # clients keep working (`--rotate-token` replaces it; tokens.py).
     removed_on_stop = ()
-    encodings = ("json", "npy")  # OIP JSON and its binary extension
     description = (
         "KServe's model server over the Open Inference Protocol (REST /v2 and gRPC), one "
         "model per export, the same token, body limit and loopback default"
@@ -199,20 +196,11 @@ class KServe(runtime.Runtime):
         with private([served], **settings) as server:
             yield server
 
-    def infer_path(self, name: str) -> str:
-        return f"/v2/models/{name}/infer"
+    @property
+    def protocol(self) -> Protocol:
+        from pipeline.serving.openinference import OIP
 
-    def encode(self, inputs: Mapping[str, torch.Tensor], binary: bool = False) -> Body:
-        from pipeline.serving import wire
-
-        if binary:
-            return wire.oip_binary(inputs)
-        return wire.Body(wire.oip_json(inputs), {"Content-Type": "application/json"})
-
-    def request_file(self, server: Server, name: str, path: Path) -> Body:
-        from pipeline.serving.client import oip_request_file
-
-        return oip_request_file(server, name, path)
+        return OIP
 
     def worker_pids(self, server: Server, name: str) -> list[int]:
         # Every worker serves every model; they are the supervisor's (server.pid's) children.

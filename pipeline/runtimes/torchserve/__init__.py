@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,12 +26,10 @@ from pipeline.runtimes.torchserve.constants import (
 from pipeline.serving import runtime
 
 if TYPE_CHECKING:
-    import torch
-
     from pipeline.export.opened import ExportedModel
+    from pipeline.serving.protocol import Protocol
     from pipeline.serving.runtime import BenchSettings
     from pipeline.serving.server import Server
-    from pipeline.serving.wire import Body
     from pipeline_runtime.manifest import Manifest
 
 
@@ -135,24 +133,11 @@ class TorchServe(runtime.Runtime):
             finally:
                 stop(run_dir)
 
-    def infer_path(self, name: str) -> str:
-        return f"/predictions/{name}"
+    @property
+    def protocol(self) -> Protocol:
+        from pipeline.runtimes.torchserve.protocol import PROTOCOL
 
-    def encode(self, inputs: Mapping[str, torch.Tensor], binary: bool = False) -> Body:
-        from pipeline.runtimes.torchserve.codec import encode
-
-        return encode(inputs, binary)
-
-    def encode_as(self, body: Body, content_type: str | None) -> Body:
-        from pipeline.serving.wire import Body
-
-        # The gateway also reads bodies sent untyped or as a form (curl's defaults).
-        return Body(body.content, {"Content-Type": content_type} if content_type else {})
-
-    def request_file(self, server: Server, name: str, path: Path) -> Body:
-        from pipeline.runtimes.torchserve.codec import request_file
-
-        return request_file(path)
+        return PROTOCOL
 
     def worker_pids(self, server: Server, name: str) -> list[int]:
         from pipeline.runtimes.torchserve.workers import ready_pids

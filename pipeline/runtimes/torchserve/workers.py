@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import psutil
 
+from pipeline.runtimes.torchserve import management
 from pipeline.serving import client
 from pipeline.serving.server import KEY_FILE, ServeError, Server, default_run_dir
 
@@ -42,7 +43,7 @@ def worker_plan(
 
 def scale(server: Server, models: list[str], workers: int) -> None:
     for name in models:
-        resp = client.management(
+        resp = management.management(
             server,
             "PUT",
             f"/models/{name}",
@@ -105,7 +106,7 @@ def wait_ready(
             continue
         for name in sorted(pending):
             try:
-                workers = client.workers(server, name)
+                workers = management.workers(server, name)
             except ServeError:
                 break  # TorchServe is still writing its token file: read it on the next turn
             except httpx.HTTPError:
@@ -165,7 +166,7 @@ def status(run_dir: Path | None = None) -> dict[str, Any]:
     server = Server.load(Path(run_dir or default_run_dir()))
     out: dict[str, Any] = {}
     for name in server.models:
-        workers = client.workers(server, name)
+        workers = management.workers(server, name)
         out[name] = None if workers is None else [w.get("status") for w in workers]
     return out
 
@@ -189,7 +190,7 @@ def footprint(server: Server) -> tuple[int, float, float]:
         if name in server.failed:
             continue
         workers += [
-            w["pid"] for w in client.workers(server, name) or [] if w.get("status") == "READY"
+            w["pid"] for w in management.workers(server, name) or [] if w.get("status") == "READY"
         ]
     worker_mb = total_mb = 0.0
     roots = [p for p in (server.pid, *server.pids.values()) if p]
@@ -214,7 +215,7 @@ def footprint(server: Server) -> tuple[int, float, float]:
 
 def ready_pids(server: Server, archive: str) -> list[int]:
     """The pids of `archive`'s workers that TorchServe reports READY."""
-    workers = client.workers(server, archive)
+    workers = management.workers(server, archive)
     if workers is None:
         raise ServeError(f"The server does not serve {archive}.")
     return sorted(w["pid"] for w in workers if w.get("status") == "READY")

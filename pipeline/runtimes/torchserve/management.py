@@ -1,0 +1,39 @@
+"""TorchServe's management API (loopback, the management key): the runtime's own calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from pipeline.serving.client import auth_headers
+from pipeline.serving.server import Server
+
+
+def management(
+    server: Server,
+    method: str,
+    path: str,
+    *,
+    params: dict[str, Any] | None = None,
+    timeout: float = 10.0,
+) -> httpx.Response:
+    """A call to TorchServe's management API (loopback) with the management token.
+
+    httpx errors pass through: callers polling a starting server expect them.
+    """
+    return httpx.request(
+        method,
+        f"{server.extras['management_url']}{path}",
+        params=params,
+        headers=auth_headers(server, "management"),
+        timeout=timeout,
+    )
+
+
+def workers(server: Server, archive: str) -> list[dict[str, Any]] | None:
+    """TorchServe's worker records for `archive` (pid, status, gpu, ...); None if not served."""
+    resp = management(server, "GET", f"/models/{archive}")
+    if resp.status_code != 200:
+        return None
+    return list(resp.json()[0].get("workers", []))

@@ -1,0 +1,84 @@
+"""The Open Inference Protocol as a `Protocol`: the one implementation every OIP runtime
+shares (the KServe runtime, the tests' toy runtime), so a runtime that speaks OIP writes
+no route or body code of its own."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.serving.protocol import Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from pipeline.serving.server import Server
+    from pipeline.serving.wire import Body
+
+
+class OpenInference(Protocol):
+    """The Open Inference Protocol over REST: `POST /v2/models/<name>/infer`, OIP JSON or
+    the binary tensor extension (`Inference-Header-Content-Length`)."""
+
+    name = "oip"
+
+    def __init__(self, encodings: tuple[str, ...] = ("json", "npy")) -> None:
+        # A server that reads OIP JSON only (the tests' toy runtime) says so here.
+        self.encodings = encodings
+
+    def infer_path(self, name: str) -> str:
+        return f"/v2/models/{name}/infer"
+
+    def encode(self, inputs: Mapping[str, torch.Tensor | np.ndarray], binary: bool = False) -> Body:
+        from pipeline.serving import wire
+
+        if binary:
+            if "npy" not in (self.encodings or ()):
+                raise ValueError(f"this server reads the encodings {', '.join(self.encodings)}")
+            return wire.oip_binary(inputs)
+        return wire.Body(wire.oip_json(inputs), {"Content-Type": "application/json"})
+
+    def request_file(self, server: Server, name: str, path: Path) -> Body:
+        """A request file as an OIP request for served `name`, in the datatypes its
+        metadata (`GET /v2/models/<name>`) declares. OIP carries tensors, not images."""
+        import httpx
+
+        from pipeline.serving import wire
+        from pipeline.serving.client import ClientError, read_request_file, server_get
+
+        body, content_type = read_request_file(path)
+        if content_type.startswith("image/"):
+            raise ClientError(
+                f"The Open Inference Protocol carries tensors, not images: send {path.stem}.npy, "
+                ".json or .pt (TorchServe's handler decodes images)."
+            )
+        if content_type == "application/json":
+            try:
+                parsed = json.loads(body)
+            except ValueError as err:
+                raise ClientError(f"{path} is not JSON: {err}") from None
+            if (
+                isinstance(parsed, dict)
+                and isinstance(parsed.get("inputs"), list)
+                and all(isinstance(i, dict) for i in parsed["inputs"])
+            ):
+                return wire.Body(body, {"Content-Type": "application/json"})  # already OIP
+        kind = "json" if content_type == "application/json" else "npy"
+        url = f"{server.inference_url}/v2/models/{name}"
+        try:
+            meta = server_get(server, url)
+            meta.raise_for_status()
+            arrays = wire.oip_from_file(body, kind, meta.json()["inputs"])
+        except httpx.HTTPError as err:
+            raise ClientError(f"Cannot read {name}'s metadata from {url}: {err}") from None
+        except (ValueError, KeyError, TypeError, OSError) as err:
+            raise ClientError(f"{path} cannot be sent to {name}: {err}") from None
+        if "npy" in (self.encodings or ()):
+            return wire.oip_binary(arrays)
+        return wire.Body(wire.oip_json(arrays), {"Content-Type": "application/json"})
+
+
+OIP = OpenInference()

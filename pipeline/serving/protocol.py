@@ -1,0 +1,53 @@
+"""Wire protocols: a served model's route, request bodies, request files and encodings.
+
+A runtime declares the protocol it speaks (`Runtime.protocol`); clients, loadtest,
+verify's served backends and bench's drivers speak to the protocol, never to the
+runtime. Two exist: `OpenInference` (pipeline/serving/openinference.py: the Open Inference Protocol's REST
+inference route, JSON and its binary tensor extension), which the KServe runtime and
+any other OIP server share, and TorchServe's (`pipeline/runtimes/torchserve/
+protocol.py`), whose `/predictions` route also takes images and NumPy files. The
+split follows LitServe's `LitAPI`/`LitSpec` and KServe's `Model`/`InferRequest`: what
+a model computes apart from how a request reaches it (../shared/STYLE.md).
+
+A protocol object holds no server and no state: one instance serves every server
+that speaks it. Heavy imports stay inside the methods (the CLI builds its help from
+the runtimes, which hold their protocol).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from pipeline.serving.server import Server
+    from pipeline.serving.wire import Body
+
+
+class Protocol(abc.ABC):
+    """How requests reach a served model and what they carry."""
+
+    name: str  # for people and for bench's peers: "oip", "torchserve"
+    # loadtest's --encodings this protocol's servers read (None: every one loadtest knows).
+    encodings: tuple[str, ...] | None = None
+
+    @abc.abstractmethod
+    def infer_path(self, name: str) -> str:
+        """The inference route of served `name`."""
+
+    @abc.abstractmethod
+    def encode(self, inputs: Mapping[str, torch.Tensor], binary: bool = False) -> Body:
+        """Named tensors as one request body (JSON, or the protocol's binary form)."""
+
+    def encode_as(self, body: Body, content_type: str | None) -> Body:
+        """`body` sent with another Content-Type (loadtest's untyped and form encodings);
+        a protocol that fixes the type keeps `body`."""
+        return body
+
+    @abc.abstractmethod
+    def request_file(self, server: Server, name: str, path: Path) -> Body:
+        """A request file (`pipeline infer`: an image, .json, .npy/.npz, .pt) as a body."""
