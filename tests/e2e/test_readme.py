@@ -190,3 +190,82 @@ def test_every_relative_link_and_anchor_resolves() -> None:
             elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
                 broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
     assert not broken, "\n".join(broken)
+
+
+# Tables of measured figures. A table is one when its header names a unit, or one of its
+# cells starts with a figure in a unit ("2.2 GiB", "0.87 / 1.58 / 1.53 ms", "38.1 dB").
+UNIT = r"(?:ms|req/s|[KMG]i?B|dB)"
+UNIT_IN_HEADER = re.compile(rf"(?<![\w/]){UNIT}(?![\w/])")
+FIGURE_CELL = re.compile(rf"^[*`(≈~]*[-−]?\d[\d,.]*(?:\s*[-–/]\s*[\d,.]+)*\s*{UNIT}(?![\w/])")
+MEASUREMENTS = ROOT / "docs" / "measurements"
+SOURCE_WITHIN = 6  # lines before a table's header or after its last row
+
+
+@dataclass(frozen=True)
+class Table:
+    line: int  # 1-based, its header row
+    rows: list[str]
+    sources: list[str]  # link targets in the table and within SOURCE_WITHIN lines of it
+
+    @property
+    def measured(self) -> bool:
+        cells = [c.strip() for row in self.rows[2:] for c in row.strip().strip("|").split("|")]
+        return bool(UNIT_IN_HEADER.search(self.rows[0])) or any(map(FIGURE_CELL.match, cells))
+
+
+def tables(text: str) -> list[Table]:
+    """A page's markdown tables (a `|` row, then a `|---|` row, then `|` rows), code
+    blocks left out, each with the link targets written near it."""
+    lines = FENCE.sub(lambda m: "\n" * m[0].count("\n"), text).split("\n")
+    out, i = [], 0
+    while i < len(lines):
+        if lines[i].startswith("|") and re.match(
+            r"\|\s*:?-", lines[i + 1] if i + 1 < len(lines) else ""
+        ):
+            end = i
+            while end < len(lines) and lines[end].startswith("|"):
+                end += 1
+            near = "\n".join(lines[max(0, i - SOURCE_WITHIN) : end + SOURCE_WITHIN])
+            out.append(Table(i + 1, lines[i:end], re.findall(r"\]\(([^)\s]+)\)", near)))
+            i = end
+        else:
+            i += 1
+    return out
+
+
+def unsourced(page: Path, text: str) -> list[str]:
+    """The measured tables of a page that link no existing file under docs/measurements/."""
+    problems = []
+    for table in tables(text):
+        targets = [(page.parent / t.partition("#")[0]).resolve() for t in table.sources]
+        if table.measured and not any(
+            t.is_relative_to(MEASUREMENTS) and t.is_file() for t in targets
+        ):
+            problems.append(f"{page.relative_to(ROOT)}:{table.line}: {table.rows[0][:60]}")
+    return problems
+
+
+def test_every_table_of_measured_figures_links_its_source() -> None:
+    """Every table in docs/ with a column in ms, req/s, KB/MB/GB (or KiB/MiB/GiB) or dB (in
+    its header, or a cell that starts with a figure in one) links the stored run it comes
+    from: a markdown link to an existing file under docs/measurements/, in the table or
+    within SOURCE_WITHIN lines before its header or after its last row. The stored runs
+    themselves (docs/measurements/) are the sources and are not checked."""
+    pages = [p for p in PAGES if p.is_relative_to(ROOT / "docs")]
+    pages = [p for p in pages if not p.is_relative_to(MEASUREMENTS)]
+    checked = [t for p in pages for t in tables(p.read_text(encoding="utf-8")) if t.measured]
+    assert len(checked) >= 10, "the pages' tables of measured figures were not found"
+    problems = [line for p in pages for line in unsourced(p, p.read_text(encoding="utf-8"))]
+    assert not problems, "no link to docs/measurements/ near:\n" + "\n".join(problems)
+
+
+def test_a_table_of_measured_figures_without_a_source_is_caught() -> None:
+    page = ROOT / "docs" / "example.md"
+    table = "| model | p50 ms |\n|---|---:|\n| digits | 0.06 |\n"
+    rules = "| rule | bound |\n|---|---|\n| sqnr | `--min-sqnr` (int8 20 dB) |\n"
+    cited = "From [the run](measurements/bench-full.md):\n\n" + table
+    assert unsourced(page, "Text.\n\n" + table) == ["docs/example.md:3: | model | p50 ms |"]
+    assert unsourced(page, cited) == []
+    assert unsourced(page, cited.replace("bench-full.md", "no-such-run.md")) != []
+    assert unsourced(page, "[elsewhere](serving.md)\n\n" + table) != []
+    assert unsourced(page, rules) == []  # a threshold is not a measurement
