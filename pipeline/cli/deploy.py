@@ -187,7 +187,17 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     refuse_other_runtimes(args)
     rt = runtime.get(args.runtime)
-    server = rt.serve(args, serve_run_dir(args))
+    own = [a.dest for a in args.runtime_options.get(rt.name, [])]
+    options = runtime.ServeOptions.from_args(args, serve_run_dir(args), own)
+    refused = [o for o in options.given() if o in rt.refuses]
+    if refused:
+        raise runtime.RuntimeNameError(
+            "; ".join(
+                f"{rt.title} does not take --{o.replace('_', '-')}: {rt.refuses[o]}"
+                for o in refused
+            )
+        )
+    server = rt.serve(options)
     for line in rt.describe(server):
         print(line)
     from pipeline.serving.served import choice_lines

@@ -27,10 +27,11 @@ import abc
 import argparse
 import contextlib
 import importlib
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pipeline.core.errors import PipelineError
 
@@ -60,6 +61,84 @@ BUILTIN_RUNTIMES = (
     Declared("kserve", "the KServe runtime"),
 )
 BUILTIN = tuple(d.name for d in BUILTIN_RUNTIMES)
+
+
+# The options every runtime takes (`pipeline serve`'s shared group). A runtime honours each
+# or names it in `Runtime.refuses`, and the CLI refuses it then: none is silently dropped.
+SHARED_OPTIONS = ("host", "port", "tls_cert", "tls_key", "max_request_size", "threads_per_worker")
+DEFAULT_MAX_REQUEST_SIZE = 4 * 1024 * 1024
+
+
+@dataclass
+class ServeOptions:
+    """What `pipeline serve` hands a runtime: the shared options typed, the models asked
+    for (and their exports, opened on first use), and the runtime's own options.
+
+    It notes which shared options the runtime read: the contract test
+    (tests/integration/test_runtime_contract.py) fails a runtime that starts a server
+    without reading one it does not refuse."""
+
+    run_dir: Path
+    artifacts_dir: Path | None = None
+    models: tuple[str, ...] = ()  # as given to --model; empty: the runtime's default
+    host: str = "127.0.0.1"
+    port: int = 8080
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    max_request_size: int = DEFAULT_MAX_REQUEST_SIZE
+    threads_per_worker: int | None = None
+    # The runtime's own group (`add_serve_options`), by argparse dest.
+    own: argparse.Namespace = field(default_factory=argparse.Namespace)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_read", set())
+        object.__setattr__(self, "_exports", None)
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in SHARED_OPTIONS:
+            object.__getattribute__(self, "_read").add(name)
+        return object.__getattribute__(self, name)
+
+    def unread(self) -> list[str]:
+        """The shared options no one has read yet."""
+        read = object.__getattribute__(self, "_read")
+        return [o for o in SHARED_OPTIONS if o not in read]
+
+    def given(self) -> list[str]:
+        """The shared options set to other than their defaults (without counting as read)."""
+        defaults = ServeOptions(run_dir=Path("."))
+        return [
+            o
+            for o in SHARED_OPTIONS
+            if object.__getattribute__(self, o) != object.__getattribute__(defaults, o)
+        ]
+
+    def exports(self, default: str) -> list[ExportedModel]:
+        """The exports of the models asked for (`default` when none was), opened once."""
+        if object.__getattribute__(self, "_exports") is None:
+            from pipeline.core import paths
+            from pipeline.export.opened import open_export
+
+            models = self.models or (default,)
+            opened = [open_export(paths.export_dir(m, self.artifacts_dir)) for m in models]
+            object.__setattr__(self, "_exports", opened)
+        return list(object.__getattribute__(self, "_exports"))
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, run_dir: Path, own: list[str]) -> ServeOptions:
+        """`pipeline serve`'s parsed arguments; `own`: the dests of the runtime's group."""
+        return cls(
+            run_dir=run_dir,
+            artifacts_dir=args.artifacts_dir,
+            models=tuple(args.serve_models or ()),
+            host=args.host,
+            port=args.port,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            max_request_size=args.max_request_size,
+            threads_per_worker=args.threads_per_worker,
+            own=argparse.Namespace(**{d: getattr(args, d) for d in own}),
+        )
 
 
 @dataclass
@@ -108,9 +187,14 @@ class Runtime(abc.ABC):
         They are refused with any other runtime. The shared options (--host, --port,
         --tls-cert, --tls-key, --max-request-size, --run-dir) are added by the CLI."""
 
+    # Shared options (SHARED_OPTIONS) this runtime cannot honour, each with why: `pipeline
+    # serve` refuses them when given instead of starting a server that ignores them.
+    refuses: ClassVar[Mapping[str, str]] = MappingProxyType({})
+
     @abc.abstractmethod
-    def serve(self, args: argparse.Namespace, run_dir: Path) -> Server:
-        """Start the server `pipeline serve` asked for; return once it answers."""
+    def serve(self, options: ServeOptions) -> Server:
+        """Start the server `pipeline serve` asked for; return once it answers. Every
+        shared option not in `refuses` must be honoured (read from `options`)."""
 
     @abc.abstractmethod
     def describe(self, server: Server) -> list[str]:

@@ -17,6 +17,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import httpx
@@ -25,13 +26,12 @@ import torch
 from pipeline.core import fileio
 from pipeline.core import paths as core_paths
 from pipeline.core.defaults import DEFAULT_MODEL
-from pipeline.core.manifest import read_manifest
 from pipeline.export.opened import ExportedModel
 from pipeline.serving import client, launcher, runtime, served, wire
 from pipeline.serving.openinference import OpenInference
 from pipeline.serving.protocol import Protocol
 from pipeline.serving.provenance import ArchiveInfo
-from pipeline.serving.runtime import BenchSettings
+from pipeline.serving.runtime import BenchSettings, ServeOptions
 from pipeline.serving.server import INFERENCE_KEY_FILE, ServeError, Server
 from pipeline_runtime.manifest import Manifest
 
@@ -69,6 +69,7 @@ def start(
     *,
     host: str = "127.0.0.1",
     max_request_size: int = 4 * 1024 * 1024,
+    threads: int | None = None,
 ) -> Server:
     """Serve each (export folder, its manifest, format) as an OIP model named after its
     model, or `names[i]` (bench serves every format of one model side by side)."""
@@ -89,7 +90,7 @@ def start(
     conf.write_text(
         json.dumps(
             {"host": host, "port": port, "max_request_size": max_request_size,
-             "token_file": str(token), "models": models}
+             "threads": threads, "token_file": str(token), "models": models}
         )
     )  # fmt: skip
     argv = [sys.executable, "-m", "tests.toy_runtime.server", str(conf)]
@@ -123,16 +124,21 @@ class Toy(runtime.Runtime):
     def add_serve_options(self, group: argparse._ArgumentGroup, formats: list[str]) -> None:
         group.add_argument("--toy-format", choices=formats, help="the artifact to serve")
 
-    def serve(self, args: argparse.Namespace, run_dir: Path) -> Server:
-        exports = []
-        for model in args.serve_models or [DEFAULT_MODEL]:
-            export_dir = core_paths.export_dir(model, args.artifacts_dir)
-            manifest = read_manifest(export_dir)
-            fmt = args.toy_format or served.export_format(manifest)
-            exports.append((export_dir, manifest, fmt))
+    # The toy's server speaks plain HTTP: given --tls-cert, `pipeline serve` says so
+    # instead of starting a server that would ignore it.
+    refuses = MappingProxyType(
+        {"tls_cert": "it serves plain HTTP only", "tls_key": "it serves plain HTTP only"}
+    )
+
+    def serve(self, options: ServeOptions) -> Server:
+        exports = [
+            (e.dir, e.manifest, options.own.toy_format or served.export_format(e.manifest))
+            for e in options.exports(DEFAULT_MODEL)
+        ]
         return start(
-            exports, run_dir, args.port, host=args.host, max_request_size=args.max_request_size
-        )
+            exports, options.run_dir, options.port, host=options.host,
+            max_request_size=options.max_request_size, threads=options.threads_per_worker,
+        )  # fmt: skip
 
     def describe(self, server: Server) -> list[str]:
         return [f"the toy runtime is up (pid {server.pid}) on {server.inference_url}"]

@@ -116,6 +116,8 @@ def build_app(config: dict[str, Any]) -> web.Application:
 
 def main(argv: list[str]) -> int:
     config = json.loads(Path(argv[0]).read_text())
+    if config.get("threads"):  # --threads-per-worker: intra-op threads of its one process
+        torch.set_num_threads(config["threads"])
     web.run_app(build_app(config), host=config["host"], port=config["port"], print=None)
     return 0
 

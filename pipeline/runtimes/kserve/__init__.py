@@ -28,7 +28,7 @@ from pipeline.serving import runtime
 if TYPE_CHECKING:
     from pipeline.export.opened import ExportedModel
     from pipeline.serving.protocol import Protocol
-    from pipeline.serving.runtime import BenchSettings
+    from pipeline.serving.runtime import BenchSettings, ServeOptions
     from pipeline.serving.server import Server
     from pipeline_runtime.manifest import Manifest
 
@@ -99,7 +99,7 @@ class KServe(runtime.Runtime):
             "(default: a start keeps the token, and `pipeline stop` leaves it in place)",
         )
 
-    def serve(self, args: argparse.Namespace, run_dir: Path) -> Server:
+    def serve(self, options: ServeOptions) -> Server:
         from pipeline.core import paths
         from pipeline.core.defaults import DEFAULT_MODEL
         from pipeline.runtimes.kserve.config import (
@@ -110,33 +110,34 @@ class KServe(runtime.Runtime):
         from pipeline.runtimes.kserve.sweep import choose
         from pipeline.serving.server import ServeError
 
-        dirs = list(args.export_dir or [])
-        dirs += [paths.export_dir(m, args.artifacts_dir) for m in args.serve_models or []]
-        dirs = dirs or [paths.export_dir(DEFAULT_MODEL, args.artifacts_dir)]
-        models = [served_export(d, args.format) for d in dirs]
-        if args.workers is None:
+        own = options.own
+        dirs = list(own.export_dir or [])
+        dirs += [paths.export_dir(m, options.artifacts_dir) for m in options.models]
+        dirs = dirs or [paths.export_dir(DEFAULT_MODEL, options.artifacts_dir)]
+        models = [served_export(d, own.format) for d in dirs]
+        if own.workers is None:
             choice = choose(
-                paths.bench_dir(args.artifacts_dir), [m.info.model for m in models if m.info]
+                paths.bench_dir(options.artifacts_dir), [m.info.model for m in models if m.info]
             )
             workers, why = choice.workers, choice.why
         else:
-            workers, why = args.workers, "--workers"
+            workers, why = own.workers, "--workers"
         if workers < 1:
             raise ServeError(f"--workers must be at least 1, e.g. --workers 2; got {workers}.")
         config = RuntimeConfig(
             models=models,
-            host=args.host,
-            http_port=args.port,
-            grpc_port=args.grpc_port,
-            max_request_size=args.max_request_size,
-            tls_cert=str(args.tls_cert) if args.tls_cert else None,
-            tls_key=str(args.tls_key) if args.tls_key else None,
-            max_batch_size=args.max_batch_size,
-            max_batch_delay_ms=args.max_batch_delay_ms,
-            threads=args.threads_per_worker or default_threads(workers),
+            host=options.host,
+            http_port=options.port,
+            grpc_port=own.grpc_port,
+            max_request_size=options.max_request_size,
+            tls_cert=str(options.tls_cert) if options.tls_cert else None,
+            tls_key=str(options.tls_key) if options.tls_key else None,
+            max_batch_size=own.max_batch_size,
+            max_batch_delay_ms=own.max_batch_delay_ms,
+            threads=options.threads_per_worker or default_threads(workers),
             workers=workers,
         )
-        server = start(config, run_dir, rotate_token=args.rotate_token)
+        server = start(config, options.run_dir, rotate_token=own.rotate_token)
         server.extras["workers"] = f"{workers} × {config.threads} thread(s) ({why})"
         return server
 

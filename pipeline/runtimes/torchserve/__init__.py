@@ -28,7 +28,7 @@ from pipeline.serving import runtime
 if TYPE_CHECKING:
     from pipeline.export.opened import ExportedModel
     from pipeline.serving.protocol import Protocol
-    from pipeline.serving.runtime import BenchSettings
+    from pipeline.serving.runtime import BenchSettings, ServeOptions
     from pipeline.serving.server import Server
     from pipeline_runtime.manifest import Manifest
 
@@ -79,27 +79,28 @@ class TorchServe(runtime.Runtime):
             "--gpu", action="store_true", help="give workers a GPU when CUDA is present"
         )
 
-    def serve(self, args: argparse.Namespace, run_dir: Path) -> Server:
+    def serve(self, options: ServeOptions) -> Server:
         from pipeline.runtimes.torchserve.launch import ServeConfig, start
 
-        models = [*(args.models or []), *(args.serve_models or [])] or None
+        own = options.own
+        models = [*(own.models or []), *options.models] or None
         return start(
             ServeConfig(
-                store=args.store,
-                run_dir=run_dir,
+                store=own.store,
+                run_dir=options.run_dir,
                 models=models,
-                host=args.host,
-                inference_port=args.port,
-                management_port=args.management_port,
-                metrics_port=args.metrics_port,
-                threads_per_worker=args.threads_per_worker,
-                workers_per_model=args.workers_per_model,
-                max_request_size=args.max_request_size,
-                gpu=args.gpu,
-                tls_cert=args.tls_cert,
-                tls_key=args.tls_key,
-                keep_going=args.keep_going,
-                one_format=not args.all_formats,
+                host=options.host,
+                inference_port=options.port,
+                management_port=own.management_port,
+                metrics_port=own.metrics_port,
+                threads_per_worker=options.threads_per_worker,
+                workers_per_model=own.workers_per_model,
+                max_request_size=options.max_request_size,
+                gpu=own.gpu,
+                tls_cert=options.tls_cert,
+                tls_key=options.tls_key,
+                keep_going=own.keep_going,
+                one_format=not own.all_formats,
             )
         )
 
