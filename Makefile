@@ -149,8 +149,8 @@ infer: | $(STAMP)  ## send INFER_INPUT (default: MODEL's golden batch) to INFER_
 
 # Test files are shared out whole among pytest-xdist workers (a file's servers and
 # module fixtures stay in one process): one more than the cores, at most 4, since tests
-# wait on servers and subprocesses much of their time (2 cores: 3 workers 11:42, 2 workers
-# 12:09, one process 14:43). `make test TEST_WORKERS=0` runs in one process.
+# wait on servers and subprocesses much of their time. `make test TEST_WORKERS=0` runs in
+# one process.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n + 1 < 4 ? n + 1 : 4 )))
 test: | $(STAMP)  ## run the test suite
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
