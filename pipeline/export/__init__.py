@@ -213,10 +213,14 @@ def _each_format(
 def _outside_budget(quality_record: dict[str, Any]) -> str:
     """The `failed` entry of an artifact judged outside its budget: the rule that decided."""
     checks = [c for c in quality_record.get("checks", []) if not c.get("passed")]
+
+    def num(x: Any) -> str:  # 47.65 dB, not 47.65119495595491 (the record keeps them whole)
+        return f"{x:.2f}" if isinstance(x, float) else str(x)
+
     said = "; ".join(
         c.get("problem")
-        or f"{c['rule']} rule: {c['metric']} {c['value']} {c['unit']} against a bound of "
-        f"{c['bound']} {c['unit']} on {c['on']}"
+        or f"{c['rule']} rule: {c['metric']} {num(c['value'])} {c['unit']} against a bound of "
+        f"{num(c['bound'])} {c['unit']} on {c['on']}"
         for c in checks
     )
     return (

@@ -50,9 +50,13 @@ def partial_message(manifest: Manifest, out_dir: Path) -> str:
         for f in registry.all_formats()
         if f.key in manifest.artifacts and f.key not in manifest.failed
     ]
+    kept = (
+        f"Written and checked in {out_dir}: {', '.join(_titled(f.key) for f in written)}."
+        if written
+        else f"No format requested was written and checked in {out_dir}."
+    )
     return (
-        f"partial export of {manifest.model.name}: {failed} Written and checked in {out_dir}: "
-        f"{', '.join(_titled(f.key) for f in written)}. The manifest lists "
+        f"partial export of {manifest.model.name}: {failed} {kept} The manifest lists "
         f"{', '.join(manifest.failed)} under 'failed'; verify, archive and serve use the "
         f"formats written. Exit status {EXIT_PARTIAL} (partial)."
     )

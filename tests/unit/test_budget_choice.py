@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +131,27 @@ def test_serve_prints_which_format_each_model_is_served_in_and_why(tmp_path: Pat
         "(onnx_int8_static, int8) is the fastest at batch 1 (0.030 ms median)"
     )
     assert "within the accuracy budget" in line
+
+
+def test_partial_message_names_what_was_kept_or_that_nothing_was(tmp_path: Path) -> None:
+    from pipeline.export import _outside_budget
+    from pipeline.export.partial import partial_message
+
+    check = {"passed": False, "rule": "sqnr", "metric": "SQNR", "value": 47.65119495595491,
+             "unit": "dB", "bound": 200.0, "on": "golden+probe+random"}  # fmt: skip
+    why = _outside_budget({"checks": [check]})
+    assert "SQNR 47.65 dB against a bound of 200.00 dB" in why
+    # Only the int8 format was asked for, and it came out outside its budget.
+    both = _manifest(onnx_int8_static={})
+    only = dataclasses.replace(
+        both,
+        artifacts={"onnx_int8_static": both.artifacts["onnx_int8_static"]},
+        failed={"onnx_int8_static": why},
+    )
+    said = partial_message(only, tmp_path)
+    assert f"No format requested was written and checked in {tmp_path}." in said
+    assert ": ." not in said
+    kept = dataclasses.replace(only, artifacts=both.artifacts)
+    assert f"Written and checked in {tmp_path}: model.torchscript.pt (torchscript)." in (
+        partial_message(kept, tmp_path)
+    )
