@@ -10,9 +10,9 @@ middleware and handler, the KServe runtime's ASGI `Guard` and gRPC interceptor):
 * the body limit: a declared Content-Length over the limit is refused before
   any of the body is read, and a streamed (chunked) body as soon as what has
   arrived passes it, so a client cannot make the server buffer more than that;
-* the error body: JSON in the shape the runtime's clients already parse,
-  TorchServe's `{"code", "type", "message"}` or the Open Inference Protocol's
-  `{"error"}` (`Refusal.json(shape)`).
+* the error body: JSON in the shape the runtime's clients already parse, the
+  Open Inference Protocol's `{"error"}` (`oip_shape`) or a runtime's own (the
+  TorchServe gateway's `{"code", "type", "message"}`), via `Refusal.json(shape)`.
 
 Nothing here imports a web framework: an adapter hands in a header's value or
 the body's chunks and gets a `Refusal` (or None, or the body) back.
@@ -92,11 +92,6 @@ class Refusal:
 
 
 Shape = Callable[[Refusal], dict[str, Any]]
-
-
-def torchserve_shape(refusal: Refusal) -> dict[str, Any]:
-    """TorchServe's own error shape, so the gateway's clients parse every error the same way."""
-    return {"code": refusal.status, "type": refusal.kind, "message": refusal.message}
 
 
 def oip_shape(refusal: Refusal) -> dict[str, Any]:

@@ -21,7 +21,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from pipeline.runtimes.kserve.security import Guard, TokenInterceptor
-from pipeline.runtimes.torchserve.gateway import GatewayConfig, build_app
+from pipeline.runtimes.torchserve.gateway import (
+    GatewayConfig,
+    build_app,
+    torchserve_shape,
+)
 from pipeline.serving.guard import (
     WWW_AUTHENTICATE,
     BodyLimit,
@@ -29,7 +33,6 @@ from pipeline.serving.guard import (
     Refusal,
     check_token,
     oip_shape,
-    torchserve_shape,
 )
 
 LIMIT = 1024

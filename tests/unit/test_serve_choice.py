@@ -15,9 +15,9 @@ import pytest
 
 from pipeline.formats import base as registry
 from pipeline.runtimes.torchserve.launch import Server
+from pipeline.runtimes.torchserve.store import aliases, expand, preferred_archives
 from pipeline.serving.client import ClientError, resolve_model
 from pipeline.serving.provenance import ARCHIVE_INFO, ArchiveInfo
-from pipeline.serving.served import aliases, expand, preferred_archives
 
 
 def _mar(store: Path, name: str, model: str, fastest: dict[str, Any] | None = None) -> None:

@@ -46,7 +46,7 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
 from pipeline.runtimes.torchserve.bodies import BodyError, upstream_body
 from pipeline.runtimes.torchserve.workerwatch import MAX_RESENDS, WorkerWatch
-from pipeline.serving.guard import BodyLimit, Keys, Refusal, check_token, torchserve_shape
+from pipeline.serving.guard import BodyLimit, Keys, Refusal, check_token
 
 log = logging.getLogger("pipeline.runtimes.torchserve.gateway")
 
@@ -78,6 +78,11 @@ class GatewayConfig:
     @classmethod
     def read(cls, path: Path) -> GatewayConfig:
         return cls(**json.loads(Path(path).read_text()))
+
+
+def torchserve_shape(refusal: Refusal) -> dict[str, Any]:
+    """TorchServe's own error shape, so the gateway's clients parse every error the same way."""
+    return {"code": refusal.status, "type": refusal.kind, "message": refusal.message}
 
 
 def error(status: int, kind: str, message: str, **headers: str) -> web.Response:

@@ -35,11 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.paths import DEFAULT_STORE
+from pipeline.runtimes.torchserve import store as store_
 from pipeline.runtimes.torchserve.constants import CONFIG_PROPERTIES, NAME
 from pipeline.runtimes.torchserve.gateway import CONFIG_FILE as GATEWAY_CONFIG
 from pipeline.runtimes.torchserve.gateway import GatewayConfig
+from pipeline.runtimes.torchserve.keys import publish_inference_key
 from pipeline.runtimes.torchserve.workers import scale, status, wait_ready, warm_up, worker_plan
-from pipeline.serving import launcher, served
+from pipeline.serving import launcher
 from pipeline.serving.launcher import Launch, free_port, port_free, stop
 from pipeline.serving.server import (
     INFERENCE_KEY_FILE,
@@ -47,7 +49,6 @@ from pipeline.serving.server import (
     ServeError,
     Server,
     default_run_dir,
-    publish_inference_key,
 )
 
 __all__ = [
@@ -98,7 +99,7 @@ class ServeConfig:
     # Serve the models that load even when others fail (they are listed in
     # Server.failed and logged); by default one failure stops the start.
     keep_going: bool = False
-    # Serve one archive per model (served.preferred_archives: bench's fastest, else
+    # Serve one archive per model (store.preferred_archives: bench's fastest, else
     # TorchScript), not every format archived: each format served costs workers.
     one_format: bool = False
     extra_properties: dict[str, str] = field(default_factory=dict)
@@ -203,9 +204,9 @@ def start(config: ServeConfig) -> Server:
         )
     try:
         models = (
-            served.expand(store, archives, config.models, every=not config.one_format)
+            store_.expand(store, archives, config.models, every=not config.one_format)
             if config.models
-            else served.preferred_archives(store, archives)
+            else store_.preferred_archives(store, archives)
             if config.one_format
             else archives
         )
@@ -255,7 +256,7 @@ def start(config: ServeConfig) -> Server:
             "backend_url": f"http://127.0.0.1:{backend_port}",
         },
         ca_file=str(Path(config.tls_cert).resolve()) if config.tls_cert else None,
-        archives=served.archive_infos(store, models),
+        archives=store_.archive_infos(store, models),
     )
     server.record()
     with launcher.stopped_on_failure(run_dir):
@@ -283,7 +284,7 @@ def _start_gateway(server: Server, config: ServeConfig, run_dir: Path) -> Server
         tls_key=str(Path(config.tls_key).resolve()) if config.tls_key else None,
         log_file=str(run_dir / "logs" / "gateway.log"),
         server_pid=server.pid,
-        aliases=served.aliases(server),
+        aliases=store_.aliases(server),
     )
     gw.write(run_dir / GATEWAY_CONFIG)
     argv = [

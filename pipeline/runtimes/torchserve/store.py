@@ -1,0 +1,87 @@
+"""TorchServe's model store: which `.mar` archives `pipeline serve` starts, and the
+names clients may use for them.
+
+Each archive carries `archive.json` (pipeline.serving.provenance.ArchiveInfo): its
+model, format and provenance. One archive per model is served by default, the
+format `served.preferred_format` picks (bench's fastest within the budget, else the
+registry's first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from pipeline.core import paths
+from pipeline.serving.provenance import ArchiveInfo
+from pipeline.serving.served import preferred_format
+from pipeline.serving.server import Server
+
+
+def archive_infos(store: Path, archives: Iterable[str]) -> dict[str, ArchiveInfo]:
+    """Each archive's archive.json (archives without one are left out)."""
+    found = {name: ArchiveInfo.read(Path(store) / f"{name}.mar") for name in archives}
+    return {name: info for name, info in found.items() if info is not None}
+
+
+def by_model(infos: dict[str, ArchiveInfo]) -> dict[str, dict[str, str]]:
+    """model → {format: archive name}, from the archives' own records."""
+    out: dict[str, dict[str, str]] = {}
+    for name, info in sorted(infos.items()):
+        out.setdefault(info.model, {}).setdefault(info.format, name)
+    return out
+
+
+def _preferred(formats: dict[str, str], infos: dict[str, ArchiveInfo]) -> str:
+    """The archive to serve of one model's archives ({format: archive name})."""
+    fastest = next((infos[n].fastest for n in formats.values() if infos[n].fastest), None)
+    return formats[preferred_format(formats, fastest)]
+
+
+def preferred_archives(store: Path, archives: list[str]) -> list[str]:
+    """One archive per model (`preferred_format` of those archived); every archive
+    without archive.json (another tool's), since nothing says what it holds."""
+    infos = archive_infos(store, archives)
+    chosen = [name for name in archives if name not in infos]
+    chosen += [_preferred(formats, infos) for formats in by_model(infos).values()]
+    return sorted(chosen)
+
+
+def expand(store: Path, archives: list[str], names: list[str], every: bool = False) -> list[str]:
+    """`pipeline serve --models`: archive names as given, model names (as exported:
+    digits_lenet, torchvision:resnet18) as their preferred archive (`every`: all their
+    archives). ValueError names what is neither."""
+    infos = archive_infos(store, archives)
+    models = by_model(infos)
+    slugs = {paths.model_slug(m): m for m in models}  # torchvision_resnet18 → torchvision:resnet18
+    out: list[str] = []
+    unknown = []
+    for name in names:
+        model = name if name in models else slugs.get(paths.model_slug(name))
+        if name in archives:
+            out.append(name)
+        elif model is not None:
+            formats = models[model]
+            out += formats.values() if every else [_preferred(formats, infos)]
+        else:
+            unknown.append(name)
+    if unknown:
+        raise ValueError(
+            f"{', '.join(unknown)}: no such archive or archived model in {store} (it holds "
+            f"{', '.join(archives) or 'nothing'})"
+        )
+    return list(dict.fromkeys(out))
+
+
+def aliases(server: Server) -> dict[str, str]:
+    """Model name (and its slug: torchvision_resnet18) → archive, for each model the
+    server serves in one format, so clients can ask for the model whatever its format.
+    A name that is itself an archive's is never an alias."""
+    out: dict[str, str] = {}
+    for model in {info.model for info in server.archives.values()}:
+        mine = server.archives_of(model)
+        if len(mine) == 1:
+            for name in (model, paths.model_slug(model)):
+                if name not in server.archives and name not in server.models:
+                    out[name] = next(iter(mine))
+    return dict(sorted(out.items()))
