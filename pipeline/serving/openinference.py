@@ -1,6 +1,6 @@
-"""The Open Inference Protocol as a `Protocol`: the one implementation every OIP runtime
-shares (the KServe runtime, the tests' toy runtime), so a runtime that speaks OIP writes
-no route or body code of its own."""
+"""The Open Inference Protocol as a `Protocol`, over REST and gRPC: the one implementation
+every OIP runtime shares (the KServe runtime, the tests' toy runtime), so a runtime that
+speaks OIP writes no route, body or client code of its own."""
 
 from __future__ import annotations
 
@@ -79,6 +79,61 @@ class OpenInference(Protocol):
         if "npy" in (self.encodings or ()):
             return wire.oip_binary(arrays)
         return wire.Body(wire.oip_json(arrays), {"Content-Type": "application/json"})
+
+    def infer(
+        self,
+        server: Server,
+        name: str,
+        inputs: Mapping[str, torch.Tensor],
+        *,
+        timeout: float = 120.0,
+    ) -> dict[str, torch.Tensor]:
+        """Over REST: OIP JSON tensors (the binary form is loadtest's and bench's)."""
+        from pipeline.serving import client, wire
+
+        body = self.encode(inputs)
+        resp = client.post(
+            server, name, body.content, body.content_type, timeout=timeout, retries=0
+        )
+        if resp.status_code != 200:
+            raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
+        return wire.answer_outputs(resp)
+
+    def infer_grpc(
+        self,
+        server: Server,
+        name: str,
+        inputs: Mapping[str, torch.Tensor],
+        grpc_url: str,
+        *,
+        timeout: float = 120.0,
+    ) -> dict[str, torch.Tensor]:
+        """Over gRPC (the OIP service at `grpc_url`, TLS when the server serves HTTPS): raw
+        little-endian bytes (`raw_input_contents`), the token in the `authorization`
+        metadata. kserve's generated stub; the messages are `pipeline_runtime.oip`'s."""
+        import grpc
+        import torch
+
+        from pipeline_runtime import oip
+
+        stubs = oip.kserve_module("kserve.protocol.grpc.grpc_predict_v2_pb2_grpc")
+        request = oip.Request(
+            tuple(oip.Tensor.from_array(k, t.contiguous().numpy()) for k, t in inputs.items()),
+            model_name=name,
+        ).to_grpc()
+        if server.inference_url.startswith("https://"):
+            ca = Path(server.ca_file).read_bytes() if server.ca_file else None
+            creds = grpc.ssl_channel_credentials(root_certificates=ca)
+            channel = grpc.secure_channel(grpc_url, creds)
+        else:
+            channel = grpc.insecure_channel(grpc_url)
+        token = server.keys()["inference"]
+        with channel:
+            reply = stubs.GRPCInferenceServiceStub(channel).ModelInfer(
+                request, metadata=(("authorization", f"Bearer {token}"),), timeout=timeout
+            )
+        response = oip.Response.from_grpc(reply)
+        return {t.name: torch.from_numpy(t.as_numpy().copy()) for t in response.outputs}
 
 
 OIP = OpenInference()

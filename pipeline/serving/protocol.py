@@ -51,3 +51,16 @@ class Protocol(abc.ABC):
     @abc.abstractmethod
     def request_file(self, server: Server, name: str, path: Path) -> Body:
         """A request file (`pipeline infer`: an image, .json, .npy/.npz, .pt) as a body."""
+
+    @abc.abstractmethod
+    def infer(
+        self,
+        server: Server,
+        name: str,
+        inputs: Mapping[str, torch.Tensor],
+        *,
+        timeout: float = 120.0,
+    ) -> dict[str, torch.Tensor]:
+        """One request to served `name` with the inference token and no resend (verify's
+        served backends): the answer's outputs by name. RuntimeError on any other status
+        than 200, saying it."""

@@ -27,7 +27,7 @@ from pipeline.core import fileio
 from pipeline.core import paths as core_paths
 from pipeline.core.defaults import DEFAULT_MODEL
 from pipeline.export.opened import ExportedModel
-from pipeline.serving import client, launcher, runtime, served, wire
+from pipeline.serving import launcher, runtime, served
 from pipeline.serving.openinference import OpenInference
 from pipeline.serving.protocol import Protocol
 from pipeline.serving.provenance import ArchiveInfo
@@ -53,11 +53,7 @@ class ToyBackend:
         self.outputs = manifest.outputs
 
     def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        body = RUNTIME.protocol.encode(inputs)
-        resp = client.post(self.server, self.served_name, body.content, body.content_type)
-        if resp.status_code != 200:
-            raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
-        got = wire.answer_outputs(resp)
+        got = PROTOCOL.infer(self.server, self.served_name, inputs)
         return {o.name: got[o.name].to(getattr(torch, o.dtype)) for o in self.outputs}
 
 

@@ -11,24 +11,16 @@ checked on its own. Outputs come back by name, in the manifest's dtypes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from pipeline.core.manifest import read_manifest
 from pipeline.runtimes.kserve.config import CONFIG_FILE, RuntimeConfig, ServedExport
 from pipeline.runtimes.kserve.constants import NAME
-from pipeline.serving import client, wire
 from pipeline.serving import served as served_mod
+from pipeline.serving.openinference import OIP
 from pipeline.serving.server import ServeError, Server
-from pipeline_runtime import oip
 from pipeline_runtime.manifest import Manifest
-
-
-def grpc_stubs() -> Any:
-    """kserve's generated Open Inference Protocol service stub (the messages are
-    `pipeline_runtime.oip`'s to build and read)."""
-    return oip.kserve_module("kserve.protocol.grpc.grpc_predict_v2_pb2_grpc")
 
 
 class KServeBackend:
@@ -43,7 +35,6 @@ class KServeBackend:
         self.name = f"{NAME}/{transport}/{fmt}"
         self.format_key = fmt
         self.outputs = manifest.outputs
-        self.token = server.keys()["inference"]
 
     def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         got = self._rest(inputs) if self.transport == "rest" else self._grpc(inputs)
@@ -52,44 +43,10 @@ class KServeBackend:
         }
 
     def _rest(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        resp = client.post(
-            self.server,
-            self.served_name,
-            wire.oip_json(inputs),
-            token=self.token,
-            timeout=120,
-            retries=0,
-        )
-        if resp.status_code != 200:
-            raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
-        return wire.answer_outputs(resp)
+        return OIP.infer(self.server, self.served_name, inputs)
 
     def _grpc(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        import grpc
-
-        pb_grpc = grpc_stubs()
-        request = oip.Request(
-            tuple(oip.Tensor.from_array(k, t.contiguous().numpy()) for k, t in inputs.items()),
-            model_name=self.served_name,
-        ).to_grpc()
-        channel = (
-            grpc.secure_channel(self.server.extras["grpc_url"], _grpc_credentials(self.server))
-            if self.server.inference_url.startswith("https://")
-            else grpc.insecure_channel(self.server.extras["grpc_url"])
-        )
-        with channel:
-            reply = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
-                request, metadata=(("authorization", f"Bearer {self.token}"),), timeout=120
-            )
-        response = oip.Response.from_grpc(reply)
-        return {t.name: torch.from_numpy(t.as_numpy().copy()) for t in response.outputs}
-
-
-def _grpc_credentials(server: Server) -> Any:
-    import grpc
-
-    ca = Path(server.ca_file).read_bytes() if server.ca_file else None
-    return grpc.ssl_channel_credentials(root_certificates=ca)
+        return OIP.infer_grpc(self.server, self.served_name, inputs, self.server.extras["grpc_url"])
 
 
 def _model_of(served: ServedExport, server: Server) -> str:

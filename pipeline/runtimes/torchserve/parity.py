@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from pipeline.runtimes.torchserve.constants import NAME
+from pipeline.runtimes.torchserve.protocol import PROTOCOL
 from pipeline.serving import served as served_mod
-from pipeline.serving.client import post, tensors_body
 from pipeline.serving.served import StaleServerError
 from pipeline.serving.server import ServeError, Server
 from pipeline_runtime.manifest import Manifest
@@ -36,12 +36,9 @@ class ServedBackend:
 
     def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The outputs the server answered, by name (verify reports any it left out)."""
-        resp = post(self.server, self.archive, tensors_body(inputs))
-        if resp.status_code != 200:
-            raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
-        answer = resp.json()["outputs"]
+        answer = PROTOCOL.infer(self.server, self.archive, inputs)
         return {
-            o.name: torch.tensor(answer[o.name], dtype=getattr(torch, o.dtype))
+            o.name: answer[o.name].to(getattr(torch, o.dtype))
             for o in self.outputs
             if o.name in answer
         }

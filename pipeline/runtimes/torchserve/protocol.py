@@ -43,5 +43,26 @@ class TorchServeProtocol(Protocol):
 
         return request_file(path)
 
+    def infer(
+        self,
+        server: Server,
+        name: str,
+        inputs: Mapping[str, torch.Tensor],
+        *,
+        timeout: float = 120.0,
+    ) -> dict[str, torch.Tensor]:
+        """Named tensors as the handler's JSON; its `outputs`, by name, as JSON read them
+        (float64, int64, bool: the caller casts them to the manifest's dtypes)."""
+        import numpy as np
+        import torch
+
+        from pipeline.serving.client import post, tensors_body
+
+        resp = post(server, name, tensors_body(inputs), timeout=timeout, retries=0)
+        if resp.status_code != 200:
+            raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
+        # numpy keeps JSON's numbers whole (float64, int64, bool) until the caller casts.
+        return {k: torch.from_numpy(np.asarray(v)) for k, v in resp.json()["outputs"].items()}
+
 
 PROTOCOL = TorchServeProtocol()
