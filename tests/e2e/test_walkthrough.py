@@ -51,6 +51,11 @@ def copy_repository(copy: Path) -> Path:
         capture_output=True,
         check=True,
     ).stdout.split(b"\0")
+    stamp = ROOT / ".venv" / ".installed"
+    if not stamp.is_file() or stamp.stat().st_mtime < (ROOT / "pyproject.toml").stat().st_mtime:
+        # Else the copy's `make` would reinstall the shared venv from the copy, which is
+        # deleted after the test: every later import of `pipeline` would fail.
+        pytest.fail("pyproject.toml is newer than .venv/.installed: run `make venv` first")
     for name in filter(None, (f.decode() for f in files)):
         if (ROOT / name).is_file():
             (copy / name).parent.mkdir(parents=True, exist_ok=True)
