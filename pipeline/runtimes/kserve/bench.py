@@ -31,8 +31,7 @@ from pipeline.runtimes.kserve.constants import NAME
 from pipeline.runtimes.kserve.launch import private, served_export
 
 # The KServe runtime's targets measure it against TorchServe's points in the same run.
-from pipeline.runtimes.torchserve import NAME as TORCHSERVE
-from pipeline.serving import wire
+from pipeline.serving import runtime, wire
 from pipeline.serving.runtime import BenchSettings
 from pipeline.serving.server import ServeError, Server
 
@@ -152,30 +151,42 @@ def _skip(
         skipped.append({"model": model, "batch": 1, "backend": f"{NAME}/{one.format}", "why": why})
 
 
+def _others(served: list[dict]) -> list[str]:
+    """The other runtimes measured in the same run: their backends' prefixes that name a
+    registered runtime (asked of the registry, so this package imports no other runtime)."""
+    names = set(runtime.names()) - {NAME}
+    return sorted({str(s["backend"]).split("/")[0] for s in served} & names)
+
+
 def targets(cells: list[dict], served: list[dict]) -> list[dict[str, Any]]:
-    """The KServe runtime against TorchServe (same run, same exports, same clients) and,
-    for resnet18, against its own format in-process."""
+    """The KServe runtime against every other runtime of the same run (same exports, same
+    clients) and, for resnet18, against its own format in-process."""
     out = []
+    others = {o: runtime.get(o).title for o in _others(served)}
     for model in dict.fromkeys(s["model"] for s in served):
         for fmt in registry.all_formats():
             k1 = served_at(served, model, fmt.key, 1, "on", NAME)
-            ts1 = served_at(served, model, fmt.key, 1, "on", TORCHSERVE)
             if k1 and model == DIGITS:
-                peer = f"; TorchServe {ts1['median_ms']:.2f} ms" if ts1 else ""
+                peers = "".join(
+                    f"; {title} {p['median_ms']:.2f} ms"
+                    for o, title in others.items()
+                    if (p := served_at(served, model, fmt.key, 1, "on", o))
+                )
                 out.append(
                     target(
                         f"{model} kserve/{fmt.key}: p50 at concurrency 1 ≤ 2 ms",
                         k1["median_ms"],
-                        f"{k1['median_ms']:.2f} ms{peer}",
+                        f"{k1['median_ms']:.2f} ms{peers}",
                         k1["median_ms"] <= 2.0,
                     )
                 )
             k8 = served_at(served, model, fmt.key, 8, "on", NAME)
-            out += versus(
-                f"{model} kserve/{fmt.key}: throughput at concurrency 8 ≥ 3× TorchServe's (archive defaults)",
-                k8, served_at(served, model, fmt.key, 8, "on", TORCHSERVE), "throughput", 3.0,
-                at_least=True, shown="{a:.0f} vs {b:.0f} requests/s",
-            )  # fmt: skip
+            for other, title in others.items():
+                out += versus(
+                    f"{model} kserve/{fmt.key}: throughput at concurrency 8 ≥ 3× {title}'s (archive defaults)",
+                    k8, served_at(served, model, fmt.key, 8, "on", other), "throughput", 3.0,
+                    at_least=True, shown="{a:.0f} vs {b:.0f} requests/s",
+                )  # fmt: skip
             if model == RESNET:
                 out += versus(
                     f"{model} kserve/{fmt.key}: throughput at concurrency 8 ≥ 0.9× in-process {fmt.backend} (batch 1)",
