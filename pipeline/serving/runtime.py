@@ -13,7 +13,7 @@ targets, the command that fixes a stale server, and its deploy targets.
 ask the registry; nothing outside a runtime's package compares a runtime's
 name (tests/unit/test_layout.py refuses such a comparison).
 
-The built-in runtimes' names are also declared here, in `BUILTIN_RUNTIMES`,
+The built-in runtimes' names are declared in `pipeline/serving/names.py` (`BUILTIN_RUNTIMES`),
 so that `pipeline --help` lists them without importing a runtime package;
 each package's `__init__` stays light (heavy modules are imported inside its
 methods), so the CLI can ask a runtime for its options without loading torch.
@@ -34,6 +34,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pipeline.core.errors import PipelineError
+from pipeline.serving.names import BUILTIN, BUILTIN_RUNTIMES, Declared
 
 if TYPE_CHECKING:
     from pipeline.export.opened import ExportedModel
@@ -44,23 +45,6 @@ if TYPE_CHECKING:
 
 class RuntimeNameError(PipelineError):
     """An unknown runtime, or options given to a runtime that does not take them."""
-
-
-@dataclass(frozen=True)
-class Declared:
-    """A runtime's names, known without importing its package."""
-
-    name: str  # --runtime choice, server.json's runtime, backend prefix: "kserve"
-    title: str  # for people: "the KServe runtime"
-
-
-# The built-in runtimes, in order (the first is `pipeline serve`'s default). Each is
-# pipeline/runtimes/<name>/, which registers a Runtime with these names (register() checks).
-BUILTIN_RUNTIMES = (
-    Declared("torchserve", "TorchServe"),
-    Declared("kserve", "the KServe runtime"),
-)
-BUILTIN = tuple(d.name for d in BUILTIN_RUNTIMES)
 
 
 # The options every runtime takes (`pipeline serve`'s shared group). A runtime honours each
@@ -264,7 +248,7 @@ def register(runtime: Runtime) -> Runtime:
     if names is not None and names != Declared(runtime.name, runtime.title):
         raise ValueError(
             f"runtime {runtime.name!r} registers {Declared(runtime.name, runtime.title)}, but "
-            f"pipeline/serving/runtime.py declares {names}: change both"
+            f"pipeline/serving/names.py declares {names}: change both"
         )
     for other in _REGISTRY.values():
         if other.name == runtime.name and type(other) is not type(runtime):

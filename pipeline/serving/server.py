@@ -26,6 +26,7 @@ import psutil
 from pipeline.core import paths
 from pipeline.core.errors import PipelineError
 from pipeline.formats import base as registry
+from pipeline.serving.names import BUILTIN
 from pipeline.serving.provenance import ArchiveInfo
 
 SERVER_FILE = "server.json"
@@ -85,7 +86,7 @@ class Server:
         data.setdefault("extras", {}).update(
             {k: v for k, v in legacy.items() if k.endswith("_url") and v}
         )
-        data.setdefault("runtime", "torchserve")
+        data.setdefault("runtime", BUILTIN[0])  # records without one predate the second runtime
         data["archives"] = {
             name: ArchiveInfo.from_json(info) for name, info in data.get("archives", {}).items()
         }
