@@ -28,9 +28,9 @@ import torch
 
 from pipeline.core.manifest import read_manifest
 from pipeline.runtimes.kserve.launch import served_export
-from pipeline.serving.launcher import free_port, stop
+from pipeline.serving.launcher import free_port
 from tests.e2e.test_readme import FENCE, OWN_MODEL, OWN_MODEL_PAGE, blocks, commands
-from tests.e2e.test_walkthrough import as_run_here, copy_env, copy_repository
+from tests.e2e.test_walkthrough import as_run_here, copied_repository, copy_env
 
 MODEL = "docs/own-model/my_model.py:MyModel"
 SLUG = "my_model_MyModel"  # what the page says archive and serve call it
@@ -48,11 +48,8 @@ def page_steps() -> list[str]:
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    copy = copy_repository(tmp_path_factory.mktemp("own-model") / "repo")
-    try:
+    with copied_repository(tmp_path_factory.mktemp("own-model") / "repo") as copy:
         yield copy
-    finally:
-        stop(copy / "artifacts" / "serve")
 
 
 def _run(step: str, repo: Path, env: dict[str, str], ports: dict[str, int]) -> str:

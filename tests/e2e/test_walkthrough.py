@@ -16,6 +16,7 @@ backend (one CLI training for both, not two).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -72,13 +73,21 @@ def copy_env(repo: Path) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    copy = copy_repository(tmp_path_factory.mktemp("newcomer") / "repo")
+@contextlib.contextmanager
+def copied_repository(copy: Path) -> Iterator[Path]:
+    """`copy_repository(copy)`, and whatever server a page's commands started from it is
+    stopped after, whatever happened."""
+    copy = copy_repository(copy)
     try:
         yield copy
     finally:
         stop(copy / "artifacts" / "serve")
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with copied_repository(tmp_path_factory.mktemp("newcomer") / "repo") as copy:
+        yield copy
 
 
 def as_run_here(command: str, ports: dict[str, int]) -> str:

@@ -48,11 +48,8 @@ def artifacts(exported: ExportResult, tmp_path_factory: pytest.TempPathFactory) 
 
 @pytest.fixture(scope="module")
 def toy() -> Iterator[runtime.Runtime]:
-    rt = toy_runtime.register()
-    try:
+    with toy_runtime.registered() as rt:
         yield rt
-    finally:
-        runtime.unregister(toy_runtime.NAME)
 
 
 def _own_args(name: str, artifacts: Path) -> list[str]:

@@ -24,11 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def toy() -> Iterator[runtime.Runtime]:
-    rt = toy_runtime.register()
-    try:
+    with toy_runtime.registered() as rt:
         yield rt
-    finally:
-        runtime.unregister(toy_runtime.NAME)
 
 
 def test_a_runtime_written_in_tests_goes_through_every_command(

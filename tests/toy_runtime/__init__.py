@@ -229,3 +229,13 @@ RUNTIME = Toy()
 
 def register() -> runtime.Runtime:
     return runtime.register(RUNTIME)
+
+
+@contextlib.contextmanager
+def registered() -> Iterator[runtime.Runtime]:
+    """The toy registered for the block, unregistered after (tests' fixtures)."""
+    rt = register()
+    try:
+        yield rt
+    finally:
+        runtime.unregister(NAME)

@@ -44,3 +44,14 @@ def test_nothing_running_names_no_runtime(
     out = capsys.readouterr().out
     assert f"no server was running from {tmp_path.resolve()}" in out
     assert "TorchServe" not in out
+
+
+def test_a_record_names_its_runtime_even_with_no_process_left(tmp_path: Path) -> None:
+    # A stale record (the server died): its runtime is still the one `stop` talks about.
+    from pipeline.serving.server import Server
+
+    Server(
+        runtime="kserve", pid=0, run_dir=str(tmp_path), inference_url="http://127.0.0.1:1",
+        metrics_url="http://127.0.0.1:1", models=[], markers=[CONFIG_FILE],
+    ).record()  # fmt: skip
+    assert found_runtime(tmp_path) == "the KServe runtime"
