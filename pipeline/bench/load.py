@@ -42,7 +42,7 @@ WARMUP_BUDGET_S = 1.5
 @dataclass
 class ServedPoint:
     model: str
-    # torchserve/<format>, torchserve-direct/<format> (no gateway), kserve/<format>
+    # <runtime>/<format>: torchserve/onnx, kserve/onnx; torchserve/onnx/direct (no gateway)
     backend: str
     batching: str  # served.BATCHING's key, or "on" for the KServe runtime's defaults
     concurrency: int

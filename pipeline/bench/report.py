@@ -143,7 +143,7 @@ def _table(title: str, header: list[str], align: str, rows: list[list[str]]) -> 
 
 def served_markdown(served: list[dict]) -> str:
     return served_rows_markdown(
-        "Served (TorchServe behind the gateway, and torchserve-direct: its own port; one "
+        "Served (TorchServe behind the gateway, and torchserve/<format>/direct: its own port; one "
         "single-threaded worker per core; .npy bodies; batching: off = batch 1, on = the "
         "archive defaults, old = batch 8 with 10 ms. kserve: the KServe runtime, one process, "
         "Open Inference Protocol binary bodies, batching on = up to 8 queued requests, no wait)",

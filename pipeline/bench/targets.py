@@ -38,13 +38,18 @@ def served_at(
     concurrency: int,
     batching: str,
     prefix: str,
+    *,
+    route: str = "",
 ) -> dict | None:
+    """The point of `<prefix>/<fmt>` (a runtime's name and a format), or of
+    `<prefix>/<fmt>/<route>` for another route into the same runtime."""
+    backend = f"{prefix}/{fmt}" + (f"/{route}" if route else "")
     return next(
         (
             s
             for s in served
             if s["model"] == model
-            and s["backend"] == f"{prefix}/{fmt}"
+            and s["backend"] == backend
             and s["concurrency"] == concurrency
             and s["batching"] == batching
         ),

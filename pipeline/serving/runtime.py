@@ -237,6 +237,17 @@ class Runtime(abc.ABC):
     def add_deploy_command(self, sub: argparse._SubParsersAction) -> None:  # noqa: B027
         """Add `pipeline deploy <name>` when the runtime has deploy targets."""
 
+    # KServe's `modelFormat` whose own ServingRuntime runs this runtime's packages
+    # ("pytorch": kserve-torchserve); None when KServe has none for it. `deploy kserve`
+    # writes, beside the project's runtime, a layout for each runtime that has one.
+    kserve_model_format: str | None = None
+
+    def package(self, model: str, export_dir: Path, fmt: str, dest: Path) -> Path:
+        """Write `fmt` of the export in `export_dir` as this runtime's deployable package
+        into the folder `dest` (batch size 1); return the file. Only a runtime with a
+        `kserve_model_format` is asked."""
+        raise NotImplementedError(f"{self.title} has no deployable package")
+
 
 _REGISTRY: dict[str, Runtime] = {}
 

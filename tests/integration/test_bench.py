@@ -94,7 +94,7 @@ def test_quick_bench_writes_json_table_charts_and_the_fastest_backend(
     formats = ("torchscript", "onnx", "pt2")
     assert {(p["backend"], p["concurrency"]) for p in served} == {
         (f"torchserve/{f}", c) for f in formats for c in (1, 8)
-    } | {(f"torchserve-direct/{f}", 1) for f in formats} | {  # the gateway's cost: without it
+    } | {(f"torchserve/{f}/direct", 1) for f in formats} | {  # the gateway's cost: without it
         (f"kserve/{f}", c)
         for f in formats
         for c in (1, 8)  # the second runtime, same levels

@@ -22,6 +22,7 @@ from pipeline.export.opened import open_export
 from pipeline.runtimes.kserve.deploy import DeployError, deploy_kserve
 from pipeline.runtimes.kserve.manifests import TORCHSERVE_ARGS, DeployConfig, parse_properties
 from pipeline.runtimes.kserve.validate import check, iter_documents
+from pipeline.serving import runtime
 from pipeline.serving.launcher import free_port
 from pipeline.train import TrainResult
 
@@ -56,6 +57,22 @@ def test_deploy_writes_valid_manifests(deployed) -> None:
     assert (out / "torchserve" / "model-store" / "digits_lenet_ts.mar").is_file()
     rc = json.loads((out / "kserve.json").read_text())
     assert rc["host"] == "0.0.0.0" and rc["models"][0]["export_dir"] == "/srv/export"
+
+
+def test_without_a_pytorch_runtime_only_the_projects_runtime_is_written(
+    ts_export: ExportResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The TorchServe layout comes from the registry's runtime for KServe's `pytorch`
+    format; with none, the folder holds the project's runtime alone and says nothing of
+    TorchServe."""
+    monkeypatch.setattr(runtime.get("torchserve"), "kserve_model_format", None)
+    got = deploy_kserve(
+        DeployConfig(model="digits_lenet", export_dir=ts_export.out_dir, out=tmp_path / "out")
+    )
+    assert got.mar is None and got.torchserve_name is None
+    assert not (got.out / "torchserve").exists()
+    assert (got.out / "inferenceservice.yaml").is_file()
+    assert "TorchServe" not in (got.out / "README.md").read_text()
 
 
 def test_deploy_refuses_a_format_the_export_lacks(ts_export: ExportResult, tmp_path: Path) -> None:

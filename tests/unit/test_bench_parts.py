@@ -371,7 +371,7 @@ def test_targets_report_batching_wait_gateway_cost_and_throughput_against_old_de
     served = [
         _served("torchserve/onnx", 1, "on", 3.2, 300.0),
         _served("torchserve/onnx", 1, "off", 2.1, 400.0),
-        _served("torchserve-direct/onnx", 1, "off", 1.7, 500.0),
+        _served("torchserve/onnx/direct", 1, "off", 1.7, 500.0),
         _served("torchserve/onnx", 8, "on", 880.0 / 100, 880.0),
         _served("torchserve/onnx", 8, "old", 860.0 / 100, 860.0),
     ]

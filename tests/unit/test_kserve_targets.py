@@ -19,7 +19,9 @@ SERVED = [
     _point("kserve/onnx", 8, 3.0, 2700.0),
     _point("torchserve/onnx", 1, 6.0, 150.0),
     _point("torchserve/onnx", 8, 15.0, 540.0),
-    _point("torchserve-direct/onnx", 1, 5.0, 180.0),  # not a runtime: no row of its own
+    _point(
+        "torchserve/onnx/direct", 1, 5.0, 180.0
+    ),  # another route into TorchServe: no row of its own
 ]
 
 
@@ -31,7 +33,7 @@ def test_kserve_is_held_against_every_other_runtime_of_the_run() -> None:
         "digits_lenet kserve/onnx: throughput at concurrency 8 ≥ 3× TorchServe's (archive defaults)"
     ]
     assert thr["met"] and thr["value"] == 5.0 and thr["detail"] == "2700 vs 540 requests/s"
-    assert len(rows) == 2  # torchserve-direct is no runtime
+    assert len(rows) == 2  # the direct route is no row of its own
 
 
 def test_without_another_runtime_only_its_own_target_is_left() -> None:
@@ -49,4 +51,4 @@ def test_the_kserve_package_imports_no_other_runtime() -> None:
             found += [
                 f"{path.name}: {n}" for n in names if n.startswith("pipeline.runtimes.torchserve")
             ]
-    assert found == ["deploy.py: pipeline.runtimes.torchserve.archive"], found
+    assert found == [], found  # deploy asks the registry for KServe's `pytorch` runtime

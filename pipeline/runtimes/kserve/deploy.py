@@ -30,11 +30,14 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.manifest import read_manifest
 from pipeline.runtimes.kserve import manifests as m
 from pipeline.runtimes.kserve.validate import check
+from pipeline.serving import runtime
 
 log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 SOURCE_ITEMS = ("pyproject.toml", "README.md", "pipeline", "pipeline_runtime")
+LAYOUT = "torchserve"  # KServe's TorchServe layout: copy its config/ and model-store/
+STORE = f"{LAYOUT}/model-store"
 
 
 class DeployError(PipelineError):
@@ -45,9 +48,9 @@ class DeployError(PipelineError):
 class DeployResult:
     out: Path
     files: list[Path]
-    mar: Path
+    mar: Path | None  # None: no registered runtime runs on KServe's `pytorch` format
     served_name: str  # /v2/models/<served_name> on the runtime image
-    torchserve_name: str  # /v2/models/<torchserve_name> on TorchServe
+    torchserve_name: str | None  # /v2/models/<torchserve_name> on TorchServe
 
 
 def _dump(doc: dict) -> str:
@@ -56,7 +59,6 @@ def _dump(doc: dict) -> str:
 
 def deploy_kserve(config: m.DeployConfig, *, force: bool = False) -> DeployResult:
     from pipeline.formats import base as registry
-    from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive, archive_name
 
     export_dir = Path(config.export_dir)
     manifest = read_manifest(export_dir)  # raises a PipelineError when missing or unreadable
@@ -81,11 +83,13 @@ def deploy_kserve(config: m.DeployConfig, *, force: bool = False) -> DeployResul
     if out.exists() and any(out.iterdir()) and not force:
         raise DeployError(f"{out} exists and is not empty; choose another --out or pass --force.")
 
+    packager = _pytorch_runtime()
     docs = {
         "inferenceservice.yaml": m.runtime_isvc(config),
         "inferenceservice-gpu.yaml": m.runtime_isvc(config, gpu=True),
-        "torchserve/inferenceservice.yaml": m.torchserve_isvc(config),
     }
+    if packager is not None:
+        docs[f"{LAYOUT}/inferenceservice.yaml"] = m.torchserve_isvc(config)
     for rel, doc in docs.items():
         check(doc, what=rel)  # before anything is written
 
@@ -99,25 +103,17 @@ def deploy_kserve(config: m.DeployConfig, *, force: bool = False) -> DeployResul
         (staging / "Dockerfile").write_text(m.dockerfile(config))
         shutil.copytree(export_dir, staging / "export", ignore=_ignored)
         _copy_source(staging / "src")
-        store = staging / "torchserve" / "model-store"
-        # batch size 1: TorchServe 0.12's kservev2 envelope answers only the first
-        # request of a batch (pytorch/serve#2158).
-        (mar,) = archive(
-            ArchiveConfig(
-                model=config.model,
-                export_dir=export_dir,
-                store=store,
-                formats=(config.format,),
-                batch_size=1,
-                bench_results=None,
+        mar = ts_name = None
+        if packager is not None:  # KServe's layout for its kserve-torchserve ServingRuntime
+            mar = packager.package(config.model, export_dir, config.format, staging / STORE)
+            ts_name = mar.stem
+            conf = staging / LAYOUT / "config" / "config.properties"
+            conf.parent.mkdir(parents=True, exist_ok=True)
+            conf.write_text(
+                m.properties_text(
+                    m.torchserve_properties(ts_name, envelope=config.torchserve_envelope)
+                )
             )
-        )
-        ts_name = archive_name(config.model, config.format)
-        conf = staging / "torchserve" / "config" / "config.properties"
-        conf.parent.mkdir(parents=True, exist_ok=True)
-        conf.write_text(
-            m.properties_text(m.torchserve_properties(ts_name, envelope=config.torchserve_envelope))
-        )
         (staging / "README.md").write_text(_readme(config, ts_name))
         if out.exists():
             shutil.rmtree(out)
@@ -131,9 +127,18 @@ def deploy_kserve(config: m.DeployConfig, *, force: bool = False) -> DeployResul
     return DeployResult(
         out=out,
         files=files,
-        mar=out / "torchserve" / "model-store" / mar.name,
+        mar=out / STORE / mar.name if mar else None,
         served_name=m.served_name(config.model),
         torchserve_name=ts_name,
+    )
+
+
+def _pytorch_runtime() -> runtime.Runtime | None:
+    """The registered runtime whose packages KServe's own `pytorch` ServingRuntime
+    (kserve-torchserve) runs, asked of the registry so this package imports no other
+    runtime; None when none is registered."""
+    return next(
+        (r for r in runtime.all_runtimes() if r.kserve_model_format == m.PYTORCH_FORMAT), None
     )
 
 
@@ -158,9 +163,9 @@ def _copy_source(dest: Path) -> None:
             shutil.copy2(src, dest / item)
 
 
-def _readme(config: m.DeployConfig, ts_name: str) -> str:
+def _readme(config: m.DeployConfig, ts_name: str | None) -> str:
     name, served = config.name, m.served_name(config.model)
-    return f"""\
+    own = f"""\
 # Deploying {config.model} on KServe
 
 Written by `pipeline deploy kserve`. Every manifest here was validated against the
@@ -176,7 +181,12 @@ InferenceService CRD schema of KServe v0.20.0 (strict about unknown fields).
 
 GPU nodes: build `{config.gpu_image}` (see the Dockerfile's header) and apply
 `inferenceservice-gpu.yaml` (requests nvidia.com/gpu: 1).
-
+"""
+    if ts_name is None:
+        return own
+    return (
+        own
+        + f"""
 ## TorchServe (KServe's `kserve-torchserve` runtime)
 
 Copy `torchserve/config/` and `torchserve/model-store/` to the storage behind
@@ -192,3 +202,4 @@ config.properties leaves TorchServe's kservev2 envelope off (and env config off,
 the runtime's TS_SERVICE_ENVELOPE cannot turn it on): the archive's handler reads
 the Open Inference Protocol body itself and refuses what the envelope passes it.
 """
+    )

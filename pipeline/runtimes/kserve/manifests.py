@@ -45,6 +45,7 @@ TS_GRPC_MANAGEMENT_PORT = 7071
 # KServe wrapper registers models through the (pod-local) management API, so both
 # must be relaxed there (kserve docs/samples/v1beta1/torchserve/v2/mnist.yaml).
 TORCHSERVE_ARGS = ("--disable-token-auth", "--enable-model-api")
+PYTORCH_FORMAT = "pytorch"  # the modelFormat KServe's kserve-torchserve ServingRuntime runs
 
 
 @dataclass
@@ -307,7 +308,7 @@ def parse_properties(text: str) -> dict[str, str]:
 def torchserve_isvc(config: DeployConfig) -> dict[str, Any]:
     """An InferenceService for KServe's TorchServe runtime over the layout at storageUri."""
     model = {
-        "modelFormat": {"name": "pytorch"},
+        "modelFormat": {"name": PYTORCH_FORMAT},
         "protocolVersion": "v2",
         "storageUri": config.storage_uri,
         "runtimeVersion": config.torchserve_image_tag,

@@ -45,6 +45,24 @@ class TorchServe(runtime.Runtime):
     # they end with the server: server.KEY_FILE and server.INFERENCE_KEY_FILE.
     removed_on_stop = ("key_file.json", "inference_key.json")
     description = "the .mar archives in --store, behind the authenticating gateway"
+    kserve_model_format = "pytorch"  # KServe's kserve-torchserve ServingRuntime
+
+    def package(self, model: str, export_dir: Path, fmt: str, dest: Path) -> Path:
+        from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
+
+        # batch size 1: TorchServe 0.12's kservev2 envelope answers only the first
+        # request of a batch (pytorch/serve#2158).
+        (mar,) = archive(
+            ArchiveConfig(
+                model=model,
+                export_dir=export_dir,
+                store=dest,
+                formats=(fmt,),
+                batch_size=1,
+                bench_results=None,
+            )
+        )
+        return mar
 
     def add_serve_options(self, group: argparse._ArgumentGroup, formats: list[str]) -> None:
         group.add_argument("--store", type=Path, default=DEFAULT_STORE, help="default: model_store")

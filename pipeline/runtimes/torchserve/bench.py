@@ -6,7 +6,7 @@ defaults, as `pipeline archive` writes them) and "old" (batch 8 with a 10 ms
 delay, the defaults before they were chosen by measurement; kept so the
 throughput target compares against them in the same run). At concurrency 1
 each format is also measured on TorchServe's own port (backend
-`torchserve-direct/<format>`, same server, same key), interleaved with the
+`torchserve/<format>/direct`, same server, same key), interleaved with the
 gateway, so the gateway's cost is a difference of two figures from one run.
 
 One private server per batching setting serves every format of a model that
@@ -48,7 +48,9 @@ from pipeline.serving.runtime import BenchSettings
 
 log = logging.getLogger(__name__)
 
-DIRECT = f"{NAME}-direct"  # backend prefix of served points on TorchServe's own port
+# The route of served points on TorchServe's own port: backend `torchserve/<format>/direct`
+# (the prefix stays the runtime's name; the gateway's points are `torchserve/<format>`).
+DIRECT = "direct"
 
 # Batching setting → (batch size, max batch delay in ms) of the archives measured.
 BATCHING: dict[str, tuple[int, int]] = {
@@ -73,15 +75,16 @@ def _sequential_pair(
     """Concurrency 1 through the gateway and on TorchServe's own port, alternately, so the
     difference of the two is the gateway's cost."""
     first_ms, fmt = point.pop("first_ms"), point.pop("fmt")
+    gateway, direct = f"{NAME}/{fmt}", f"{NAME}/{fmt}/{DIRECT}"
     got = sequential(
-        {NAME: (server, name), DIRECT: (_direct(server), name)}, body, requests, budget_s
+        {gateway: (server, name), direct: (_direct(server), name)}, body, requests, budget_s
     )
     return [
         sequential_point(
             lat,
             failed,
-            backend=f"{key}/{fmt}",
-            first_request_ms=first_ms if key != DIRECT else None,
+            backend=key,
+            first_request_ms=first_ms if key == gateway else None,
             **point,
         )
         for key, (lat, failed) in got.items()
@@ -214,7 +217,7 @@ def _edges(served: list[dict]) -> list[dict[str, Any]]:
         for fmt in registry.all_formats():
             on1 = served_at(served, model, fmt.key, 1, "on", NAME)
             off1 = served_at(served, model, fmt.key, 1, "off", NAME)
-            direct_off = served_at(served, model, fmt.key, 1, "off", DIRECT)
+            direct_off = served_at(served, model, fmt.key, 1, "off", NAME, route=DIRECT)
             p50 = "p50 at concurrency 1"
             out += versus(
                 f"{model} {fmt.key}: served {p50} (archive defaults, through the gateway) ≤ 1.1× TorchServe's own port with batching off",
