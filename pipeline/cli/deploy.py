@@ -122,6 +122,7 @@ def _cmd_archive(args: argparse.Namespace) -> int:
 
 def add_serve_options(p: argparse.ArgumentParser, formats: list[str]) -> None:
     """The options every runtime takes, then one help group per runtime with its own."""
+    from pipeline.core.paths import DEFAULT_STORE
     from pipeline.serving import runtime
 
     p.add_argument(
@@ -156,6 +157,13 @@ def add_serve_options(p: argparse.ArgumentParser, formats: list[str]) -> None:
     )
     p.add_argument(
         "--max-request-size", type=int, default=4 * 1024 * 1024, help="bytes (default: 4 MiB)"
+    )
+    p.add_argument(
+        "--store",
+        type=Path,
+        default=DEFAULT_STORE,
+        help="the model store (default: model_store): a model published there (`pipeline "
+        "publish`) is served at its default version; TorchServe's .mar archives live there too",
     )
     own: dict[str, list[argparse.Action]] = {}
     for rt in runtime.all_runtimes():

@@ -34,6 +34,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pipeline.core.errors import PipelineError
+from pipeline.core.paths import DEFAULT_STORE
 from pipeline.serving.names import BUILTIN, BUILTIN_RUNTIMES, Declared
 
 if TYPE_CHECKING:
@@ -49,7 +50,9 @@ class RuntimeNameError(PipelineError):
 
 # The options every runtime takes (`pipeline serve`'s shared group). A runtime honours each
 # or names it in `Runtime.refuses`, and the CLI refuses it then: none is silently dropped.
-SHARED_OPTIONS = ("host", "port", "tls_cert", "tls_key", "max_request_size", "threads_per_worker")
+SHARED_OPTIONS = (
+    "host", "port", "tls_cert", "tls_key", "max_request_size", "threads_per_worker", "store"
+)  # fmt: skip
 DEFAULT_MAX_REQUEST_SIZE = 4 * 1024 * 1024
 
 
@@ -71,6 +74,9 @@ class ServeOptions:
     tls_key: Path | None = None
     max_request_size: int = DEFAULT_MAX_REQUEST_SIZE
     threads_per_worker: int | None = None
+    # The model store: TorchServe's .mar archives, and the published versions
+    # (pipeline.serving.versions) every runtime serves the default of.
+    store: Path = DEFAULT_STORE
     # The runtime's own group (`add_serve_options`), by argparse dest.
     own: argparse.Namespace = field(default_factory=argparse.Namespace)
 
@@ -100,13 +106,21 @@ class ServeOptions:
     def exports(self, default: str) -> list[ExportedModel]:
         """The exports of the models asked for (`default` when none was), opened once."""
         if object.__getattribute__(self, "_exports") is None:
-            from pipeline.core import paths
             from pipeline.export.opened import open_export
 
             models = self.models or (default,)
-            opened = [open_export(paths.export_dir(m, self.artifacts_dir)) for m in models]
+            opened = [open_export(self.export_dir_of(m)) for m in models]
             object.__setattr__(self, "_exports", opened)
         return list(object.__getattribute__(self, "_exports"))
+
+    def export_dir_of(self, model: str) -> Path:
+        """The export `model` is served from: the store's default version once the model
+        is published there (`pipeline publish`), else the export folder as export wrote it."""
+        from pipeline.core import paths
+        from pipeline.serving import versions
+
+        published = versions.default(model, self.store)
+        return published.dir if published else paths.export_dir(model, self.artifacts_dir)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, run_dir: Path, own: list[str]) -> ServeOptions:
@@ -121,6 +135,7 @@ class ServeOptions:
             tls_key=args.tls_key,
             max_request_size=args.max_request_size,
             threads_per_worker=args.threads_per_worker,
+            store=args.store,
             own=argparse.Namespace(**{d: getattr(args, d) for d in own}),
         )
 

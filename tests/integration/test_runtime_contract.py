@@ -55,7 +55,7 @@ def toy() -> Iterator[runtime.Runtime]:
 def _own_args(name: str, artifacts: Path) -> list[str]:
     """The runtime's own options a test server needs (free ports, one small worker)."""
     ports = {
-        "torchserve": ["--store", str(artifacts / "store"), "--management-port",
+        "torchserve": ["--management-port",
                        str(free_port()), "--metrics-port", str(free_port())],
         "kserve": ["--grpc-port", str(free_port()), "--format", "onnx", "--workers", "1"],
     }  # fmt: skip
@@ -67,7 +67,8 @@ def options_for(name: str, artifacts: Path, run_dir: Path) -> ServeOptions:
     argv = [
         "--artifacts-dir", str(artifacts), "serve", "--runtime", name, "--model", "digits_lenet",
         "--host", "127.0.0.1", "--port", str(free_port()), "--max-request-size", str(LIMIT),
-        "--threads-per-worker", "1", "--run-dir", str(run_dir), *_own_args(name, artifacts),
+        "--threads-per-worker", "1", "--run-dir", str(run_dir), "--store", str(artifacts / "store"),
+        *_own_args(name, artifacts),
     ]  # fmt: skip
     args = build_parser().parse_args(argv)
     own = [a.dest for a in args.runtime_options[name]]

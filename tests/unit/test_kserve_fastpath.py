@@ -79,8 +79,9 @@ def test_a_json_body_with_a_left_over_length_header_is_a_400_that_names_the_caus
 class _Model:
     """A served model's part FastInfer uses: checks inputs, returns two outputs."""
 
-    def __init__(self) -> None:
+    def __init__(self, version: int = 1) -> None:
         self.name, self.output_names, self.calls = "m", ["y", "z"], 0
+        self.version = version
 
     def check(self, tensors: Any) -> tuple[dict[str, np.ndarray], bool]:
         if [t.name for t in tensors] != ["x"]:
@@ -91,6 +92,32 @@ class _Model:
         self.calls += 1
         x = arrays["x"]
         return [x * 2, (x > 0.3).astype(np.int64)]
+
+
+class _Versions:
+    """A served model's versions as FastInfer sees them: the named one, else the default."""
+
+    def __init__(self, *numbers: int) -> None:
+        self.by_number = {n: _Model(n) for n in numbers or (1,)}
+        self.default = min(self.by_number)
+        self.recorded: list[tuple[int, bool]] = []
+
+    def pick(self, version: str | None) -> _Model:
+        if version is None:
+            return self.by_number[self.default]
+        if not version.isdigit() or int(version) not in self.by_number:
+            raise ClientError(f"no version {version!r}", 404)
+        return self.by_number[int(version)]
+
+    def metadata(self, version: str) -> dict[str, Any]:
+        return {
+            "name": "m",
+            "versions": sorted(map(str, self.by_number)),
+            "at": self.pick(version).version,
+        }
+
+    def record(self, version: int, started: float, ok: bool) -> None:
+        self.recorded.append((version, ok))
 
 
 def _request(**body: Any) -> oip.Request:
@@ -150,7 +177,7 @@ def _passed_through() -> tuple[FastInfer, list[str]]:
     async def inner(scope: Any, receive: Any, send: Any) -> None:
         seen.append(scope["path"])
 
-    return FastInfer(inner, {"m": _Model()}), seen
+    return FastInfer(inner, {"m": _Versions()}), seen
 
 
 def test_the_route_of_a_served_model_is_answered_from_a_body_in_several_messages() -> None:
@@ -175,3 +202,34 @@ def test_a_bad_request_is_a_json_4xx_and_a_client_gone_gets_nothing() -> None:
     start, message = _asgi(app, "/v2/models/m/infer", [{"type": "http.request", "body": b"{"}])
     assert start["status"] == 400 and "not JSON" in json.loads(message["body"])["error"]
     assert _asgi(app, "/v2/models/m/infer", [{"type": "http.disconnect"}]) == []
+
+
+def test_a_named_version_answers_and_says_so_and_an_unknown_one_is_a_404() -> None:
+    versions = _Versions(1, 2)
+    app = FastInfer(None, {"m": versions})  # type: ignore[arg-type]  # nothing passes through
+    body = [{"type": "http.request", "body": _json_body()}]
+    start, message = _asgi(app, "/v2/models/m/versions/2/infer", body)
+    assert start["status"] == 200 and json.loads(message["body"])["model_version"] == "2"
+    start, message = _asgi(app, "/v2/models/m/infer", body)
+    assert json.loads(message["body"])["model_version"] == "1"  # unversioned: the default
+    start, message = _asgi(app, "/v2/models/m/versions/3/infer", body)
+    assert start["status"] == 404 and "no version '3'" in json.loads(message["body"])["error"]
+    assert versions.recorded == [(2, True), (1, True)]  # a refused version counts for none
+
+
+def test_a_versions_metadata_and_readiness_are_answered_here() -> None:
+    app = FastInfer(None, {"m": _Versions(1, 2)})  # type: ignore[arg-type]
+
+    def get(path: str) -> tuple[int, dict]:
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        asyncio.run(app({"type": "http", "method": "GET", "path": path}, None, send))  # type: ignore[arg-type]
+        return sent[0]["status"], json.loads(sent[1]["body"])
+
+    assert get("/v2/models/m/versions/2") == (200, {"name": "m", "versions": ["1", "2"], "at": 2})
+    assert get("/v2/models/m/versions/2/ready") == (200, {"name": "m", "ready": True})
+    status, body = get("/v2/models/m/versions/9/ready")
+    assert status == 404 and "no version" in body["error"]

@@ -112,8 +112,9 @@ class KServe(runtime.Runtime):
 
         own = options.own
         dirs = list(own.export_dir or [])
-        dirs += [paths.export_dir(m, options.artifacts_dir) for m in options.models]
-        dirs = dirs or [paths.export_dir(DEFAULT_MODEL, options.artifacts_dir)]
+        # A model published in the store is served at its default version (versions.py).
+        dirs += [options.export_dir_of(m) for m in options.models]
+        dirs = dirs or [options.export_dir_of(DEFAULT_MODEL)]
         models = [served_export(d, own.format) for d in dirs]
         if own.workers is None:
             choice = choose(

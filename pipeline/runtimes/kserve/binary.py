@@ -31,6 +31,7 @@ def infer_response(
     return InferResponse(
         response_id=response.id,
         model_name=response.model_name,
+        model_version=response.model_version,
         infer_outputs=outputs,
         use_binary_outputs=binary,
         requested_outputs=requested,

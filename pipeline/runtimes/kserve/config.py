@@ -54,6 +54,9 @@ class ServedExport:
     name: str  # the Open Inference Protocol model name (/v2/models/<name>)
     export_dir: str
     format: str  # a registry key: torchscript, onnx, pt2
+    # Its number in the versioned store (pipeline.serving.versions); None: an export folder
+    # served as it is, not published (it answers as version 1).
+    version: int | None = None
     # Its provenance, from the manifest read when it was chosen (launch.served_export), so
     # starting the runtime need not read it again. Not written to the runtime's config.
     info: ArchiveInfo | None = field(default=None, compare=False, repr=False)

@@ -38,7 +38,10 @@ from pipeline_runtime import oip
 
 log = logging.getLogger("pipeline.runtimes.kserve")
 
-INFER = re.compile(r"/v2/models/([A-Za-z0-9_.\-]+)/infer")
+_NAME = r"([A-Za-z0-9_.\-]+)"
+INFER = re.compile(rf"/v2/models/{_NAME}(?:/versions/{_NAME})?/infer")
+# kserve 0.21 answers its version routes with NotImplementedError (a 500): these are ours.
+VERSION = re.compile(rf"/v2/models/{_NAME}/versions/{_NAME}(/ready)?")
 LENGTH_HEADER = oip.HEADER_LENGTH.lower().encode()
 REQUEST_SECONDS = Histogram(
     "pipeline_kserve_request_duration_seconds",
@@ -48,14 +51,25 @@ REQUEST_SECONDS = Histogram(
 
 
 class Model(Protocol):
-    """What FastInfer needs of a served model (runtime.ExportModel)."""
+    """What FastInfer needs of one served version (models.ExportModel)."""
 
     name: str
+    version: int
     output_names: list[str]
 
     def check(self, tensors: Any) -> tuple[dict[str, np.ndarray], bool]: ...
 
     async def run(self, arrays: dict[str, np.ndarray], unbatched: bool) -> list[np.ndarray]: ...
+
+
+class Versions(Protocol):
+    """What FastInfer needs of a served model's versions (versioned.VersionedModel)."""
+
+    def pick(self, version: str | None) -> Model: ...
+
+    def metadata(self, version: str) -> dict[str, Any]: ...
+
+    def record(self, version: int, started: float, ok: bool) -> None: ...
 
 
 class ClientError(Exception):
@@ -143,7 +157,12 @@ def encode(
         else:
             item["data"] = array.reshape(-1)
         items.append(item)
-    header = {"model_name": model.name, "id": request.id or str(uuid.uuid4()), "outputs": items}
+    header = {
+        "model_name": model.name,
+        "model_version": str(model.version),
+        "id": request.id or str(uuid.uuid4()),
+        "outputs": items,
+    }
     try:
         text = orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
     except TypeError:  # a dtype orjson does not write: the slow way, still correct
@@ -155,16 +174,22 @@ def encode(
 
 
 class FastInfer:
-    """ASGI middleware: the infer route of the served models (see the module doc)."""
+    """ASGI middleware: the infer routes of the served models, versioned or not, and the
+    versions' metadata and readiness (see the module doc)."""
 
-    def __init__(self, app: ASGIApp, models: Mapping[str, Model]) -> None:
+    def __init__(self, app: ASGIApp, models: Mapping[str, Versions]) -> None:
         self.app = app
         self.models = dict(models)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        match = INFER.fullmatch(scope.get("path", "")) if scope["type"] == "http" else None
-        model = self.models.get(match[1]) if match and scope.get("method") == "POST" else None
-        if model is None:
+        path, method = scope.get("path", ""), scope.get("method")
+        match = INFER.fullmatch(path) if scope["type"] == "http" else None
+        versions = self.models.get(match[1]) if match and method == "POST" else None
+        if versions is None:
+            about = VERSION.fullmatch(path) if scope["type"] == "http" else None
+            if about and about[1] in self.models and method in ("GET", "HEAD"):
+                await self._version(send, self.models[about[1]], about[2], bool(about[3]))
+                return
             await self.app(scope, receive, send)
             return
         body = await _body(receive)
@@ -173,7 +198,9 @@ class FastInfer:
         started = time.perf_counter()
         headers = dict(scope.get("headers", []))
         extra: list[tuple[bytes, bytes]] = []
+        model = None
         try:
+            model = versions.pick(match[2])
             request = parse(body, headers)
             arrays, unbatched = model.check(request.inputs)
             answer, json_length = encode(request, model, await model.run(arrays, unbatched))
@@ -184,13 +211,35 @@ class FastInfer:
         except ClientError as err:
             status, content_type, answer = err.status, b"application/json", _error(err.reason)
         except Exception as err:  # the model failed: the server's fault, said in JSON
-            log.exception("inference failed for %s", model.name)
+            log.exception("inference failed for %s", match[1])
             status, content_type = 500, b"application/json"
             answer = _error(f"Inference failed: {type(err).__name__}: {err}")
-        raw = [(b"content-type", content_type), (b"content-length", str(len(answer)).encode())]
-        await send({"type": "http.response.start", "status": status, "headers": raw + extra})
-        await send({"type": "http.response.body", "body": answer})
-        REQUEST_SECONDS.labels(model_name=model.name).observe(time.perf_counter() - started)
+        await _answer(send, status, content_type, answer, extra)
+        if model is not None:
+            versions.record(model.version, started, status < 500)
+            REQUEST_SECONDS.labels(model_name=model.name).observe(time.perf_counter() - started)
+
+    async def _version(self, send: Send, versions: Versions, version: str, ready: bool) -> None:
+        """GET /v2/models/<name>/versions/<v>[/ready]: its metadata, or whether it serves."""
+        try:
+            meta = versions.metadata(version)
+        except ClientError as err:
+            await _answer(send, err.status, b"application/json", _error(err.reason))
+            return
+        body = {"name": meta["name"], "ready": True} if ready else meta
+        await _answer(send, 200, b"application/json", orjson.dumps(body))
+
+
+async def _answer(
+    send: Send,
+    status: int,
+    content_type: bytes,
+    answer: bytes,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    raw = [(b"content-type", content_type), (b"content-length", str(len(answer)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": raw + (extra or [])})
+    await send({"type": "http.response.body", "body": answer})
 
 
 def _error(reason: str) -> bytes:

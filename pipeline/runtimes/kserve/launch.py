@@ -36,7 +36,7 @@ from pipeline.runtimes.kserve.constants import METRICS_KEY_FILE, NAME
 from pipeline.runtimes.kserve.manifests import served_name
 from pipeline.runtimes.kserve.security import is_loopback
 from pipeline.runtimes.kserve.tokens import INFERENCE, METRICS, KeyState, ensure_key
-from pipeline.serving import served
+from pipeline.serving import live, served, versions
 from pipeline.serving.launcher import (
     Launch,
     created,
@@ -86,7 +86,10 @@ def served_export(
     name = name or served_name(manifest.model.name)
     why = served.why_served(manifest, fmt, served.fastest_entry(manifest.model.name, None))
     info = ArchiveInfo.of(manifest, fmt, why=why)
-    return ServedExport(name=name, export_dir=str(export_dir), format=fmt, info=info)
+    version = versions.number_of(export_dir)
+    return ServedExport(
+        name=name, export_dir=str(export_dir), format=fmt, version=version, info=info
+    )
 
 
 def write_tokens(run_dir: Path, host: str, rotate: bool = False) -> dict[str, KeyState]:
@@ -134,6 +137,7 @@ def start(
     )
     conf = run_dir / CONFIG_FILE
     config.write(conf)
+    live.clear(run_dir)  # a new start serves what it was given, not the last run's rollout
     threads = str(max(1, config.threads))
     env = {
         **os.environ,

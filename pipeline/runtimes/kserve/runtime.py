@@ -24,12 +24,11 @@ process's arguments from it; import it only in the runtime process.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import math
 import os
 import socket
 import sys
-import uuid
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,6 @@ try:
     import kserve.model_server as ksms
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
-    from kserve.errors import InvalidInput
     from kserve.protocol.dataplane import DataPlane
     from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
     from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor, LoggingInterceptor
@@ -49,158 +47,23 @@ try:
 finally:
     sys.argv = _ARGV
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from prometheus_client import Gauge, Histogram  # noqa: E402
+from prometheus_client import Gauge  # noqa: E402
 
-from pipeline.export.opened import open_export  # noqa: E402
-from pipeline.formats import base as formats  # noqa: E402
-from pipeline.runtimes.kserve import binary  # noqa: E402
-from pipeline.runtimes.kserve.batching import Batcher  # noqa: E402
-from pipeline.runtimes.kserve.config import RuntimeConfig, ServedExport  # noqa: E402
-from pipeline.runtimes.kserve.fastpath import ClientError, FastInfer  # noqa: E402
+from pipeline.runtimes.kserve.config import RuntimeConfig  # noqa: E402
+from pipeline.runtimes.kserve.fastpath import FastInfer  # noqa: E402
+from pipeline.runtimes.kserve.models import ExportModel, Refused  # noqa: E402
 from pipeline.runtimes.kserve.security import Guard, TokenInterceptor  # noqa: E402
 from pipeline.runtimes.kserve.supervisor import all_ready_marker, ready_marker  # noqa: E402
+from pipeline.runtimes.kserve.versioned import VersionedModel, Watcher, initial  # noqa: E402
+from pipeline.serving import live  # noqa: E402
 from pipeline.serving.guard import Keys  # noqa: E402
-from pipeline_runtime import codec, oip  # noqa: E402
-from pipeline_runtime.request import MAX_ELEMENTS, SAMPLES_PER_BATCH  # noqa: E402
 
 log = logging.getLogger("pipeline.runtimes.kserve")
 
-BATCH_SIZE = Histogram(
-    "pipeline_kserve_batch_size",
-    "Requests per forward pass (dynamic batching)",
-    ["model_name"],
-    buckets=(1, 2, 4, 8, 16, 32, 64),
-)
-WARMED = Gauge("pipeline_kserve_warmed_up", "1 once the model ran its warm-up", ["model_name"])
 # Which process answered a scrape: each worker has its own registry (batch sizes included).
 WORKER = Gauge("pipeline_kserve_worker", "1 per runtime process: its slot and pid", ["slot", "pid"])
 GRACE_S = 5  # seconds the servers get to finish requests on SIGTERM
-
-
-class Refused(InvalidInput, ClientError):  # noqa: N818 - the name tests and docs use
-    """A client error with its own HTTP status (413 for too many samples); gRPC: INVALID_ARGUMENT.
-    kserve's routes know it as InvalidInput, the fast REST route as ClientError."""
-
-    def __init__(self, reason: str, status: int = 400) -> None:
-        InvalidInput.__init__(self, reason)
-        self.status = status
-
-
-class ExportModel(kserve.Model):
-    """One export, served under `served.name`."""
-
-    def __init__(self, served: ServedExport, config: RuntimeConfig) -> None:
-        super().__init__(served.name)
-        exported = open_export(Path(served.export_dir))
-        manifest = exported.manifest
-        self.format = served.format
-        self.platform = formats.get(served.format).platform
-        self.runner = exported.load(served.format, "cpu", config.threads)
-        self.specs = manifest.input_specs(served.format)
-        self.output_specs = manifest.outputs
-        self.output_names = manifest.output_names
-        self.limits = codec.Limits(max_samples=SAMPLES_PER_BATCH * max(1, config.max_batch_size))
-        histogram = BATCH_SIZE.labels(model_name=served.name)
-        self.batcher = Batcher(
-            forward=self._forward,
-            input_axes={s.name: s.batch_axis for s in self.specs},
-            output_axes=[o.batch_axis or 0 for o in manifest.outputs],
-            max_batch_size=config.max_batch_size,
-            max_delay_ms=config.max_batch_delay_ms,
-            stack=manifest.serving.stack_requests,
-            on_batch=histogram.observe,
-        )
-        golden, _ = exported.golden()
-        self._forward(codec.warm_up_inputs({k: v.numpy() for k, v in golden.items()}, self.specs))
-        WARMED.labels(model_name=served.name).set(1)
-        log.info("%s (%s, %s) loaded and warmed up", served.name, served.format, served.export_dir)
-        self.ready = True
-
-    def _forward(self, batch: dict[str, np.ndarray]) -> list[np.ndarray]:
-        with torch.inference_mode():
-            outputs = self.runner({k: torch.from_numpy(v) for k, v in batch.items()})
-        return [t.detach().cpu().numpy() for t in outputs.values()]
-
-    def get_input_types(self) -> list[dict[str, Any]]:
-        return [_describe(s.name, s.dtype, s.shape) for s in self.specs]
-
-    def get_output_types(self) -> list[dict[str, Any]]:
-        return [_describe(o.name, o.dtype, o.shape) for o in self.output_specs]
-
-    def decode(self, payload: Any) -> tuple[dict[str, np.ndarray], bool]:
-        """An InferRequest → checked arrays with their batch axis, and whether it had none."""
-        if not isinstance(payload, kserve.InferRequest):
-            raise Refused("Send an Open Inference Protocol (v2) request.")
-        return self.check(payload.inputs)
-
-    def check(self, tensors: Any) -> tuple[dict[str, np.ndarray], bool]:
-        """Input tensors (kserve's InferInput or oip.Tensor: name, datatype, shape,
-        as_numpy) → checked arrays with their batch axis, and whether they had none."""
-        names = [s.name for s in self.specs]
-        got = [i.name for i in tensors]
-        if sorted(map(str, got)) != sorted(names):
-            raise Refused(f"Inputs must be named {names}, got {got}.")
-        by_name = {s.name: s for s in self.specs}
-        arrays = {}
-        for item in tensors:
-            spec = by_name[item.name]
-            wanted = oip.NAMES.get(spec.dtype)
-            if item.datatype != wanted:
-                raise Refused(
-                    f"Input {spec.name!r}: datatype must be {wanted}, got {item.datatype!r}."
-                )
-            shape = item.shape
-            if (
-                not isinstance(shape, list | tuple)
-                or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape)
-                or any(d < 1 for d in shape)
-                or len(shape) > len(spec.shape)
-                or math.prod(shape) > MAX_ELEMENTS
-            ):
-                raise Refused(
-                    f"Input {spec.name!r}: shape {shape} is empty, negative, too large or has "
-                    f"too many dimensions; expected {list(spec.shape)}."
-                )
-            try:
-                # A copy: binary tensors are read-only views of the request body.
-                arrays[spec.name] = np.array(item.as_numpy())
-            except (InvalidInput, ClientError):
-                raise
-            except Exception as err:  # noqa: BLE001 - a bad tensor is this request's 400
-                raise Refused(
-                    f"Input {spec.name!r}: data does not match shape {list(shape)} and datatype "
-                    f"{item.datatype} ({type(err).__name__}: {err})."
-                ) from None
-        try:
-            return codec.check_arrays(arrays, self.specs, self.limits)
-        except codec.RequestError as err:
-            raise Refused(str(err), 413 if err.status == 413 else 400) from None
-
-    async def run(self, arrays: dict[str, np.ndarray], unbatched: bool) -> list[np.ndarray]:
-        """Checked arrays through the batcher → the outputs, in the request's own shape."""
-        outputs = await self.batcher.submit(arrays)
-        return [o[0] if o.ndim else o for o in outputs] if unbatched else outputs
-
-    async def predict(self, payload: Any, headers: dict[str, str] | None = None) -> Any:
-        outputs = await self.run(*self.decode(payload))
-        response = oip.Response(
-            tuple(
-                oip.Tensor.from_array(n, o) for n, o in zip(self.output_names, outputs, strict=True)
-            ),
-            id=payload.id or str(uuid.uuid4()),
-            model_name=self.name,
-        )
-        return binary.infer_response(response, payload.use_binary_outputs, payload.request_outputs)
-
-
-def _describe(name: str, dtype: str, shape: Any) -> dict[str, Any]:
-    return {
-        "name": name,
-        "datatype": oip.datatype_of(dtype) if dtype else "FP32",
-        "shape": [-1 if isinstance(d, str) else int(d) for d in shape],
-    }
 
 
 async def _bad_request(request: Any, exc: Exception) -> JSONResponse:
@@ -235,7 +98,12 @@ def _reuseport_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _install(config: RuntimeConfig, models: list[ExportModel], worker: Worker | None) -> None:
+def _install(
+    config: RuntimeConfig,
+    models: list[VersionedModel],
+    worker: Worker | None,
+    watcher: Watcher,
+) -> None:
     """Replace kserve's REST and gRPC servers with ones that bind `config.host`, check
     the token and the body size, and answer malformed requests with 400 JSON. `worker`:
     this process is one of the supervisor's; it shares the ports and is ready only when
@@ -268,6 +136,8 @@ def _install(config: RuntimeConfig, models: list[ExportModel], worker: Worker | 
             app.add_middleware(Guard, keys=keys, max_body=config.max_request_size, host=config.host)
 
         async def start(self) -> None:
+            # Versions follow the run folder's live state from now on (versioned.py).
+            self.watching = asyncio.get_running_loop().create_task(watcher.run())
             if worker is None:
                 await super().start()
                 return
@@ -310,16 +180,20 @@ def _install(config: RuntimeConfig, models: list[ExportModel], worker: Worker | 
 
     ksms.RESTServer = Rest
     ksms.GRPCServer = Grpc
-    _install_platform({m.name: m.platform for m in models})
+    _install_metadata({m.name: m for m in models})
 
 
-def _install_platform(platforms: dict[str, str]) -> None:
-    """Model metadata names the model's platform, as the protocol asks (kserve sends "")."""
+def _install_metadata(models: dict[str, VersionedModel]) -> None:
+    """Model metadata names the model's platform, as the protocol asks (kserve sends ""),
+    and the versions it serves (kserve sends none)."""
     original = DataPlane.model_metadata
 
     async def model_metadata(self: DataPlane, model_name: str) -> dict[str, Any]:
         meta = await original(self, model_name)
-        return {**meta, "platform": platforms.get(model_name, meta.get("platform", ""))}
+        model = models.get(model_name)
+        if model is None:
+            return meta
+        return {**meta, "platform": model.default.platform, "versions": model.versions()}
 
     DataPlane.model_metadata = model_metadata  # type: ignore[method-assign]
 
@@ -346,13 +220,23 @@ class Worker:
         return self.every.exists()
 
 
-def serve(config: RuntimeConfig, worker: Worker | None = None) -> None:
-    """Serve `config.models` until SIGTERM; `worker`: as one of the supervisor's workers."""
+def serve(config: RuntimeConfig, run_dir: Path, worker: Worker | None = None) -> None:
+    """Serve `config.models` until SIGTERM; `worker`: as one of the supervisor's workers.
+    `run_dir`: where the live state is (a restarted worker starts with its versions)."""
     torch.set_num_threads(max(1, config.threads))
-    models = [ExportModel(m, config) for m in config.models]
+    models = []
+    for name, (wanted, exports) in initial(config.models, live.read(run_dir)).items():
+        loaded = {e.version: ExportModel(e, config) for e in exports}
+        models.append(VersionedModel(name, wanted, loaded))
     if worker is not None:
         WORKER.labels(slot=str(worker.slot), pid=str(os.getpid())).set(1)
-    _install(config, models, worker)
+    watcher = Watcher(
+        run_dir,
+        worker.slot if worker else 0,
+        {m.name: m for m in models},
+        lambda served: ExportModel(served, config),
+    )
+    _install(config, models, worker, watcher)
     server = kserve.ModelServer(
         http_port=config.http_port,
         grpc_port=config.grpc_port,
@@ -382,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     conf = Path(argv[0])
-    serve(RuntimeConfig.read(conf), Worker(conf, int(argv[2])) if len(argv) == 3 else None)
+    worker = Worker(conf, int(argv[2])) if len(argv) == 3 else None
+    serve(RuntimeConfig.read(conf), conf.parent, worker)
     return 0
 
 

@@ -57,8 +57,8 @@ ALLOWED = (
     ("GET", re.compile(r"/v2/health/(live|ready)")),
     ("GET", re.compile(r"/v2")),
     ("GET", re.compile(r"/metrics")),
-    ("GET", re.compile(rf"/v2/models/{_NAME}(/ready)?")),
-    ("POST", re.compile(rf"/v2/models/{_NAME}/infer")),
+    ("GET", re.compile(rf"/v2/models/{_NAME}(/versions/{_NAME})?(/ready)?")),
+    ("POST", re.compile(rf"/v2/models/{_NAME}(/versions/{_NAME})?/infer")),
 )
 # gRPC methods answered without a token (the health checks).
 OPEN_RPCS = frozenset(

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.core.paths import DEFAULT_STORE
 from pipeline.runtimes.torchserve.constants import (
     CONFIG_PROPERTIES,
     GATEWAY_CONFIG,
@@ -65,7 +64,6 @@ class TorchServe(runtime.Runtime):
         return mar
 
     def add_serve_options(self, group: argparse._ArgumentGroup, formats: list[str]) -> None:
-        group.add_argument("--store", type=Path, default=DEFAULT_STORE, help="default: model_store")
         group.add_argument(
             "--models",
             nargs="+",
@@ -104,7 +102,7 @@ class TorchServe(runtime.Runtime):
         models = [*(own.models or []), *options.models] or None
         return start(
             ServeConfig(
-                store=own.store,
+                store=options.store,
                 run_dir=options.run_dir,
                 models=models,
                 host=options.host,

@@ -1,0 +1,173 @@
+"""The KServe runtime's served models: one export version (`ExportModel`) and its checks.
+
+Import after kserve (runtime.py hides sys.argv from kserve's import).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from pathlib import Path
+from typing import Any
+
+import kserve
+import numpy as np
+import torch
+from kserve.errors import InvalidInput
+from prometheus_client import Gauge, Histogram
+
+from pipeline.export.opened import open_export
+from pipeline.formats import base as formats
+from pipeline.runtimes.kserve import binary
+from pipeline.runtimes.kserve.batching import Batcher
+from pipeline.runtimes.kserve.config import RuntimeConfig, ServedExport
+from pipeline.runtimes.kserve.fastpath import ClientError
+from pipeline_runtime import codec, oip
+from pipeline_runtime.request import MAX_ELEMENTS, SAMPLES_PER_BATCH
+
+log = logging.getLogger("pipeline.runtimes.kserve")
+
+BATCH_SIZE = Histogram(
+    "pipeline_kserve_batch_size",
+    "Requests per forward pass (dynamic batching)",
+    ["model_name"],
+    buckets=(1, 2, 4, 8, 16, 32, 64),
+)
+WARMED = Gauge("pipeline_kserve_warmed_up", "1 once the model ran its warm-up", ["model_name"])
+
+
+class Refused(InvalidInput, ClientError):  # noqa: N818 - the name tests and docs use
+    """A client error with its own HTTP status (413 for too many samples); gRPC: INVALID_ARGUMENT.
+    kserve's routes know it as InvalidInput, the fast REST route as ClientError."""
+
+    def __init__(self, reason: str, status: int = 400) -> None:
+        InvalidInput.__init__(self, reason)
+        self.status = status
+
+
+class ExportModel(kserve.Model):
+    """One export, served under `served.name` (as `served.version` of it, when published).
+    `inflight` counts the requests running on it: a version taken out of service is dropped
+    only once it is 0."""
+
+    def __init__(self, served: ServedExport, config: RuntimeConfig) -> None:
+        super().__init__(served.name)
+        self.version = served.version or 1  # an unpublished export answers as version 1
+        self.inflight = 0
+        exported = open_export(Path(served.export_dir))
+        manifest = exported.manifest
+        self.format = served.format
+        self.platform = formats.get(served.format).platform
+        self.runner = exported.load(served.format, "cpu", config.threads)
+        self.specs = manifest.input_specs(served.format)
+        self.output_specs = manifest.outputs
+        self.output_names = manifest.output_names
+        self.limits = codec.Limits(max_samples=SAMPLES_PER_BATCH * max(1, config.max_batch_size))
+        histogram = BATCH_SIZE.labels(model_name=served.name)
+        self.batcher = Batcher(
+            forward=self._forward,
+            input_axes={s.name: s.batch_axis for s in self.specs},
+            output_axes=[o.batch_axis or 0 for o in manifest.outputs],
+            max_batch_size=config.max_batch_size,
+            max_delay_ms=config.max_batch_delay_ms,
+            stack=manifest.serving.stack_requests,
+            on_batch=histogram.observe,
+        )
+        golden, _ = exported.golden()
+        self._forward(codec.warm_up_inputs({k: v.numpy() for k, v in golden.items()}, self.specs))
+        WARMED.labels(model_name=served.name).set(1)
+        log.info(
+            "%s (%s, %s, version %s) loaded and warmed up",
+            served.name, served.format, served.export_dir, self.version,
+        )  # fmt: skip
+        self.ready = True
+
+    def _forward(self, batch: dict[str, np.ndarray]) -> list[np.ndarray]:
+        with torch.inference_mode():
+            outputs = self.runner({k: torch.from_numpy(v) for k, v in batch.items()})
+        return [t.detach().cpu().numpy() for t in outputs.values()]
+
+    def get_input_types(self) -> list[dict[str, Any]]:
+        return [_describe(s.name, s.dtype, s.shape) for s in self.specs]
+
+    def get_output_types(self) -> list[dict[str, Any]]:
+        return [_describe(o.name, o.dtype, o.shape) for o in self.output_specs]
+
+    def decode(self, payload: Any) -> tuple[dict[str, np.ndarray], bool]:
+        """An InferRequest → checked arrays with their batch axis, and whether it had none."""
+        if not isinstance(payload, kserve.InferRequest):
+            raise Refused("Send an Open Inference Protocol (v2) request.")
+        return self.check(payload.inputs)
+
+    def check(self, tensors: Any) -> tuple[dict[str, np.ndarray], bool]:
+        """Input tensors (kserve's InferInput or oip.Tensor: name, datatype, shape,
+        as_numpy) → checked arrays with their batch axis, and whether they had none."""
+        names = [s.name for s in self.specs]
+        got = [i.name for i in tensors]
+        if sorted(map(str, got)) != sorted(names):
+            raise Refused(f"Inputs must be named {names}, got {got}.")
+        by_name = {s.name: s for s in self.specs}
+        arrays = {}
+        for item in tensors:
+            spec = by_name[item.name]
+            wanted = oip.NAMES.get(spec.dtype)
+            if item.datatype != wanted:
+                raise Refused(
+                    f"Input {spec.name!r}: datatype must be {wanted}, got {item.datatype!r}."
+                )
+            shape = item.shape
+            if (
+                not isinstance(shape, list | tuple)
+                or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape)
+                or any(d < 1 for d in shape)
+                or len(shape) > len(spec.shape)
+                or math.prod(shape) > MAX_ELEMENTS
+            ):
+                raise Refused(
+                    f"Input {spec.name!r}: shape {shape} is empty, negative, too large or has "
+                    f"too many dimensions; expected {list(spec.shape)}."
+                )
+            try:
+                # A copy: binary tensors are read-only views of the request body.
+                arrays[spec.name] = np.array(item.as_numpy())
+            except (InvalidInput, ClientError):
+                raise
+            except Exception as err:  # noqa: BLE001 - a bad tensor is this request's 400
+                raise Refused(
+                    f"Input {spec.name!r}: data does not match shape {list(shape)} and datatype "
+                    f"{item.datatype} ({type(err).__name__}: {err})."
+                ) from None
+        try:
+            return codec.check_arrays(arrays, self.specs, self.limits)
+        except codec.RequestError as err:
+            raise Refused(str(err), 413 if err.status == 413 else 400) from None
+
+    async def run(self, arrays: dict[str, np.ndarray], unbatched: bool) -> list[np.ndarray]:
+        """Checked arrays through the batcher → the outputs, in the request's own shape."""
+        self.inflight += 1
+        try:
+            outputs = await self.batcher.submit(arrays)
+        finally:
+            self.inflight -= 1
+        return [o[0] if o.ndim else o for o in outputs] if unbatched else outputs
+
+    async def predict(self, payload: Any, headers: dict[str, str] | None = None) -> Any:
+        outputs = await self.run(*self.decode(payload))
+        response = oip.Response(
+            tuple(
+                oip.Tensor.from_array(n, o) for n, o in zip(self.output_names, outputs, strict=True)
+            ),
+            id=payload.id or str(uuid.uuid4()),
+            model_name=self.name,
+            model_version=str(self.version),
+        )
+        return binary.infer_response(response, payload.use_binary_outputs, payload.request_outputs)
+
+
+def _describe(name: str, dtype: str, shape: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "datatype": oip.datatype_of(dtype) if dtype else "FP32",
+        "shape": [-1 if isinstance(d, str) else int(d) for d in shape],
+    }

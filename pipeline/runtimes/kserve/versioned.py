@@ -1,0 +1,202 @@
+"""A served model's versions inside one KServe runtime worker, and the watcher that
+keeps them as the run folder's live state says (pipeline.serving.live).
+
+`VersionedModel` is what kserve's repository holds under a model's name: REST
+(`fastpath.FastInfer`) and gRPC (kserve's servicer, `model_version`) ask it for the
+version a request names, or, unversioned, for the default or the canary's share.
+`Watcher` polls the live state; a change loads the new versions (off the event loop,
+warmed up before any request reaches them), then moves the routing in one step,
+then drops the versions no longer wanted once their in-flight requests are done, and
+acknowledges. Import after kserve (runtime.py hides sys.argv from kserve's import).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import kserve
+
+from pipeline.runtimes.kserve.config import ServedExport
+from pipeline.runtimes.kserve.models import ExportModel, Refused
+from pipeline.serving import live
+
+log = logging.getLogger("pipeline.runtimes.kserve")
+
+POLL_S = 0.1
+STATS_EVERY_S = 0.5
+
+# This worker's answers per (served name, version), written to the run folder for
+# `pipeline rollout`'s canary check (every worker writes its own file).
+TALLIES: dict[tuple[str, int], live.Tally] = {}
+
+
+def tally(name: str, version: int, started: float, ok: bool) -> None:
+    key = (name, version)
+    TALLIES.setdefault(key, live.Tally()).add((time.perf_counter() - started) * 1000.0, ok)
+
+
+class VersionedModel(kserve.Model):
+    """Every loaded version of one served model, and where unversioned requests go."""
+
+    def __init__(self, name: str, state: live.ModelVersions, loaded: dict[int, ExportModel]):
+        super().__init__(name)
+        self.state, self.loaded = state, loaded
+        self.splitter = live.Splitter()
+        self.ready = True
+
+    @property
+    def default(self) -> ExportModel:
+        return self.loaded[self.state.default]
+
+    def versions(self) -> list[str]:
+        return [str(v) for v in sorted(self.loaded)]
+
+    def pick(self, version: str | None) -> ExportModel:
+        """The version a request names, else the default (or the canary, for its share)."""
+        if version:
+            found = self.loaded.get(int(version)) if version.isdigit() else None
+            if found is None:
+                raise Refused(
+                    f"Model {self.name!r} has no version {version!r}; it serves "
+                    f"{', '.join(self.versions())}.",
+                    404,
+                )
+            return found
+        canary = self.state.canary
+        if canary in self.loaded and self.splitter.to_canary(self.state.percent):
+            return self.loaded[canary]
+        return self.default
+
+    def metadata(self, version: str) -> dict[str, Any]:
+        """The Open Inference Protocol's model metadata of one version."""
+        one = self.pick(version)
+        return {
+            "name": self.name,
+            "versions": self.versions(),
+            "platform": one.platform,
+            "inputs": one.get_input_types(),
+            "outputs": one.get_output_types(),
+        }
+
+    def record(self, version: int, started: float, ok: bool) -> None:
+        tally(self.name, version, started, ok)
+
+    # kserve's metadata of the unversioned model: the default version's tensors.
+    def get_input_types(self) -> list[dict[str, Any]]:
+        return self.default.get_input_types()
+
+    def get_output_types(self) -> list[dict[str, Any]]:
+        return self.default.get_output_types()
+
+    async def predict(self, payload: Any, headers: dict[str, str] | None = None) -> Any:
+        target = self.pick(getattr(payload, "model_version", None) or None)
+        started, ok = time.perf_counter(), False
+        try:
+            answer = await target.predict(payload, headers)
+            ok = True
+            return answer
+        except Refused:
+            ok = True  # the client's fault: no mark against the version
+            raise
+        finally:
+            self.record(target.version, started, ok)
+
+
+def initial(
+    models: list[ServedExport], state: live.LiveState | None
+) -> dict[str, tuple[live.ModelVersions, list[ServedExport]]]:
+    """What each served name starts with: the live state's versions when the run folder
+    has one (a worker the supervisor restarted), else the configured export as its only
+    version."""
+    out = {}
+    for served in models:
+        wanted = state.models.get(served.name) if state else None
+        if wanted is None:
+            number = served.version or 1
+            loaded = live.Loaded(number, served.export_dir, served.format)
+            wanted = live.ModelVersions({number: loaded}, number)
+        out[served.name] = (
+            wanted,
+            [
+                ServedExport(served.name, v.export_dir, v.format, version=v.version)
+                for v in wanted.versions.values()
+            ],
+        )
+    return out
+
+
+class Watcher:
+    """Applies the run folder's live state to this worker's models (see the module doc)."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        slot: int,
+        models: dict[str, VersionedModel],
+        load: Callable[[ServedExport], ExportModel],
+    ) -> None:
+        self.run_dir, self.slot, self.models, self.load = Path(run_dir), slot, models, load
+        self._seen: int | None = None
+        self._draining: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        last_stats = 0.0
+        written: dict[tuple[str, int], int] = {}
+        while True:
+            try:
+                await self.poll()
+            except Exception:  # the watcher must outlive one bad state file
+                log.exception("applying %s failed", self.run_dir / live.STATE)
+            now = time.monotonic()
+            counts = {k: t.requests for k, t in TALLIES.items()}
+            if counts != written and now - last_stats >= STATS_EVERY_S:
+                live.write_stats(self.run_dir, self.slot, TALLIES)
+                written, last_stats = counts, now
+            await asyncio.sleep(POLL_S)
+
+    async def poll(self) -> None:
+        try:
+            stamp = (self.run_dir / live.STATE).stat().st_mtime_ns
+        except FileNotFoundError:
+            return
+        if stamp == self._seen:
+            return
+        self._seen = stamp
+        state = live.read(self.run_dir)
+        if state is not None:
+            error = await self.apply(state)
+            live.ack(self.run_dir, self.slot, state.generation, error)
+
+    async def apply(self, state: live.LiveState) -> str | None:
+        """Load what is new, move the routing, drop what is gone; the first error, or None."""
+        loop = asyncio.get_running_loop()
+        for name, wanted in state.models.items():
+            model = self.models.get(name)
+            if model is None:
+                return f"this server does not serve {name!r}; it serves {sorted(self.models)}"
+            for number, where in sorted(wanted.versions.items()):
+                if number in model.loaded:
+                    continue
+                served = ServedExport(name, where.export_dir, where.format, version=number)
+                try:
+                    model.loaded[number] = await loop.run_in_executor(None, self.load, served)
+                except Exception as err:  # reported to the rollout, which undoes it
+                    log.exception("loading %s version %d failed", name, number)
+                    return f"loading {name} version {number} failed: {type(err).__name__}: {err}"
+            model.state = wanted  # one assignment: each request sees the old or the new split
+            for number in sorted(set(model.loaded) - set(wanted.versions)):
+                task = loop.create_task(self._drop(model, model.loaded.pop(number)))
+                self._draining.add(task)
+                task.add_done_callback(self._draining.discard)
+        return None
+
+    async def _drop(self, model: VersionedModel, old: ExportModel) -> None:
+        """Let the requests already on `old` finish (they hold it), then let it go."""
+        while old.inflight:
+            await asyncio.sleep(0.01)
+        log.info("%s version %d unloaded (no request in flight)", model.name, old.version)

@@ -1,0 +1,224 @@
+"""The versioned model store: every published export, numbered, with what vouches for it.
+
+The layout is Triton's model repository (`<model>/<version>/`), inside the same
+`model_store/` that holds TorchServe's archives:
+
+    model_store/
+      digits_lenet_ts.mar          TorchServe's archives stay flat (TorchServe reads its
+                                   store as one folder of .mar files)
+      digits_lenet/                one folder per model (its slug: torchvision_resnet18)
+        1/                         the export folder as export wrote it (manifest.json,
+          publish.json             artifacts, golden I/O), plus its provenance: the
+          parity.json              checkpoint and the verify report behind it
+        2/
+        versions.json              the default-version pointer and its history
+
+Versions are increasing integers and never reused: a version's folder is written
+under a temporary name and renamed into place, so a reader sees all of it or none.
+The pointer (`versions.json`) survives stop and serve: `pipeline serve` serves the
+default version, `pipeline rollout` and `pipeline rollback` move it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.core import paths
+from pipeline.core.errors import PipelineError
+from pipeline.core.fileio import write_json
+from pipeline.core.manifest import read_manifest
+
+POINTER = "versions.json"
+PROVENANCE = "publish.json"
+REPORT = "parity.json"
+
+
+class VersionError(PipelineError):
+    """The store has no such model or version, or cannot take this export."""
+
+
+@dataclass(frozen=True)
+class Version:
+    """One published export: `model_store/<model>/<number>/`."""
+
+    model: str
+    number: int
+    dir: Path
+
+    def provenance(self) -> dict[str, Any]:
+        path = self.dir / PROVENANCE
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise VersionError(f"{path} is missing or unreadable ({err}).") from None
+
+
+@dataclass
+class Pointer:
+    """`versions.json`: the default version and the defaults before it (newest last)."""
+
+    default: int | None = None
+    history: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"default": self.default, "history": self.history}
+
+
+def number_of(export_dir: Path) -> int | None:
+    """The version a store folder holds (its publish.json), None for an export folder."""
+    try:
+        return int(json.loads((Path(export_dir) / PROVENANCE).read_text())["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def model_folder(model: str, store: Path = paths.DEFAULT_STORE) -> Path:
+    return Path(store) / paths.model_slug(model)
+
+
+def versions(model: str, store: Path = paths.DEFAULT_STORE) -> list[Version]:
+    """The model's published versions, oldest first (none: an empty list)."""
+    folder = model_folder(model, store)
+    if not folder.is_dir():
+        return []
+    found = [
+        Version(model, int(p.name), p)
+        for p in folder.iterdir()
+        if p.is_dir() and p.name.isdigit() and (p / PROVENANCE).is_file()
+    ]
+    return sorted(found, key=lambda v: v.number)
+
+
+def get(model: str, number: int, store: Path = paths.DEFAULT_STORE) -> Version:
+    for v in versions(model, store):
+        if v.number == number:
+            return v
+    held = [v.number for v in versions(model, store)]
+    raise VersionError(
+        f"{model} has no version {number} in {store}"
+        + (f"; it has {', '.join(map(str, held))}." if held else "; publish one with "
+           f"`pipeline publish --model {model}`.")
+    )  # fmt: skip
+
+
+def read_pointer(model: str, store: Path = paths.DEFAULT_STORE) -> Pointer:
+    path = model_folder(model, store) / POINTER
+    if not path.is_file():
+        return Pointer()
+    try:
+        data = json.loads(path.read_text())
+        return Pointer(data.get("default"), [int(v) for v in data.get("history", [])])
+    except (OSError, ValueError, TypeError) as err:
+        raise VersionError(f"{path} is unreadable ({err}); it names the default version.") from None
+
+
+def write_pointer(model: str, pointer: Pointer, store: Path = paths.DEFAULT_STORE) -> None:
+    write_json(model_folder(model, store) / POINTER, pointer.to_json())
+
+
+def default(model: str, store: Path = paths.DEFAULT_STORE) -> Version | None:
+    """The version `pipeline serve` serves: the pointer's, else the newest; None: none."""
+    pointer = read_pointer(model, store)
+    if pointer.default is not None:
+        return get(model, pointer.default, store)
+    held = versions(model, store)
+    return held[-1] if held else None
+
+
+def set_default(model: str, number: int, store: Path = paths.DEFAULT_STORE) -> Pointer:
+    """Point the default at `number` (which must exist); the old default joins the history."""
+    get(model, number, store)
+    pointer = read_pointer(model, store)
+    if pointer.default != number:
+        if pointer.default is not None:
+            pointer.history.append(pointer.default)
+        pointer.default = number
+        write_pointer(model, pointer, store)
+    return pointer
+
+
+def previous(model: str, store: Path = paths.DEFAULT_STORE) -> int:
+    """The default before the current one (what a rollback returns to)."""
+    pointer = read_pointer(model, store)
+    earlier = [v for v in pointer.history if v != pointer.default]
+    if not earlier:
+        raise VersionError(
+            f"{model} has no earlier default to roll back to (default {pointer.default}, "
+            "history empty)."
+        )
+    return earlier[-1]
+
+
+def roll_back_pointer(model: str, store: Path = paths.DEFAULT_STORE) -> Pointer:
+    """The default moves back to the previous one, which leaves the history."""
+    back = previous(model, store)
+    pointer = read_pointer(model, store)
+    pointer.history = pointer.history[
+        : len(pointer.history) - 1 - pointer.history[::-1].index(back)
+    ]
+    pointer.default = back
+    write_pointer(model, pointer, store)
+    return pointer
+
+
+@dataclass
+class Published:
+    version: Version
+    report: Path
+    made_default: bool
+
+
+def publish(
+    model: str,
+    export_dir: Path,
+    report: Path,
+    store: Path = paths.DEFAULT_STORE,
+) -> Published:
+    """Copy the export in `export_dir` into the store as the model's next version, with the
+    passing verify `report` behind it. The first version becomes the default; later ones
+    wait for `pipeline rollout`."""
+    manifest = read_manifest(export_dir)  # PipelineError when missing or unreadable
+    if manifest.model.name != model:
+        raise VersionError(f"{export_dir} holds {manifest.model.name!r}, not {model!r}.")
+    parity = json.loads(Path(report).read_text())
+    folder = model_folder(model, store)
+    folder.mkdir(parents=True, exist_ok=True)
+    held = versions(model, store)
+    taken = [int(p.name) for p in folder.iterdir() if p.name.isdigit()]
+    number = max([0, *taken, *(v.number for v in held)]) + 1
+    staging = Path(tempfile.mkdtemp(prefix=f".{number}.", dir=folder))
+    try:
+        target = staging / "v"
+        shutil.copytree(export_dir, target, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy2(report, target / REPORT)
+        write_json(
+            target / PROVENANCE,
+            {
+                "model": model,
+                "version": number,
+                "published": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "source": str(Path(export_dir).resolve()),
+                "checkpoint": manifest.checkpoint.to_json(),
+                "formats": sorted(k for k in manifest.artifacts if k not in manifest.failed),
+                "verify": {
+                    "report": REPORT,
+                    "passed": bool(parity.get("passed")),
+                    "created": parity.get("created"),
+                    "checks": len(parity.get("rows", [])),
+                },
+            },
+        )
+        target.rename(folder / str(number))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    version = Version(model, number, folder / str(number))
+    first = read_pointer(model, store).default is None
+    if first:
+        set_default(model, number, store)
+    return Published(version, folder / str(number) / REPORT, first)
