@@ -5,7 +5,8 @@ protobuf's default descriptor pool, so one process cannot import both (the
 second import fails: duplicate symbol 'inference.ServerLiveRequest'). The
 tests import kserve, so they drive Triton's gRPC client through this module:
 
-    python -m tests.triton_grpc infer HOST:PORT TOKEN MODEL INPUT IN.npy OUTPUT OUT.npy
+    python -m tests.triton_grpc infer HOST:PORT TOKEN MODEL INPUT IN.npy OUTPUT OUT.npy [VERSION]
+                                     # prints {"model_version": ...} of the answer
     python -m tests.triton_grpc describe HOST:PORT TOKEN MODEL...   # JSON on stdout
 """
 
@@ -25,12 +26,15 @@ def main(argv: list[str]) -> int:
     client = tgrpc.InferenceServerClient(url)
     try:
         if command == "infer":
-            model, name, source, output, target = rest
+            model, name, source, output, target, *version = rest
             x = np.load(source)
             tensor = tgrpc.InferInput(name, list(x.shape), "FP32")
             tensor.set_data_from_numpy(x)
-            result = client.infer(model, [tensor], headers=headers)
+            result = client.infer(
+                model, [tensor], model_version=version[0] if version else "", headers=headers
+            )
             np.save(target, result.as_numpy(output))
+            print(json.dumps({"model_version": result.get_response().model_version}))
             return 0
         described = {
             "live": client.is_server_live(),

@@ -17,6 +17,7 @@ from pipeline.cli.deploy import add_deploy_command, add_serving_commands
 from pipeline.cli.measure import add_bench_command, add_cpp_commands
 from pipeline.cli.train import add_train_command
 from pipeline.cli.verify import add_verify_command
+from pipeline.cli.versions import add_version_commands
 from pipeline.core import paths
 from pipeline.core.errors import PipelineError
 from pipeline.core.noise import quiet_libraries
@@ -272,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_verify_command(sub)
     add_serving_commands(sub)
+    add_version_commands(sub)
     add_cpp_commands(sub)
     add_bench_command(sub)
     add_deploy_command(sub)

@@ -85,6 +85,13 @@ def add_client_commands(sub: argparse._SubParsersAction, formats: list[str]) -> 
         "npy-untyped (no Content-Type), json-form, npy-form (curl's default form type); "
         "default: json",
     )
+    p.add_argument(
+        "--by-version",
+        action="store_true",
+        help="check each answer against eager of the version it names (its model_version), "
+        "every published version in --store: a load run across `pipeline rollout`",
+    )
+    p.add_argument("--store", type=Path, default=paths.DEFAULT_STORE, help="default: model_store")
     p.add_argument("--json", type=Path, help="also write the report as JSON")
     run_dir_arg(p)
     p.set_defaults(func=_cmd_loadtest)
@@ -103,6 +110,7 @@ def _cmd_loadtest(args: argparse.Namespace) -> int:
         kill_worker_after=args.kill_worker_after,
         encodings=tuple(e.strip() for e in args.encodings.split(",") if e.strip()),
         runtime=args.runtime,
+        store=args.store if args.by_version else None,
     )
     say = functools.partial(print, flush=True)
     report = run_served(config, private=args.serve, say=say)

@@ -110,6 +110,10 @@ class ExportedModel:
         return self.entry.sample_inputs(self.entry.sizes(batch=batch), gen)
 
 
+# A copy of the checkpoint inside the export folder (pipeline.serving.versions writes it).
+OWN_CHECKPOINT = "checkpoint.pt"
+
+
 def open_export(
     export_dir: Path, *, model: str | None = None, checkpoint: Path | None = None
 ) -> ExportedModel:
@@ -128,6 +132,10 @@ def open_export(
         else entry_from_manifest(manifest)
     )
     ckpt_path = Path(checkpoint) if checkpoint else export_dir / manifest.checkpoint.path
+    if checkpoint is None and not ckpt_path.is_file() and (export_dir / OWN_CHECKPOINT).is_file():
+        # A self-contained export (a version in the store, `pipeline publish`) carries its
+        # own copy; its sha256 is checked below like any other.
+        ckpt_path = export_dir / OWN_CHECKPOINT
     loaded = load_checkpoint(ckpt_path)
     if loaded.meta["weights_sha256"] != manifest.checkpoint.sha256:
         raise ArtifactError(

@@ -81,9 +81,10 @@ def _headers(
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def prediction_url(server: Server, model: str) -> str:
-    """The inference URL of `model` on `server`, in its runtime's protocol."""
-    return server.inference_url + runtime.of(server).protocol.infer_path(model)
+def prediction_url(server: Server, model: str, version: str | None = None) -> str:
+    """The inference URL of `model` (of its `version`) on `server`, in its runtime's
+    protocol."""
+    return server.inference_url + runtime.of(server).protocol.infer_path(model, version)
 
 
 @dataclass
@@ -145,10 +146,11 @@ class Client:
         body: bytes,
         content_type: str = "application/json",
         headers: dict[str, str] | None = None,
+        version: str | None = None,
     ) -> Answer:
-        """POST to `model`'s inference route; resends what is safe to resend. `headers`
-        adds protocol headers (the OIP binary extension's header length)."""
-        url = prediction_url(self.server, model)
+        """POST to `model`'s inference route (its `version`'s); resends what is safe to
+        resend. `headers` adds protocol headers (the OIP binary extension's header length)."""
+        url = prediction_url(self.server, model, version)
         headers = {**self.headers, **(headers or {}), "Content-Type": content_type}
         for attempt in range(self.retries + 1):
             if attempt:
@@ -245,12 +247,13 @@ def post(
     timeout: float = 60.0,
     retries: int = RETRIES,
     headers: dict[str, str] | None = None,
+    version: str | None = None,
 ) -> httpx.Response:
     """POST to `model`'s inference route with the inference token; the server's answer,
     whatever its status. ClientError when there is none (unreachable after the retries, or
     a timeout)."""
     with Client(server, timeout=timeout, retries=retries, token=token) as client:
-        answer = client.send(model, body, content_type, headers)
+        answer = client.send(model, body, content_type, headers, version)
     if answer.response is None:
         raise ClientError(answer.problem)
     return answer.response

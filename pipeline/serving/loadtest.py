@@ -85,6 +85,9 @@ class LoadConfig:
     encodings: tuple[str, ...] = ("json",)
     # The private server's runtime (run_served(private=True)); None: `pipeline serve`'s default.
     runtime: str | None = None
+    # A versioned store: each answer is checked against eager of the version it names
+    # (across a rollout, canary and rollback); None: every answer against `export_dir`'s.
+    store: Path | None = None
 
     def validate(self) -> None:
         if self.requests < 1 or self.concurrency < 1 or self.pool < 1:
@@ -122,6 +125,7 @@ class LoadReport:
     worker_pids_after: list[int] = field(default_factory=list)
     killed_pid: int | None = None
     recovery_s: float | None = None  # SIGKILL until a new worker was READY
+    by_version: dict[str, int] = field(default_factory=dict)  # answers per version named
     errors: list[str] = field(default_factory=list)  # the first few, for the report
 
     @property
@@ -148,6 +152,9 @@ class LoadReport:
             lines.append(
                 f"  worker {self.killed_pid} SIGKILLed; a new worker was READY in {recovery}"
             )
+        if len(self.by_version) > 1 or "None" not in self.by_version:
+            answered = ", ".join(f"{v}: {n}" for v, n in sorted(self.by_version.items()))
+            lines.append(f"  answers by version: {answered}")
         lines += [f"  error: {e}" for e in self.errors]
         lines.append("  PASSED" if self.passed else "  FAILED")
         return "\n".join(lines)
@@ -174,17 +181,29 @@ def _percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1]
 
 
+Expected = dict[str | None, list[dict[str, torch.Tensor]]]
+
+
 def _inputs_pool(
     config: LoadConfig, exported: ExportedModel, rt: runtime.Runtime
-) -> tuple[list[wire.Body], list[dict[str, torch.Tensor]]]:
-    """`pool` bodies in `rt`'s protocol with the eager outputs each must get back."""
-    bodies, expected = [], []
+) -> tuple[list[wire.Body], Expected]:
+    """`pool` bodies in `rt`'s protocol with the eager outputs each must get back: by the
+    version that answers (None: any, `exported`'s; with `config.store`, every published
+    version's own eager outputs as well)."""
+    bodies, pool = [], []
     for i in range(config.pool):
         inputs = exported.sample(1, seed=config.seed + i)
         kind, content_type = ENCODINGS[config.encodings[i % len(config.encodings)]]
         body = rt.protocol.encode(inputs, binary=kind == "npy")
         bodies.append(rt.protocol.encode_as(body, content_type))
-        expected.append(exported.eager(inputs))
+        pool.append(inputs)
+    expected: Expected = {None: [exported.eager(x) for x in pool]}
+    if config.store is not None:
+        from pipeline.serving import versions
+
+        for v in versions.versions(exported.name, config.store):
+            opened = v.open()
+            expected[str(v.number)] = [opened.eager(x) for x in pool]
     return bodies, expected
 
 
@@ -230,10 +249,16 @@ async def _run(
             return
         report.answered += 1
         try:
+            named = wire.answer_version(answer.response)
+            report.by_version[str(named)] = report.by_version.get(str(named), 0) + 1
+            if config.store is None or named is None:
+                named = None
+            if named not in expected:
+                raise KeyError(f"version {named}, which {config.store} does not hold, answered")
             got = wire.answer_outputs(answer.response)
             ok = all(
                 compare_tensor(
-                    expected[k][o.name],
+                    expected[named][k][o.name],
                     got[o.name].to(getattr(torch, o.dtype)),
                     tolerance.atol,
                     tolerance.rtol,
@@ -275,6 +300,7 @@ async def _run(
         warm_failed = report.failed
         # server_errors is not reset: a 5xx during warm-up fails the run too.
         report.answered = report.failed = report.wrong = report.retried = 0
+        report.by_version.clear()
         if warm_failed:
             report.errors.append(f"{warm_failed} warm-up request(s) failed")
         latencies.clear()

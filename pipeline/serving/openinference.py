@@ -29,7 +29,9 @@ class OpenInference(Protocol):
         # A server that reads OIP JSON only (the tests' toy runtime) says so here.
         self.encodings = encodings
 
-    def infer_path(self, name: str) -> str:
+    def infer_path(self, name: str, version: str | None = None) -> str:
+        if version:
+            return f"/v2/models/{name}/versions/{version}/infer"
         return f"/v2/models/{name}/infer"
 
     def encode(self, inputs: Mapping[str, torch.Tensor | np.ndarray], binary: bool = False) -> Body:
@@ -87,14 +89,16 @@ class OpenInference(Protocol):
         inputs: Mapping[str, torch.Tensor],
         *,
         timeout: float = 120.0,
+        version: str | None = None,
     ) -> dict[str, torch.Tensor]:
         """Over REST: OIP JSON tensors (the binary form is loadtest's and bench's)."""
         from pipeline.serving import client, wire
 
         body = self.encode(inputs)
         resp = client.post(
-            server, name, body.content, body.content_type, timeout=timeout, retries=0
-        )
+            server, name, body.content, body.content_type, timeout=timeout, retries=0,
+            version=version,
+        )  # fmt: skip
         if resp.status_code != 200:
             raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
         return wire.answer_outputs(resp)
@@ -107,6 +111,7 @@ class OpenInference(Protocol):
         grpc_url: str,
         *,
         timeout: float = 120.0,
+        version: str | None = None,
     ) -> dict[str, torch.Tensor]:
         """Over gRPC (the OIP service at `grpc_url`, TLS when the server serves HTTPS): raw
         little-endian bytes (`raw_input_contents`), the token in the `authorization`
@@ -120,6 +125,7 @@ class OpenInference(Protocol):
         request = oip.Request(
             tuple(oip.Tensor.from_array(k, t.contiguous().numpy()) for k, t in inputs.items()),
             model_name=name,
+            model_version=version,
         ).to_grpc()
         if server.inference_url.startswith("https://"):
             ca = Path(server.ca_file).read_bytes() if server.ca_file else None

@@ -36,8 +36,9 @@ class Protocol(abc.ABC):
     encodings: tuple[str, ...] | None = None
 
     @abc.abstractmethod
-    def infer_path(self, name: str) -> str:
-        """The inference route of served `name`."""
+    def infer_path(self, name: str, version: str | None = None) -> str:
+        """The inference route of served `name` (of its `version`: None, the default's or
+        the canary's share, as the server routes unversioned requests)."""
 
     @abc.abstractmethod
     def encode(self, inputs: Mapping[str, torch.Tensor], binary: bool = False) -> Body:

@@ -39,6 +39,7 @@ from pipeline.serving.names import BUILTIN, BUILTIN_RUNTIMES, Declared
 
 if TYPE_CHECKING:
     from pipeline.export.opened import ExportedModel
+    from pipeline.serving.live import LiveState, Tally
     from pipeline.serving.protocol import Protocol
     from pipeline.serving.server import Server
     from pipeline_runtime.manifest import Manifest
@@ -230,6 +231,30 @@ class Runtime(abc.ABC):
     @abc.abstractmethod
     def fix_command(self, model: str) -> str:
         """The command that makes a stale server serve the export on disk."""
+
+    # -- versions on a running server (pipeline rollout / rollback) -------------------
+    def live_state(self, server: Server) -> LiveState | None:
+        """The versions `server` serves now and where unversioned requests go (the live
+        state; before any rollout, the ones it started with). None: this runtime cannot
+        change versions while it serves, and `pipeline rollout` says so."""
+        return None
+
+    def apply_live(self, server: Server, state: LiveState, timeout_s: float) -> None:
+        """Make `server` serve `state` (load new versions beside the old, move the split,
+        drop what is gone once its requests finish); return when every worker does.
+        pipeline.serving.live.LiveError when a worker could not."""
+        raise NotImplementedError(f"{self.title} cannot change versions while serving")
+
+    def live_stats(self, server: Server) -> dict[tuple[str, int], Tally]:
+        """Every worker's answers per (served name, version) since the server started."""
+        return {}
+
+    def version_backends(
+        self, server: Server, served_name: str, version: int, manifest: Manifest
+    ) -> list[Any]:
+        """Verify backends that reach `version` of `served_name` by its versioned route
+        (rollout's live check against that version's own golden I/O and probes)."""
+        raise NotImplementedError(f"{self.title} has no versioned routes")
 
     # -- bench ----------------------------------------------------------------------
     @abc.abstractmethod

@@ -27,16 +27,21 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.core import paths
+from pipeline.core.checkpoint import sidecar_path
 from pipeline.core.errors import PipelineError
 from pipeline.core.fileio import write_json
 from pipeline.core.manifest import read_manifest
 
+if TYPE_CHECKING:
+    from pipeline.export.opened import ExportedModel
+
 POINTER = "versions.json"
 PROVENANCE = "publish.json"
 REPORT = "parity.json"
+CHECKPOINT = "checkpoint.pt"  # export.opened.OWN_CHECKPOINT: open_export finds it there
 
 
 class VersionError(PipelineError):
@@ -50,6 +55,16 @@ class Version:
     model: str
     number: int
     dir: Path
+
+    @property
+    def checkpoint(self) -> Path:
+        """Its own copy of the checkpoint (the eager reference verify and loadtest use)."""
+        return self.dir / CHECKPOINT
+
+    def open(self) -> ExportedModel:
+        from pipeline.export.opened import open_export
+
+        return open_export(self.dir, model=self.model, checkpoint=self.checkpoint)
 
     def provenance(self) -> dict[str, Any]:
         path = self.dir / PROVENANCE
@@ -79,7 +94,7 @@ def number_of(export_dir: Path) -> int | None:
 
 
 def model_folder(model: str, store: Path = paths.DEFAULT_STORE) -> Path:
-    return Path(store) / paths.model_slug(model)
+    return Path(store).resolve() / paths.model_slug(model)
 
 
 def versions(model: str, store: Path = paths.DEFAULT_STORE) -> list[Version]:
@@ -178,14 +193,17 @@ def publish(
     model: str,
     export_dir: Path,
     report: Path,
+    checkpoint: Path,
     store: Path = paths.DEFAULT_STORE,
 ) -> Published:
     """Copy the export in `export_dir` into the store as the model's next version, with the
-    passing verify `report` behind it. The first version becomes the default; later ones
-    wait for `pipeline rollout`."""
+    passing verify `report` and the `checkpoint` behind it. The first version becomes the
+    default; later ones wait for `pipeline rollout`."""
     manifest = read_manifest(export_dir)  # PipelineError when missing or unreadable
     if manifest.model.name != model:
         raise VersionError(f"{export_dir} holds {manifest.model.name!r}, not {model!r}.")
+    if not Path(checkpoint).is_file():
+        raise VersionError(f"The checkpoint {checkpoint} behind {export_dir} is missing.")
     parity = json.loads(Path(report).read_text())
     folder = model_folder(model, store)
     folder.mkdir(parents=True, exist_ok=True)
@@ -197,6 +215,8 @@ def publish(
         target = staging / "v"
         shutil.copytree(export_dir, target, ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copy2(report, target / REPORT)
+        shutil.copy2(checkpoint, target / CHECKPOINT)
+        shutil.copy2(sidecar_path(Path(checkpoint)), sidecar_path(target / CHECKPOINT))
         write_json(
             target / PROVENANCE,
             {
@@ -204,7 +224,7 @@ def publish(
                 "version": number,
                 "published": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                 "source": str(Path(export_dir).resolve()),
-                "checkpoint": manifest.checkpoint.to_json(),
+                "checkpoint": manifest.checkpoint.to_json() | {"copied_from": str(checkpoint)},
                 "formats": sorted(k for k in manifest.artifacts if k not in manifest.failed),
                 "verify": {
                     "report": REPORT,

@@ -154,6 +154,25 @@ def oip_from_file(content: bytes, kind: str, inputs: list[dict[str, Any]]) -> di
     return {k: np.asarray(v, dtype=dtypes[k]) for k, v in named.items()}
 
 
+# The response header TorchServe's gateway names the answering version in (OIP answers carry
+# `model_version` in their JSON instead).
+VERSION_HEADER = "X-Model-Version"
+
+
+def answer_version(response: Any) -> str | None:
+    """The version that gave an answer: the header, else the OIP JSON's `model_version`."""
+    named = response.headers.get(VERSION_HEADER)
+    if named:
+        return str(named)
+    length = response.headers.get(HEADER_LENGTH)
+    try:
+        body = json.loads(response.content[: int(length)] if length else response.content)
+    except (ValueError, TypeError):
+        return None
+    version = body.get("model_version") if isinstance(body, dict) else None
+    return str(version) if version is not None else None
+
+
 def answer_outputs(response: Any) -> dict[str, torch.Tensor]:
     """`decode()` on an httpx response."""
     return decode(response.content, response.headers)
@@ -161,9 +180,11 @@ def answer_outputs(response: Any) -> dict[str, torch.Tensor]:
 
 __all__ = [
     "HEADER_LENGTH",
+    "VERSION_HEADER",
     "Body",
     "WireError",
     "answer_outputs",
+    "answer_version",
     "decode",
     "numpy_body",
     "oip_binary",

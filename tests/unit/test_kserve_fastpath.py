@@ -214,7 +214,8 @@ def test_a_named_version_answers_and_says_so_and_an_unknown_one_is_a_404() -> No
     assert json.loads(message["body"])["model_version"] == "1"  # unversioned: the default
     start, message = _asgi(app, "/v2/models/m/versions/3/infer", body)
     assert start["status"] == 404 and "no version '3'" in json.loads(message["body"])["error"]
-    assert versions.recorded == [(2, True), (1, True)]  # a refused version counts for none
+    # Only the unversioned request counts: a canary is judged on the traffic split to it.
+    assert versions.recorded == [(1, True)]
 
 
 def test_a_versions_metadata_and_readiness_are_answered_here() -> None:

@@ -27,6 +27,7 @@ from pipeline.serving import runtime
 
 if TYPE_CHECKING:
     from pipeline.export.opened import ExportedModel
+    from pipeline.serving.live import LiveState, Tally
     from pipeline.serving.protocol import Protocol
     from pipeline.serving.runtime import BenchSettings, ServeOptions
     from pipeline.serving.server import Server
@@ -226,6 +227,28 @@ class KServe(runtime.Runtime):
 
     def fix_command(self, model: str) -> str:
         return f"pipeline stop && pipeline serve --runtime kserve --model {model}"
+
+    def live_state(self, server: Server) -> LiveState | None:
+        from pipeline.runtimes.kserve.liveops import live_state
+
+        return live_state(server)
+
+    def apply_live(self, server: Server, state: LiveState, timeout_s: float) -> None:
+        from pipeline.runtimes.kserve.liveops import apply_live
+
+        apply_live(server, state, timeout_s)
+
+    def live_stats(self, server: Server) -> dict[tuple[str, int], Tally]:
+        from pipeline.serving.live import read_stats
+
+        return read_stats(Path(server.run_dir))
+
+    def version_backends(
+        self, server: Server, served_name: str, version: int, manifest: Manifest
+    ) -> list[Any]:
+        from pipeline.runtimes.kserve.liveops import version_backends
+
+        return version_backends(server, served_name, version, manifest)
 
     def bench(
         self, model: str, exported: ExportedModel, settings: BenchSettings

@@ -216,7 +216,8 @@ class FastInfer:
             answer = _error(f"Inference failed: {type(err).__name__}: {err}")
         await _answer(send, status, content_type, answer, extra)
         if model is not None:
-            versions.record(model.version, started, status < 500)
+            if match[2] is None:  # the split's traffic: what a canary is judged on
+                versions.record(model.version, started, status < 500)
             REQUEST_SECONDS.labels(model_name=model.name).observe(time.perf_counter() - started)
 
     async def _version(self, send: Send, versions: Versions, version: str, ready: bool) -> None:

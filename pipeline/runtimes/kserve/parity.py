@@ -29,10 +29,18 @@ class KServeBackend:
     in_process = False
 
     def __init__(
-        self, server: Server, served_name: str, fmt: str, manifest: Manifest, transport: str
+        self,
+        server: Server,
+        served_name: str,
+        fmt: str,
+        manifest: Manifest,
+        transport: str,
+        version: int | None = None,
     ) -> None:
         self.server, self.served_name, self.transport = server, served_name, transport
-        self.name = f"{NAME}/{transport}/{fmt}"
+        self.version = None if version is None else str(version)  # None: the unversioned route
+        at = "" if version is None else f"@{version}"
+        self.name = f"{NAME}/{transport}/{fmt}{at}"
         self.format_key = fmt
         self.outputs = manifest.outputs
 
@@ -43,10 +51,13 @@ class KServeBackend:
         }
 
     def _rest(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return OIP.infer(self.server, self.served_name, inputs)
+        return OIP.infer(self.server, self.served_name, inputs, version=self.version)
 
     def _grpc(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return OIP.infer_grpc(self.server, self.served_name, inputs, self.server.extras["grpc_url"])
+        return OIP.infer_grpc(
+            self.server, self.served_name, inputs, self.server.extras["grpc_url"],
+            version=self.version,
+        )  # fmt: skip
 
 
 def _model_of(served: ServedExport, server: Server) -> str:

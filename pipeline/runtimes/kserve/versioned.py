@@ -94,7 +94,8 @@ class VersionedModel(kserve.Model):
         return self.default.get_output_types()
 
     async def predict(self, payload: Any, headers: dict[str, str] | None = None) -> Any:
-        target = self.pick(getattr(payload, "model_version", None) or None)
+        asked = getattr(payload, "model_version", None) or None
+        target = self.pick(asked)
         started, ok = time.perf_counter(), False
         try:
             answer = await target.predict(payload, headers)
@@ -104,7 +105,8 @@ class VersionedModel(kserve.Model):
             ok = True  # the client's fault: no mark against the version
             raise
         finally:
-            self.record(target.version, started, ok)
+            if asked is None:  # the split's traffic: what a canary is judged on
+                self.record(target.version, started, ok)
 
 
 def initial(
@@ -141,7 +143,7 @@ class Watcher:
         load: Callable[[ServedExport], ExportModel],
     ) -> None:
         self.run_dir, self.slot, self.models, self.load = Path(run_dir), slot, models, load
-        self._seen: int | None = None
+        self._seen: tuple[int, int, int] | None = None
         self._draining: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
@@ -161,9 +163,11 @@ class Watcher:
 
     async def poll(self) -> None:
         try:
-            stamp = (self.run_dir / live.STATE).stat().st_mtime_ns
+            found = (self.run_dir / live.STATE).stat()
         except FileNotFoundError:
             return
+        # Each write is a new file renamed into place: a new inode, even within one tick.
+        stamp = (found.st_ino, found.st_mtime_ns, found.st_size)
         if stamp == self._seen:
             return
         self._seen = stamp
@@ -183,6 +187,7 @@ class Watcher:
                 if number in model.loaded:
                     continue
                 served = ServedExport(name, where.export_dir, where.format, version=number)
+                TALLIES.pop((name, number), None)  # a version loaded again starts afresh
                 try:
                     model.loaded[number] = await loop.run_in_executor(None, self.load, served)
                 except Exception as err:  # reported to the rollout, which undoes it

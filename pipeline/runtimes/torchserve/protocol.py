@@ -24,8 +24,9 @@ class TorchServeProtocol(Protocol):
     name = "predictions"  # TorchServe's inference API
     encodings = None  # every encoding loadtest knows
 
-    def infer_path(self, name: str) -> str:
-        return f"/predictions/{name}"
+    def infer_path(self, name: str, version: str | None = None) -> str:
+        # TorchServe's own version route: /predictions/<name>/<version>
+        return f"/predictions/{name}/{version}" if version else f"/predictions/{name}"
 
     def encode(self, inputs: Mapping[str, torch.Tensor], binary: bool = False) -> Body:
         from pipeline.runtimes.torchserve.codec import encode

@@ -1,0 +1,165 @@
+"""`pipeline publish`, `rollout`, `rollback` and `status`: the versioned store and a running
+server's versions (pipeline.serving.versions, pipeline.serving.rollout)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from pipeline.cli.args import model_arg, run_dir_arg, serve_run_dir
+from pipeline.core.paths import DEFAULT_STORE
+
+log = logging.getLogger("pipeline")
+
+
+def _store_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", type=Path, default=DEFAULT_STORE, help="default: model_store")
+
+
+def add_version_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "publish",
+        help="add an export to the versioned store as the model's next version",
+        description="Copy an export (manifest, artifacts, golden I/O) into "
+        "<store>/<model>/<N>/ with its provenance: the checkpoint behind it and a passing "
+        "verify report (verify runs first when the report is missing, failed or older than "
+        "the export). The first version becomes the default `pipeline serve` serves; later "
+        "ones wait for `pipeline rollout`.",
+    )
+    model_arg(p)
+    p.add_argument("--export-dir", type=Path, help="default: <artifacts>/<model>/export")
+    p.add_argument("--report", type=Path, help="default: <artifacts>/<model>/parity.json")
+    p.add_argument("--checkpoint", type=Path, help="default: the one the manifest names")
+    _store_arg(p)
+    p.set_defaults(func=_cmd_publish)
+
+    p = sub.add_parser(
+        "rollout",
+        help="serve another published version on a running server, checked live first",
+        description="Load --version beside the version serving, on every worker, with no "
+        "restart; check it through the live server against its own golden I/O and probes; "
+        "only then move traffic (all of it, or --canary PCT of unversioned requests, watched "
+        "for --watch seconds and rolled back by itself past --max-error-rate or "
+        "--max-p99-ratio). A failed check refuses the rollout and the old version keeps "
+        "serving (exit 1). --promote moves the rest of the traffic to the canary.",
+    )
+    model_arg(p)
+    p.add_argument("--version", type=int, help="the published version to roll out")
+    p.add_argument("--canary", type=float, metavar="PCT", help="send PCT%% of traffic to it")
+    p.add_argument("--promote", action="store_true", help="make the canary the default")
+    p.add_argument(
+        "--watch", type=float, default=10.0, help="seconds a canary is watched (default: 10)"
+    )
+    p.add_argument(
+        "--max-error-rate",
+        type=float,
+        default=0.01,
+        help="a canary answering more 5xx than this share is rolled back (default: 0.01)",
+    )
+    p.add_argument(
+        "--max-p99-ratio",
+        type=float,
+        default=3.0,
+        help="a canary whose p99 is over this many times the default's is rolled back (default: 3)",
+    )
+    p.add_argument(
+        "--min-requests",
+        type=int,
+        default=20,
+        help="canary answers before the bounds are judged (default: 20)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=180.0, help="seconds for the workers to load a version"
+    )
+    _store_arg(p)
+    run_dir_arg(p)
+    p.set_defaults(func=_cmd_rollout)
+
+    p = sub.add_parser(
+        "rollback",
+        help="undo the last rollout: drop the canary, or return to the previous default",
+        description="With a canary serving, take it out (the default keeps all traffic). "
+        "Otherwise load the previous default beside the current one, move all traffic to "
+        "it, unload the current one once its requests finish, and move the store's pointer "
+        "back. With no server running only the pointer moves.",
+    )
+    model_arg(p)
+    _store_arg(p)
+    run_dir_arg(p)
+    p.set_defaults(func=_cmd_rollback)
+
+    p = sub.add_parser(
+        "status",
+        help="the running server and the versions it serves; the store's versions",
+        description="Print the server `pipeline serve` started from the run dir (runtime, "
+        "URL, models), each served model's versions, default and canary share, and the "
+        "versions the store holds for each (with --json, the same as JSON).",
+    )
+    _store_arg(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    run_dir_arg(p)
+    p.set_defaults(func=_cmd_status)
+
+
+def _cmd_publish(args: argparse.Namespace) -> int:
+    from pipeline.serving.publish import PublishConfig, publish_export
+
+    published = publish_export(
+        PublishConfig(
+            model=args.model,
+            export_dir=args.export_dir,
+            report=args.report,
+            checkpoint=args.checkpoint,
+            store=args.store,
+            artifacts_dir=args.artifacts_dir,
+        ),
+        say=print,
+    )
+    v = published.version
+    print(f"published {v.model} version {v.number}: {v.dir}")
+    if published.made_default:
+        print("  the default (the first version): `pipeline serve` serves it")
+    else:
+        print(f"  roll it out with `pipeline rollout --model {v.model} --version {v.number}`")
+    return 0
+
+
+def _cmd_rollout(args: argparse.Namespace) -> int:
+    from pipeline.serving.rollout import Bounds, RolloutConfig, rollout
+
+    rollout(
+        RolloutConfig(
+            model=args.model,
+            run_dir=serve_run_dir(args),
+            version=args.version,
+            store=args.store,
+            canary=args.canary,
+            promote=args.promote,
+            watch_s=args.watch,
+            bounds=Bounds(args.max_error_rate, args.max_p99_ratio, args.min_requests),
+            timeout_s=args.timeout,
+        ),
+        say=print,
+    )
+    return 0
+
+
+def _cmd_rollback(args: argparse.Namespace) -> int:
+    from pipeline.serving.rollout import rollback
+
+    rollback(args.model, serve_run_dir(args), args.store, say=print)
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from pipeline.serving.status import status, status_lines
+
+    found = status(serve_run_dir(args), args.store)
+    if args.json:
+        print(json.dumps(found, indent=2))
+    else:
+        for line in status_lines(found):
+            print(line)
+    return 0

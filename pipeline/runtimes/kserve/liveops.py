@@ -1,0 +1,48 @@
+"""The KServe runtime's side of `pipeline rollout`: its live state lives in the run folder
+(pipeline.serving.live), which every worker watches and acknowledges."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.runtimes.kserve.config import RuntimeConfig
+from pipeline.runtimes.kserve.constants import CONFIG_FILE
+from pipeline.runtimes.kserve.parity import KServeBackend
+from pipeline.serving import live
+from pipeline.serving.server import Server
+from pipeline_runtime.manifest import Manifest
+
+
+def _config(server: Server) -> RuntimeConfig:
+    return RuntimeConfig.read(Path(server.run_dir) / CONFIG_FILE)
+
+
+def live_state(server: Server) -> live.LiveState:
+    """The run folder's state, or, before any rollout, what the runtime started with."""
+    state = live.read(Path(server.run_dir))
+    if state is not None:
+        return state
+    models = {}
+    for m in _config(server).models:
+        number = m.version or 1
+        loaded = live.Loaded(number, m.export_dir, m.format)
+        models[m.name] = live.ModelVersions({number: loaded}, number)
+    return live.LiveState(0, models)
+
+
+def apply_live(server: Server, state: live.LiveState, timeout_s: float) -> None:
+    run_dir = Path(server.run_dir)
+    live.write(run_dir, state)
+    live.wait_applied(run_dir, state.generation, _config(server).workers, timeout_s)
+
+
+def version_backends(
+    server: Server, served_name: str, version: int, manifest: Manifest
+) -> list[Any]:
+    """REST and gRPC, each by the version's own route."""
+    fmt = live_state(server).models[served_name].versions[version].format
+    return [
+        KServeBackend(server, served_name, fmt, manifest, transport, version=version)
+        for transport in ("rest", "grpc")
+    ]

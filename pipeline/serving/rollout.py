@@ -1,0 +1,371 @@
+"""`pipeline rollout` and `pipeline rollback`: move a running server between published
+versions without a restart, and only after the new version answered right through it.
+
+A rollout (the KServe runtime's, or any runtime whose `live_state` is not None):
+
+1. loads the version beside the one serving, on every worker; nothing routes to it;
+2. checks it through the live server by its own versioned route against its own golden
+   I/O and probes (verify's served-parity check, REST and gRPC) - a failure unloads it
+   again and refuses the rollout, the old version never stopped answering;
+3. moves traffic: all of it (the store's default pointer moves too), or with `--canary
+   PCT` that share of unversioned requests, watched for `--watch` seconds: an error rate
+   or p99 beyond the bounds rolls the canary back by itself. `--promote` later moves the
+   rest (the bounds are judged once more first); `pipeline rollback` undoes either.
+
+A version taken out of service is dropped only once its in-flight requests finish.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from pipeline.core import paths
+from pipeline.core.errors import PipelineError
+from pipeline.serving import live, runtime, versions
+from pipeline.serving.server import ServeError, Server
+
+Say = Callable[[str], None]
+
+
+class RolloutRefusedError(PipelineError):
+    """The new version did not pass (or could not be loaded): the old one keeps serving."""
+
+
+class RolledBackError(PipelineError):
+    """The canary broke a bound while watched and was taken out of service."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What a canary may do before it is rolled back: judged once it has `min_requests`
+    answers, on its error rate (5xx) and on its p99 against the default version's."""
+
+    max_error_rate: float = 0.01
+    max_p99_ratio: float = 3.0
+    min_requests: int = 20
+
+    def breach(self, canary: live.Tally, default: live.Tally | None) -> str | None:
+        if canary.requests < self.min_requests:
+            return None
+        if canary.error_rate() > self.max_error_rate:
+            return (
+                f"error rate {canary.error_rate():.1%} ({canary.failed} of {canary.requests}) "
+                f"is over --max-error-rate {self.max_error_rate:.1%}"
+            )
+        mine, theirs = canary.p99_ms(), default.p99_ms() if default else None
+        if mine is not None and theirs and mine > self.max_p99_ratio * theirs:
+            return (
+                f"p99 {mine:.2f} ms is over --max-p99-ratio {self.max_p99_ratio:g} × the "
+                f"default version's {theirs:.2f} ms"
+            )
+        return None
+
+
+@dataclass
+class RolloutConfig:
+    model: str
+    run_dir: Path
+    version: int | None = None  # None: with promote, the canary
+    store: Path = paths.DEFAULT_STORE
+    canary: float | None = None  # percent of unversioned requests
+    promote: bool = False
+    watch_s: float = 10.0
+    bounds: Bounds = field(default_factory=Bounds)
+    timeout_s: float = 180.0
+
+    def validate(self) -> None:
+        if self.promote and (self.canary is not None or self.version is not None):
+            raise PipelineError("--promote takes no --version or --canary: it promotes the canary.")
+        if not self.promote and self.version is None:
+            raise PipelineError("Say which version: --version N (see `pipeline status`).")
+        if self.canary is not None and not 0 < self.canary < 100:
+            raise PipelineError(f"--canary is a percentage between 0 and 100, got {self.canary}.")
+        if self.watch_s < 0 or self.bounds.min_requests < 1:
+            raise PipelineError("--watch must be 0 or more and --min-requests at least 1.")
+
+
+@contextlib.contextmanager
+def _exclusive(run_dir: Path) -> Iterator[None]:
+    """One rollout or rollback at a time per server."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".rollout.lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PipelineError(f"Another rollout or rollback is running on {run_dir}.") from None
+        yield
+
+
+def running(run_dir: Path) -> tuple[Server, runtime.Runtime, live.LiveState]:
+    """The server `pipeline serve` started from `run_dir`, its runtime and live state."""
+    try:
+        server = Server.load(run_dir)
+    except (ServeError, FileNotFoundError):
+        server = None
+    if server is None or not server.alive():
+        raise ServeError(f"No server is running from {run_dir}; start one with `pipeline serve`.")
+    rt = runtime.of(server)
+    state = rt.live_state(server)
+    if state is None:
+        raise PipelineError(
+            f"{rt.title} cannot change versions while it serves; restart it with `pipeline "
+            "serve` (it serves the store's default version) or use a runtime that can."
+        )
+    return server, rt, state
+
+
+def served_names(server: Server, state: live.LiveState, model: str) -> list[str]:
+    """The served names under which `server` answers for `model` (one per format)."""
+    names = [
+        n
+        for n in state.models
+        if (info := server.archives.get(n)) is not None and info.model == model
+    ]
+    if not names:
+        raise PipelineError(
+            f"The server in {server.run_dir} does not serve {model}; it serves "
+            f"{', '.join(state.models) or 'nothing'}."
+        )
+    return names
+
+
+def _next(
+    state: live.LiveState,
+    names: list[str],
+    change: Callable[[live.ModelVersions], live.ModelVersions],
+) -> live.LiveState:
+    models = dict(state.models)
+    for n in names:
+        models[n] = change(models[n])
+    return live.LiveState(state.generation + 1, models)
+
+
+def _apply(rt: runtime.Runtime, server: Server, state: live.LiveState, timeout_s: float) -> None:
+    rt.apply_live(server, state, timeout_s)
+
+
+def _without(mv: live.ModelVersions, number: int) -> live.ModelVersions:
+    kept = {k: v for k, v in mv.versions.items() if k != number}
+    return replace(mv, versions=kept, canary=None, percent=0.0)
+
+
+def rollout(config: RolloutConfig, say: Say = print) -> live.LiveState:
+    """See the module doc. Returns the state the server serves when it is done."""
+    config.validate()
+    with _exclusive(Path(config.run_dir)):
+        server, rt, state = running(Path(config.run_dir))
+        names = served_names(server, state, config.model)
+        if config.promote:
+            return _promote(config, rt, server, state, names, say)
+        version = versions.get(config.model, int(config.version or 0), config.store)
+        for n in names:
+            if (
+                versions.number_of(
+                    Path(state.models[n].versions[state.models[n].default].export_dir)
+                )
+                is None
+            ):
+                raise RolloutRefusedError(
+                    f"{n} is served from an export folder, not a published version: publish "
+                    f"it (`pipeline publish --model {config.model}`) and restart the server "
+                    "once, so the store's default is what it serves."
+                )
+            if state.models[n].canary is not None:
+                raise RolloutRefusedError(
+                    f"{n} has a canary (version {state.models[n].canary}): promote it "
+                    "(`pipeline rollout --promote`) or roll it back first."
+                )
+        if all(state.models[n].default == version.number for n in names):
+            say(f"{config.model} version {version.number} is already the default.")
+            return state
+        held = set(version.provenance().get("formats", []))
+        for n in names:
+            fmt = state.models[n].versions[state.models[n].default].format
+            if fmt not in held:
+                raise RolloutRefusedError(
+                    f"Version {version.number} has no {fmt} artifact, which {n} serves; it "
+                    f"holds {', '.join(sorted(held)) or 'none'}."
+                )
+
+        def beside(mv: live.ModelVersions) -> live.ModelVersions:
+            fmt = mv.versions[mv.default].format
+            new = live.Loaded(version.number, str(version.dir), fmt)
+            return replace(mv, versions={**mv.versions, version.number: new})
+
+        staged = _next(state, names, beside)
+        say(f"loading {config.model} version {version.number} beside the default on every worker")
+        try:
+            _apply(rt, server, staged, config.timeout_s)
+        except live.LiveError as err:
+            _restore(rt, server, staged, state, config.timeout_s)
+            raise RolloutRefusedError(f"Version {version.number} did not load: {err}") from None
+        say(f"checking version {version.number} through the live server (golden I/O, probes)")
+        problem = live_check(server, rt, version, names, Path(config.run_dir))
+        if problem:
+            _restore(rt, server, staged, state, config.timeout_s)
+            raise RolloutRefusedError(
+                f"Version {version.number} failed the live check; the default "
+                f"(version {state.models[names[0]].default}) keeps serving.\n{problem}"
+            )
+        if config.canary is not None:
+            pct = float(config.canary)
+            canary = _next(
+                staged, names, lambda mv: replace(mv, canary=version.number, percent=pct)
+            )
+            _apply(rt, server, canary, config.timeout_s)
+            say(f"canary: {pct:g}% of unversioned requests go to version {version.number}")
+            return _watch(config, rt, server, canary, names, version.number, say)
+        final = _next(staged, names, lambda mv: _only(mv, version.number))
+        _apply(rt, server, final, config.timeout_s)
+        versions.set_default(config.model, version.number, config.store)
+        say(f"{config.model} version {version.number} is the default; the old one is unloaded")
+        return final
+
+
+def _only(mv: live.ModelVersions, number: int) -> live.ModelVersions:
+    return live.ModelVersions({number: mv.versions[number]}, number)
+
+
+def _restore(
+    rt: runtime.Runtime, server: Server, now: live.LiveState, back: live.LiveState, timeout_s: float
+) -> None:
+    """Back to `back`'s versions and split, as a newer generation than `now`."""
+    _apply(rt, server, replace(back, generation=now.generation + 1), timeout_s)
+
+
+def live_check(
+    server: Server, rt: runtime.Runtime, version: versions.Version, names: list[str], run_dir: Path
+) -> str | None:
+    """`version` through the live server by its own route, against its own golden I/O and
+    probes: None when it passes, else verify's failure message."""
+    from pipeline.verify import VerifyConfig, verify
+
+    exported = version.open()
+    backends = [
+        b for n in names for b in rt.version_backends(server, n, version.number, exported.manifest)
+    ]
+    report = verify(
+        VerifyConfig(
+            model=version.model,
+            export_dir=version.dir,
+            checkpoint=version.checkpoint,
+            backends=(rt.name,),
+            served_names=(rt.name,),
+            page=False,
+            report=run_dir
+            / live.FOLDER
+            / f"check-{paths.model_slug(version.model)}-{version.number}.json",
+        ),
+        served=backends,
+        exported=exported,
+    )
+    return None if report.passed else report.failure_message()
+
+
+def _judge(
+    rt: runtime.Runtime, server: Server, names: list[str], canary: int, default: int, bounds: Bounds
+) -> tuple[str | None, str]:
+    """(the first bound the canary breaks, or None; a one-line summary)."""
+    stats = rt.live_stats(server)
+    words = []
+    for n in names:
+        mine = stats.get((n, canary), live.Tally())
+        theirs = stats.get((n, default))
+        words.append(
+            f"{n}: canary {mine.requests} answers, {mine.failed} failed, p99 "
+            f"{mine.p99_ms() or 0:.2f} ms; default p99 {(theirs.p99_ms() if theirs else None) or 0:.2f} ms"
+        )
+        why = bounds.breach(mine, theirs)
+        if why:
+            return f"{n} version {canary}: {why}", "; ".join(words)
+    return None, "; ".join(words)
+
+
+def _watch(
+    config: RolloutConfig,
+    rt: runtime.Runtime,
+    server: Server,
+    state: live.LiveState,
+    names: list[str],
+    number: int,
+    say: Say,
+) -> live.LiveState:
+    default = state.models[names[0]].default
+    deadline = time.monotonic() + config.watch_s
+    while True:
+        why, summary = _judge(rt, server, names, number, default, config.bounds)
+        if why:
+            back = _next(state, names, lambda mv: _without(mv, number))
+            _apply(rt, server, back, config.timeout_s)
+            raise RolledBackError(
+                f"Rolled the canary back: {why}. Version {default} serves all traffic."
+            )
+        if time.monotonic() >= deadline:
+            say(f"watched {config.watch_s:g} s: {summary}")
+            say(f"promote with `pipeline rollout --model {config.model} --promote`, or undo with "
+                f"`pipeline rollback --model {config.model}`")  # fmt: skip
+            return state
+        time.sleep(0.25)
+
+
+def _promote(
+    config: RolloutConfig,
+    rt: runtime.Runtime,
+    server: Server,
+    state: live.LiveState,
+    names: list[str],
+    say: Say,
+) -> live.LiveState:
+    canaries = {state.models[n].canary for n in names}
+    if None in canaries or len(canaries) != 1:
+        raise PipelineError(f"{config.model} has no canary to promote; start one with --canary.")
+    (number,) = canaries
+    why, summary = _judge(rt, server, names, number, state.models[names[0]].default, config.bounds)
+    if why:
+        _apply(rt, server, _next(state, names, lambda mv: _without(mv, number)), config.timeout_s)
+        raise RolledBackError(f"Not promoted, rolled the canary back: {why}.")
+    final = _next(state, names, lambda mv: _only(mv, number))
+    _apply(rt, server, final, config.timeout_s)
+    versions.set_default(config.model, number, config.store)
+    say(f"promoted: {config.model} version {number} is the default ({summary})")
+    return final
+
+
+def rollback(model: str, run_dir: Path, store: Path = paths.DEFAULT_STORE, say: Say = print,
+             timeout_s: float = 180.0) -> int:  # fmt: skip
+    """Undo the last step: a canary is taken out; else the previous default comes back
+    (loaded beside, then all traffic, then the current one unloaded) and the store's
+    pointer moves back. With no server running, only the pointer moves. Returns the
+    version that is the default afterwards."""
+    with _exclusive(Path(run_dir)):
+        try:
+            server, rt, state = running(Path(run_dir))
+        except ServeError:
+            pointer = versions.roll_back_pointer(model, store)
+            say(f"no server is running: the store's default for {model} is now version "
+                f"{pointer.default} (served from the next `pipeline serve`)")  # fmt: skip
+            return int(pointer.default or 0)
+        names = served_names(server, state, model)
+        canary = state.models[names[0]].canary
+        if canary is not None:
+            _apply(rt, server, _next(state, names, lambda mv: _without(mv, canary)), timeout_s)
+            default = state.models[names[0]].default
+            say(f"canary version {canary} removed; version {default} serves all traffic")
+            return default
+        back = versions.get(model, versions.previous(model, store), store)
+
+        def beside(mv: live.ModelVersions) -> live.ModelVersions:
+            old = live.Loaded(back.number, str(back.dir), mv.versions[mv.default].format)
+            return replace(mv, versions={**mv.versions, back.number: old})
+
+        staged = _next(state, names, beside)
+        _apply(rt, server, staged, timeout_s)
+        _apply(rt, server, _next(staged, names, lambda mv: _only(mv, back.number)), timeout_s)
+        versions.roll_back_pointer(model, store)
+        say(f"rolled back: {model} version {back.number} is the default again")
+        return back.number

@@ -1,0 +1,100 @@
+"""`pipeline status`: the server running from a run folder and the versions it serves,
+beside the versions the store holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.serving import runtime, versions
+from pipeline.serving.server import ServeError, Server
+
+
+def _store_of(model: str, store: Path) -> dict[str, Any]:
+    pointer = versions.read_pointer(model, store)
+    return {
+        "versions": [v.number for v in versions.versions(model, store)],
+        "default": pointer.default,
+        "history": pointer.history,
+    }
+
+
+def status(run_dir: Path, store: Path) -> dict[str, Any]:
+    """What runs from `run_dir` and what `store` holds, as JSON-ready data."""
+    out: dict[str, Any] = {"run_dir": str(run_dir), "server": None, "store": {}}
+    try:
+        server = Server.load(run_dir)
+    except ServeError:
+        server = None
+    models: set[str] = set()
+    if server is not None and server.alive():
+        rt = runtime.of(server)
+        state = rt.live_state(server)
+        stats = rt.live_stats(server)
+        served = {}
+        for name in server.models:
+            info = server.archives.get(name)
+            entry: dict[str, Any] = {"model": info.model if info else None}
+            if info:
+                models.add(info.model)
+            mv = state.models.get(name) if state else None
+            if mv is not None:
+                entry |= {
+                    "versions": sorted(mv.versions),
+                    "default": mv.default,
+                    "canary": mv.canary,
+                    "canary_percent": mv.percent if mv.canary is not None else 0.0,
+                    "answers": {
+                        str(v): {"requests": t.requests, "failed": t.failed, "p99_ms": t.p99_ms()}
+                        for (n, v), t in sorted(stats.items())
+                        if n == name
+                    },
+                }
+            served[name] = entry
+        out["server"] = {
+            "runtime": rt.name,
+            "pid": server.pid,
+            "url": server.inference_url,
+            "generation": state.generation if state else None,
+            "models": served,
+        }
+    if Path(store).is_dir():
+        for folder in sorted(Path(store).iterdir()):
+            pointer = folder / versions.POINTER
+            if folder.is_dir() and (
+                pointer.is_file() or any(versions.versions(folder.name, store))
+            ):
+                models.add(folder.name)
+    for model in sorted(models):
+        held = _store_of(model, store)
+        if held["versions"]:
+            out["store"][model] = held
+    return out
+
+
+def status_lines(found: dict[str, Any]) -> list[str]:
+    lines = []
+    server = found["server"]
+    if server is None:
+        lines.append(f"no server is running from {found['run_dir']}")
+    else:
+        lines.append(f"{server['runtime']} (pid {server['pid']}) at {server['url']}")
+        for name, entry in server["models"].items():
+            if "versions" not in entry:
+                lines.append(f"  {name}: one version (this runtime has no live versions)")
+                continue
+            canary = (
+                f", canary {entry['canary']} at {entry['canary_percent']:g}%"
+                if entry["canary"] is not None
+                else ""
+            )
+            lines.append(
+                f"  {name}: versions {', '.join(map(str, entry['versions']))}; default "
+                f"{entry['default']}{canary}"
+            )
+    for model, held in found["store"].items():
+        lines.append(
+            f"store: {model} versions {', '.join(map(str, held['versions']))}; default "
+            f"{held['default']}"
+        )
+    return lines
