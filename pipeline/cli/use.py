@@ -98,7 +98,8 @@ def add_client_commands(sub: argparse._SubParsersAction, formats: list[str]) -> 
 
 
 def _cmd_loadtest(args: argparse.Namespace) -> int:
-    from pipeline.serving.loadtest import LoadConfig, run_served, to_markdown, write_reports
+    from pipeline.serving.loadreport import to_markdown, write_reports
+    from pipeline.serving.loadtest import LoadConfig, run_served
 
     config = LoadConfig(
         export_dir=args.export_dir or paths.export_dir(args.model, args.artifacts_dir),

@@ -30,7 +30,7 @@ import signal
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from pipeline.core.compare import compare_tensor
 from pipeline.core.errors import PipelineError
 from pipeline.export.opened import ExportedModel, open_export
 from pipeline.serving import client, runtime, served, wire
+from pipeline.serving.loadreport import LoadReport
 from pipeline.serving.server import Server, default_run_dir
 
 log = logging.getLogger(__name__)
@@ -101,63 +102,6 @@ class LoadConfig:
             raise LoadTestError(
                 f"Unknown encoding(s) {unknown}: pick from {', '.join(ENCODINGS)} (e.g. json,npy-form)."
             )
-
-
-@dataclass
-class LoadReport:
-    archive: str
-    requests: int
-    concurrency: int
-    answered: int = 0
-    failed: int = 0  # answered with an error after every retry, or never answered
-    server_errors: int = 0  # answers of 500 or more after the retries, warm-up included
-    wrong: int = 0  # answered 200 with outputs outside tolerance
-    not_sent: int = 0  # left when the time limit ran out
-    retried: int = 0  # extra attempts the retry policy made
-    duration_s: float = 0.0
-    throughput_rps: float = 0.0
-    p50_ms: float = 0.0
-    p90_ms: float = 0.0
-    p99_ms: float = 0.0
-    worker_rss_mb_before: float = 0.0
-    worker_rss_mb_after: float = 0.0
-    worker_pids_before: list[int] = field(default_factory=list)
-    worker_pids_after: list[int] = field(default_factory=list)
-    killed_pid: int | None = None
-    recovery_s: float | None = None  # SIGKILL until a new worker was READY
-    by_version: dict[str, int] = field(default_factory=dict)  # answers per version named
-    errors: list[str] = field(default_factory=list)  # the first few, for the report
-
-    @property
-    def passed(self) -> bool:
-        return (
-            self.failed == 0 and self.server_errors == 0 and self.wrong == 0 and self.not_sent == 0
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "passed": self.passed}
-
-    def summary(self) -> str:
-        lines = [
-            f"{self.archive}: {self.requests} requests at concurrency {self.concurrency} in "
-            f"{self.duration_s:.1f} s ({self.throughput_rps:.0f} req/s)",
-            f"  answered {self.answered}, failed {self.failed} ({self.server_errors} with a 5xx), "
-            f"wrong {self.wrong}, not sent {self.not_sent}, retries {self.retried}",
-            f"  latency p50 {self.p50_ms:.1f} ms, p90 {self.p90_ms:.1f} ms, p99 {self.p99_ms:.1f} ms",
-            f"  worker RSS {self.worker_rss_mb_before:.0f} MiB after warm-up, "
-            f"{self.worker_rss_mb_after:.0f} MiB at the end",
-        ]
-        if self.killed_pid is not None:
-            recovery = f"{self.recovery_s:.1f} s" if self.recovery_s is not None else "never"
-            lines.append(
-                f"  worker {self.killed_pid} SIGKILLed; a new worker was READY in {recovery}"
-            )
-        if len(self.by_version) > 1 or "None" not in self.by_version:
-            answered = ", ".join(f"{v}: {n}" for v, n in sorted(self.by_version.items()))
-            lines.append(f"  answers by version: {answered}")
-        lines += [f"  error: {e}" for e in self.errors]
-        lines.append("  PASSED" if self.passed else "  FAILED")
-        return "\n".join(lines)
 
 
 def worker_pids(server: Server, archive: str) -> list[int]:
@@ -375,30 +319,3 @@ def run_served(
     with rt.private(exported, fmt) as server:
         say(f"{config.requests} requests at concurrency {config.concurrency} ...")
         return run(replace(config, run_dir=Path(server.run_dir)), exported)
-
-
-def write_reports(reports: list[LoadReport], path: Path) -> None:
-    from pipeline.core.fileio import write_json
-
-    write_json(path, {"runs": [r.to_json() for r in reports]})
-
-
-def to_markdown(reports: list[LoadReport]) -> str:
-    rows = [
-        "| archive | requests | concurrency | failed | 5xx | wrong | retries | req/s | p50 ms "
-        "| p99 ms | worker RSS MiB (warm → end) | recovery after SIGKILL |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
-    ]
-    for r in reports:
-        recovery = (
-            "—"
-            if r.killed_pid is None
-            else (f"{r.recovery_s:.1f} s" if r.recovery_s is not None else "never")
-        )
-        rows.append(
-            f"| {r.archive} | {r.requests} | {r.concurrency} | {r.failed + r.not_sent} "
-            f"| {r.server_errors} | {r.wrong} "
-            f"| {r.retried} | {r.throughput_rps:.0f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} "
-            f"| {r.worker_rss_mb_before:.0f} → {r.worker_rss_mb_after:.0f} | {recovery} |"
-        )
-    return "\n".join(rows)

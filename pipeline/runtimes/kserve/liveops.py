@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.runtimes.kserve.config import RuntimeConfig
+from pipeline.runtimes.kserve.config import RuntimeConfig, ServedExport
 from pipeline.runtimes.kserve.constants import CONFIG_FILE
 from pipeline.runtimes.kserve.parity import KServeBackend
 from pipeline.serving import live
@@ -46,3 +46,26 @@ def version_backends(
         KServeBackend(server, served_name, fmt, manifest, transport, version=version)
         for transport in ("rest", "grpc")
     ]
+
+
+def initial(
+    models: list[ServedExport], state: live.LiveState | None
+) -> dict[str, tuple[live.ModelVersions, list[ServedExport]]]:
+    """What each served name starts with: the live state's versions when the run folder
+    has one (a worker the supervisor restarted), else the configured export as its only
+    version."""
+    out = {}
+    for served in models:
+        wanted = state.models.get(served.name) if state else None
+        if wanted is None:
+            number = served.version or 1
+            loaded = live.Loaded(number, served.export_dir, served.format)
+            wanted = live.ModelVersions({number: loaded}, number)
+        out[served.name] = (
+            wanted,
+            [
+                ServedExport(served.name, v.export_dir, v.format, version=v.version)
+                for v in wanted.versions.values()
+            ],
+        )
+    return out

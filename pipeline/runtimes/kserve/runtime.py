@@ -52,10 +52,11 @@ from prometheus_client import Gauge  # noqa: E402
 
 from pipeline.runtimes.kserve.config import RuntimeConfig  # noqa: E402
 from pipeline.runtimes.kserve.fastpath import FastInfer  # noqa: E402
+from pipeline.runtimes.kserve.liveops import initial  # noqa: E402
 from pipeline.runtimes.kserve.models import ExportModel, Refused  # noqa: E402
 from pipeline.runtimes.kserve.security import Guard, TokenInterceptor  # noqa: E402
 from pipeline.runtimes.kserve.supervisor import all_ready_marker, ready_marker  # noqa: E402
-from pipeline.runtimes.kserve.versioned import VersionedModel, Watcher, initial  # noqa: E402
+from pipeline.runtimes.kserve.versioned import VersionedModel, Watcher  # noqa: E402
 from pipeline.serving import live  # noqa: E402
 from pipeline.serving.guard import Keys  # noqa: E402
 

@@ -109,29 +109,6 @@ class VersionedModel(kserve.Model):
                 self.record(target.version, started, ok)
 
 
-def initial(
-    models: list[ServedExport], state: live.LiveState | None
-) -> dict[str, tuple[live.ModelVersions, list[ServedExport]]]:
-    """What each served name starts with: the live state's versions when the run folder
-    has one (a worker the supervisor restarted), else the configured export as its only
-    version."""
-    out = {}
-    for served in models:
-        wanted = state.models.get(served.name) if state else None
-        if wanted is None:
-            number = served.version or 1
-            loaded = live.Loaded(number, served.export_dir, served.format)
-            wanted = live.ModelVersions({number: loaded}, number)
-        out[served.name] = (
-            wanted,
-            [
-                ServedExport(served.name, v.export_dir, v.format, version=v.version)
-                for v in wanted.versions.values()
-            ],
-        )
-    return out
-
-
 class Watcher:
     """Applies the run folder's live state to this worker's models (see the module doc)."""
 

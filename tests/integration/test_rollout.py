@@ -1,0 +1,269 @@
+"""Versions on a running KServe runtime: publish two checkpoints trained with different
+seeds, serve version 1 on two workers, and move between them under load with nothing
+lost - every answer checked against eager of the version that gave it.
+
+One server for the module (`served`); each test starts from version 1 alone
+(`_reset`) and a load run in a thread (`_Load`) spans whatever the test does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+import tritonclient.http as thttp
+
+from pipeline.cli import main
+from pipeline.export import ExportConfig, export
+from pipeline.serving import live, runtime, versions
+from pipeline.serving.client import auth_headers
+from pipeline.serving.launcher import free_port, stop
+from pipeline.serving.loadreport import LoadReport
+from pipeline.serving.loadtest import LoadConfig, run
+from pipeline.serving.publish import PublishConfig, publish_export
+from pipeline.serving.rollout import Bounds, RolledBackError, RolloutConfig, rollback, rollout
+from pipeline.serving.server import Server
+from pipeline.train import TrainConfig, TrainResult, train
+from tests.tamper import alter_onnx_initializer
+
+MODEL = "digits_lenet"
+
+
+@pytest.fixture(scope="module")
+def store(trained: TrainResult, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Versions 1 (the session's checkpoint) and 2 (seed 1), ONNX only, published."""
+    root = tmp_path_factory.mktemp("rollout")
+    second = train(TrainConfig(out=root / "seed1" / "checkpoint.pt", seed=1, progress=False))
+    for n, ckpt in enumerate((trained.checkpoint.path, second.checkpoint.path), start=1):
+        out = root / f"export{n}"
+        export(ExportConfig(checkpoint=ckpt, out_dir=out, formats=("onnx",)))
+        publish_export(
+            PublishConfig(MODEL, export_dir=out, report=root / f"parity{n}.json",
+                          checkpoint=ckpt, store=root / "store"),
+            say=lambda _: None,
+        )  # fmt: skip
+    return root / "store"
+
+
+@pytest.fixture(scope="module")
+def served(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    run_dir = tmp_path_factory.mktemp("rollout-run") / "run"
+    argv = [
+        "serve", "--runtime", "kserve", "--model", MODEL, "--store", str(store),
+        "--run-dir", str(run_dir), "--port", str(free_port()), "--grpc-port", str(free_port()),
+        "--workers", "2", "--threads-per-worker", "1",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    try:
+        yield Server.load(run_dir)
+    finally:
+        stop(run_dir)
+
+
+def _reset(server: Server, store: Path) -> None:
+    """Version 1 alone and the store's pointer back on it."""
+    rt = runtime.get("kserve")
+    state = rt.live_state(server)
+    v1 = versions.get(MODEL, 1, store)
+    alone = live.ModelVersions({1: live.Loaded(1, str(v1.dir), "onnx")}, 1)
+    rt.apply_live(server, live.LiveState(state.generation + 1, {MODEL: alone}), 120)
+    versions.write_pointer(MODEL, versions.Pointer(1, []), store)
+
+
+class _Load:
+    """Load runs back to back in a thread until stopped: the whole span is checked."""
+
+    def __init__(self, server: Server, store: Path) -> None:
+        self.config = LoadConfig(
+            export_dir=versions.get(MODEL, 1, store).dir, run_dir=Path(server.run_dir),
+            requests=400, concurrency=4, pool=16, store=store, retries=0,
+        )  # fmt: skip
+        self.reports: list[LoadReport] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self.done.is_set():
+            self.reports.append(run(self.config))
+
+    def __enter__(self) -> _Load:
+        self.thread.start()
+        while not self.reports:  # one whole run before the test moves anything
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join(timeout=120)
+
+    def answered(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for r in self.reports:
+            for v, n in r.by_version.items():
+                total[v] = total.get(v, 0) + n
+        return total
+
+    def check_nothing_lost(self) -> None:
+        for r in self.reports:
+            assert (r.failed, r.server_errors, r.wrong, r.not_sent) == (0, 0, 0, 0), r.summary()
+
+
+def test_the_versions_differ_so_the_checks_by_version_can_fail(store: Path) -> None:
+    one, two = (versions.get(MODEL, n, store).open() for n in (1, 2))
+    x = one.sample(4, seed=3)
+    (a,), (b,) = one.eager(x).values(), two.eager(x).values()
+    assert (a - b).abs().max() > 100 * one.manifest.tolerance.atol
+
+
+def test_canary_promote_and_rollback_under_load_lose_nothing(served: Server, store: Path) -> None:
+    _reset(served, store)
+    run_dir = Path(served.run_dir)
+    with _Load(served, store) as load:
+        state = rollout(
+            RolloutConfig(MODEL, run_dir, version=2, store=store, canary=20, watch_s=1.0),
+            say=lambda _: None,
+        )
+        assert (state.models[MODEL].canary, state.models[MODEL].percent) == (2, 20.0)
+        assert versions.read_pointer(MODEL, store).default == 1  # a canary moves no pointer
+        time.sleep(1.0)
+        tallies = runtime.get("kserve").live_stats(served)
+        canary, default = tallies[MODEL, 2].requests, tallies[MODEL, 1].requests
+        assert 0 < canary < default, (canary, default)  # its share of unversioned requests
+        rollout(RolloutConfig(MODEL, run_dir, promote=True, store=store), say=lambda _: None)
+        assert versions.read_pointer(MODEL, store).default == 2
+        time.sleep(1.0)
+        assert rollback(MODEL, run_dir, store, say=lambda _: None) == 1
+        time.sleep(1.0)
+    load.check_nothing_lost()
+    answered = load.answered()
+    assert answered.get("1", 0) > 0 and answered.get("2", 0) > 0, answered
+    assert versions.read_pointer(MODEL, store) == versions.Pointer(1, [])
+    state = runtime.get("kserve").live_state(served)
+    assert sorted(state.models[MODEL].versions) == [1]  # version 2 was unloaded
+
+
+def test_a_canary_past_its_bound_rolls_back_by_itself(served: Server, store: Path) -> None:
+    _reset(served, store)
+    tight = Bounds(max_error_rate=0.01, max_p99_ratio=1e-6, min_requests=5)
+    breach = pytest.raises(RolledBackError, match=r"p99 .* is over --max-p99-ratio 1e-06")
+    with _Load(served, store) as load, breach:
+        rollout(
+            RolloutConfig(MODEL, Path(served.run_dir), version=2, store=store, canary=50,
+                          watch_s=30.0, bounds=tight),
+            say=lambda _: None,
+        )  # fmt: skip
+    load.check_nothing_lost()
+    mv = runtime.get("kserve").live_state(served).models[MODEL]
+    assert (mv.default, mv.canary, sorted(mv.versions)) == (1, None, [1])
+
+
+def test_a_wrong_version_is_refused_by_the_live_check(
+    served: Server, store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _reset(served, store)
+    v2 = versions.get(MODEL, 2, store)
+    published = versions.publish(MODEL, v2.dir, v2.dir / versions.REPORT, v2.checkpoint, store)
+    bad = published.version
+    alter_onnx_initializer(bad.dir, "classifier.8.weight", lambda w: w * np.float32(1.5))
+    argv = ["rollout", "--model", MODEL, "--version", str(bad.number), "--store", str(store),
+            "--run-dir", served.run_dir]  # fmt: skip
+    with _Load(served, store) as load:
+        assert main(argv) == 1
+    load.check_nothing_lost()
+    err = capsys.readouterr().err
+    assert (
+        f"Version {bad.number} failed the live check" in err and "version 1) keeps serving" in err
+    )
+    assert "kserve/rest/onnx@3" in err  # where: the version's own route
+    mv = runtime.get("kserve").live_state(served).models[MODEL]
+    assert (mv.default, sorted(mv.versions)) == (1, [1])
+    shutil.rmtree(bad.dir)  # the other tests know versions 1 and 2
+
+
+def _triton_grpc(server: Server, *args: str | Path) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.triton_grpc", args[0], server.extras["grpc_url"],
+         server.keys()["inference"], *map(str, args[1:])],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_tritonclient_sees_the_versions_and_asks_one_by_name(
+    served: Server, store: Path, tmp_path: Path
+) -> None:
+    _reset(served, store)
+    rollout(
+        RolloutConfig(MODEL, Path(served.run_dir), version=2, store=store, canary=10, watch_s=0),
+        say=lambda _: None,
+    )
+    x = versions.get(MODEL, 1, store).open().sample(1, seed=5)["image"].numpy()
+    want = {
+        n: versions.get(MODEL, n, store).open().eager({"image": torch.from_numpy(x)})
+        for n in (1, 2)
+    }
+    hostport = served.inference_url.removeprefix("http://")
+    client = thttp.InferenceServerClient(hostport)
+    try:
+        headers = auth_headers(served, "inference")
+        meta = client.get_model_metadata(MODEL, headers=headers)
+        assert meta["versions"] == ["1", "2"]
+        assert client.get_model_metadata(MODEL, "2", headers=headers)["versions"] == ["1", "2"]
+        assert client.is_model_ready(MODEL, "2", headers=headers)
+        tensor = thttp.InferInput("image", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        for n in (1, 2):
+            got = client.infer(MODEL, [tensor], model_version=str(n), headers=headers)
+            assert got.get_response()["model_version"] == str(n)
+            np.testing.assert_allclose(got.as_numpy("logits"), want[n]["logits"], atol=1e-4)
+    finally:
+        client.close()
+    np.save(tmp_path / "x.npy", x)
+    said = _triton_grpc(served, "infer", MODEL, "image", tmp_path / "x.npy", "logits",
+                        tmp_path / "y.npy", "2")  # fmt: skip
+    assert said["model_version"] == "2"
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want[2]["logits"], atol=1e-4)
+
+
+def test_a_restarted_worker_serves_the_rolled_out_versions(served: Server, store: Path) -> None:
+    _reset(served, store)
+    rollout(
+        RolloutConfig(MODEL, Path(served.run_dir), version=2, store=store, canary=10, watch_s=0),
+        say=lambda _: None,
+    )
+    rt = runtime.get("kserve")
+    before = rt.worker_pids(served, MODEL)
+    os.kill(before[0], signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        now = rt.worker_pids(served, MODEL)
+        if len(now) == len(before) and before[0] not in now:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the supervisor did not replace the killed worker")
+    ready = f"{served.inference_url}/v2/health/ready"
+    with contextlib.suppress(httpx.HTTPError):
+        while httpx.get(ready, timeout=2).status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    url = f"{served.inference_url}/v2/models/{MODEL}/versions/2/infer"
+    body = {"inputs": [{"name": "image", "datatype": "FP32", "shape": [1, 1, 28, 28],
+                        "data": [0.0] * 784}]}  # fmt: skip
+    for _ in range(20):  # a new connection each time: both workers get some
+        r = httpx.post(url, json=body, headers=auth_headers(served, "inference"), timeout=30)
+        assert r.status_code == 200 and r.json()["model_version"] == "2", r.text

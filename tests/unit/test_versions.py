@@ -1,0 +1,153 @@
+"""The versioned store's pointer, the live state and its acknowledgements, the canary's
+split and bounds, and what a (re)started KServe worker loads: in process."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from pipeline.core.errors import PipelineError
+from pipeline.runtimes.kserve.config import ServedExport
+from pipeline.runtimes.kserve.liveops import initial
+from pipeline.serving import live, versions
+from pipeline.serving.publish import report_vouches
+from pipeline.serving.rollout import Bounds, RolloutConfig
+from pipeline.serving.status import status_lines
+
+
+def _version(store: Path, number: int, model: str = "m") -> None:
+    folder = store / model / str(number)
+    folder.mkdir(parents=True)
+    (folder / versions.PROVENANCE).write_text(json.dumps({"version": number, "formats": ["onnx"]}))
+
+
+def test_the_pointer_moves_forward_and_back_through_its_history(tmp_path: Path) -> None:
+    for n in (1, 2, 3):
+        _version(tmp_path, n)
+    (tmp_path / "m" / "4").mkdir()  # being written (no publish.json): not a version
+    assert [v.number for v in versions.versions("m", tmp_path)] == [1, 2, 3]
+    assert versions.default("m", tmp_path).number == 3  # no pointer yet: the newest
+    versions.set_default("m", 1, tmp_path)
+    versions.set_default("m", 2, tmp_path)
+    versions.set_default("m", 3, tmp_path)
+    assert versions.read_pointer("m", tmp_path) == versions.Pointer(3, [1, 2])
+    assert versions.previous("m", tmp_path) == 2
+    assert versions.roll_back_pointer("m", tmp_path) == versions.Pointer(2, [1])
+    assert versions.roll_back_pointer("m", tmp_path) == versions.Pointer(1, [])
+    with pytest.raises(versions.VersionError, match="no earlier default"):
+        versions.roll_back_pointer("m", tmp_path)
+    with pytest.raises(versions.VersionError, match=r"has no version 7 .* it has 1, 2, 3"):
+        versions.set_default("m", 7, tmp_path)
+    assert versions.number_of(tmp_path / "m" / "2") == 2
+    assert versions.number_of(tmp_path) is None
+
+
+def test_a_report_vouches_only_for_a_passing_check_of_this_export_written_after_it(
+    tmp_path: Path,
+) -> None:
+    export_dir = tmp_path / "export"
+    export_dir.mkdir()
+    (export_dir / "manifest.json").write_text("{}")
+    report = tmp_path / "parity.json"
+    assert "no verify report" in report_vouches(report, export_dir)
+    report.write_text(json.dumps({"export_dir": str(export_dir), "passed": False}))
+    assert "failed verify" in report_vouches(report, export_dir)
+    report.write_text(json.dumps({"export_dir": str(tmp_path / "other"), "passed": True}))
+    assert "not" in report_vouches(report, export_dir)
+    report.write_text(json.dumps({"export_dir": str(export_dir), "passed": True}))
+    assert report_vouches(report, export_dir) is None
+    later = report.stat().st_mtime + 10
+    os.utime(export_dir / "manifest.json", (later, later))
+    assert "older than the export" in report_vouches(report, export_dir)
+
+
+@pytest.mark.parametrize(("percent", "calls", "wanted"), [(20, 100, 20), (10, 50, 5), (50, 7, 3)])
+def test_the_canary_gets_its_share_exactly(percent: float, calls: int, wanted: int) -> None:
+    split = live.Splitter()
+    assert sum(split.to_canary(percent) for _ in range(calls)) == wanted
+
+
+def test_bounds_judge_a_canary_only_once_it_has_answers_enough() -> None:
+    bounds = Bounds(max_error_rate=0.1, max_p99_ratio=2.0, min_requests=10)
+    slow, fast = live.Tally(), live.Tally()
+    for i in range(100):
+        fast.add(1.0 + i / 100, ok=True)
+    for _ in range(9):
+        slow.add(50.0, ok=False)
+    assert bounds.breach(slow, fast) is None  # 9 answers: too few to judge
+    slow.add(50.0, ok=True)
+    assert "error rate 90.0% (9 of 10)" in bounds.breach(slow, fast)
+    for _ in range(100):
+        slow.add(50.0, ok=True)
+    assert "p99 50.00 ms is over --max-p99-ratio 2" in bounds.breach(slow, fast)
+    assert bounds.breach(fast, fast) is None
+
+
+def test_the_live_state_round_trips_and_acknowledgements_are_awaited(tmp_path: Path) -> None:
+    state = live.LiveState(
+        3,
+        {"m": live.ModelVersions({1: live.Loaded(1, "/a", "onnx"), 2: live.Loaded(2, "/b", "onnx")}, 1, 2, 20.0)},
+    )  # fmt: skip
+    live.write(tmp_path, state)
+    assert live.read(tmp_path) == state
+    live.ack(tmp_path, 0, 3)
+    with pytest.raises(live.LiveError, match=r"worker\(s\) \[1\] had not applied generation 3"):
+        live.wait_applied(tmp_path, 3, workers=2, timeout_s=0.2)
+    live.ack(tmp_path, 1, 3, error="loading m version 2 failed: boom")
+    with pytest.raises(live.LiveError, match=r"worker 1 could not apply the change: .*boom"):
+        live.wait_applied(tmp_path, 3, workers=2, timeout_s=5)
+    live.ack(tmp_path, 1, 3)
+    live.wait_applied(tmp_path, 3, workers=2, timeout_s=5)
+    live.clear(tmp_path)
+    assert live.read(tmp_path) is None and not (tmp_path / live.FOLDER).exists()
+
+
+def test_stats_are_summed_over_the_workers(tmp_path: Path) -> None:
+    a, b = live.Tally(), live.Tally()
+    a.add(1.0, ok=True)
+    b.add(3.0, ok=False)
+    live.write_stats(tmp_path, 0, {("m", 2): a})
+    live.write_stats(tmp_path, 1, {("m", 2): b, ("m", 1): a})
+    total = live.read_stats(tmp_path)
+    assert (total["m", 2].requests, total["m", 2].failed, total["m", 1].requests) == (2, 1, 1)
+
+
+def test_a_restarted_worker_starts_with_the_live_versions_not_the_configured_one() -> None:
+    configured = [ServedExport("m", "/v1", "onnx", version=1), ServedExport("n", "/n", "onnx")]
+    fresh = initial(configured, None)
+    assert [e.version for e in fresh["m"][1]] == [1] and fresh["n"][0].default == 1
+    rolled = live.LiveState(
+        5,
+        {"m": live.ModelVersions({1: live.Loaded(1, "/v1", "onnx"), 2: live.Loaded(2, "/v2", "onnx")}, 1, 2, 10.0)},
+    )  # fmt: skip
+    wanted, exports = initial(configured, rolled)["m"]
+    assert (wanted.canary, [(e.version, e.export_dir) for e in exports]) == (
+        2,
+        [(1, "/v1"), (2, "/v2")],
+    )
+
+
+def test_rollout_options_are_checked_before_anything_moves() -> None:
+    with pytest.raises(PipelineError, match="--version N"):
+        RolloutConfig("m", Path("run")).validate()
+    with pytest.raises(PipelineError, match="--promote takes no --version"):
+        RolloutConfig("m", Path("run"), version=2, promote=True).validate()
+    with pytest.raises(PipelineError, match="between 0 and 100"):
+        RolloutConfig("m", Path("run"), version=2, canary=100).validate()
+
+
+def test_status_says_versions_default_and_canary() -> None:
+    found = {
+        "run_dir": "run",
+        "server": {"runtime": "kserve", "pid": 7, "url": "http://127.0.0.1:8080", "models": {
+            "m": {"versions": [1, 2], "default": 1, "canary": 2, "canary_percent": 20.0}}},
+        "store": {"m": {"versions": [1, 2], "default": 1, "history": []}},
+    }  # fmt: skip
+    assert status_lines(found) == [
+        "kserve (pid 7) at http://127.0.0.1:8080",
+        "  m: versions 1, 2; default 1, canary 2 at 20%",
+        "store: m versions 1, 2; default 1",
+    ]
