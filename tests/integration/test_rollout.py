@@ -267,3 +267,15 @@ def test_a_restarted_worker_serves_the_rolled_out_versions(served: Server, store
     for _ in range(20):  # a new connection each time: both workers get some
         r = httpx.post(url, json=body, headers=auth_headers(served, "inference"), timeout=30)
         assert r.status_code == 200 and r.json()["model_version"] == "2", r.text
+
+
+def test_no_network_route_changes_versions(served: Server, store: Path) -> None:
+    """The control channel is the run folder: the inference token reaches no load/unload."""
+    _reset(served, store)
+    headers = auth_headers(served, "inference")
+    for path in (f"/v2/repository/models/{MODEL}/unload", f"/v2/repository/models/{MODEL}/load"):
+        r = httpx.post(served.inference_url + path, headers=headers, timeout=10)
+        assert r.status_code == 404 and "No such route" in r.json()["error"], r.text
+    r = httpx.get(f"{served.inference_url}/v2/models/{MODEL}/versions/2", headers=headers)
+    assert r.status_code == 404 and "has no version '2'" in r.json()["error"]
+    assert runtime.get("kserve").live_state(served).models[MODEL].default == 1
