@@ -139,6 +139,28 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
 
 
 @pytest.fixture(scope="session")
+def two_versions(trained: TrainResult, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store with digits_lenet versions 1 (the session's checkpoint) and 2 (seed 1),
+    ONNX only, published. Shared by every xdist worker: copy it before changing it."""
+
+    def make(folder: Path) -> Path:
+        from pipeline.serving.publish import PublishConfig, publish_export
+
+        second = train(TrainConfig(out=folder / "seed1" / "checkpoint.pt", seed=1, progress=False))
+        for n, ckpt in enumerate((trained.checkpoint.path, second.checkpoint.path), start=1):
+            out = folder / f"export{n}"
+            export(ExportConfig(checkpoint=ckpt, out_dir=out, formats=("onnx",)))
+            publish_export(
+                PublishConfig("digits_lenet", export_dir=out, report=folder / f"parity{n}.json",
+                              checkpoint=ckpt, store=folder / "store"),
+                say=lambda _: None,
+            )  # fmt: skip
+        return folder / "store"
+
+    return shared(tmp_path_factory, "two_versions", make)
+
+
+@pytest.fixture(scope="session")
 def exported(trained: TrainResult, tmp_path_factory: pytest.TempPathFactory) -> ExportResult:
     """The digits CNN in every format (TorchScript, ONNX, .pt2)."""
 

@@ -101,8 +101,14 @@ def _cmd_loadtest(args: argparse.Namespace) -> int:
     from pipeline.serving.loadreport import to_markdown, write_reports
     from pipeline.serving.loadtest import LoadConfig, run_served
 
+    export_dir = args.export_dir or paths.export_dir(args.model, args.artifacts_dir)
+    if args.by_version and args.export_dir is None:
+        from pipeline.serving import versions
+
+        published = versions.default(args.model, args.store)
+        export_dir = published.dir if published else export_dir
     config = LoadConfig(
-        export_dir=args.export_dir or paths.export_dir(args.model, args.artifacts_dir),
+        export_dir=export_dir,
         run_dir=serve_run_dir(args),
         format=args.format,
         requests=args.requests,

@@ -1,5 +1,5 @@
-"""Versions on a running KServe runtime: publish two checkpoints trained with different
-seeds, serve version 1 on two workers, and move between them under load with nothing
+"""Versions on a running KServe runtime: two checkpoints trained with different seeds,
+published (`two_versions`), version 1 served on two workers, and move between them under load with nothing
 lost - every answer checked against eager of the version that gave it.
 
 One server for the module (`served`); each test starts from version 1 alone
@@ -28,35 +28,24 @@ import torch
 import tritonclient.http as thttp
 
 from pipeline.cli import main
-from pipeline.export import ExportConfig, export
 from pipeline.serving import live, runtime, versions
 from pipeline.serving.client import auth_headers
 from pipeline.serving.launcher import free_port, stop
 from pipeline.serving.loadreport import LoadReport
 from pipeline.serving.loadtest import LoadConfig, run
-from pipeline.serving.publish import PublishConfig, publish_export
 from pipeline.serving.rollout import Bounds, RolledBackError, RolloutConfig, rollback, rollout
 from pipeline.serving.server import Server
-from pipeline.train import TrainConfig, TrainResult, train
 from tests.tamper import alter_onnx_initializer
 
 MODEL = "digits_lenet"
 
 
 @pytest.fixture(scope="module")
-def store(trained: TrainResult, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Versions 1 (the session's checkpoint) and 2 (seed 1), ONNX only, published."""
-    root = tmp_path_factory.mktemp("rollout")
-    second = train(TrainConfig(out=root / "seed1" / "checkpoint.pt", seed=1, progress=False))
-    for n, ckpt in enumerate((trained.checkpoint.path, second.checkpoint.path), start=1):
-        out = root / f"export{n}"
-        export(ExportConfig(checkpoint=ckpt, out_dir=out, formats=("onnx",)))
-        publish_export(
-            PublishConfig(MODEL, export_dir=out, report=root / f"parity{n}.json",
-                          checkpoint=ckpt, store=root / "store"),
-            say=lambda _: None,
-        )  # fmt: skip
-    return root / "store"
+def store(two_versions: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Versions 1 and 2 (seeds 0 and 1), this module's own copy."""
+    mine = tmp_path_factory.mktemp("rollout") / "store"
+    shutil.copytree(two_versions, mine)
+    return mine
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ same commands a user types, in-process — without a change under pipeline/."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -106,3 +107,32 @@ def test_nothing_under_pipeline_names_the_toy_runtime() -> None:
         p for p in (ROOT / "pipeline").rglob("*.py") if "toy_runtime" in p.read_text("utf-8")
     ]
     assert not mentions
+
+
+def test_the_toy_goes_through_rollout_with_the_shared_live_state(
+    toy: runtime.Runtime, two_versions: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Versions need no change under pipeline/ either: the toy keeps the run folder's live
+    state with pipeline.serving.live, and rollout, status and rollback drive it."""
+    store = tmp_path / "store"
+    shutil.copytree(two_versions, store)
+    run_dir = tmp_path / "run"
+    where = ["--store", str(store), "--run-dir", str(run_dir)]
+    assert cli_main(["serve", "--runtime", "toy", "--model", "digits_lenet",
+                     "--port", str(free_port()), *where]) == 0  # fmt: skip
+    try:
+        capsys.readouterr()
+        assert cli_main(["rollout", "--model", "digits_lenet", "--version", "2", *where]) == 0
+        said = capsys.readouterr().out
+        assert "checking version 2 through the live server" in said and "is the default" in said
+        assert cli_main(["status", "--json", *where]) == 0
+        served = json.loads(capsys.readouterr().out)["server"]["models"]["digits_lenet"]
+        assert (served["versions"], served["default"]) == ([2], 2)
+        code = cli_main(["loadtest", "--model", "digits_lenet", "--requests", "40",
+                         "--concurrency", "4", "--by-version", *where])  # fmt: skip
+        said = capsys.readouterr()
+        assert code == 0 and "answers by version: 2: 40" in said.out, said.out + said.err
+        assert cli_main(["rollback", "--model", "digits_lenet", *where]) == 0
+        assert "version 1 is the default again" in capsys.readouterr().out
+    finally:
+        stop(run_dir)

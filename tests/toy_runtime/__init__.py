@@ -27,7 +27,7 @@ from pipeline.core import fileio
 from pipeline.core import paths as core_paths
 from pipeline.core.defaults import DEFAULT_MODEL
 from pipeline.export.opened import ExportedModel
-from pipeline.serving import launcher, runtime, served
+from pipeline.serving import launcher, live, runtime, served, versions
 from pipeline.serving.openinference import OpenInference
 from pipeline.serving.protocol import Protocol
 from pipeline.serving.provenance import ArchiveInfo
@@ -47,13 +47,16 @@ class ToyBackend:
 
     in_process = False
 
-    def __init__(self, server: Server, name: str, fmt: str, manifest: Manifest) -> None:
+    def __init__(
+        self, server: Server, name: str, fmt: str, manifest: Manifest, version: int | None = None
+    ) -> None:
         self.server, self.served_name, self.format_key = server, name, fmt
-        self.name = f"{NAME}/{fmt}"
+        self.version = None if version is None else str(version)
+        self.name = f"{NAME}/{fmt}" + ("" if version is None else f"@{version}")
         self.outputs = manifest.outputs
 
     def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        got = PROTOCOL.infer(self.server, self.served_name, inputs)
+        got = PROTOCOL.infer(self.server, self.served_name, inputs, version=self.version)
         return {o.name: got[o.name].to(getattr(torch, o.dtype)) for o in self.outputs}
 
 
@@ -79,10 +82,12 @@ def start(
     models, archives = [], {}
     for i, (export_dir, manifest, fmt) in enumerate(exports):
         name = names[i] if names else core_paths.model_slug(manifest.model.name)
-        models.append({"name": name, "export_dir": str(export_dir), "format": fmt})
+        models.append({"name": name, "export_dir": str(Path(export_dir).resolve()),
+                       "format": fmt, "version": versions.number_of(export_dir)})  # fmt: skip
         why = served.why_served(manifest, fmt, served.fastest_entry(manifest.model.name, None))
         archives[name] = ArchiveInfo.of(manifest, fmt, why=why)
     conf = run_dir / CONFIG_FILE
+    live.clear(run_dir)  # a new start serves what it was given, not the last run's rollout
     conf.write_text(
         json.dumps(
             {"host": host, "port": port, "max_request_size": max_request_size,
@@ -168,6 +173,32 @@ class Toy(runtime.Runtime):
 
     def fix_command(self, model: str) -> str:
         return f"pipeline stop && pipeline serve --runtime {NAME} --model {model}"
+
+    # Versions: the run folder's live state, which its one process watches (server.py).
+    def live_state(self, server: Server) -> live.LiveState:
+        state = live.read(Path(server.run_dir))
+        if state is not None:
+            return state
+        config = json.loads((Path(server.run_dir) / CONFIG_FILE).read_text())
+        models = {}
+        for m in config["models"]:
+            number = m["version"] or 1
+            where = live.Loaded(number, m["export_dir"], m["format"])
+            models[m["name"]] = live.ModelVersions({number: where}, number)
+        return live.LiveState(0, models)
+
+    def apply_live(self, server: Server, state: live.LiveState, timeout_s: float) -> None:
+        live.write(Path(server.run_dir), state)
+        live.wait_applied(Path(server.run_dir), state.generation, 1, timeout_s)
+
+    def live_stats(self, server: Server) -> dict[tuple[str, int], live.Tally]:
+        return live.read_stats(Path(server.run_dir))
+
+    def version_backends(
+        self, server: Server, served_name: str, version: int, manifest: Manifest
+    ) -> list[Any]:
+        fmt = self.live_state(server).models[served_name].versions[version].format
+        return [ToyBackend(server, served_name, fmt, manifest, version)]
 
     def bench(
         self, model: str, exported: ExportedModel, settings: BenchSettings
