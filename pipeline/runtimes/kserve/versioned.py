@@ -181,4 +181,5 @@ class Watcher:
         """Let the requests already on `old` finish (they hold it), then let it go."""
         while old.inflight:
             await asyncio.sleep(0.01)
+        await old.batcher.close()  # its idle task held the model: now nothing does
         log.info("%s version %d unloaded (no request in flight)", model.name, old.version)
