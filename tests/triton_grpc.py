@@ -7,7 +7,7 @@ tests import kserve, so they drive Triton's gRPC client through this module:
 
     python -m tests.triton_grpc infer HOST:PORT TOKEN MODEL INPUT IN.npy OUTPUT OUT.npy [VERSION]
                                      # prints {"model_version": ...} of the answer
-    python -m tests.triton_grpc describe HOST:PORT TOKEN MODEL...   # JSON on stdout
+    python -m tests.triton_grpc describe HOST:PORT TOKEN MODEL[@VERSION]...   # JSON on stdout
 """
 
 from __future__ import annotations
@@ -48,9 +48,10 @@ def main(argv: list[str]) -> int:
 
 
 def _model(client: tgrpc.InferenceServerClient, model: str, headers: dict) -> dict:
+    model, _, version = model.partition("@")  # MODEL@VERSION: that version's
     try:
-        ready = client.is_model_ready(model, headers=headers)
-        meta = client.get_model_metadata(model, headers=headers, as_json=True)
+        ready = client.is_model_ready(model, version, headers=headers)
+        meta = client.get_model_metadata(model, version, headers=headers, as_json=True)
     except InferenceServerException as err:  # an unknown model is NOT_FOUND, not "not ready"
         return {"error": err.status()}
     return {"ready": ready, "metadata": meta}

@@ -226,6 +226,9 @@ def test_tritonclient_sees_the_versions_and_asks_one_by_name(
     said = _triton_grpc(served, "infer", MODEL, "image", tmp_path / "x.npy", "logits",
                         tmp_path / "y.npy", "2")  # fmt: skip
     assert said["model_version"] == "2"
+    found = _triton_grpc(served, "describe", MODEL, f"{MODEL}@2", f"{MODEL}@9")["models"]
+    assert found[MODEL]["metadata"]["versions"] == ["1", "2"] and found[MODEL]["ready"]
+    assert found[f"{MODEL}@2"]["ready"] and "error" in found[f"{MODEL}@9"]
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want[2]["logits"], atol=1e-4)
 
 

@@ -43,7 +43,6 @@ try:
     from kserve.protocol.dataplane import DataPlane
     from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
     from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor, LoggingInterceptor
-    from kserve.protocol.grpc.servicer import InferenceServicer
 finally:
     sys.argv = _ARGV
 
@@ -56,7 +55,11 @@ from pipeline.runtimes.kserve.liveops import initial  # noqa: E402
 from pipeline.runtimes.kserve.models import ExportModel, Refused  # noqa: E402
 from pipeline.runtimes.kserve.security import Guard, TokenInterceptor  # noqa: E402
 from pipeline.runtimes.kserve.supervisor import all_ready_marker, ready_marker  # noqa: E402
-from pipeline.runtimes.kserve.versioned import VersionedModel, Watcher  # noqa: E402
+from pipeline.runtimes.kserve.versioned import (  # noqa: E402
+    VersionedModel,
+    VersionedServicer,
+    Watcher,
+)
 from pipeline.serving import live  # noqa: E402
 from pipeline.serving.guard import Keys  # noqa: E402
 
@@ -164,7 +167,11 @@ def _install(
                 ],
             )
             grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-                InferenceServicer(self._data_plane, self._model_repository_extension),
+                VersionedServicer(
+                    {m.name: m for m in models},
+                    self._data_plane,
+                    self._model_repository_extension,
+                ),
                 self._server,
             )
             addr = f"[{host}]:{config.grpc_port}" if ":" in host else f"{host}:{config.grpc_port}"

@@ -19,7 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import kserve
+from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+from kserve.protocol.grpc.servicer import InferenceServicer
 
 from pipeline.runtimes.kserve.config import ServedExport
 from pipeline.runtimes.kserve.models import ExportModel, Refused
@@ -183,3 +186,38 @@ class Watcher:
             await asyncio.sleep(0.01)
         await old.batcher.close()  # its idle task held the model: now nothing does
         log.info("%s version %d unloaded (no request in flight)", model.name, old.version)
+
+
+class VersionedServicer(InferenceServicer):
+    """kserve's gRPC servicer, with model versions: ModelReady and ModelMetadata answer for
+    the version asked (kserve ignores `version`: any version was "ready"), and the metadata
+    lists the loaded versions (kserve leaves `versions` empty)."""
+
+    def __init__(self, models: dict[str, VersionedModel], *args: Any) -> None:
+        super().__init__(*args)
+        self.models = models
+
+    def _loaded(self, name: str, version: str) -> bool:
+        model = self.models.get(name)
+        return model is None or not version or version in model.versions()
+
+    async def ModelReady(  # noqa: N802 - the gRPC method's name
+        self, request: pb.ModelReadyRequest, context: Any
+    ) -> pb.ModelReadyResponse:
+        if not self._loaded(request.name, request.version):
+            return pb.ModelReadyResponse(ready=False)
+        return await super().ModelReady(request, context)
+
+    async def ModelMetadata(  # noqa: N802 - the gRPC method's name
+        self, request: pb.ModelMetadataRequest, context: Any
+    ) -> pb.ModelMetadataResponse:
+        if not self._loaded(request.name, request.version):
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"Model {request.name!r} has no version {request.version!r}.",
+            )
+        answer = await super().ModelMetadata(request, context)
+        model = self.models.get(request.name)
+        if model is not None:
+            answer.versions.extend(model.versions())
+        return answer
