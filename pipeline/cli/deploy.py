@@ -24,7 +24,9 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
         description="Write one model_store/<model>_<format>.mar per format the export holds "
         "(artifact, handler and its runtime, manifest, golden inputs for warm-up, "
         "model-config.yaml, and archive.json naming the model, the format and the fastest "
-        "backend `pipeline bench` measured).",
+        "backend `pipeline bench` measured). A model published to --store (`pipeline "
+        "publish`) is archived at its default version, with that number as the archive's "
+        "version.",
     )
     model_arg(p)
     p.add_argument("--export-dir", type=Path, help="default: <artifacts>/<model>/export")
@@ -88,11 +90,19 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_archive(args: argparse.Namespace) -> int:
     from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
+    from pipeline.serving import versions
     from pipeline.serving.provenance import default_bench_results
 
+    export_dir = args.export_dir or paths.export_dir(args.model, args.artifacts_dir)
+    version = "1.0"  # model-archiver's default, for an export never published
+    published = None if args.export_dir else versions.default(args.model, args.store)
+    if published is not None:  # a published model: its default version, numbered as such
+        export_dir, version = published.dir, str(published.number)
+        print(f"archiving {args.model} version {version} (the store's default)")
     config = ArchiveConfig(
         model=args.model,
-        export_dir=args.export_dir or paths.export_dir(args.model, args.artifacts_dir),
+        export_dir=export_dir,
+        version=version,
         store=args.store,
         formats=tuple(args.format) if args.format else None,
         bench_results=args.bench_results or default_bench_results(args.artifacts_dir),

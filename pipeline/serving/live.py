@@ -29,6 +29,9 @@ from typing import Any
 from pipeline.core.errors import PipelineError
 from pipeline.core.fileio import write_json
 
+# The response header TorchServe's gateway names the answering version in (OIP answers carry
+# `model_version` in their JSON instead).
+VERSION_HEADER = "X-Model-Version"
 STATE = "live-versions.json"
 FOLDER = "live"
 RECENT = 2000  # latencies a worker keeps per version for the p99

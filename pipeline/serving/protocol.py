@@ -61,7 +61,8 @@ class Protocol(abc.ABC):
         inputs: Mapping[str, torch.Tensor],
         *,
         timeout: float = 120.0,
+        version: str | None = None,
     ) -> dict[str, torch.Tensor]:
-        """One request to served `name` with the inference token and no resend (verify's
+        """One request to served `name` (its `version`'s route when given) with the inference token and no resend (verify's
         served backends): the answer's outputs by name. RuntimeError on any other status
         than 200, saying it."""

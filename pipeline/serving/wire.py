@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline.serving.live import VERSION_HEADER
 from pipeline_runtime import oip
 
 HEADER_LENGTH = oip.HEADER_LENGTH  # the OIP binary extension's header
@@ -152,11 +153,6 @@ def oip_from_file(content: bytes, kind: str, inputs: list[dict[str, Any]]) -> di
     if unknown:
         raise WireError(f"The model has no input(s) {unknown}; its inputs are {names}.")
     return {k: np.asarray(v, dtype=dtypes[k]) for k, v in named.items()}
-
-
-# The response header TorchServe's gateway names the answering version in (OIP answers carry
-# `model_version` in their JSON instead).
-VERSION_HEADER = "X-Model-Version"
 
 
 def answer_version(response: Any) -> str | None:

@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,10 +30,9 @@ from pipeline.cli import main
 from pipeline.serving import live, runtime, versions
 from pipeline.serving.client import auth_headers
 from pipeline.serving.launcher import free_port, stop
-from pipeline.serving.loadreport import LoadReport
-from pipeline.serving.loadtest import LoadConfig, run
 from pipeline.serving.rollout import Bounds, RolledBackError, RolloutConfig, rollback, rollout
 from pipeline.serving.server import Server
+from tests.load_span import LoadSpan
 from tests.tamper import alter_onnx_initializer
 
 MODEL = "digits_lenet"
@@ -73,44 +71,6 @@ def _reset(server: Server, store: Path) -> None:
     versions.write_pointer(MODEL, versions.Pointer(1, []), store)
 
 
-class _Load:
-    """Load runs back to back in a thread until stopped: the whole span is checked."""
-
-    def __init__(self, server: Server, store: Path) -> None:
-        self.config = LoadConfig(
-            export_dir=versions.get(MODEL, 1, store).dir, run_dir=Path(server.run_dir),
-            requests=400, concurrency=4, pool=16, store=store, retries=0,
-        )  # fmt: skip
-        self.reports: list[LoadReport] = []
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self) -> None:
-        while not self.done.is_set():
-            self.reports.append(run(self.config))
-
-    def __enter__(self) -> _Load:
-        self.thread.start()
-        while not self.reports:  # one whole run before the test moves anything
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.done.set()
-        self.thread.join(timeout=120)
-
-    def answered(self) -> dict[str, int]:
-        total: dict[str, int] = {}
-        for r in self.reports:
-            for v, n in r.by_version.items():
-                total[v] = total.get(v, 0) + n
-        return total
-
-    def check_nothing_lost(self) -> None:
-        for r in self.reports:
-            assert (r.failed, r.server_errors, r.wrong, r.not_sent) == (0, 0, 0, 0), r.summary()
-
-
 def test_the_versions_differ_so_the_checks_by_version_can_fail(store: Path) -> None:
     one, two = (versions.get(MODEL, n, store).open() for n in (1, 2))
     x = one.sample(4, seed=3)
@@ -121,7 +81,7 @@ def test_the_versions_differ_so_the_checks_by_version_can_fail(store: Path) -> N
 def test_canary_promote_and_rollback_under_load_lose_nothing(served: Server, store: Path) -> None:
     _reset(served, store)
     run_dir = Path(served.run_dir)
-    with _Load(served, store) as load:
+    with LoadSpan(served, store) as load:
         state = rollout(
             RolloutConfig(MODEL, run_dir, version=2, store=store, canary=20, watch_s=1.0),
             say=lambda _: None,
@@ -149,7 +109,7 @@ def test_a_canary_past_its_bound_rolls_back_by_itself(served: Server, store: Pat
     _reset(served, store)
     tight = Bounds(max_error_rate=0.01, max_p99_ratio=1e-6, min_requests=5)
     breach = pytest.raises(RolledBackError, match=r"p99 .* is over --max-p99-ratio 1e-06")
-    with _Load(served, store) as load, breach:
+    with LoadSpan(served, store) as load, breach:
         rollout(
             RolloutConfig(MODEL, Path(served.run_dir), version=2, store=store, canary=50,
                           watch_s=30.0, bounds=tight),
@@ -170,7 +130,7 @@ def test_a_wrong_version_is_refused_by_the_live_check(
     alter_onnx_initializer(bad.dir, "classifier.8.weight", lambda w: w * np.float32(1.5))
     argv = ["rollout", "--model", MODEL, "--version", str(bad.number), "--store", str(store),
             "--run-dir", served.run_dir]  # fmt: skip
-    with _Load(served, store) as load:
+    with LoadSpan(served, store) as load:
         assert main(argv) == 1
     load.check_nothing_lost()
     err = capsys.readouterr().err

@@ -26,6 +26,7 @@ from pipeline.serving import runtime
 
 if TYPE_CHECKING:
     from pipeline.export.opened import ExportedModel
+    from pipeline.serving.live import LiveState, Tally
     from pipeline.serving.protocol import Protocol
     from pipeline.serving.runtime import BenchSettings, ServeOptions
     from pipeline.serving.server import Server
@@ -94,6 +95,13 @@ class TorchServe(runtime.Runtime):
         group.add_argument(
             "--gpu", action="store_true", help="give workers a GPU when CUDA is present"
         )
+        group.add_argument(
+            "--live-versions",
+            action="store_true",
+            help="let `pipeline rollout` register published versions while serving: turns "
+            "TorchServe's model API on (loopback, the management key, archives from --store "
+            "only; default: off, register and delete answer 405)",
+        )
 
     def serve(self, options: ServeOptions) -> Server:
         from pipeline.runtimes.torchserve.launch import ServeConfig, start
@@ -117,6 +125,7 @@ class TorchServe(runtime.Runtime):
                 tls_key=options.tls_key,
                 keep_going=own.keep_going,
                 one_format=not own.all_formats,
+                live_versions=own.live_versions,
             )
         )
 
@@ -149,6 +158,28 @@ class TorchServe(runtime.Runtime):
                 yield server
             finally:
                 stop(run_dir)
+
+    def live_state(self, server: Server) -> LiveState | None:
+        from pipeline.runtimes.torchserve.liveops import live_state
+
+        return live_state(server)
+
+    def apply_live(self, server: Server, state: LiveState, timeout_s: float) -> None:
+        from pipeline.runtimes.torchserve.liveops import apply_live
+
+        apply_live(server, state, timeout_s)
+
+    def live_stats(self, server: Server) -> dict[tuple[str, int], Tally]:
+        from pipeline.serving.live import read_stats
+
+        return read_stats(Path(server.run_dir))
+
+    def version_backends(
+        self, server: Server, served_name: str, version: int, manifest: Manifest
+    ) -> list[Any]:
+        from pipeline.runtimes.torchserve.liveops import version_backends
+
+        return version_backends(server, served_name, version, manifest)
 
     @property
     def protocol(self) -> Protocol:

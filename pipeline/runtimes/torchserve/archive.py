@@ -62,6 +62,9 @@ class ArchiveConfig:
     # lone request pays the whole delay; 1 ms (its smallest: 0 means its 100 ms
     # default) costs a lone request about 1 ms and gave concurrency 8 the
     # throughput the old 10 ms gave.
+    # TorchServe's model version in the archive (/predictions/<name>/<version>): a
+    # published version's number for the archives a rollout registers.
+    version: str = "1.0"
     batch_size: int = 8
     max_batch_delay_ms: int = 1
     min_workers: int = 1
@@ -175,6 +178,7 @@ def archive(config: ArchiveConfig, manifest: Manifest | None = None) -> list[Pat
                 serialized_file=artifact,
                 handler=HANDLERS_DIR / fmt.handler,
                 extra_files=[extra, export_dir / MANIFEST_NAME, golden],
+                version=config.version,
             )
             target = store / f"{name}.mar"
             built.replace(target)  # same filesystem: atomic
@@ -212,7 +216,13 @@ _TEMPDIR_LOCK = threading.Lock()
 
 
 def _package(
-    name: str, staging: Path, *, serialized_file: Path, handler: Path, extra_files: list[Path]
+    name: str,
+    staging: Path,
+    *,
+    serialized_file: Path,
+    handler: Path,
+    extra_files: list[Path],
+    version: str = "1.0",
 ) -> Path:
     """`staging/<name>.mar`, built by model-archiver; ArchiveError says why it failed."""
     from model_archiver.model_archiver_config import ModelArchiverConfig
@@ -223,7 +233,7 @@ def _package(
     config = ModelArchiverConfig(
         model_name=name,
         handler=str(handler),
-        version="1.0",
+        version=version,
         serialized_file=str(serialized_file),
         extra_files=",".join(str(p) for p in extra_files),
         export_path=str(staging),

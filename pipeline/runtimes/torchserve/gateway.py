@@ -38,6 +38,7 @@ import os
 import signal
 import ssl
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,10 @@ from typing import Any
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
 from pipeline.runtimes.torchserve.bodies import BodyError, upstream_body
+from pipeline.runtimes.torchserve.versions import Router
 from pipeline.runtimes.torchserve.workerwatch import MAX_RESENDS, WorkerWatch
 from pipeline.serving.guard import BodyLimit, Keys, Refusal, check_token
+from pipeline.serving.live import VERSION_HEADER
 
 log = logging.getLogger("pipeline.runtimes.torchserve.gateway")
 
@@ -71,6 +74,8 @@ class GatewayConfig:
     # A model's name (digits_lenet) → the one archive serving it (digits_lenet_onnx), so
     # /predictions/<model> reaches whichever format is served.
     aliases: dict[str, str] = field(default_factory=dict)
+    # The run folder whose live state (versions.py) routes unversioned requests; None: off.
+    run_dir: str | None = None
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))
@@ -101,6 +106,7 @@ def refused(refusal: Refusal) -> web.Response:
 SESSION = web.AppKey("session", ClientSession)
 WORKER_WATCH = web.AppKey("worker_watch", WorkerWatch)
 WATCH_TASK = web.AppKey("watch_task", asyncio.Task)
+ROUTER_TASK = web.AppKey("router_task", asyncio.Task)
 
 
 @web.middleware
@@ -121,6 +127,7 @@ def build_app(config: GatewayConfig) -> web.Application:
 
     watch = WorkerWatch(config.server_pid)
     app[WORKER_WATCH] = watch
+    router = Router(Path(config.run_dir) if config.run_dir else None)
 
     async def on_startup(app: web.Application) -> None:
         app[SESSION] = ClientSession(
@@ -130,8 +137,10 @@ def build_app(config: GatewayConfig) -> web.Application:
         )
         if config.server_pid:
             app[WATCH_TASK] = asyncio.create_task(watch.run())
+        app[ROUTER_TASK] = asyncio.create_task(router.run())
 
     async def on_cleanup(app: web.Application) -> None:
+        app[ROUTER_TASK].cancel()
         if WATCH_TASK in app:
             app[WATCH_TASK].cancel()
         await app[SESSION].close()
@@ -232,11 +241,25 @@ def build_app(config: GatewayConfig) -> web.Application:
                 body, media = upstream_body(declared, body)
         except BodyError as err:
             return error(400, "BadRequest", str(err))
-        path = request.rel_url.path
         model = request.match_info["model"]
-        if model in config.aliases:
-            path = path.replace(f"/predictions/{model}", f"/predictions/{config.aliases[model]}", 1)
-        return await forward("POST", path, body, media)
+        archive = config.aliases.get(model, model)
+        asked = request.match_info.get("version")
+        version = router.route(archive, asked)
+        if version is None:  # no live versions: TorchServe's own routing, as before
+            path = request.rel_url.path
+            if model in config.aliases:
+                path = path.replace(f"/predictions/{model}", f"/predictions/{archive}", 1)
+            return await forward("POST", path, body, media)
+        began = time.perf_counter()
+        router.started(archive, version)
+        resp = None
+        try:
+            resp = await forward("POST", f"/predictions/{archive}/{version}", body, media)
+        finally:
+            ok = resp is not None and resp.status < 500
+            router.finished(archive, version, began, ok, counted=asked is None)
+        resp.headers[VERSION_HEADER] = version  # which version answered (loadtest --by-version)
+        return resp
 
     async def ping(request: web.Request) -> web.StreamResponse:
         return await forward("GET", "/ping", b"", None)

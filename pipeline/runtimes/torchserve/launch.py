@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import shutil
 import socket
 import sys
@@ -41,7 +42,7 @@ from pipeline.runtimes.torchserve.gateway import CONFIG_FILE as GATEWAY_CONFIG
 from pipeline.runtimes.torchserve.gateway import GatewayConfig
 from pipeline.runtimes.torchserve.keys import publish_inference_key
 from pipeline.runtimes.torchserve.workers import scale, status, wait_ready, warm_up, worker_plan
-from pipeline.serving import launcher
+from pipeline.serving import launcher, live
 from pipeline.serving.launcher import Launch, free_port, port_free, stop
 from pipeline.serving.server import (
     INFERENCE_KEY_FILE,
@@ -66,6 +67,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+VERSION_COPY = re.compile(r".+\.v\d+")
 
 
 @dataclass
@@ -96,6 +98,9 @@ class ServeConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     response_timeout_s: float = 300.0  # the gateway's limit on one forwarded request
+    # `pipeline rollout` on TorchServe registers a version's archive through the management
+    # API (loopback, management key, archives from the store only: allowed_urls).
+    live_versions: bool = False
     # Serve the models that load even when others fail (they are listed in
     # Server.failed and logged); by default one failure stops the start.
     keep_going: bool = False
@@ -131,7 +136,7 @@ def _properties(config: ServeConfig, store: Path, models: list[str], backend_por
         "load_models": ",".join(f"{m}.mar" for m in models),
         # ShellTorch (2023) came from an open management API and unrestricted
         # model URLs: registration stays off and only the local store is allowed.
-        "enable_model_api": "false",
+        "enable_model_api": "true" if config.live_versions else "false",
         "disable_token_authorization": "false",
         "token_expiration_min": str(config.token_expiration_min),
         "allowed_urls": f"file://{store}/.*",
@@ -189,6 +194,14 @@ def java_missing(env: dict[str, str]) -> str | None:
     )
 
 
+def store_archives(store: Path) -> list[str]:
+    """The archives in `store` that `pipeline serve` may start. Not `<archive>.v<N>.mar`:
+    TorchServe's copy of a version `pipeline rollout` registered (liveops.py), whose
+    version lives in its store folder and is served by a rollout only."""
+    found = store.glob("*.mar") if store.is_dir() else []
+    return sorted(p.stem for p in found if not VERSION_COPY.fullmatch(p.stem))
+
+
 def start(config: ServeConfig) -> Server:
     """Start TorchServe and return once every model is READY."""
     launch = _launch(config)
@@ -197,7 +210,7 @@ def start(config: ServeConfig) -> Server:
     if no_java:
         raise ServeError(no_java)
     store = Path(config.store).resolve()
-    archives = sorted(p.stem for p in store.glob("*.mar")) if store.is_dir() else []
+    archives = store_archives(store)
     if not archives:
         raise ServeError(
             f"No archives in {store}. Run `pipeline archive` (or `make archive`) first."
@@ -240,6 +253,7 @@ def start(config: ServeConfig) -> Server:
     argv += ["--model-store", str(store), "--ncs"]
     # umask 077: TorchServe creates key_file.json with the default mode and only
     # then narrows it to rw-------; born owner-only, nobody can open it in between.
+    live.clear(run_dir)  # a new start serves the store, not the last run's rollout
     proc = launcher.spawn(argv, run_dir, "torchserve.out", env, umask=0o077)
     host = f"[{config.host}]" if ":" in config.host else config.host
     server = Server(
@@ -254,6 +268,8 @@ def start(config: ServeConfig) -> Server:
         extras={
             "management_url": f"http://127.0.0.1:{config.management_port}",
             "backend_url": f"http://127.0.0.1:{backend_port}",
+            "store": str(store),
+            **({"live_versions": "on"} if config.live_versions else {}),
         },
         ca_file=str(Path(config.tls_cert).resolve()) if config.tls_cert else None,
         archives=store_.archive_infos(store, models),
@@ -285,6 +301,7 @@ def _start_gateway(server: Server, config: ServeConfig, run_dir: Path) -> Server
         log_file=str(run_dir / "logs" / "gateway.log"),
         server_pid=server.pid,
         aliases=store_.aliases(server),
+        run_dir=str(run_dir),
     )
     gw.write(run_dir / GATEWAY_CONFIG)
     argv = [
@@ -332,8 +349,13 @@ def describe(server: Server) -> list[str]:
         f"  workers:    {workers} for {len(server.models) - len(server.failed)} model(s), "
         f"{worker_mb:,.0f} MiB; {total_mb:,.0f} MiB with TorchServe's frontend and the gateway",
         f"  inference:  {server.inference_url}/predictions/<model> (gateway pid {server.pids['gateway']})",
-        f"  management: {server.extras['management_url']} (register/delete disabled; scaling needs the "
-        "management key, kept for `pipeline serve` only)",
+        f"  management: {server.extras['management_url']} ("
+        + (
+            "register: archives from the store only, for `pipeline rollout` (--live-versions)"
+            if server.extras.get("live_versions")
+            else "register/delete disabled"
+        )
+        + "; scaling needs the management key, kept for `pipeline serve` only)",
         f"  metrics:    {server.metrics_url}/metrics",
         f"  token:      {run_dir / INFERENCE_KEY_FILE} (for clients: send "
         "'Authorization: Bearer <its inference key>')",

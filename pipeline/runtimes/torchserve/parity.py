@@ -27,16 +27,19 @@ class ServedBackend:
 
     in_process = False
 
-    def __init__(self, server: Server, archive: str, fmt: str, manifest: Manifest) -> None:
+    def __init__(
+        self, server: Server, archive: str, fmt: str, manifest: Manifest, version: int | None = None
+    ) -> None:
         self.server = server
         self.archive = archive
-        self.name = f"{NAME}/{fmt}"
+        self.version = None if version is None else str(version)  # None: the default route
+        self.name = f"{NAME}/{fmt}" + ("" if version is None else f"@{version}")
         self.format_key = fmt
         self.outputs = manifest.outputs
 
     def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The outputs the server answered, by name (verify reports any it left out)."""
-        answer = PROTOCOL.infer(self.server, self.archive, inputs)
+        answer = PROTOCOL.infer(self.server, self.archive, inputs, version=self.version)
         return {
             o.name: answer[o.name].to(getattr(torch, o.dtype))
             for o in self.outputs

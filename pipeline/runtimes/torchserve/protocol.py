@@ -51,6 +51,7 @@ class TorchServeProtocol(Protocol):
         inputs: Mapping[str, torch.Tensor],
         *,
         timeout: float = 120.0,
+        version: str | None = None,
     ) -> dict[str, torch.Tensor]:
         """Named tensors as the handler's JSON; its `outputs`, by name, as JSON read them
         (float64, int64, bool: the caller casts them to the manifest's dtypes)."""
@@ -59,7 +60,7 @@ class TorchServeProtocol(Protocol):
 
         from pipeline.serving.client import post, tensors_body
 
-        resp = post(server, name, tensors_body(inputs), timeout=timeout, retries=0)
+        resp = post(server, name, tensors_body(inputs), timeout=timeout, retries=0, version=version)
         if resp.status_code != 200:
             raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
         # numpy keeps JSON's numbers whole (float64, int64, bool) until the caller casts.

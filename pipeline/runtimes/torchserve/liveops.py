@@ -1,0 +1,127 @@
+"""TorchServe's side of `pipeline rollout`: versions registered through its management API,
+traffic moved by the gateway (versions.py).
+
+A server started with `--live-versions` (TorchServe's model API on, loopback only, the
+management key, archives from the store only: `allowed_urls`) can take a published
+version: its archive is built into the version's folder as `<archive>.v<N>.mar` (the
+archive's own model version N; TorchServe copies a registered file into its store under
+that name, which must not clash with the archive serving), registered beside the one
+serving with as many workers, and only then routed to. A version taken out of service
+is unregistered once the gateway says nothing runs on it any more.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.manifest import read_manifest
+from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
+from pipeline.runtimes.torchserve.management import management
+from pipeline.runtimes.torchserve.parity import ServedBackend
+from pipeline.serving import live, versions
+from pipeline.serving.server import Server
+from pipeline_runtime.manifest import Manifest
+
+REGISTER_TIMEOUT_S = 240.0
+
+
+def live_state(server: Server) -> live.LiveState | None:
+    """The run folder's state, else each served archive at the version TorchServe serves;
+    None when the server was started without --live-versions."""
+    if not server.extras.get("live_versions"):
+        return None
+    state = live.read(Path(server.run_dir))
+    if state is not None:
+        return state
+    store = Path(server.extras["store"])
+    models = {}
+    for name in server.models:
+        info = server.archives.get(name)
+        described = management(server, "GET", f"/models/{name}")
+        number = str(described.json()[0].get("modelVersion", "")) if described.is_success else ""
+        # An archive of a published version carries its number; any other is no version
+        # of the store's (rollout refuses it: its export_dir is none of the store's).
+        where = ""
+        if info is not None and number.isdigit():
+            found = [v for v in versions.versions(info.model, store) if v.number == int(number)]
+            where = str(found[0].dir) if found else ""
+        n = int(number) if number.isdigit() else 1
+        loaded = live.Loaded(n, where, info.format if info else "")
+        models[name] = live.ModelVersions({n: loaded}, n)
+    return live.LiveState(0, models)
+
+
+def _workers(server: Server, name: str, version: int) -> int:
+    described = management(server, "GET", f"/models/{name}/{version}")
+    return max(1, len(described.json()[0].get("workers", []))) if described.is_success else 1
+
+
+def _archive(name: str, where: live.Loaded, store: Path) -> Path:
+    """The version's archive in its folder (built once), named apart from the serving one."""
+    target = Path(where.export_dir) / f"{name}.v{where.version}.mar"
+    if target.is_file():
+        return target
+    manifest = read_manifest(Path(where.export_dir))
+    with tempfile.TemporaryDirectory(prefix=".archive-", dir=store) as tmp:
+        (built,) = archive(
+            ArchiveConfig(
+                model=manifest.model.name,
+                export_dir=Path(where.export_dir),
+                store=Path(tmp),
+                formats=(where.format,),
+                version=str(where.version),
+                bench_results=None,
+            ),
+            manifest,
+        )
+        if built.stem != name:
+            raise live.LiveError(f"{where.export_dir} archives as {built.stem}, not {name}.")
+        built.replace(target)
+    return target
+
+
+def apply_live(server: Server, state: live.LiveState, timeout_s: float) -> None:
+    now = live_state(server)
+    if now is None:
+        raise live.LiveError("TorchServe was started without --live-versions.")
+    store = Path(server.extras["store"]).resolve()
+    for name, mv in state.models.items():
+        have = now.models.get(name)
+        workers = _workers(server, name, have.default) if have else 1
+        for number, where in sorted(mv.versions.items()):
+            if have and number in have.versions:
+                continue
+            mar = _archive(name, where, store)
+            answer = management(
+                server, "POST", "/models", timeout=REGISTER_TIMEOUT_S,
+                params={"url": f"file://{mar.resolve()}", "initial_workers": workers,
+                        "synchronous": "true"},
+            )  # fmt: skip
+            if not answer.is_success:
+                raise live.LiveError(
+                    f"TorchServe did not register {name} version {number}: "
+                    f"{answer.status_code} {answer.text[:300]}"
+                )
+    run_dir = Path(server.run_dir)
+    live.write(run_dir, state)
+    live.wait_applied(run_dir, state.generation, 1, timeout_s)  # the gateway: drained too
+    for name, mv in state.models.items():
+        management(server, "PUT", f"/models/{name}/{mv.default}/set-default")
+        gone = set(now.models[name].versions) - set(mv.versions) if name in now.models else set()
+        for number in sorted(gone):
+            answer = management(server, "DELETE", f"/models/{name}/{number}", timeout=60)
+            if not answer.is_success:
+                raise live.LiveError(
+                    f"TorchServe did not unregister {name} version {number}: "
+                    f"{answer.status_code} {answer.text[:300]}"
+                )
+
+
+def version_backends(
+    server: Server, served_name: str, version: int, manifest: Manifest
+) -> list[Any]:
+    state = live_state(server)
+    fmt = state.models[served_name].versions[version].format if state else ""
+    return [ServedBackend(server, served_name, fmt, manifest, version=version)]

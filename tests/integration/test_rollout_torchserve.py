@@ -1,0 +1,96 @@
+"""Versions on a running TorchServe: a real TorchServe started with --live-versions takes
+a published version through its management API, the gateway moves traffic, and a load
+run across canary, promote and rollback loses nothing."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pipeline.cli import main
+from pipeline.runtimes.torchserve.launch import store_archives
+from pipeline.runtimes.torchserve.liveops import live_state
+from pipeline.runtimes.torchserve.management import management
+from pipeline.serving import runtime, versions
+from pipeline.serving.client import auth_headers
+from pipeline.serving.launcher import free_port, stop
+from pipeline.serving.live import VERSION_HEADER
+from pipeline.serving.rollout import RolloutConfig, rollback, rollout
+from pipeline.serving.server import Server
+from tests.load_span import LoadSpan
+
+MODEL = "digits_lenet"
+ARCHIVE = "digits_lenet_onnx"
+
+
+@pytest.fixture(scope="module")
+def store(two_versions: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    mine = tmp_path_factory.mktemp("ts-rollout") / "store"
+    shutil.copytree(two_versions, mine)
+    # A published model is archived at its default version, numbered as such.
+    assert main(["archive", "--model", MODEL, "--store", str(mine), "--format", "onnx"]) == 0
+    return mine
+
+
+@pytest.fixture(scope="module")
+def served(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    run_dir = tmp_path_factory.mktemp("ts-rollout-run") / "run"
+    argv = [
+        "serve", "--model", MODEL, "--store", str(store), "--run-dir", str(run_dir),
+        "--live-versions", "--port", str(free_port()), "--management-port", str(free_port()),
+        "--metrics-port", str(free_port()), "--workers-per-model", "1",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    try:
+        yield Server.load(run_dir)
+    finally:
+        stop(run_dir)
+
+
+def _registered(server: Server) -> list[str]:
+    """The versions TorchServe itself holds for the archive."""
+    answer = management(server, "GET", f"/models/{ARCHIVE}/all")
+    return sorted(str(m["modelVersion"]) for m in answer.json())
+
+
+def test_canary_promote_and_rollback_on_torchserve_lose_nothing(
+    served: Server, store: Path
+) -> None:
+    assert live_state(served).models[ARCHIVE].default == 1  # the archive says version 1
+    run_dir = Path(served.run_dir)
+    with LoadSpan(served, store) as load:
+        rollout(
+            RolloutConfig(MODEL, run_dir, version=2, store=store, canary=20, watch_s=1.0),
+            say=lambda _: None,
+        )
+        assert _registered(served) == ["1", "2"]
+        url = f"{served.inference_url}/predictions/{MODEL}/2"
+        answer = httpx.post(
+            url, json={"inputs": [[[0.0] * 28] * 28]},
+            headers=auth_headers(served, "inference"), timeout=30,
+        )  # fmt: skip
+        assert answer.status_code == 200 and answer.headers[VERSION_HEADER] == "2"
+        rollout(RolloutConfig(MODEL, run_dir, promote=True, store=store), say=lambda _: None)
+        assert _registered(served) == ["2"] and versions.read_pointer(MODEL, store).default == 2
+        assert rollback(MODEL, run_dir, store, say=lambda _: None) == 1
+    load.check_nothing_lost()
+    answered = load.answered()
+    assert answered.get("1", 0) > 0 and answered.get("2", 0) > 0, answered
+    assert _registered(served) == ["1"]
+    assert runtime.get("torchserve").live_state(served).models[ARCHIVE].versions.keys() == {1}
+    # The rollback registered version 1 from its store folder: TorchServe's copy of it
+    # is no archive a later `pipeline serve` starts beside the original.
+    assert sorted(p.name for p in store.glob("*.mar")) == [f"{ARCHIVE}.mar", f"{ARCHIVE}.v1.mar"]
+    assert store_archives(store) == [ARCHIVE]
+
+
+def test_without_live_versions_a_rollout_says_what_to_do(tmp_path: Path) -> None:
+    record = Server(
+        runtime="torchserve", pid=0, run_dir=str(tmp_path), inference_url="http://127.0.0.1:1",
+        metrics_url="http://127.0.0.1:1", models=[ARCHIVE], started=0.0,
+    )  # fmt: skip
+    assert live_state(record) is None  # rollout then names the runtime and what to restart
