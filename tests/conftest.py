@@ -102,6 +102,9 @@ LONGEST_FILES = (
     "e2e/test_walkthrough.py",
     "e2e/test_own_model.py",  # 33-46 s alone (2026-11-25, the 2-core machine while shared)
     "integration/test_serving.py",
+    # ~25-30 s each after the shared two-version store (a second training, ~15 s)
+    "integration/test_rollout.py",
+    "integration/test_rollout_torchserve.py",
     "e2e/test_cli.py",
     "integration/test_stale_server.py",
     "integration/test_partial_export.py",
