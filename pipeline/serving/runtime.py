@@ -246,8 +246,11 @@ class Runtime(abc.ABC):
         raise NotImplementedError(f"{self.title} cannot change versions while serving")
 
     def live_stats(self, server: Server) -> dict[tuple[str, int], Tally]:
-        """Every worker's answers per (served name, version) since the server started."""
-        return {}
+        """Every worker's answers per (served name, version) since the server started: by
+        default the tallies its processes wrote to the run folder (pipeline.serving.live)."""
+        from pipeline.serving.live import read_stats
+
+        return read_stats(Path(server.run_dir))
 
     def version_backends(
         self, server: Server, served_name: str, version: int, manifest: Manifest

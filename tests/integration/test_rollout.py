@@ -124,6 +124,7 @@ def test_a_wrong_version_is_refused_by_the_live_check(
     served: Server, store: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _reset(served, store)
+    rollout(RolloutConfig(MODEL, Path(served.run_dir), version=2, store=store), say=lambda _: None)
     v2 = versions.get(MODEL, 2, store)
     published = versions.publish(MODEL, v2.dir, v2.dir / versions.REPORT, v2.checkpoint, store)
     bad = published.version
@@ -135,11 +136,11 @@ def test_a_wrong_version_is_refused_by_the_live_check(
     load.check_nothing_lost()
     err = capsys.readouterr().err
     assert (
-        f"Version {bad.number} failed the live check" in err and "version 1) keeps serving" in err
+        f"Version {bad.number} failed the live check" in err and "version 2) keeps serving" in err
     )
     assert "kserve/rest/onnx@3" in err  # where: the version's own route
     mv = runtime.get("kserve").live_state(served).models[MODEL]
-    assert (mv.default, sorted(mv.versions)) == (1, [1])
+    assert (mv.default, sorted(mv.versions)) == (2, [2])
     shutil.rmtree(bad.dir)  # the other tests know versions 1 and 2
 
 

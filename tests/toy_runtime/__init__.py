@@ -191,9 +191,6 @@ class Toy(runtime.Runtime):
         live.write(Path(server.run_dir), state)
         live.wait_applied(Path(server.run_dir), state.generation, 1, timeout_s)
 
-    def live_stats(self, server: Server) -> dict[tuple[str, int], live.Tally]:
-        return live.read_stats(Path(server.run_dir))
-
     def version_backends(
         self, server: Server, served_name: str, version: int, manifest: Manifest
     ) -> list[Any]:

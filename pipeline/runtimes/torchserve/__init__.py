@@ -26,7 +26,7 @@ from pipeline.serving import runtime
 
 if TYPE_CHECKING:
     from pipeline.export.opened import ExportedModel
-    from pipeline.serving.live import LiveState, Tally
+    from pipeline.serving.live import LiveState
     from pipeline.serving.protocol import Protocol
     from pipeline.serving.runtime import BenchSettings, ServeOptions
     from pipeline.serving.server import Server
@@ -168,11 +168,6 @@ class TorchServe(runtime.Runtime):
         from pipeline.runtimes.torchserve.liveops import apply_live
 
         apply_live(server, state, timeout_s)
-
-    def live_stats(self, server: Server) -> dict[tuple[str, int], Tally]:
-        from pipeline.serving.live import read_stats
-
-        return read_stats(Path(server.run_dir))
 
     def version_backends(
         self, server: Server, served_name: str, version: int, manifest: Manifest
