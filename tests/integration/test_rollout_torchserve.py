@@ -12,9 +12,11 @@ import httpx
 import pytest
 
 from pipeline.cli import main
+from pipeline.runtimes.torchserve.archive import settings_of
 from pipeline.runtimes.torchserve.launch import store_archives
 from pipeline.runtimes.torchserve.liveops import live_state
 from pipeline.runtimes.torchserve.management import management
+from pipeline.runtimes.torchserve.store import archive_version, follow_defaults
 from pipeline.serving import runtime, versions
 from pipeline.serving.client import auth_headers
 from pipeline.serving.launcher import free_port, stop
@@ -94,3 +96,19 @@ def test_without_live_versions_a_rollout_says_what_to_do(tmp_path: Path) -> None
         metrics_url="http://127.0.0.1:1", models=[ARCHIVE], started=0.0,
     )  # fmt: skip
     assert live_state(record) is None  # rollout then names the runtime and what to restart
+
+
+def test_serve_follows_the_default_pointer_keeping_the_archive_settings(
+    store: Path, tmp_path: Path
+) -> None:
+    """After a rollout moved the pointer, the next `pipeline serve` serves the default:
+    the archive is built again from that version, with the settings it had."""
+    mine = tmp_path / "store"
+    shutil.copytree(store, mine)
+    mar = mine / f"{ARCHIVE}.mar"
+    before = settings_of(mar)
+    assert archive_version(mar) == "1" and before["batch_size"] == 8
+    assert follow_defaults(mine, store_archives(mine)) == []  # already the default
+    versions.set_default(MODEL, 2, mine)
+    assert follow_defaults(mine, store_archives(mine)) == [ARCHIVE]
+    assert archive_version(mar) == "2" and settings_of(mar) == before

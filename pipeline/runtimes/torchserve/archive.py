@@ -19,6 +19,7 @@ import logging
 import shutil
 import tempfile
 import threading
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -127,6 +128,21 @@ def model_config(config: ArchiveConfig) -> dict[str, object]:
         "startupTimeout": config.startup_timeout_s,
         **({"deviceType": config.device} if config.device else {}),
     }
+
+
+def settings_of(mar: Path) -> dict[str, object]:
+    """The ArchiveConfig fields an archive was built with (its model-config.yaml), so it
+    can be built again from another export with the same settings; {} when unreadable."""
+    try:
+        with zipfile.ZipFile(mar) as zf:
+            found = yaml.safe_load(zf.read("model-config.yaml")) or {}
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile, yaml.YAMLError):
+        return {}
+    names = {"minWorkers": "min_workers", "maxWorkers": "max_workers",
+             "batchSize": "batch_size", "maxBatchDelay": "max_batch_delay_ms",
+             "responseTimeout": "response_timeout_s", "startupTimeout": "startup_timeout_s",
+             "deviceType": "device"}  # fmt: skip
+    return {field: found[key] for key, field in names.items() if key in found}
 
 
 def archive(config: ArchiveConfig, manifest: Manifest | None = None) -> list[Path]:

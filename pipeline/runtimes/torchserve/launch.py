@@ -211,6 +211,7 @@ def start(config: ServeConfig) -> Server:
         raise ServeError(no_java)
     store = Path(config.store).resolve()
     archives = store_archives(store)
+    store_.follow_defaults(store, archives)  # a published model: its default version
     if not archives:
         raise ServeError(
             f"No archives in {store}. Run `pipeline archive` (or `make archive`) first."

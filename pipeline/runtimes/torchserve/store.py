@@ -9,13 +9,19 @@ registry's first).
 
 from __future__ import annotations
 
+import json
+import logging
+import zipfile
 from collections.abc import Iterable
 from pathlib import Path
 
 from pipeline.core import paths
+from pipeline.serving import versions
 from pipeline.serving.provenance import ArchiveInfo
 from pipeline.serving.served import preferred_format
 from pipeline.serving.server import Server
+
+log = logging.getLogger(__name__)
 
 
 def archive_infos(store: Path, archives: Iterable[str]) -> dict[str, ArchiveInfo]:
@@ -85,3 +91,41 @@ def aliases(server: Server) -> dict[str, str]:
                 if name not in server.archives and name not in server.models:
                     out[name] = next(iter(mine))
     return dict(sorted(out.items()))
+
+
+def archive_version(mar: Path) -> str | None:
+    """The model version model-archiver wrote into `mar` (MAR-INF/MANIFEST.json)."""
+    try:
+        with zipfile.ZipFile(mar) as zf:
+            return str(json.loads(zf.read("MAR-INF/MANIFEST.json"))["model"]["modelVersion"])
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return None
+
+
+def follow_defaults(store: Path, archives: Iterable[str]) -> list[str]:
+    """Archive again each of `archives` whose model is published in `store` at another
+    version than the store's default (`pipeline rollout` or `rollback` moved it since), so
+    `pipeline serve` serves the default version, as the KServe runtime does. Returns the
+    archives it rewrote."""
+    from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive, settings_of
+
+    rewritten = []
+    for name, info in archive_infos(store, archives).items():
+        published = versions.default(info.model, store)
+        mar = Path(store) / f"{name}.mar"
+        if published is None or archive_version(mar) == str(published.number):
+            continue
+        log.info("archiving %s at version %d, the store's default", name, published.number)
+        archive(
+            ArchiveConfig(
+                model=info.model,
+                export_dir=published.dir,
+                store=Path(store),
+                formats=(info.format,),
+                version=str(published.number),
+                bench_results=None,
+                **settings_of(mar),  # batch size, workers, timeouts: as archived before
+            )
+        )
+        rewritten.append(name)
+    return rewritten
