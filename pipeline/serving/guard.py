@@ -23,6 +23,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import zlib
 from collections.abc import AsyncIterable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,3 +140,51 @@ class BodyLimit:
             if len(body) > self.limit:
                 return self.too_big(len(body))
         return bytes(body)
+
+
+# Content-Encoding of request bodies (Triton's client sends gzip or deflate when asked).
+DECODED = ("gzip", "x-gzip", "deflate")
+
+
+def unsupported_encoding(encoding: str | None) -> Refusal | None:
+    """A 415 for a Content-Encoding the runtimes do not decode; None for gzip, deflate,
+    identity or none."""
+    name = (encoding or "identity").strip().lower()
+    if name in (*DECODED, "identity", ""):
+        return None
+    return Refusal(
+        415,
+        "UnsupportedMediaType",
+        f"Content-Encoding {name!r} is not supported; send the body as it is, or gzip or "
+        "deflate it.",
+    )
+
+
+def decode_body(body: bytes, encoding: str | None, limit: BodyLimit) -> bytes | Refusal:
+    """`body` decoded from its Content-Encoding, never more than the limit of output: a
+    body that would decode past it (a decompression bomb) gets the 413 from the first
+    `limit + 1` bytes, with nothing more held. A body that does not decode gets a 400."""
+    refusal = unsupported_encoding(encoding)
+    if refusal is not None:
+        return refusal
+    name = (encoding or "identity").strip().lower()
+    if name in ("identity", ""):
+        return body
+    # gzip has its own header; HTTP's "deflate" is zlib's format (RFC 9110), which some
+    # clients send raw: both are tried.
+    wbits = (16 + zlib.MAX_WBITS,) if "gzip" in name else (zlib.MAX_WBITS, -zlib.MAX_WBITS)
+    problem = ""
+    for bits in wbits:
+        inflate = zlib.decompressobj(bits)
+        try:
+            out = inflate.decompress(body, limit.limit + 1)
+        except zlib.error as err:
+            problem = str(err)
+            continue
+        if len(out) > limit.limit or inflate.unconsumed_tail:
+            return limit.too_big(limit.limit + 1)
+        if not inflate.eof:
+            problem = "the compressed data ends early"
+            continue
+        return out
+    return Refusal(400, "BadRequest", f"The body does not decode as {name}: {problem}.")

@@ -144,6 +144,53 @@ def test_tritonclient_http(server, exported, golden, fmt: str, mode: str) -> Non
         client.close()
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_tritonclient_compressed_requests(server, exported, golden, algorithm, binary) -> None:
+    """Triton's client compresses the body when asked (Content-Encoding); Triton's server
+    and this runtime inflate it first."""
+    x = golden[0]
+    client = thttp.InferenceServerClient(_hostport(server))
+    try:
+        tensor = thttp.InferInput(_input_name(exported), list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x, binary_data=binary)
+        result = client.infer(
+            "digits_onnx", [tensor], headers=_auth(server), request_compression_algorithm=algorithm
+        )
+        _close(result.as_numpy(_output_name(exported)), golden)
+    finally:
+        client.close()
+
+
+def test_bodies_that_do_not_decode_get_a_4xx_and_the_server_keeps_serving(
+    server, exported, golden
+) -> None:
+    import gzip
+
+    url = f"{server.inference_url}/v2/models/digits_onnx/infer"
+    plain = json.dumps({"inputs": [{"name": _input_name(exported), "datatype": "FP32",
+                                    "shape": list(golden[0].shape),
+                                    "data": golden[0].ravel().tolist()}]}).encode()  # fmt: skip
+    limit = 64 * 2**20
+    bomb = gzip.compress(b" " * (limit + 1), compresslevel=9)  # far over 100:1
+    cases = [
+        (plain, "gzip", 400, "does not decode as gzip"),  # labelled gzip, sent plain
+        (gzip.compress(plain)[:-8], "gzip", 400, "ends early"),  # truncated
+        (bomb, "gzip", 413, "over the server's limit"),
+        (plain, "br", 415, "Content-Encoding 'br' is not supported"),
+    ]
+    for body, encoding, status, said in cases:
+        r = httpx.post(
+            url, content=body, timeout=60,
+            headers={**_auth(server), "Content-Type": "application/json", "Content-Encoding": encoding},
+        )  # fmt: skip
+        assert (r.status_code, said in r.json()["error"]) == (status, True), (encoding, r.text)
+    r = httpx.post(url, content=gzip.compress(plain), timeout=60,
+                   headers={**_auth(server), "Content-Encoding": "gzip"})  # fmt: skip
+    assert r.status_code == 200
+    _close(np.asarray(r.json()["outputs"][0]["data"], np.float32).reshape(golden[1].shape), golden)
+
+
 def _triton_grpc(server: Server, *args: str | Path) -> str:
     proc = subprocess.run(
         [sys.executable, "-m", "tests.triton_grpc", args[0], _grpc_hostport(server),

@@ -299,3 +299,36 @@ def test_a_load_run_in_every_encoding_gets_no_5xx(
     )  # fmt: skip
     assert report.passed, report.summary()
     assert report.server_errors == 0 and report.answered == 360
+
+
+def test_the_gateway_inflates_gzip_and_deflate_and_refuses_what_does_not_decode(
+    edge_server: Server, model: torch.jit.ScriptModule, digit_png: tuple
+) -> None:
+    import gzip
+    import zlib
+
+    _, pixels = digit_png
+    x = preprocess_digits(pixels[None].astype(np.float32), max_value=255.0)
+    body = tensors_body({"image": x})
+    url = f"{edge_server.inference_url}/predictions/{MODEL}"
+    key = {"Authorization": f"Bearer {edge_server.keys()['inference']}"}
+
+    def send(content: bytes, encoding: str) -> httpx.Response:
+        headers = {**key, "Content-Type": "application/json", "Content-Encoding": encoding}
+        return httpx.post(url, content=content, headers=headers, timeout=60)
+
+    expected = model(x)
+    for content, encoding in ((gzip.compress(body), "gzip"), (zlib.compress(body), "deflate")):
+        r = send(content, encoding)
+        assert r.status_code == 200, r.text
+        got = torch.tensor(r.json()["outputs"]["logits"])
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    limit = 4 * 1024 * 1024  # the gateway's default max_request_size
+    refused = [
+        (send(body, "gzip"), 400, "does not decode as gzip"),  # plain, labelled gzip
+        (send(gzip.compress(b" " * (limit * 2)), "gzip"), 413, "over the server's limit"),
+        (send(body, "br"), 415, "Content-Encoding 'br' is not supported"),
+    ]
+    for r, status, said in refused:
+        assert (r.status_code, said in r.json()["message"]) == (status, True), r.text
+    assert send(gzip.compress(body), "gzip").status_code == 200  # and it keeps serving

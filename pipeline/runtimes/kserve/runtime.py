@@ -123,7 +123,8 @@ def _install(
         def _register_endpoints(self, app: Any) -> None:
             async def ready() -> JSONResponse:
                 warm = all(m.ready for m in models) and (worker is None or worker.all_ready())
-                return JSONResponse({"ready": warm}, status_code=200 if warm else 503)
+                # 400 until ready, as Triton answers: the protocol asks for a 4xx.
+                return JSONResponse({"ready": warm}, status_code=200 if warm else 400)
 
             # Registered first, so it answers instead of kserve's (always ready).
             app.add_api_route("/v2/health/ready", ready, methods=["GET"])

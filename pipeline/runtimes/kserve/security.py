@@ -8,7 +8,9 @@ docs/notes/kserve-runtime-research.md §2.4-2.8), so the runtime adds them:
   repository load/unload); every route but the health checks needs
   `Authorization: Bearer <inference key>` (401 JSON with `WWW-Authenticate`);
   a body whose Content-Length exceeds the limit is refused with a JSON 413
-  before it is read, and a chunked one as soon as it passes the limit;
+  before it is read, and a chunked one as soon as it passes the limit; a body sent with
+  `Content-Encoding: gzip` or `deflate` is decoded here, its decoded size under the same
+  limit (a decompression bomb is a 413, never held whole), and another encoding is a 415;
   /metrics follows Prometheus's habits instead: open where the runtime listens on
   loopback (scrapes carry no token), elsewhere it needs the metrics key from
   `metrics_key.json`, never the inference token (a scraper's credential must not
@@ -36,7 +38,9 @@ from pipeline.serving.guard import (
     Keys,
     Refusal,
     check_token,
+    decode_body,
     oip_shape,
+    unsupported_encoding,
 )
 
 Scope = MutableMapping[str, Any]
@@ -46,6 +50,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
+_RECODED = (b"content-encoding", b"content-length")  # replaced once a body is decoded
 METRICS_PATH = "/metrics"
 METRICS_TOKEN_REQUIRED = (
     "A valid metrics token is required on /metrics when the runtime listens off loopback: "
@@ -161,15 +166,17 @@ class Guard:
         if refusal is None and not right_method:
             refusal = Refusal(405, "MethodNotAllowed", f"{method} is not allowed on {path}")
         length = _header(scope, b"content-length")
+        encoding = _header(scope, b"content-encoding")
         if refusal is None:
-            refusal = self.limit.check_declared(length)
+            refusal = self.limit.check_declared(length) or unsupported_encoding(encoding)
         if refusal is not None:
-            await send_refusal(send, refusal, close=refusal.status == 413)
+            await send_refusal(send, refusal, close=refusal.status in (413, 415))
             return
-        if length is not None or method not in ("POST", "PUT", "PATCH"):
+        encoded = encoding is not None and encoding.strip().lower() not in ("identity", "")
+        if (length is not None and not encoded) or method not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
-        # Chunked (no Content-Length): read it here, counting, then replay it.
+        # Chunked (no Content-Length) or encoded: read it here, counting, then replay it.
         try:
             body = await self.limit.read(_chunks(receive))
         except _ClientGoneError:
@@ -177,6 +184,13 @@ class Guard:
         if isinstance(body, Refusal):
             await send_refusal(send, body, close=True)
             return
+        if encoded:  # decoded here, bounded by the same limit: the app sees a plain body
+            body = decode_body(body, encoding, self.limit)
+            if isinstance(body, Refusal):
+                await send_refusal(send, body, close=body.status == 413)
+                return
+            kept = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in _RECODED]
+            scope = {**scope, "headers": [*kept, (b"content-length", str(len(body)).encode())]}
         replayed = False
 
         async def replay() -> Message:

@@ -44,11 +44,12 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+from aiohttp.web_protocol import RequestPayloadError
 
 from pipeline.runtimes.torchserve.bodies import BodyError, upstream_body
 from pipeline.runtimes.torchserve.versions import Router
 from pipeline.runtimes.torchserve.workerwatch import MAX_RESENDS, WorkerWatch
-from pipeline.serving.guard import BodyLimit, Keys, Refusal, check_token
+from pipeline.serving.guard import BodyLimit, Keys, Refusal, check_token, unsupported_encoding
 from pipeline.serving.live import VERSION_HEADER
 
 log = logging.getLogger("pipeline.runtimes.torchserve.gateway")
@@ -230,7 +231,14 @@ def build_app(config: GatewayConfig) -> web.Application:
     async def predictions(request: web.Request) -> web.StreamResponse:
         refusal = check_token(keys, request.headers.get("Authorization"))
         refusal = refusal or limit.check_declared(request.content_length)
-        body = refusal or await limit.read(request.content.iter_chunked(1 << 16))
+        # aiohttp inflates gzip and deflate bodies as they are read, so the limit below
+        # counts decoded bytes (a decompression bomb stops at it); others are refused.
+        refusal = refusal or unsupported_encoding(request.headers.get("Content-Encoding"))
+        try:
+            body = refusal or await limit.read(request.content.iter_chunked(1 << 16))
+        except RequestPayloadError as err:  # aiohttp could not inflate it
+            encoding = request.headers.get("Content-Encoding", "")
+            return error(400, "BadRequest", f"The body does not decode as {encoding}: {err}.")
         if isinstance(body, Refusal):
             return refused(body)
         declared = request.headers.get("Content-Type")
