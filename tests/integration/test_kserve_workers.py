@@ -92,26 +92,40 @@ def _replaced(server: Server, killed: int, timeout_s: float = 60.0) -> list[int]
     raise AssertionError(f"worker {killed} not replaced within {timeout_s} s: {_workers(server)}")
 
 
+def _scrape(server: Server) -> str:
+    return httpx.get(f"{server.inference_url}/metrics", timeout=10).text  # a fresh connection
+
+
+def _value(text: str, series: str) -> float:
+    found = re.search(rf"^{re.escape(series)} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
 def test_two_workers_both_answer(server: Server) -> None:
-    """Each process has its own /metrics registry: scraped over fresh connections, both
-    workers show up, each naming its pid and having counted forward passes of its own."""
+    """Both workers serve: one scrape (the workers' metrics are summed) names both live
+    processes, and each worker slot has run forward passes of its own."""
     pids = _workers(server)
     assert len(pids) == 2 and server.pid not in pids
     assert httpx.get(f"{server.inference_url}/v2/health/ready").status_code == 200
     for _ in range(40):
         assert _infer(server) == 200
-    seen: dict[int, float] = {}
-    for _ in range(100):
-        text = httpx.get(f"{server.inference_url}/metrics", timeout=10).text
-        (pid,) = re.findall(r'^pipeline_kserve_worker\{pid="(\d+)",slot="\d"\} 1\.0$', text, re.M)
-        count = re.search(
-            rf'^pipeline_kserve_batch_size_count{{model_name="{DIGITS}"}} (\S+)$', text, re.M
-        )
-        seen[int(pid)] = float(count.group(1)) if count else 0.0
-        if len(seen) == 2:
-            break
-    assert set(seen) == set(pids), seen
-    assert all(n > 0 for n in seen.values()), seen  # both ran forward passes
+    text = _scrape(server)
+    named = re.findall(r'^pipeline_kserve_worker\{pid="(\d+)",slot="\d"\} 1\.0$', text, re.M)
+    assert sorted(map(int, named)) == sorted(pids), text[:2000]
+    per_slot = [
+        _value(text, f'pipeline_kserve_forward_passes_total{{model_name="{DIGITS}",slot="{s}"}}')
+        for s in (0, 1)
+    ]
+    assert all(n > 0 for n in per_slot), per_slot  # both ran forward passes
+
+
+def test_a_scrape_counts_every_workers_requests_whichever_worker_answers(server: Server) -> None:
+    series = f'pipeline_kserve_request_duration_seconds_count{{model_name="{DIGITS}"}}'
+    before = _value(_scrape(server), series)
+    for _ in range(30):
+        assert _infer(server) == 200
+    seen = {_value(_scrape(server), series) for _ in range(12)}  # both workers answer some
+    assert seen == {before + 30}, (before, seen)
 
 
 def test_kept_alive_requests_do_not_wait_for_delayed_acks(server: Server) -> None:

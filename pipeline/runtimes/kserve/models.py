@@ -15,7 +15,7 @@ import kserve
 import numpy as np
 import torch
 from kserve.errors import InvalidInput
-from prometheus_client import Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from pipeline.export.opened import open_export
 from pipeline.formats import base as formats
@@ -34,7 +34,20 @@ BATCH_SIZE = Histogram(
     ["model_name"],
     buckets=(1, 2, 4, 8, 16, 32, 64),
 )
-WARMED = Gauge("pipeline_kserve_warmed_up", "1 once the model ran its warm-up", ["model_name"])
+# Which worker ran them: with the workers' metrics summed (supervisor.py), the one series
+# that tells them apart. SLOT is this process's (runtime.serve sets it; "0" alone).
+FORWARD_PASSES = Counter(
+    "pipeline_kserve_forward_passes_total",
+    "Forward passes (batches), by model and by the worker slot that ran them",
+    ["model_name", "slot"],
+)
+SLOT = "0"
+WARMED = Gauge(
+    "pipeline_kserve_warmed_up",
+    "1 once the model ran its warm-up (on every live worker)",
+    ["model_name"],
+    multiprocess_mode="livemin",
+)
 
 
 class Refused(InvalidInput, ClientError):  # noqa: N818 - the name tests and docs use
@@ -65,6 +78,12 @@ class ExportModel(kserve.Model):
         self.output_names = manifest.output_names
         self.limits = codec.Limits(max_samples=SAMPLES_PER_BATCH * max(1, config.max_batch_size))
         histogram = BATCH_SIZE.labels(model_name=served.name)
+        passes = FORWARD_PASSES.labels(model_name=served.name, slot=SLOT)
+
+        def counted(size: int) -> None:
+            histogram.observe(size)
+            passes.inc()
+
         self.batcher = Batcher(
             forward=self._forward,
             input_axes={s.name: s.batch_axis for s in self.specs},
@@ -72,7 +91,7 @@ class ExportModel(kserve.Model):
             max_batch_size=config.max_batch_size,
             max_delay_ms=config.max_batch_delay_ms,
             stack=manifest.serving.stack_requests,
-            on_batch=histogram.observe,
+            on_batch=counted,
         )
         golden, _ = exported.golden()
         self._forward(codec.warm_up_inputs({k: v.numpy() for k, v in golden.items()}, self.specs))

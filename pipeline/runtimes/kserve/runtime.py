@@ -47,14 +47,26 @@ finally:
     sys.argv = _ARGV
 
 import torch  # noqa: E402
-from prometheus_client import Gauge  # noqa: E402
+from fastapi.responses import Response  # noqa: E402
+from prometheus_client import (  # noqa: E402
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Gauge,
+    generate_latest,
+)
+from prometheus_client.multiprocess import MultiProcessCollector  # noqa: E402
 
+from pipeline.runtimes.kserve import models as models_module  # noqa: E402
 from pipeline.runtimes.kserve.config import RuntimeConfig  # noqa: E402
 from pipeline.runtimes.kserve.fastpath import FastInfer  # noqa: E402
 from pipeline.runtimes.kserve.liveops import initial  # noqa: E402
 from pipeline.runtimes.kserve.models import ExportModel, Refused  # noqa: E402
 from pipeline.runtimes.kserve.security import Guard, TokenInterceptor  # noqa: E402
-from pipeline.runtimes.kserve.supervisor import all_ready_marker, ready_marker  # noqa: E402
+from pipeline.runtimes.kserve.supervisor import (  # noqa: E402
+    MULTIPROC_ENV,
+    all_ready_marker,
+    ready_marker,
+)
 from pipeline.runtimes.kserve.versioned import (  # noqa: E402
     VersionedModel,
     VersionedServicer,
@@ -65,8 +77,16 @@ from pipeline.serving.guard import Keys  # noqa: E402
 
 log = logging.getLogger("pipeline.runtimes.kserve")
 
-# Which process answered a scrape: each worker has its own registry (batch sizes included).
-WORKER = Gauge("pipeline_kserve_worker", "1 per runtime process: its slot and pid", ["slot", "pid"])
+# The supervisor's workers share their metrics (prometheus_client's multiprocess mode, set
+# in the environment before this process imported it): a scrape is the sum over all.
+MULTIPROCESS = bool(os.environ.get(MULTIPROC_ENV))
+# One line per live runtime process: its slot and pid (multiprocess mode adds the pid).
+WORKER = (
+    Gauge("pipeline_kserve_worker", "1 per live runtime process", ["slot"],
+          multiprocess_mode="liveall")
+    if MULTIPROCESS
+    else Gauge("pipeline_kserve_worker", "1 per runtime process: its slot and pid", ["slot", "pid"])
+)  # fmt: skip
 GRACE_S = 5  # seconds the servers get to finish requests on SIGTERM
 
 
@@ -126,8 +146,17 @@ def _install(
                 # 400 until ready, as Triton answers: the protocol asks for a 4xx.
                 return JSONResponse({"ready": warm}, status_code=200 if warm else 400)
 
-            # Registered first, so it answers instead of kserve's (always ready).
+            async def metrics() -> Response:
+                # The sum over every worker's files, whichever worker this scrape reached.
+                registry = CollectorRegistry()
+                MultiProcessCollector(registry)
+                return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+            # Registered first, so they answer instead of kserve's (always ready; this
+            # process's registry alone).
             app.add_api_route("/v2/health/ready", ready, methods=["GET"])
+            if MULTIPROCESS:
+                app.add_api_route("/metrics", metrics, methods=["GET"])
             super()._register_endpoints(app)
 
         def create_application(self) -> None:
@@ -233,12 +262,14 @@ def serve(config: RuntimeConfig, run_dir: Path, worker: Worker | None = None) ->
     """Serve `config.models` until SIGTERM; `worker`: as one of the supervisor's workers.
     `run_dir`: where the live state is (a restarted worker starts with its versions)."""
     torch.set_num_threads(max(1, config.threads))
+    models_module.SLOT = str(worker.slot) if worker else "0"
     models = []
     for name, (wanted, exports) in initial(config.models, live.read(run_dir)).items():
         loaded = {e.version: ExportModel(e, config) for e in exports}
         models.append(VersionedModel(name, wanted, loaded))
     if worker is not None:
-        WORKER.labels(slot=str(worker.slot), pid=str(os.getpid())).set(1)
+        mine = {"slot": str(worker.slot)} | ({} if MULTIPROCESS else {"pid": str(os.getpid())})
+        WORKER.labels(**mine).set(1)
     watcher = Watcher(
         run_dir,
         worker.slot if worker else 0,

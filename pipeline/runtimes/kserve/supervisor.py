@@ -9,6 +9,8 @@ SO_REUSEPORT (the kernel spreads connections over them), and:
 * readiness: each worker writes `workers/<slot>.ready` once its models are warmed up
   and its HTTP socket listens; when every slot has, this writes `workers/ready`, and
   only then does any worker answer /v2/health/ready with 200;
+* metrics: the workers write theirs to `metrics/` (prometheus_client's multiprocess
+  mode), so /metrics answers the sum over every worker whichever one a scrape reaches;
 * a worker that dies is replaced (one log line: the slot, the pid, its exit status and
   the new pid), unless it died before the first full start (a model that does not load
   would fail again) or died MAX_DEATHS times within WINDOW_S (a crash loop): then every
@@ -24,17 +26,23 @@ from __future__ import annotations
 import collections
 import ctypes
 import logging
+import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from prometheus_client.multiprocess import mark_process_dead
+
 from pipeline.runtimes.kserve.config import RuntimeConfig
 
 log = logging.getLogger("pipeline.runtimes.kserve.supervisor")
 
 WORKERS_DIR = "workers"  # in the run folder: <slot>.ready per worker, `ready` once all are
+METRICS_DIR = "metrics"  # in the run folder: the workers' metric files, summed by a scrape
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client reads it at import
 ALL_READY = "ready"
 MAX_DEATHS = 3  # deaths of one slot within WINDOW_S that count as a crash loop
 WINDOW_S = 60.0
@@ -99,6 +107,13 @@ class Supervisor:
         folder.mkdir(exist_ok=True)
         for old in folder.iterdir():
             old.unlink()
+        # Every worker's metrics in one folder (prometheus_client's multiprocess mode, which
+        # the workers inherit through the environment): a scrape that lands on any worker
+        # returns the sum over all of them, dead ones' counts included.
+        metrics = self.conf.parent / METRICS_DIR
+        shutil.rmtree(metrics, ignore_errors=True)
+        metrics.mkdir()
+        os.environ[MULTIPROC_ENV] = str(metrics)
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         for slot in range(self.count):
@@ -141,6 +156,7 @@ class Supervisor:
                     f"worker {slot} died {MAX_DEATHS} times within {WINDOW_S:.0f} s (last: "
                     f"pid {proc.pid}, {_status(code)}); not restarting it"
                 )
+            mark_process_dead(proc.pid)  # its live gauges go; its counts stay in the sum
             new = self._spawn(slot)
             log.warning(
                 "worker %d (pid %d) exited with %s; started pid %d in its place",
