@@ -119,13 +119,32 @@ def test_two_workers_both_answer(server: Server) -> None:
     assert all(n > 0 for n in per_slot), per_slot  # both ran forward passes
 
 
+STAGES = ("decode", "queue", "compute", "encode")
+
+
 def test_a_scrape_counts_every_workers_requests_whichever_worker_answers(server: Server) -> None:
+    """Summed over the workers: the request count, and the server's own split of each
+    request's time (decode, queue, compute, encode), which lies within the request's."""
     series = f'pipeline_kserve_request_duration_seconds_count{{model_name="{DIGITS}"}}'
-    before = _value(_scrape(server), series)
+    whole = f'pipeline_kserve_request_duration_seconds_sum{{model_name="{DIGITS}"}}'
+    of = f'{{format="onnx",model_name="{DIGITS}"}}'
+    first = _scrape(server)
+    before = _value(first, series)
     for _ in range(30):
         assert _infer(server) == 200
-    seen = {_value(_scrape(server), series) for _ in range(12)}  # both workers answer some
-    assert seen == {before + 30}, (before, seen)
+    scrapes = [_scrape(server) for _ in range(12)]  # fresh connections: both workers answer
+    assert {_value(t, series) for t in scrapes} == {before + 30}, before
+    last = scrapes[-1]
+    for stage in STAGES:
+        name = f"pipeline_kserve_{stage}_seconds"
+        counted = _value(last, f"{name}_count{of}") - _value(first, f"{name}_count{of}")
+        assert counted == 30, (stage, counted)
+    split = sum(
+        _value(last, f"pipeline_kserve_{s}_seconds_sum{of}")
+        - _value(first, f"pipeline_kserve_{s}_seconds_sum{of}")
+        for s in STAGES
+    )
+    assert 0 < split <= _value(last, whole) - _value(first, whole)
 
 
 def test_kept_alive_requests_do_not_wait_for_delayed_acks(server: Server) -> None:

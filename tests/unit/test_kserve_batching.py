@@ -141,3 +141,15 @@ def test_cheap_passes_run_on_the_loop_and_a_slow_one_goes_back_to_a_thread() -> 
     assert on_loop[0] is False  # its cost unknown: a thread
     assert all(on_loop[1:11])  # cheap, seen: on the loop (the 11th is the slow one)
     assert on_loop[11] is False  # after the slow one: a thread again
+
+
+def test_each_request_is_told_its_queue_wait_and_its_forward_pass() -> None:
+    """One request per pass: the first holds the model ~0.05 s (the gate), so the ones
+    queued behind it waited about that long, and each is told the pass it was part of."""
+    timings: list[tuple[float, float]] = []
+    b, sizes = _batcher(max_batch_size=1, on_timing=lambda q, c: timings.append((q, c)))
+    asyncio.run(_run(b, [np.ones((1, 3), np.float32)] * 4))
+    assert len(timings) == 4 and sizes == [1, 1, 1, 1]
+    first, *queued = timings
+    assert first[0] < 0.02 and first[1] >= 0.04  # it ran at once, held by the gate
+    assert all(q >= 0.04 and c < first[1] for q, c in queued), timings  # they waited for it

@@ -82,11 +82,15 @@ class _Model:
     def __init__(self, version: int = 1) -> None:
         self.name, self.output_names, self.calls = "m", ["y", "z"], 0
         self.version = version
+        self.observed: list[str] = []
 
     def check(self, tensors: Any) -> tuple[dict[str, np.ndarray], bool]:
         if [t.name for t in tensors] != ["x"]:
             raise ClientError("Inputs must be named ['x'].")
         return {"x": tensors[0].as_numpy()}, False
+
+    def observe(self, stage: str, seconds: float) -> None:
+        self.observed.append(stage)
 
     async def run(self, arrays: dict[str, np.ndarray], unbatched: bool) -> list[np.ndarray]:
         self.calls += 1

@@ -61,6 +61,8 @@ class Model(Protocol):
 
     async def run(self, arrays: dict[str, np.ndarray], unbatched: bool) -> list[np.ndarray]: ...
 
+    def observe(self, stage: str, seconds: float) -> None: ...
+
 
 class Versions(Protocol):
     """What FastInfer needs of a served model's versions (versioned.VersionedModel)."""
@@ -203,7 +205,11 @@ class FastInfer:
             model = versions.pick(match[2])
             request = parse(body, headers)
             arrays, unbatched = model.check(request.inputs)
-            answer, json_length = encode(request, model, await model.run(arrays, unbatched))
+            model.observe("decode", time.perf_counter() - started)
+            outputs = await model.run(arrays, unbatched)
+            encoding = time.perf_counter()
+            answer, json_length = encode(request, model, outputs)
+            model.observe("encode", time.perf_counter() - encoding)
             status, content_type = 200, b"application/json"
             if json_length is not None:
                 content_type = b"application/octet-stream"

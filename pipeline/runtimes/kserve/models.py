@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,22 @@ BATCH_SIZE = Histogram(
     ["model_name"],
     buckets=(1, 2, 4, 8, 16, 32, 64),
 )
+# The server's own split of a request's time, per model and format (Triton's
+# perf_analyzer splits the same way): decode (body to checked arrays), queue (waiting
+# for the model), compute (the forward pass it was part of) and encode (the answer).
+_STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                  0.25, 0.5, 1.0, 2.5, 5.0)  # fmt: skip
+STAGES = {
+    stage: Histogram(
+        f"pipeline_kserve_{stage}_seconds", what, ["model_name", "format"], buckets=_STAGE_BUCKETS
+    )
+    for stage, what in (
+        ("decode", "Request body to checked input arrays"),
+        ("queue", "Waiting in the batcher's queue for a forward pass"),
+        ("compute", "The forward pass the request was part of"),
+        ("encode", "Outputs to the answer's body"),
+    )
+}
 # Which worker ran them: with the workers' metrics summed (supervisor.py), the one series
 # that tells them apart. SLOT is this process's (runtime.serve sets it; "0" alone).
 FORWARD_PASSES = Counter(
@@ -84,6 +101,14 @@ class ExportModel(kserve.Model):
             histogram.observe(size)
             passes.inc()
 
+        self.stages = {k: h.labels(model_name=served.name, format=served.format)
+                       for k, h in STAGES.items()}  # fmt: skip
+        queue, compute = self.stages["queue"], self.stages["compute"]
+
+        def timed(waited_s: float, took_s: float) -> None:
+            queue.observe(waited_s)
+            compute.observe(took_s)
+
         self.batcher = Batcher(
             forward=self._forward,
             input_axes={s.name: s.batch_axis for s in self.specs},
@@ -92,6 +117,7 @@ class ExportModel(kserve.Model):
             max_delay_ms=config.max_batch_delay_ms,
             stack=manifest.serving.stack_requests,
             on_batch=counted,
+            on_timing=timed,
         )
         golden, _ = exported.golden()
         self._forward(codec.warm_up_inputs({k: v.numpy() for k, v in golden.items()}, self.specs))
@@ -171,8 +197,16 @@ class ExportModel(kserve.Model):
             self.inflight -= 1
         return [o[0] if o.ndim else o for o in outputs] if unbatched else outputs
 
+    def observe(self, stage: str, seconds: float) -> None:
+        """A request's time in `stage` ("decode" or "encode"; the batcher times the rest)."""
+        self.stages[stage].observe(seconds)
+
     async def predict(self, payload: Any, headers: dict[str, str] | None = None) -> Any:
-        outputs = await self.run(*self.decode(payload))
+        started = time.perf_counter()
+        arrays, unbatched = self.decode(payload)
+        self.observe("decode", time.perf_counter() - started)
+        outputs = await self.run(arrays, unbatched)
+        started = time.perf_counter()
         response = oip.Response(
             tuple(
                 oip.Tensor.from_array(n, o) for n, o in zip(self.output_names, outputs, strict=True)
@@ -181,7 +215,11 @@ class ExportModel(kserve.Model):
             model_name=self.name,
             model_version=str(self.version),
         )
-        return binary.infer_response(response, payload.use_binary_outputs, payload.request_outputs)
+        answer = binary.infer_response(
+            response, payload.use_binary_outputs, payload.request_outputs
+        )
+        self.observe("encode", time.perf_counter() - started)
+        return answer
 
 
 def _describe(name: str, dtype: str, shape: Any) -> dict[str, Any]:

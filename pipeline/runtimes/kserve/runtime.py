@@ -29,6 +29,7 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -47,13 +48,10 @@ finally:
     sys.argv = _ARGV
 
 import torch  # noqa: E402
+from fastapi import Request  # noqa: E402
 from fastapi.responses import Response  # noqa: E402
-from prometheus_client import (  # noqa: E402
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Gauge,
-    generate_latest,
-)
+from prometheus_client import REGISTRY, CollectorRegistry, Gauge  # noqa: E402
+from prometheus_client.exposition import choose_encoder  # noqa: E402
 from prometheus_client.multiprocess import MultiProcessCollector  # noqa: E402
 
 from pipeline.runtimes.kserve import models as models_module  # noqa: E402
@@ -146,11 +144,13 @@ def _install(
                 # 400 until ready, as Triton answers: the protocol asks for a 4xx.
                 return JSONResponse({"ready": warm}, status_code=200 if warm else 400)
 
-            async def metrics() -> Response:
-                # The sum over every worker's files, whichever worker this scrape reached.
+            async def metrics(request: Request) -> Response:
+                # The sum over every worker's files, whichever worker this scrape reached,
+                # in the format the scraper asks for (OpenMetrics or text), as kserve's.
                 registry = CollectorRegistry()
-                MultiProcessCollector(registry)
-                return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+                registry.register(_Summed())
+                encoder, content_type = choose_encoder(request.headers.get("accept"))
+                return Response(encoder(registry), headers={"content-type": content_type})
 
             # Registered first, so they answer instead of kserve's (always ready; this
             # process's registry alone).
@@ -219,6 +219,18 @@ def _install(
     ksms.RESTServer = Rest
     ksms.GRPCServer = Grpc
     _install_metadata({m.name: m for m in models})
+
+
+class _Summed:
+    """Every worker's metrics, summed (prometheus_client's multiprocess files), and the
+    families no worker has observed yet with no samples, as one process's registry lists
+    them: a scrape names every metric from the start (kserve's latency histograms too)."""
+
+    def collect(self) -> Iterator[Any]:
+        summed = list(MultiProcessCollector(None).collect())
+        seen = {f.name for f in summed}
+        yield from summed
+        yield from (f for f in REGISTRY.collect() if not f.samples and f.name not in seen)
 
 
 def _install_metadata(models: dict[str, VersionedModel]) -> None:
