@@ -18,10 +18,12 @@ network route changes what is served, so no inference token can (SECURITY.md).
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,8 @@ from pipeline.core.fileio import write_json
 # The response header TorchServe's gateway names the answering version in (OIP answers carry
 # `model_version` in their JSON instead).
 VERSION_HEADER = "X-Model-Version"
+log = logging.getLogger(__name__)
+
 STATE = "live-versions.json"
 FOLDER = "live"
 RECENT = 2000  # latencies a worker keeps per version for the p99
@@ -213,3 +217,47 @@ def read_stats(run_dir: Path) -> dict[tuple[str, int], Tally]:
             name, _, version = key.rpartition("@")
             total.setdefault((name, int(version)), Tally()).merge(Tally(**value))
     return total
+
+
+async def follow(
+    run_dir: Path,
+    slot: int,
+    tallies: Mapping[tuple[str, int], Tally],
+    apply: Callable[[LiveState], Awaitable[str | None]],
+    *,
+    poll_s: float = 0.1,
+    stats_every_s: float = 0.5,
+) -> None:
+    """A serving process's side of the live state, run for as long as it serves: each new
+    state file goes to `apply` (which returns why it could not, or None) and is then
+    acknowledged as `slot`; `tallies` are written whenever they changed (at most every
+    `stats_every_s`). The KServe runtime's workers, TorchServe's gateway and the toy run it."""
+    seen: tuple[int, int, int] | None = None
+    written: dict[tuple[str, int], int] | None = None
+    last_stats = 0.0
+    while True:
+        try:
+            found = (Path(run_dir) / STATE).stat()
+            # Each write is a new file renamed into place: a new inode, even within one tick.
+            stamp: tuple[int, int, int] | None = (found.st_ino, found.st_mtime_ns, found.st_size)
+        except FileNotFoundError:
+            stamp = None
+        if stamp is not None and stamp != seen:
+            seen = stamp
+            try:
+                state = read(run_dir)
+            except LiveError:
+                log.exception("cannot read the live state")
+                state = None
+            if state is not None:
+                try:
+                    error = await apply(state)
+                except Exception as err:  # the process must outlive one bad state
+                    log.exception("applying generation %d failed", state.generation)
+                    error = f"{type(err).__name__}: {err}"
+                ack(run_dir, slot, state.generation, error)
+        counts = {k: t.requests for k, t in tallies.items()}
+        if counts != written and time.monotonic() - last_stats >= stats_every_s:
+            write_stats(run_dir, slot, tallies)
+            written, last_stats = counts, time.monotonic()
+        await asyncio.sleep(poll_s)

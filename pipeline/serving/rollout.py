@@ -145,10 +145,6 @@ def _next(
     return live.LiveState(state.generation + 1, models)
 
 
-def _apply(rt: runtime.Runtime, server: Server, state: live.LiveState, timeout_s: float) -> None:
-    rt.apply_live(server, state, timeout_s)
-
-
 def _without(mv: live.ModelVersions, number: int) -> live.ModelVersions:
     kept = {k: v for k, v in mv.versions.items() if k != number}
     return replace(mv, versions=kept, canary=None, percent=0.0)
@@ -200,7 +196,7 @@ def rollout(config: RolloutConfig, say: Say = print) -> live.LiveState:
         staged = _next(state, names, beside)
         say(f"loading {config.model} version {version.number} beside the default on every worker")
         try:
-            _apply(rt, server, staged, config.timeout_s)
+            rt.apply_live(server, staged, config.timeout_s)
         except live.LiveError as err:
             _restore(rt, server, staged, state, config.timeout_s)
             raise RolloutRefusedError(f"Version {version.number} did not load: {err}") from None
@@ -217,11 +213,11 @@ def rollout(config: RolloutConfig, say: Say = print) -> live.LiveState:
             canary = _next(
                 staged, names, lambda mv: replace(mv, canary=version.number, percent=pct)
             )
-            _apply(rt, server, canary, config.timeout_s)
+            rt.apply_live(server, canary, config.timeout_s)
             say(f"canary: {pct:g}% of unversioned requests go to version {version.number}")
             return _watch(config, rt, server, canary, names, version.number, say)
         final = _next(staged, names, lambda mv: _only(mv, version.number))
-        _apply(rt, server, final, config.timeout_s)
+        rt.apply_live(server, final, config.timeout_s)
         versions.set_default(config.model, version.number, config.store)
         say(f"{config.model} version {version.number} is the default; the old one is unloaded")
         return final
@@ -235,7 +231,7 @@ def _restore(
     rt: runtime.Runtime, server: Server, now: live.LiveState, back: live.LiveState, timeout_s: float
 ) -> None:
     """Back to `back`'s versions and split, as a newer generation than `now`."""
-    _apply(rt, server, replace(back, generation=now.generation + 1), timeout_s)
+    rt.apply_live(server, replace(back, generation=now.generation + 1), timeout_s)
 
 
 def live_check(
@@ -301,7 +297,7 @@ def _watch(
         why, summary = _judge(rt, server, names, number, default, config.bounds)
         if why:
             back = _next(state, names, lambda mv: _without(mv, number))
-            _apply(rt, server, back, config.timeout_s)
+            rt.apply_live(server, back, config.timeout_s)
             raise RolledBackError(
                 f"Rolled the canary back: {why}. Version {default} serves all traffic."
             )
@@ -327,10 +323,12 @@ def _promote(
     (number,) = canaries
     why, summary = _judge(rt, server, names, number, state.models[names[0]].default, config.bounds)
     if why:
-        _apply(rt, server, _next(state, names, lambda mv: _without(mv, number)), config.timeout_s)
+        rt.apply_live(
+            server, _next(state, names, lambda mv: _without(mv, number)), config.timeout_s
+        )
         raise RolledBackError(f"Not promoted, rolled the canary back: {why}.")
     final = _next(state, names, lambda mv: _only(mv, number))
-    _apply(rt, server, final, config.timeout_s)
+    rt.apply_live(server, final, config.timeout_s)
     versions.set_default(config.model, number, config.store)
     say(f"promoted: {config.model} version {number} is the default ({summary})")
     return final
@@ -353,7 +351,7 @@ def rollback(model: str, run_dir: Path, store: Path = paths.DEFAULT_STORE, say: 
         names = served_names(server, state, model)
         canary = state.models[names[0]].canary
         if canary is not None:
-            _apply(rt, server, _next(state, names, lambda mv: _without(mv, canary)), timeout_s)
+            rt.apply_live(server, _next(state, names, lambda mv: _without(mv, canary)), timeout_s)
             default = state.models[names[0]].default
             say(f"canary version {canary} removed; version {default} serves all traffic")
             return default
@@ -364,8 +362,8 @@ def rollback(model: str, run_dir: Path, store: Path = paths.DEFAULT_STORE, say: 
             return replace(mv, versions={**mv.versions, back.number: old})
 
         staged = _next(state, names, beside)
-        _apply(rt, server, staged, timeout_s)
-        _apply(rt, server, _next(staged, names, lambda mv: _only(mv, back.number)), timeout_s)
+        rt.apply_live(server, staged, timeout_s)
+        rt.apply_live(server, _next(staged, names, lambda mv: _only(mv, back.number)), timeout_s)
         versions.roll_back_pointer(model, store)
         say(f"rolled back: {model} version {back.number} is the default again")
         return back.number

@@ -174,10 +174,8 @@ def roll_back_pointer(model: str, store: Path = paths.DEFAULT_STORE) -> Pointer:
     """The default moves back to the previous one, which leaves the history."""
     back = previous(model, store)
     pointer = read_pointer(model, store)
-    pointer.history = pointer.history[
-        : len(pointer.history) - 1 - pointer.history[::-1].index(back)
-    ]
-    pointer.default = back
+    last = max(i for i, v in enumerate(pointer.history) if v == back)
+    pointer.history, pointer.default = pointer.history[:last], back
     write_pointer(model, pointer, store)
     return pointer
 
@@ -207,9 +205,8 @@ def publish(
     parity = json.loads(Path(report).read_text())
     folder = model_folder(model, store)
     folder.mkdir(parents=True, exist_ok=True)
-    held = versions(model, store)
-    taken = [int(p.name) for p in folder.iterdir() if p.name.isdigit()]
-    number = max([0, *taken, *(v.number for v in held)]) + 1
+    # Every numbered folder counts, published or not: a number is never used twice.
+    number = max([0, *(int(p.name) for p in folder.iterdir() if p.name.isdigit())]) + 1
     staging = Path(tempfile.mkdtemp(prefix=f".{number}.", dir=folder))
     try:
         target = staging / "v"

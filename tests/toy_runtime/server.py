@@ -93,33 +93,21 @@ def _initial(config: dict[str, Any], run_dir: Path) -> dict[str, Versions]:
 
 async def _watch(run_dir: Path, models: dict[str, Versions]) -> None:
     """Apply each new live state (load new versions off the loop, then move the split,
-    then drop the rest), acknowledge it as worker 0, and write the tallies."""
-    seen, written = None, None
+    then drop the rest); pipeline.serving.live acknowledges it and writes the tallies."""
     loop = asyncio.get_running_loop()
-    while True:
-        try:
-            found = (run_dir / live.STATE).stat()
-            stamp = (found.st_ino, found.st_mtime_ns, found.st_size)
-        except FileNotFoundError:
-            stamp = None
-        if stamp is not None and stamp != seen:
-            seen, error = stamp, None
-            state = live.read(run_dir)
-            for name, wanted in state.models.items():
-                model = models[name]
-                for number, where in wanted.versions.items():
-                    if number not in model.loaded:
-                        TALLIES.pop((name, number), None)
-                        model.loaded[number] = await loop.run_in_executor(None, _load, vars(where))
-                model.state = wanted
-                for number in set(model.loaded) - set(wanted.versions):
-                    del model.loaded[number]  # requests already on it hold their own reference
-            live.ack(run_dir, 0, state.generation, error)
-        counts = {k: t.requests for k, t in TALLIES.items()}
-        if counts != written:
-            live.write_stats(run_dir, 0, TALLIES)
-            written = counts
-        await asyncio.sleep(0.1)
+
+    async def apply(state: live.LiveState) -> None:
+        for name, wanted in state.models.items():
+            model = models[name]
+            for number, where in wanted.versions.items():
+                if number not in model.loaded:
+                    TALLIES.pop((name, number), None)
+                    model.loaded[number] = await loop.run_in_executor(None, _load, vars(where))
+            model.state = wanted
+            for number in set(model.loaded) - set(wanted.versions):
+                del model.loaded[number]  # requests already on it hold their own reference
+
+    await live.follow(run_dir, 0, TALLIES, apply)
 
 
 TALLIES: dict[tuple[str, int], live.Tally] = {}

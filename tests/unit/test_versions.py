@@ -151,3 +151,33 @@ def test_status_says_versions_default_and_canary() -> None:
         "  m: versions 1, 2; default 1, canary 2 at 20%",
         "store: m versions 1, 2; default 1",
     ]
+
+
+def test_follow_applies_each_new_state_once_and_acknowledges_it(tmp_path: Path) -> None:
+    import asyncio
+
+    seen: list[int] = []
+    tallies = {("m", 1): live.Tally()}
+
+    async def apply(state: live.LiveState) -> str | None:
+        seen.append(state.generation)
+        if state.generation == 2:
+            raise RuntimeError("no such file")
+        return None
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(live.follow(tmp_path, 3, tallies, apply, poll_s=0.01,
+                                                 stats_every_s=0))  # fmt: skip
+        one = live.ModelVersions({1: live.Loaded(1, "/a", "onnx")}, 1)
+        for generation in (1, 2):
+            live.write(tmp_path, live.LiveState(generation, {"m": one}))
+            await asyncio.sleep(0.1)
+        tallies["m", 1].add(2.0, ok=True)
+        await asyncio.sleep(0.1)
+        task.cancel()
+
+    asyncio.run(scenario())
+    assert seen == [1, 2]  # each state once, though polled many times
+    acked = live.acks(tmp_path)[3]
+    assert acked["generation"] == 2 and "RuntimeError: no such file" in acked["error"]
+    assert live.read_stats(tmp_path)["m", 1].requests == 1

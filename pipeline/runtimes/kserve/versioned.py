@@ -30,9 +30,6 @@ from pipeline.serving import live
 
 log = logging.getLogger("pipeline.runtimes.kserve")
 
-POLL_S = 0.1
-STATS_EVERY_S = 0.5
-
 # This worker's answers per (served name, version), written to the run folder for
 # `pipeline rollout`'s canary check (every worker writes its own file).
 TALLIES: dict[tuple[str, int], live.Tally] = {}
@@ -123,38 +120,10 @@ class Watcher:
         load: Callable[[ServedExport], ExportModel],
     ) -> None:
         self.run_dir, self.slot, self.models, self.load = Path(run_dir), slot, models, load
-        self._seen: tuple[int, int, int] | None = None
         self._draining: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
-        last_stats = 0.0
-        written: dict[tuple[str, int], int] = {}
-        while True:
-            try:
-                await self.poll()
-            except Exception:  # the watcher must outlive one bad state file
-                log.exception("applying %s failed", self.run_dir / live.STATE)
-            now = time.monotonic()
-            counts = {k: t.requests for k, t in TALLIES.items()}
-            if counts != written and now - last_stats >= STATS_EVERY_S:
-                live.write_stats(self.run_dir, self.slot, TALLIES)
-                written, last_stats = counts, now
-            await asyncio.sleep(POLL_S)
-
-    async def poll(self) -> None:
-        try:
-            found = (self.run_dir / live.STATE).stat()
-        except FileNotFoundError:
-            return
-        # Each write is a new file renamed into place: a new inode, even within one tick.
-        stamp = (found.st_ino, found.st_mtime_ns, found.st_size)
-        if stamp == self._seen:
-            return
-        self._seen = stamp
-        state = live.read(self.run_dir)
-        if state is not None:
-            error = await self.apply(state)
-            live.ack(self.run_dir, self.slot, state.generation, error)
+        await live.follow(self.run_dir, self.slot, TALLIES, self.apply)
 
     async def apply(self, state: live.LiveState) -> str | None:
         """Load what is new, move the routing, drop what is gone; the first error, or None."""

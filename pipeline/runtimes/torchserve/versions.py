@@ -14,15 +14,10 @@ with nothing in flight on it.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from pathlib import Path
 
 from pipeline.serving import live
-
-log = logging.getLogger("pipeline.runtimes.torchserve.gateway")
-
-POLL_S = 0.1
 
 
 class Router:
@@ -58,30 +53,10 @@ class Router:
             tally.add((time.perf_counter() - began) * 1000.0, ok)
 
     async def run(self) -> None:
-        if self.run_dir is None:
-            return
-        seen, written = None, None
-        while True:
-            try:
-                found = (self.run_dir / live.STATE).stat()
-                stamp = (found.st_ino, found.st_mtime_ns, found.st_size)
-            except FileNotFoundError:
-                stamp = None
-            if stamp is not None and stamp != seen:
-                seen = stamp
-                try:
-                    await self._apply(live.read(self.run_dir))
-                except Exception:  # the gateway must outlive one bad state file
-                    log.exception("applying %s failed", self.run_dir / live.STATE)
-            counts = {k: t.requests for k, t in self.tallies.items()}
-            if counts != written:
-                live.write_stats(self.run_dir, 0, self.tallies)
-                written = counts
-            await asyncio.sleep(POLL_S)
+        if self.run_dir is not None:
+            await live.follow(self.run_dir, 0, self.tallies, self._apply)
 
-    async def _apply(self, state: live.LiveState | None) -> None:
-        if state is None or self.run_dir is None:
-            return
+    async def _apply(self, state: live.LiveState) -> None:
         old = self.state.models.items() if self.state else ()
         before = {(name, v) for name, mv in old for v in mv.versions}
         for name, mv in state.models.items():
@@ -92,4 +67,4 @@ class Router:
         kept = {(n, str(v)) for n, mv in state.models.items() for v in mv.versions}
         while any(n and key not in kept for key, n in self.inflight.items()):
             await asyncio.sleep(0.01)  # requests on a version no longer routed to: let them end
-        live.ack(self.run_dir, 0, state.generation)
+        # Acknowledged (live.follow) only now: the rollout unregisters what is drained.
