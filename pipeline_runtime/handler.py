@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from ts.handler_utils.timer import timed
 from ts.torch_handler.base_handler import BaseHandler
 
-from pipeline_runtime import codec, runners
+from pipeline_runtime import codec, handlertrace, runners
 from pipeline_runtime.files import IntegrityError, check_sha256
 from pipeline_runtime.manifest import MANIFEST_NAME, Manifest, TensorRecord
 from pipeline_runtime.request import MAX_SAMPLES_ENV, SAMPLES_PER_BATCH
@@ -151,6 +151,14 @@ class PipelineHandler(BaseHandler):
             )
         self.initialized = True
         self._warm_up()
+        self.traced = handlertrace.install(self)  # after the warm-up: it is no request
+
+    def handle(self, data: list[dict[str, Any]], context: Any) -> Any:
+        """BaseHandler's template; then, with tracing on, the batch's spans."""
+        answers = super().handle(data, context)
+        if self.traced:
+            handlertrace.emit(self, len(data), context, self.model_name)
+        return answers
 
     def _pick_device(self, gpu_id: Any) -> torch.device:
         if gpu_id is not None and torch.cuda.is_available():

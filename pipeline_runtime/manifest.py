@@ -24,6 +24,9 @@ READABLE_SCHEMAS = ("pipeline.manifest/1", SCHEMA)
 MANIFEST_NAME = "manifest.json"
 GOLDEN_KEY = "golden"
 PROBES_KEY = "probes"
+# The golden inputs again, as numpy arrays in an .npz (no pickle): what a torch-free
+# KServe worker warms up on, as it cannot read golden.pt without torch.
+WARMUP_KEY, WARMUP_FILE = "warmup", "warmup.npz"
 
 
 class ManifestError(ValueError):

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from pipeline_runtime import oplibs
+from pipeline_runtime import oplibs, ortsession
+from pipeline_runtime.ortsession import ProviderError  # noqa: F401 - callers import it here
 from pipeline_runtime.outputs import name_outputs
 
 log = logging.getLogger(__name__)
@@ -35,10 +36,6 @@ CHECK_INPUTS_ENV = "AOTI_RUNTIME_CHECK_INPUTS"
 
 class LoadError(RuntimeError):
     """An artifact that cannot run here (wrong device kind, unreadable file)."""
-
-
-class ProviderError(RuntimeError):
-    """A sound artifact this machine's runtime provider cannot run (export found so)."""
 
 
 @dataclass
@@ -67,20 +64,8 @@ class Runner:
 
 
 def ort_session_options(threads: int | None = None) -> Any:
-    """ONNX Runtime options for sharing a process with PyTorch.
-
-    Spinning threads off: with ORT's default spin-waiting, eager PyTorch in the
-    same process ran about 12× slower on the reference 2-core machine
-    (../shared/DESIGN.md); in a TorchServe worker it steals the CPU too.
-    """
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = max(1, threads or torch.get_num_threads())
-    options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    return options
+    """ONNX Runtime options (ortsession.session_options), `threads` None: torch's count."""
+    return ortsession.session_options(threads or torch.get_num_threads())
 
 
 def load_torchscript(
@@ -106,23 +91,12 @@ def load_torchscript(
 def load_onnx(
     path: Path, device: torch.device, threads: int | None, record: Mapping[str, Any]
 ) -> tuple[Callable[[list[torch.Tensor]], Any], torch.device, dict[str, Any]]:
-    import onnxruntime as ort
-
-    providers: list[Any] = ["CPUExecutionProvider"]
-    if device.type == "cuda":
-        if "CUDAExecutionProvider" in ort.get_available_providers():
-            providers = [("CUDAExecutionProvider", {"device_id": device.index or 0}), *providers]
-        else:
-            log.info("onnxruntime has no CUDAExecutionProvider here; running on CPU")
-            device = torch.device("cpu")
-    if record.get("cpu_runs") is False and providers == ["CPUExecutionProvider"]:
-        # Export tried, in a process of its own: loading it here could crash this one.
-        raise ProviderError(
-            f"{Path(path).name} does not run on ONNX Runtime's CPU provider "
-            f"({record.get('cpu_problem') or 'export found so'}); run it on a GPU provider."
-        )
-    options = ort_session_options(threads)
-    session = ort.InferenceSession(str(path), options, providers=providers)
+    cuda = (device.index or 0) if device.type == "cuda" else None
+    session, on_cuda = ortsession.open_session(
+        path, cuda, threads or torch.get_num_threads(), record
+    )
+    if not on_cuda:
+        device = torch.device("cpu")
     names = [i.name for i in session.get_inputs()]
 
     def call(args: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -130,13 +104,7 @@ def load_onnx(
         return [torch.from_numpy(a) for a in session.run(None, feed)]
 
     call.session = session  # type: ignore[attr-defined]  # bench converts its opset
-    settings = {
-        "intra_op_threads": options.intra_op_num_threads,
-        "inter_op_threads": options.inter_op_num_threads,
-        "allow_spinning": "0",
-        "providers": session.get_providers(),
-    }
-    return call, device, settings
+    return call, device, ortsession.settings_of(session)
 
 
 def load_pt2(
@@ -187,13 +155,10 @@ LOADERS: dict[
     str, Callable[..., tuple[Callable[[list[torch.Tensor]], Any], torch.device, dict]]
 ] = {
     "torchscript": load_torchscript,
-    "onnx": load_onnx,
     "pt2": load_pt2,
-    # Reduced precision (pipeline/formats/onnx_*.py): ONNX graphs like any other, int8
-    # QDQ/integer ops or float16 inside, float32 at their inputs and outputs.
-    "onnx_int8_static": load_onnx,
-    "onnx_int8_dynamic": load_onnx,
-    "onnx_fp16": load_onnx,
+    # ONNX and its reduced-precision variants (pipeline/formats/onnx_*.py): ONNX graphs
+    # like any other, int8 QDQ/integer ops or float16 inside, float32 at their edges.
+    **dict.fromkeys(ortsession.ORT_FORMATS, load_onnx),
     # torchao's int8 Linear layers compiled into a .pt2 (pipeline/formats/pt2_int8.py):
     # plain AOTInductor C++, loaded like any package.
     "pt2_int8": load_pt2,

@@ -299,15 +299,18 @@ def without_system_cuda() -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """`python -m pipeline ARGS` as a user runs it (warnings off, output captured)."""
+def run_cli(
+    *args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m pipeline ARGS` as a user runs it (warnings off, output captured);
+    `env`: variables added to this process's."""
     return subprocess.run(
         [sys.executable, "-m", "pipeline", *map(str, args)],
         capture_output=True,
         text=True,
         cwd=cwd,
         timeout=600,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})},
     )
 
 

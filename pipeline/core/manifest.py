@@ -11,8 +11,6 @@ from __future__ import annotations
 import platform
 from pathlib import Path
 
-import torch
-
 from pipeline import __version__
 from pipeline.core.errors import ArtifactError
 from pipeline_runtime.files import IntegrityError, check_sha256
@@ -53,6 +51,7 @@ def tool_versions() -> dict[str, str]:
     import onnx
     import onnxruntime
     import onnxscript
+    import torch  # here, not at the top: a torch-free KServe worker reads manifests too
 
     return {
         "pipeline": __version__,

@@ -40,7 +40,7 @@ from pipeline.export.config import ExportConfig
 from pipeline.export.partial import EXIT_PARTIAL as EXIT_PARTIAL  # re-exported for scripts
 from pipeline.export.partial import one_line
 from pipeline.export.per_sample import per_sample_entry, per_sample_shapes
-from pipeline.export.staging import remove_new, save_tensors, swap_in
+from pipeline.export.staging import remove_new, save_tensors, save_warmup, swap_in
 from pipeline.export.weights import checkpoint_for, model_from
 from pipeline.formats import base as registry
 from pipeline.zoo import resolve_entry
@@ -346,6 +346,7 @@ def _export(
                 "outputs": dict(zip(entry.outputs, golden_outputs, strict=True)),
             },
         )
+        save_warmup(staging, golden_inputs, artifacts)
         save_tensors(staging / PROBES_FILE, {"probes": [[label, p] for label, p in probes]})
         artifacts[PROBES_KEY] = ArtifactRecord(
             PROBES_FILE,

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import io
+import logging
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+
+from pipeline_runtime.files import sha256_file
+from pipeline_runtime.manifest import WARMUP_FILE, WARMUP_KEY, ArtifactRecord
+
+log = logging.getLogger(__name__)
 
 
 def plain(value: Any) -> Any:
@@ -59,3 +66,22 @@ def swap_in(staging: Path, out_dir: Path) -> None:
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def save_warmup(staging: Path, inputs: dict[str, Any], artifacts: dict[str, Any]) -> None:
+    """The golden inputs as an .npz for torch-free workers; skipped (they fall back to
+    torch) for a dtype numpy has no twin of."""
+    try:
+        arrays = {k: v.detach().cpu().numpy() for k, v in inputs.items()}
+        with (staging / WARMUP_FILE).open("wb") as fh:
+            np.savez(fh, **arrays)
+    except (TypeError, RuntimeError) as err:  # bfloat16, an input named "file"
+        (staging / WARMUP_FILE).unlink(missing_ok=True)
+        log.info("no %s for torch-free serving: %s", WARMUP_FILE, err)
+        return
+    artifacts[WARMUP_KEY] = ArtifactRecord(
+        WARMUP_FILE,
+        "numpy.savez (the golden inputs)",
+        sha256_file(staging / WARMUP_FILE),
+        details={"inputs": sorted(arrays)},
+    )

@@ -40,6 +40,10 @@ class _Pending:
     arrays: dict[str, np.ndarray]
     future: asyncio.Future[list[np.ndarray]]
     queued: float = field(default_factory=time.perf_counter)  # when it was submitted
+    # Its forward pass: when it began, how long it took, how many requests it carried.
+    began: float = 0.0
+    took: float = 0.0
+    size: int = 0
 
 
 @dataclass
@@ -72,14 +76,19 @@ class Batcher:
         # An input without a batch axis (a shared scale, say) cannot be stacked either.
         self.stack = self.stack and all(ax is not None for ax in self.input_axes.values())
 
-    async def submit(self, arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
-        """Run one request's arrays (each with its batch axis); → its outputs."""
+    async def submit(
+        self, arrays: dict[str, np.ndarray], stamps: list[_Pending] | None = None
+    ) -> list[np.ndarray]:
+        """Run one request's arrays (each with its batch axis); → its outputs. `stamps`:
+        a list to append the request's record to (its queue and forward-pass times)."""
         loop = asyncio.get_running_loop()
         if self._queue is None:  # created lazily: there is no loop before the server runs
             self._queue = asyncio.Queue()
         if self._worker is None or self._worker.done():
             self._worker = loop.create_task(self._run())
         pending = _Pending(arrays, loop.create_future())
+        if stamps is not None:
+            stamps.append(pending)
         await self._queue.put(pending)
         return await pending.future
 
@@ -158,9 +167,10 @@ class Batcher:
                 if not m.future.done():
                     m.future.set_exception(err)
             return
-        if self.on_timing is not None:
-            took = time.perf_counter() - began
-            for m in members:
+        took = time.perf_counter() - began
+        for m in members:
+            m.began, m.took, m.size = began, took, len(members)
+            if self.on_timing is not None:
                 self.on_timing(began - m.queued, took)
         if len(members) == 1:
             if not members[0].future.done():

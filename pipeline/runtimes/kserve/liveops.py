@@ -8,7 +8,6 @@ from typing import Any
 
 from pipeline.runtimes.kserve.config import RuntimeConfig, ServedExport
 from pipeline.runtimes.kserve.constants import CONFIG_FILE
-from pipeline.runtimes.kserve.parity import KServeBackend
 from pipeline.serving import live
 from pipeline.serving.server import Server
 from pipeline_runtime.manifest import Manifest
@@ -41,6 +40,10 @@ def version_backends(
     server: Server, served_name: str, version: int, manifest: Manifest
 ) -> list[Any]:
     """REST and gRPC, each by the version's own route."""
+    # Here, not at the top: the runtime process imports this module and must stay
+    # torch-free when it serves ONNX alone; verify's backends are the client's side.
+    from pipeline.runtimes.kserve.parity import KServeBackend
+
     fmt = live_state(server).models[served_name].versions[version].format
     return [
         KServeBackend(server, served_name, fmt, manifest, transport, version=version)

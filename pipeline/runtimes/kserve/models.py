@@ -14,17 +14,14 @@ from typing import Any
 
 import kserve
 import numpy as np
-import torch
 from kserve.errors import InvalidInput
 from prometheus_client import Counter, Gauge, Histogram
 
-from pipeline.export.opened import open_export
-from pipeline.formats import base as formats
-from pipeline.runtimes.kserve import binary
+from pipeline.runtimes.kserve import binary, loading
 from pipeline.runtimes.kserve.batching import Batcher
 from pipeline.runtimes.kserve.config import RuntimeConfig, ServedExport
 from pipeline.runtimes.kserve.fastpath import ClientError
-from pipeline_runtime import codec, oip
+from pipeline_runtime import codec, oip, tracing
 from pipeline_runtime.request import MAX_ELEMENTS, SAMPLES_PER_BATCH
 
 log = logging.getLogger("pipeline.runtimes.kserve")
@@ -85,11 +82,12 @@ class ExportModel(kserve.Model):
         super().__init__(served.name)
         self.version = served.version or 1  # an unpublished export answers as version 1
         self.inflight = 0
-        exported = open_export(Path(served.export_dir))
-        manifest = exported.manifest
+        loaded = loading.load(Path(served.export_dir), served.format, config.threads)
+        manifest = loaded.manifest
         self.format = served.format
-        self.platform = formats.get(served.format).platform
-        self.runner = exported.load(served.format, "cpu", config.threads)
+        self.platform = loaded.platform
+        self.torch_free = loaded.torch_free
+        self._forward = loaded.forward
         self.specs = manifest.input_specs(served.format)
         self.output_specs = manifest.outputs
         self.output_names = manifest.output_names
@@ -119,19 +117,14 @@ class ExportModel(kserve.Model):
             on_batch=counted,
             on_timing=timed,
         )
-        golden, _ = exported.golden()
-        self._forward(codec.warm_up_inputs({k: v.numpy() for k, v in golden.items()}, self.specs))
+        self._forward(codec.warm_up_inputs(loaded.warmup, self.specs))
         WARMED.labels(model_name=served.name).set(1)
         log.info(
-            "%s (%s, %s, version %s) loaded and warmed up",
+            "%s (%s, %s, version %s) loaded and warmed up%s",
             served.name, served.format, served.export_dir, self.version,
+            " (torch-free)" if self.torch_free else "",
         )  # fmt: skip
         self.ready = True
-
-    def _forward(self, batch: dict[str, np.ndarray]) -> list[np.ndarray]:
-        with torch.inference_mode():
-            outputs = self.runner({k: torch.from_numpy(v) for k, v in batch.items()})
-        return [t.detach().cpu().numpy() for t in outputs.values()]
 
     def get_input_types(self) -> list[dict[str, Any]]:
         return [_describe(s.name, s.dtype, s.shape) for s in self.specs]
@@ -191,15 +184,33 @@ class ExportModel(kserve.Model):
     async def run(self, arrays: dict[str, np.ndarray], unbatched: bool) -> list[np.ndarray]:
         """Checked arrays through the batcher → the outputs, in the request's own shape."""
         self.inflight += 1
+        stamps = [] if tracing.TRACING is not None else None
         try:
-            outputs = await self.batcher.submit(arrays)
+            outputs = await self.batcher.submit(arrays, stamps)
         finally:
             self.inflight -= 1
+        if stamps:
+            self._traced(stamps[0])
         return [o[0] if o.ndim else o for o in outputs] if unbatched else outputs
 
+    def _traced(self, done: Any) -> None:
+        """The request's queue wait and the forward pass it was part of, as spans."""
+        tracer = tracing.TRACING
+        if tracer is None or not done.size:
+            return
+        tracer.record("queue", done.queued, done.began)
+        tracer.record("forward", done.began, done.began + done.took, {
+            "model.name": self.name, "model.version": self.version,
+            "model.format": self.format, "batch.size": done.size,
+        })  # fmt: skip
+
     def observe(self, stage: str, seconds: float) -> None:
-        """A request's time in `stage` ("decode" or "encode"; the batcher times the rest)."""
+        """A request's time in `stage` ("decode" or "encode"; the batcher times the rest),
+        and its span when tracing is on (ending now)."""
         self.stages[stage].observe(seconds)
+        if tracing.TRACING is not None:
+            now = time.perf_counter()
+            tracing.TRACING.record(stage, now - seconds, now)
 
     async def predict(self, payload: Any, headers: dict[str, str] | None = None) -> Any:
         started = time.perf_counter()

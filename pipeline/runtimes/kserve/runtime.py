@@ -6,8 +6,8 @@ only once every worker has warmed up. Without it, one process alone (the deploy 
 
 A real kserve 0.21 `ModelServer` serving one model per export over the Open
 Inference Protocol (REST `/v2/...` and gRPC), each model loaded with
-`open_export(dir).load(format)` — the Runner verify uses — and warmed up on
-the export's golden inputs before the server opens its ports, so
+`loading.load` (torch-free for ONNX, else the Runner verify uses) and warmed up
+on the export's golden inputs before the server opens its ports, so
 `/v2/health/ready` is 200 only once every model has run.
 
 What kserve lacks and this adds (docs/notes/kserve-runtime-research.md):
@@ -47,7 +47,6 @@ try:
 finally:
     sys.argv = _ARGV
 
-import torch  # noqa: E402
 from fastapi import Request  # noqa: E402
 from fastapi.responses import Response  # noqa: E402
 from prometheus_client import REGISTRY, CollectorRegistry, Gauge  # noqa: E402
@@ -65,6 +64,11 @@ from pipeline.runtimes.kserve.supervisor import (  # noqa: E402
     all_ready_marker,
     ready_marker,
 )
+from pipeline.runtimes.kserve.traced import (  # noqa: E402
+    Traced,
+    TracingInterceptor,
+    install_access_log,
+)
 from pipeline.runtimes.kserve.versioned import (  # noqa: E402
     VersionedModel,
     VersionedServicer,
@@ -72,6 +76,7 @@ from pipeline.runtimes.kserve.versioned import (  # noqa: E402
 )
 from pipeline.serving import live  # noqa: E402
 from pipeline.serving.guard import Keys  # noqa: E402
+from pipeline_runtime import tracing  # noqa: E402
 
 log = logging.getLogger("pipeline.runtimes.kserve")
 
@@ -168,6 +173,8 @@ def _install(
             # Added first, so it runs inside the Guard: the token and size checks stay first.
             app.add_middleware(FastInfer, models={m.name: m for m in models})
             app.add_middleware(Guard, keys=keys, max_body=config.max_request_size, host=config.host)
+            if tracing.TRACING is not None:  # outermost: the Guard's check is a span inside
+                app.add_middleware(Traced, tracer=tracing.TRACING)
 
         async def start(self) -> None:
             # Versions follow the run folder's live state from now on (versioned.py).
@@ -186,6 +193,8 @@ def _install(
             interceptors = [LoggingInterceptor(), ExceptionToStatusInterceptor()]
             if keys is not None:
                 interceptors.insert(0, TokenInterceptor(keys))
+            if tracing.TRACING is not None:
+                interceptors.insert(0, TracingInterceptor(tracing.TRACING))
             self._server = grpc.aio.server(
                 futures.ThreadPoolExecutor(max_workers=max_workers),
                 interceptors=interceptors,
@@ -273,8 +282,9 @@ class Worker:
 def serve(config: RuntimeConfig, run_dir: Path, worker: Worker | None = None) -> None:
     """Serve `config.models` until SIGTERM; `worker`: as one of the supervisor's workers.
     `run_dir`: where the live state is (a restarted worker starts with its versions)."""
-    torch.set_num_threads(max(1, config.threads))
     models_module.SLOT = str(worker.slot) if worker else "0"
+    if tracing.setup("pipeline-kserve") is not None:
+        install_access_log()
     models = []
     for name, (wanted, exports) in initial(config.models, live.read(run_dir)).items():
         loaded = {e.version: ExportModel(e, config) for e in exports}

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -42,6 +43,7 @@ from pipeline.serving.guard import (
     oip_shape,
     unsupported_encoding,
 )
+from pipeline_runtime import tracing
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -153,6 +155,7 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        began = time.perf_counter()
         path = scope.get("path", "")
         method = scope.get("method", "GET")
         exists, right_method = _allowed(method, path)
@@ -165,6 +168,9 @@ class Guard:
             refusal = check_token(self.keys, _header(scope, b"authorization"))
         if refusal is None and not right_method:
             refusal = Refusal(405, "MethodNotAllowed", f"{method} is not allowed on {path}")
+        if tracing.TRACING is not None:
+            status = "ok" if refusal is None else str(refusal.status)
+            tracing.TRACING.record("auth", began, time.perf_counter(), {"auth.result": status})
         length = _header(scope, b"content-length")
         encoding = _header(scope, b"content-encoding")
         if refusal is None:

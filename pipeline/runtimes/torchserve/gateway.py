@@ -51,6 +51,7 @@ from pipeline.runtimes.torchserve.versions import Router
 from pipeline.runtimes.torchserve.workerwatch import MAX_RESENDS, WorkerWatch
 from pipeline.serving.guard import BodyLimit, Keys, Refusal, check_token, unsupported_encoding
 from pipeline.serving.live import VERSION_HEADER
+from pipeline_runtime import tracing
 
 log = logging.getLogger("pipeline.runtimes.torchserve.gateway")
 
@@ -58,6 +59,9 @@ CONFIG_FILE = "gateway.json"
 # The access log names client, request line, status, size and time; never headers
 # (the token travels in one).
 ACCESS_LOG_FORMAT = '%a "%r" %s %b %Tf'
+# With tracing on, each line ends with the answer's traceresponse (its trace id).
+TRACED_LOG_FORMAT = ACCESS_LOG_FORMAT + " traceresponse=%{traceresponse}o"
+TRACE_HEADERS = (tracing.TRACEPARENT, tracing.TRACESTATE)
 
 
 @dataclass
@@ -121,10 +125,33 @@ async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return error(exc.status, exc.reason.replace(" ", ""), exc.text or exc.reason)
 
 
+@web.middleware
+async def traced(request: web.Request, handler: Any) -> web.StreamResponse:
+    """With tracing on (pipeline.serving.tracing): each prediction's SERVER span, continuing
+    the client's traceparent, with `auth`, `forward to TorchServe` and `answer` inside;
+    the answer carries `traceresponse`, which the access log names."""
+    tracer = tracing.TRACING
+    if tracer is None or not request.path.startswith("/predictions/"):
+        return await handler(request)
+    attributes = {"http.request.method": request.method, "url.path": request.path}
+    route = request.match_info.route.resource
+    name = f"{request.method} {route.canonical if route is not None else request.path}"
+    carrier = {k: request.headers[k] for k in TRACE_HEADERS if k in request.headers}
+    with tracer.server_span(name, carrier, attributes) as span:
+        resp = await handler(request)
+        resp.headers[tracing.TRACERESPONSE] = tracing.traceresponse(span)
+        span.set_attribute("http.response.status_code", resp.status)
+        with tracer.span("answer"):  # the answer written back to the client
+            await resp.prepare(request)
+            await resp.write_eof()
+        return resp
+
+
 def build_app(config: GatewayConfig) -> web.Application:
     keys = Keys(Path(config.key_file))
     limit = BodyLimit(config.max_request_size)
-    app = web.Application(middlewares=[json_errors], client_max_size=config.max_request_size)
+    middlewares = [json_errors] if tracing.TRACING is None else [traced, json_errors]
+    app = web.Application(middlewares=middlewares, client_max_size=config.max_request_size)
 
     watch = WorkerWatch(config.server_pid)
     app[WORKER_WATCH] = watch
@@ -191,9 +218,23 @@ def build_app(config: GatewayConfig) -> web.Application:
     async def _forward_once(
         method: str, path: str, body: bytes, content_type: str | None
     ) -> web.Response:
+        if tracing.TRACING is None or method != "POST":
+            return await _upstream(method, path, body, content_type)
+        with tracing.TRACING.span(
+            "forward to TorchServe", {"url.path": path}, kind=tracing.TRACING.client_kind
+        ) as span:
+            resp = await _upstream(method, path, body, content_type, traced=True)
+            span.set_attribute("http.response.status_code", resp.status)
+            return resp
+
+    async def _upstream(
+        method: str, path: str, body: bytes, content_type: str | None, traced: bool = False
+    ) -> web.Response:
         headers = {"Authorization": f"Bearer {keys.current().decode()}"}
         if content_type:
             headers["Content-Type"] = content_type
+        if traced and tracing.TRACING is not None:  # the handler can join the trace
+            tracing.TRACING.inject(headers)
         try:
             async with app[SESSION].request(
                 method, config.upstream + path, data=body, headers=headers
@@ -229,7 +270,11 @@ def build_app(config: GatewayConfig) -> web.Application:
         return web.Response(body=data, status=status, headers={"Content-Type": ctype})
 
     async def predictions(request: web.Request) -> web.StreamResponse:
+        checking = time.perf_counter()
         refusal = check_token(keys, request.headers.get("Authorization"))
+        if tracing.TRACING is not None:
+            result = "ok" if refusal is None else str(refusal.status)
+            tracing.TRACING.record("auth", checking, time.perf_counter(), {"auth.result": result})
         refusal = refusal or limit.check_declared(request.content_length)
         # aiohttp inflates gzip and deflate bodies as they are read, so the limit below
         # counts decoded bytes (a decompression bomb stops at it); others are refused.
@@ -290,8 +335,10 @@ def ssl_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
 
 
 async def _serve(config: GatewayConfig) -> None:
+    tracing.setup("pipeline-torchserve-gateway")
     app = build_app(config)
-    runner = web.AppRunner(app, access_log_format=ACCESS_LOG_FORMAT, handle_signals=False)
+    log_format = ACCESS_LOG_FORMAT if tracing.TRACING is None else TRACED_LOG_FORMAT
+    runner = web.AppRunner(app, access_log_format=log_format, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(
         runner,

@@ -1,0 +1,103 @@
+"""Loading one export for the KServe runtime: torch-free for ONNX, through torch otherwise.
+
+A worker serving ONNX (or its int8/float16 variants) on CPU opens the file with ONNX
+Runtime on numpy arrays and warms up on the export's `warmup.npz`: it never imports
+torch, so it holds ~150 MB instead of ~650 MB (issue 40; `import torch` alone is
+~500 MB). Any other format, a GPU, or an export older than `warmup.npz` loads through
+`open_export(...).load(...)`, the Runner verify uses, and imports torch then.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.core.errors import ArtifactError
+from pipeline.core.manifest import artifact_path, read_manifest
+from pipeline_runtime import ortsession
+from pipeline_runtime.manifest import WARMUP_KEY, Manifest
+
+log = logging.getLogger("pipeline.runtimes.kserve")
+
+Forward = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
+PLATFORM = {"pt2": "pytorch_aoti", "pt2_int8": "pytorch_aoti", "torchscript": "pytorch_libtorch"}
+
+
+@dataclass
+class Loaded:
+    """One artifact ready to serve: numpy arrays in, the manifest's outputs out, in order."""
+
+    manifest: Manifest
+    forward: Forward
+    warmup: dict[str, np.ndarray]  # the golden inputs
+    platform: str  # the OIP metadata's platform
+    torch_free: bool
+
+
+def lean(fmt: str, manifest: Manifest) -> bool:
+    """Whether `fmt` of this export can be served without importing torch."""
+    return fmt in ortsession.ORT_FORMATS and WARMUP_KEY in manifest.artifacts
+
+
+def load(export_dir: Path, fmt: str, threads: int) -> Loaded:
+    """Artifact `fmt` of `export_dir`, sha256 checked, on CPU with `threads` threads."""
+    manifest = read_manifest(export_dir)
+    if fmt in manifest.unwritten or fmt not in manifest.artifacts:
+        raise ArtifactError(
+            f"{export_dir} has no {fmt!r} artifact; serve a format it holds "
+            f"({', '.join(k for k in manifest.artifacts if k not in (WARMUP_KEY,))})."
+        )
+    if lean(fmt, manifest):
+        return _load_onnx(export_dir, fmt, manifest, threads)
+    if fmt in ortsession.ORT_FORMATS:
+        log.warning(
+            "%s has no %s (exported before it existed): serving %s through torch; "
+            "re-export to serve it torch-free", export_dir, WARMUP_KEY, fmt,
+        )  # fmt: skip
+    return _load_torch(export_dir, fmt, threads)
+
+
+def _load_onnx(export_dir: Path, fmt: str, manifest: Manifest, threads: int) -> Loaded:
+    session, _ = ortsession.open_session(
+        artifact_path(export_dir, manifest, fmt), None, threads, manifest.artifact(fmt)
+    )
+    # The session's own input names, in the manifest's order (the export wrote both).
+    names = [i.name for i in session.get_inputs()]
+    order = dict(zip(manifest.input_names, names, strict=True))
+    if len(session.get_outputs()) != len(manifest.output_names):
+        raise ArtifactError(
+            f"{export_dir}'s {fmt} file has {len(session.get_outputs())} outputs, its manifest "
+            f"names {len(manifest.output_names)}; re-export it."
+        )
+
+    def forward(batch: dict[str, np.ndarray]) -> list[np.ndarray]:
+        # Outputs by position, in the manifest's order, as runners.load_onnx gives them.
+        return session.run(None, {order[k]: v for k, v in batch.items()})
+
+    with np.load(artifact_path(export_dir, manifest, WARMUP_KEY), allow_pickle=False) as saved:
+        warmup = {k: saved[k] for k in saved.files}
+    return Loaded(manifest, forward, warmup, "onnxruntime_onnx", torch_free=True)
+
+
+def _load_torch(export_dir: Path, fmt: str, threads: int) -> Loaded:
+    import torch
+
+    from pipeline.export.opened import open_export
+
+    torch.set_num_threads(max(1, threads))
+    exported = open_export(export_dir)
+    runner = exported.load(fmt, "cpu", threads)
+
+    def forward(batch: dict[str, np.ndarray]) -> list[np.ndarray]:
+        with torch.inference_mode():
+            outputs = runner({k: torch.from_numpy(v) for k, v in batch.items()})
+        return [t.detach().cpu().numpy() for t in outputs.values()]
+
+    golden, _ = exported.golden()
+    warmup = {k: v.numpy() for k, v in golden.items()}
+    platform = PLATFORM.get(fmt, "onnxruntime_onnx")
+    return Loaded(exported.manifest, forward, warmup, platform, torch_free=False)

@@ -1,0 +1,77 @@
+"""ONNX Runtime sessions, without torch: the one way every loader opens an ONNX file.
+
+`runners.load_onnx` (verify, bench, the TorchServe handler) wraps a session in torch
+tensors; the KServe runtime's lean workers (`pipeline.runtimes.kserve.loading`) call it
+with numpy arrays and never import torch, so a worker serving only ONNX holds ONNX
+Runtime's memory and not PyTorch's (about 500 MB).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# The formats ONNX Runtime runs: the float32 graph and its reduced-precision variants
+# (int8 QDQ/integer ops or float16 inside, float32 at their inputs and outputs).
+ORT_FORMATS = ("onnx", "onnx_int8_static", "onnx_int8_dynamic", "onnx_fp16")
+
+
+class ProviderError(RuntimeError):
+    """A sound artifact this machine's runtime provider cannot run (export found so)."""
+
+
+def session_options(threads: int | None = None) -> Any:
+    """ONNX Runtime options for sharing a process with PyTorch.
+
+    Spinning threads off: with ORT's default spin-waiting, eager PyTorch in the
+    same process ran about 12× slower on the reference 2-core machine
+    (../shared/DESIGN.md); in a TorchServe worker it steals the CPU too.
+    `threads` None: one per CPU this process may run on.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = max(1, threads or len(os.sched_getaffinity(0)))
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return options
+
+
+def open_session(
+    path: Path, cuda_index: int | None, threads: int | None, record: Mapping[str, Any]
+) -> tuple[Any, bool]:
+    """An InferenceSession for `path` and whether it runs on CUDA (`cuda_index` None: CPU;
+    asked for CUDA where ONNX Runtime has no CUDA provider, CPU with a log line)."""
+    import onnxruntime as ort
+
+    providers: list[Any] = ["CPUExecutionProvider"]
+    if cuda_index is not None:
+        if "CUDAExecutionProvider" in ort.get_available_providers():
+            providers = [("CUDAExecutionProvider", {"device_id": cuda_index}), *providers]
+        else:
+            log.info("onnxruntime has no CUDAExecutionProvider here; running on CPU")
+    if record.get("cpu_runs") is False and providers == ["CPUExecutionProvider"]:
+        # Export tried, in a process of its own: loading it here could crash this one.
+        raise ProviderError(
+            f"{Path(path).name} does not run on ONNX Runtime's CPU provider "
+            f"({record.get('cpu_problem') or 'export found so'}); run it on a GPU provider."
+        )
+    session = ort.InferenceSession(str(path), session_options(threads), providers=providers)
+    return session, len(providers) > 1
+
+
+def settings_of(session: Any) -> dict[str, Any]:
+    """What a session was opened with, for reports."""
+    options = session.get_session_options()
+    return {
+        "intra_op_threads": options.intra_op_num_threads,
+        "inter_op_threads": options.inter_op_num_threads,
+        "allow_spinning": "0",
+        "providers": session.get_providers(),
+    }
