@@ -7,8 +7,11 @@ The servers under test export to it through the SDK's standard variables (`envir
 from __future__ import annotations
 
 import gzip
+import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -71,6 +74,22 @@ class Receiver:
         """The SDK's variables that send a server's traces here, exported within 0.1 s."""
         env = {"OTEL_EXPORTER_OTLP_ENDPOINT": self.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
         return env | ({"OTEL_SERVICE_NAME": service} if service else {})
+
+    @contextmanager
+    def exporting(self, service: str | None = None) -> Iterator[None]:
+        """This process's environment sends here while the block runs (a server started
+        in it inherits the variables; the test process itself never traces)."""
+        env = self.environ(service)
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
     def spans_of(self, trace_id: str, names: set[str], timeout_s: float = 15.0) -> list[Span]:
         """The trace's spans, once every name in `names` has arrived (or the timeout)."""

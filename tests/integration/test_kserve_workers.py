@@ -5,6 +5,9 @@ Two runtime processes share the HTTP port (SO_REUSEPORT) under a supervisor: bot
 a SIGKILLed one is replaced while the other keeps answering, `pipeline loadtest
 --kill-worker-after` loses nothing (the standard of TorchServe's kill test in
 test_reliability.py), and `pipeline stop` leaves no process behind.
+
+The server traces to a real OTLP/HTTP receiver (tests/otlp.py) through the SDK's own
+variables (issue 40), and serves ONNX: its workers must never load torch.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
 import pytest
+import tritonclient.grpc as grpcclient
 
 from pipeline.export import ExportResult
 from pipeline.runtimes.kserve import CONFIG_FILE
@@ -29,27 +34,38 @@ from pipeline.serving.launcher import free_port, orphans, stop
 from pipeline.serving.loadtest import LoadConfig, run
 from pipeline.serving.server import INFERENCE_KEY_FILE, Server
 from pipeline.zoo.data import digits_sample
+from tests import otlp
 from tests.conftest import assert_kill_lost_nothing, run_cli
 
 DIGITS = "digits_lenet"
 
 
-def _serve(exported: ExportResult, run_dir: Path) -> Server:
+def _serve(exported: ExportResult, run_dir: Path, env: dict[str, str]) -> Server:
     proc = run_cli(
         "serve", "--runtime", "kserve", "--workers", "2", "--export-dir", exported.out_dir,
         "--format", "onnx", "--port", free_port(), "--grpc-port", free_port(),
-        "--run-dir", run_dir,
+        "--run-dir", run_dir, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return Server.load(run_dir)
 
 
 @pytest.fixture(scope="module")
+def receiver() -> Iterator[otlp.Receiver]:
+    found = otlp.start()
+    try:
+        yield found
+    finally:
+        found.close()
+
+
+@pytest.fixture(scope="module")
 def started(
-    exported: ExportResult, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, Server]]:
+    exported: ExportResult, tmp_path_factory: pytest.TempPathFactory, receiver: otlp.Receiver
+) -> Iterator[dict[str, Any]]:
     run_dir = tmp_path_factory.mktemp("kserve_workers")
-    state = {"server": _serve(exported, run_dir)}
+    env = receiver.environ("kserve-workers")
+    state = {"server": _serve(exported, run_dir, env), "env": env}
     try:
         yield state
     finally:
@@ -57,11 +73,11 @@ def started(
 
 
 @pytest.fixture
-def server(started: dict[str, Server], exported: ExportResult) -> Server:
+def server(started: dict[str, Any], exported: ExportResult) -> Server:
     """The module's runtime, served again if a test stopped it (test_stop_leaves_no_process
     stops it, and is last, so in file order it is served once)."""
     if not started["server"].alive():
-        started["server"] = _serve(exported, Path(started["server"].run_dir))
+        started["server"] = _serve(exported, Path(started["server"].run_dir), started["env"])
     return started["server"]
 
 
@@ -69,15 +85,22 @@ def _workers(server: Server) -> list[int]:
     return runtime.of(server).worker_pids(server, DIGITS)
 
 
-def _infer(server: Server) -> int:
-    key = json.loads((Path(server.run_dir) / INFERENCE_KEY_FILE).read_text())["inference"]["key"]
+def _key(server: Server) -> str:
+    return json.loads((Path(server.run_dir) / INFERENCE_KEY_FILE).read_text())["inference"]["key"]
+
+
+def _post(server: Server, headers: dict[str, str] | None = None) -> httpx.Response:
     url = f"{server.inference_url}/v2/models/{DIGITS}/infer"
     x = digits_sample(1)
     oip = {"inputs": [{"name": "image", "datatype": "FP32", "shape": list(x.shape),
                        "data": x.flatten().tolist()}]}  # fmt: skip
     # A fresh connection each time: the kernel picks a worker per connection.
-    r = httpx.post(url, json=oip, headers={"Authorization": f"Bearer {key}"}, timeout=30)
-    return r.status_code
+    headers = {"Authorization": f"Bearer {_key(server)}", **(headers or {})}
+    return httpx.post(url, json=oip, headers=headers, timeout=30)
+
+
+def _infer(server: Server) -> int:
+    return _post(server).status_code
 
 
 def _replaced(server: Server, killed: int, timeout_s: float = 60.0) -> list[int]:
@@ -145,6 +168,70 @@ def test_a_scrape_counts_every_workers_requests_whichever_worker_answers(server:
         for s in STAGES
     )
     assert 0 < split <= _value(last, whole) - _value(first, whole)
+
+
+def test_onnx_workers_never_load_torch(server: Server) -> None:
+    """Issue 40: a worker serving ONNX alone maps no libtorch and holds at most 200 MB
+    (with torch imported, 650-670 MB)."""
+    for pid in _workers(server):
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        assert "libtorch" not in maps, f"worker {pid} loaded torch"
+        assert "onnxruntime" in maps  # what it serves with
+        rss_mb = psutil.Process(pid).memory_info().rss / 2**20
+        assert rss_mb <= 200, f"worker {pid} holds {rss_mb:.0f} MB"
+    assert "(torch-free)" in (Path(server.run_dir) / "logs" / "kserve.out").read_text()
+
+
+SPANS = {"auth", "decode", "queue", "forward", "encode"}
+
+
+def _traceparent(n: int) -> tuple[str, str, str]:
+    trace_id, parent = f"{n + 1:032x}", f"{n + 7:016x}"
+    return trace_id, parent, f"00-{trace_id}-{parent}-01"
+
+
+def test_traces_continue_the_clients_trace_over_rest_and_grpc(
+    server: Server, receiver: otlp.Receiver
+) -> None:
+    """Each request's spans reach a real OTLP/HTTP receiver under the client's trace id:
+    the SERVER span is the child of the client's span and holds auth, decode, queue,
+    forward (model, format, batch size) and encode; the answer names the trace in
+    `traceresponse` and the access log in `trace_id=`. Fresh connections: both workers."""
+    sent = []
+    for n in range(6):
+        trace_id, parent, header = _traceparent(n)
+        resp = _post(server, {"traceparent": header})
+        assert resp.status_code == 200
+        assert resp.headers["traceresponse"].split("-")[1] == trace_id
+        sent.append((trace_id, parent))
+    for trace_id, parent in sent:
+        spans = receiver.spans_of(trace_id, SPANS | {"POST /v2/models/{model}/infer"})
+        (root,) = [s for s in spans if s.parent_id == parent]
+        assert root.service == "kserve-workers" and root.kind == 2  # SERVER
+        assert root.attributes["http.response.status_code"] == 200
+        children = {s.name: s for s in spans if s.parent_id == root.span_id}
+        assert set(children) == SPANS, [s.name for s in spans]
+        forward = children["forward"].attributes
+        assert (forward["model.name"], forward["model.format"]) == (DIGITS, "onnx")
+        assert forward["batch.size"] >= 1
+        assert root.start_ns <= children["decode"].start_ns <= children["encode"].end_ns
+    log = (Path(server.run_dir) / "logs" / "kserve.out").read_text()
+    assert all(f"trace_id={t}" in log for t, _ in sent)
+    # No traceparent: the server starts a trace, and says which.
+    started = _post(server).headers["traceresponse"].split("-")[1]
+    assert {s.name for s in receiver.spans_of(started, SPANS)} >= SPANS
+    # gRPC, with Triton's client: the traceparent travels as metadata.
+    trace_id, parent, header = _traceparent(99)
+    client = grpcclient.InferenceServerClient(server.extras["grpc_url"].removeprefix("grpc://"))
+    x = digits_sample(1)
+    image = grpcclient.InferInput("image", list(x.shape), "FP32")
+    image.set_data_from_numpy(x.numpy())
+    client.infer(DIGITS, [image], headers={"authorization": f"Bearer {_key(server)}",
+                                           "traceparent": header})  # fmt: skip
+    spans = receiver.spans_of(trace_id, SPANS | {"grpc ModelInfer"})
+    (root,) = [s for s in spans if s.parent_id == parent]
+    assert root.name == "grpc ModelInfer"
+    assert {s.name for s in spans if s.parent_id == root.span_id} == SPANS
 
 
 def test_kept_alive_requests_do_not_wait_for_delayed_acks(server: Server) -> None:

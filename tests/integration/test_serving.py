@@ -42,7 +42,7 @@ from pipeline.serving.client import numpy_body, post, resolve_model, tensors_bod
 from pipeline.train import TrainResult
 from pipeline.verify import ParityReport, VerifyConfig, verify
 from pipeline.zoo.data import digits_sample, preprocess_digits
-from tests import ts_worker
+from tests import otlp, ts_worker
 from tests.tamper import copy_export
 
 SERVED = ["digits_lenet", "my_decision_gate", "my_cell", "my_rnn_loop", "wrap_rnn"]
@@ -85,9 +85,22 @@ def store(exports: dict[str, ExportResult], tmp_path_factory: pytest.TempPathFac
 
 
 @pytest.fixture(scope="module")
-def server(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def receiver() -> Iterator[otlp.Receiver]:
+    found = otlp.start()
+    try:
+        yield found
+    finally:
+        found.close()
+
+
+@pytest.fixture(scope="module")
+def server(
+    store: Path, tmp_path_factory: pytest.TempPathFactory, receiver: otlp.Receiver
+) -> Iterator[Server]:
+    """TorchServe behind the gateway, tracing to a real OTLP/HTTP receiver (issue 40)."""
     run_dir = tmp_path_factory.mktemp("serve_run")
-    srv = start(ServeConfig(store=store, run_dir=run_dir, startup_timeout_s=420, **_ports()))
+    with receiver.exporting("torchserve-tests"):
+        srv = start(ServeConfig(store=store, run_dir=run_dir, startup_timeout_s=420, **_ports()))
     try:
         yield srv
     finally:
@@ -184,6 +197,40 @@ def test_describe_answers_the_io_contract_and_serve_records_each_archive(server:
     assert set(recorded) == set(server.models)
     assert (recorded["my_cell_pt2"].model, recorded["my_cell_pt2"].format) == ("my_cell", "pt2")
     assert resolve_model(server, "digits_lenet") == "digits_lenet_ts"  # the reference format
+
+
+GATEWAY_SPANS = {"auth", "forward to TorchServe", "answer"}
+HANDLER_SPANS = {"preprocess", "inference", "postprocess"}
+
+
+def test_traces_run_from_the_gateway_into_the_handler(
+    server: Server, receiver: otlp.Receiver
+) -> None:
+    """Issue 40: a prediction's trace continues the client's traceparent through the
+    gateway (auth, forward to TorchServe, answer) into TorchServe's handler, which joins
+    it from the header the gateway forwards (handle: preprocess, inference, postprocess);
+    the answer's traceresponse and the gateway's access log name the trace."""
+    name = archive_name("digits_lenet", "onnx")
+    sent = []
+    for n in range(3):
+        trace_id, parent = f"{n + 0xABC:032x}", f"{n + 0xDEF:016x}"
+        resp = post(server, name, tensors_body({"image": digits_sample(1)}),
+                    headers={"traceparent": f"00-{trace_id}-{parent}-01"})  # fmt: skip
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["traceresponse"].split("-")[1] == trace_id
+        sent.append((trace_id, parent))
+    for trace_id, parent in sent:
+        spans = receiver.spans_of(trace_id, GATEWAY_SPANS | HANDLER_SPANS | {"handle"}, 30)
+        (root,) = [s for s in spans if s.parent_id == parent]
+        assert root.name == "POST /predictions/{model}" and root.service == "torchserve-tests"
+        children = {s.name: s for s in spans if s.parent_id == root.span_id}
+        assert set(children) == GATEWAY_SPANS, [s.name for s in spans]
+        (handle,) = [s for s in spans if s.name == "handle"]
+        assert handle.parent_id == children["forward to TorchServe"].span_id
+        assert handle.attributes["model.name"] == name
+        assert {s.name for s in spans if s.parent_id == handle.span_id} == HANDLER_SPANS
+    log = (Path(server.run_dir) / "logs" / "gateway.log").read_text()
+    assert all(f"traceresponse=00-{t}-" in log for t, _ in sent)
 
 
 @pytest.mark.parametrize("fmt", ["torchscript", "pt2"])

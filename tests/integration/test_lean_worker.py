@@ -1,0 +1,89 @@
+"""Issue 40, point 4: the KServe runtime serves ONNX without importing torch.
+
+The runtime's own modules and an ONNX model's load, warm-up and forward pass run in a
+fresh interpreter, which must end with no `torch` in sys.modules and answer what export
+stored as eager's outputs. An export without `warmup.npz` (written before it existed)
+still serves, through torch, and says how to get the lean path back.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.core.manifest import read_manifest
+from pipeline.export import ExportResult
+from pipeline_runtime.manifest import WARMUP_KEY
+from tests.tamper import _write, copy_export
+
+SERVE_ONNX = """
+import json, sys, asyncio
+import numpy as np
+import pipeline.runtimes.kserve.runtime  # the worker's whole import graph
+from pipeline.runtimes.kserve.config import RuntimeConfig, ServedExport
+from pipeline.runtimes.kserve.models import ExportModel
+
+export_dir, inputs = sys.argv[1], json.loads(sys.argv[2])
+model = ExportModel(ServedExport("m", export_dir, "onnx"), RuntimeConfig(models=[]))
+arrays = {k: np.asarray(v, dtype=np.float32) for k, v in inputs.items()}
+outputs = asyncio.run(model.run(arrays, False))
+print(json.dumps({"outputs": [o.tolist() for o in outputs], "torch_free": model.torch_free,
+                  "torch": "torch" in sys.modules}))
+"""
+
+
+def _serve_once(export_dir: Path, inputs: dict[str, torch.Tensor]) -> tuple[dict, str]:
+    proc = subprocess.run(
+        [sys.executable, "-c", SERVE_ONNX, str(export_dir),
+         json.dumps({k: v.tolist() for k, v in inputs.items()})],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1]), proc.stderr
+
+
+def _golden(exported: ExportResult) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+    data = torch.load(exported.out_dir / "golden.pt", weights_only=True)
+    return dict(data["inputs"]), list(data["outputs"].values())
+
+
+def test_the_onnx_serving_path_never_imports_torch(exported: ExportResult) -> None:
+    inputs, eager = _golden(exported)
+    answer, _ = _serve_once(exported.out_dir, inputs)
+    assert answer["torch"] is False and answer["torch_free"] is True
+    tol = read_manifest(exported.out_dir).tolerance
+    for got, want in zip(answer["outputs"], eager, strict=True):
+        np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=tol.rtol, atol=tol.atol)
+    # The warm-up file holds exactly the golden inputs, as numpy arrays.
+    with np.load(exported.out_dir / "warmup.npz", allow_pickle=False) as saved:
+        assert sorted(saved.files) == sorted(inputs)
+        for k, v in inputs.items():
+            np.testing.assert_array_equal(saved[k], v.numpy())
+
+
+def test_an_export_without_warmup_serves_through_torch(
+    exported: ExportResult, tmp_path: Path
+) -> None:
+    old = copy_export(exported, tmp_path / "old")
+    manifest = read_manifest(old)
+    del manifest.artifacts[WARMUP_KEY]
+    _write(old, manifest)
+    (old / "warmup.npz").unlink()
+    inputs, eager = _golden(exported)
+    answer, stderr = _serve_once(old, inputs)
+    assert answer["torch"] is True and answer["torch_free"] is False
+    assert "re-export to serve it torch-free" in stderr
+    np.testing.assert_allclose(np.asarray(answer["outputs"][0]), eager[0].numpy(), atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_only_onnx_with_its_warmup_is_lean(exported: ExportResult, fmt: str) -> None:
+    from pipeline.runtimes.kserve.loading import lean
+
+    assert lean(fmt, read_manifest(exported.out_dir)) is (fmt == "onnx")
