@@ -125,6 +125,11 @@ def _cmd_deploy_kserve(args: argparse.Namespace) -> int:
     for f in result.files:
         if f.parent.name != "export":
             print(f"  {f.relative_to(result.out)}")
+    from pipeline.runtimes.kserve import leanimage
+    from pipeline.runtimes.kserve.deploy import PROJECT_ROOT
+
+    which = "torch-free (ONNX Runtime)" if result.torch_free else "with torch"
+    print(f"image: {which}; {leanimage.sizes(PROJECT_ROOT / 'pyproject.toml').describe()}")
     print(
         f"next: docker build -t {config.image} {result.out} && kubectl apply -f "
         f"{result.out / 'inferenceservice.yaml'}  (see {result.out / 'README.md'})"

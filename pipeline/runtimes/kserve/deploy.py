@@ -28,6 +28,7 @@ import yaml
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.manifest import read_manifest
+from pipeline.runtimes.kserve import leanimage
 from pipeline.runtimes.kserve import manifests as m
 from pipeline.runtimes.kserve.validate import check
 from pipeline.serving import runtime
@@ -51,6 +52,7 @@ class DeployResult:
     mar: Path | None  # None: no registered runtime runs on KServe's `pytorch` format
     served_name: str  # /v2/models/<served_name> on the runtime image
     torchserve_name: str | None  # /v2/models/<torchserve_name> on TorchServe
+    torch_free: bool = False  # the image leaves torch out (leanimage)
 
 
 def _dump(doc: dict) -> str:
@@ -103,6 +105,10 @@ def deploy_kserve(config: m.DeployConfig, *, force: bool = False) -> DeployResul
         (staging / "Dockerfile").write_text(m.dockerfile(config))
         shutil.copytree(export_dir, staging / "export", ignore=_ignored)
         _copy_source(staging / "src")
+        if leanimage.lean(config.format):  # the torch-free image's one list (leanimage)
+            (staging / "src" / leanimage.REQUIREMENTS_FILE).write_text(
+                "\n".join(leanimage.requirements(PROJECT_ROOT / "pyproject.toml")) + "\n"
+            )
         mar = ts_name = None
         if packager is not None:  # KServe's layout for its kserve-torchserve ServingRuntime
             mar = packager.package(config.model, export_dir, config.format, staging / STORE)
@@ -130,6 +136,7 @@ def deploy_kserve(config: m.DeployConfig, *, force: bool = False) -> DeployResul
         mar=out / STORE / mar.name if mar else None,
         served_name=m.served_name(config.model),
         torchserve_name=ts_name,
+        torch_free=leanimage.lean(config.format),
     )
 
 

@@ -208,6 +208,10 @@ def runtime_config(config: DeployConfig) -> dict[str, Any]:
 
 
 def dockerfile(config: DeployConfig) -> str:
+    from pipeline.runtimes.kserve import leanimage
+
+    if leanimage.lean(config.format):
+        return _lean_dockerfile(config, leanimage.REQUIREMENTS_FILE, leanimage.EXTRA)
     return f"""\
 # syntax=docker/dockerfile:1
 # Written by `pipeline deploy kserve --model {config.model}`. Build from this folder:
@@ -225,6 +229,31 @@ COPY export/ {EXPORT_IN_IMAGE}/
 # {CONFIG_IN_IMAGE} binds {POD_HOST}: inside a pod the kubelet's probes and the Service
 # reach the container through the pod IP, never loopback; the pod's network
 # namespace is its own, so this exposes nothing on the node.
+COPY kserve.json {CONFIG_IN_IMAGE}
+USER 1000
+EXPOSE {HTTP_PORT} {GRPC_PORT}
+CMD ["python", "-m", "pipeline.runtimes.kserve.runtime", "{CONFIG_IN_IMAGE}"]
+"""
+
+
+def _lean_dockerfile(config: DeployConfig, requirements: str, extra: str) -> str:
+    return f"""\
+# syntax=docker/dockerfile:1
+# Written by `pipeline deploy kserve --model {config.model} --format {config.format}`:
+#   docker build -t {config.image} .
+# The image runs the project's KServe runtime (Open Inference Protocol v2, REST on
+# {HTTP_PORT}, gRPC on {GRPC_PORT}) over the export copied into {EXPORT_IN_IMAGE}.
+# Torch-free: ONNX Runtime serves {config.format}, so the project is installed without
+# its dependencies and then only its `{extra}` extra ({requirements}).
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+COPY src/ /opt/pipeline/
+RUN pip install --no-deps /opt/pipeline \\
+    && pip install -r /opt/pipeline/{requirements} \\
+    && useradd --uid 1000 --no-create-home --shell /usr/sbin/nologin serve
+COPY export/ {EXPORT_IN_IMAGE}/
+# {CONFIG_IN_IMAGE} binds {POD_HOST}: inside a pod the kubelet's probes and the Service
+# reach the container through the pod IP, never loopback.
 COPY kserve.json {CONFIG_IN_IMAGE}
 USER 1000
 EXPOSE {HTTP_PORT} {GRPC_PORT}
