@@ -93,6 +93,7 @@ class BenchConfig:
     # processes serve each served model best; kserve_workers.json, which `pipeline serve`
     # reads) and measure its rows, and the peers beside it, with what it found.
     tune: bool = True
+    footprint: bool = True  # cold start, worker RSS, tracing's cost (bench/footprint.py)
     # Export folders by model, where they are not <artifacts>/<model>/export.
     export_dirs: dict[str, Path] = field(default_factory=dict)
 
@@ -121,6 +122,7 @@ class BenchConfig:
             opsets=(),
             time_budget_s=10.0,
             tune=False,
+            footprint=False,
         )
         return cls(**{**base, **kw})
 
@@ -171,7 +173,7 @@ def _verified(exported: ExportedModel, cpp_binary: Path | None) -> set[str]:
 
 
 def run_bench(config: BenchConfig) -> BenchResult:
-    from pipeline.bench import backends, inprocess, machine, pareto, report
+    from pipeline.bench import backends, footprint, inprocess, machine, pareto, report
     from pipeline.bench.fastest import FASTEST_NAME, fastest_of, write_fastest
     from pipeline.bench.peers import bench_peers
     from pipeline.bench.peers.targets import markdown as peers_markdown
@@ -316,6 +318,12 @@ def run_bench(config: BenchConfig) -> BenchResult:
         ours = run.ours
         phase_done(f"{model} peers")
 
+    peer_models = tuple(m for m in config.peer_models if m in config.served_models)
+    measured = footprint.phase(
+        peer_models if config.footprint else (), exported_of, requests=config.peer_requests,
+        budget_s=config.served_level_budget_s, rounds=config.peer_rounds, skipped=skipped,
+    )  # fmt: skip
+    phase_done("footprint and tracing")
     pareto_rows = [r for m in config.models for r in pareto.rows(m, exported_of(m), all_cells)]
 
     # Measured again at the end; the better of the two is the machine's peak (a
@@ -343,6 +351,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
         "served": served,
         "peers": peers,
         "peer_settings": peer_settings,
+        **measured,  # footprint, tracing, tracing_targets (issue 40)
         "fastest": fastest,
         # Issue 29: per model and format, speed, size and task-level accuracy (pareto.py).
         "pareto": pareto_rows,
@@ -365,6 +374,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
             report.served_markdown(served),
             *(rt.bench_notes(out_dir) for rt in chosen),
             peers_markdown(peers, peer_settings, data["peer_targets"]),
+            footprint.markdown(measured),
             report.targets_markdown(data["targets"]),
             report.skipped_markdown(skipped),
         )

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import torch
 
+from pipeline.bench import split
 from pipeline.core.compare import compare_outputs
 from pipeline.core.errors import PipelineError
 from pipeline.serving import client, runtime, wire
@@ -55,6 +56,10 @@ class ServedPoint:
     # On the concurrency-1 point: the first request after the model was READY
     # (handlers warm up in initialize, so it should cost about a steady one).
     first_request_ms: float | None = None
+    mean_ms: float = 0.0
+    # The server's own split of the row's mean (pipeline.bench.split): ms per request in
+    # decode, queue, compute, encode, their sum, and the client-and-HTTP remainder.
+    server_ms: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,6 +74,7 @@ class ServedPoint:
             requests=len(arr),
             failed=failed,
             median_ms=float(np.percentile(arr, 50)),
+            mean_ms=float(arr.mean()),
             p90_ms=float(np.percentile(arr, 90)),
             p99_ms=float(np.percentile(arr, 99)),
             throughput=(len(arr) - failed) / elapsed_s,
@@ -97,15 +103,17 @@ async def _load(
     failed = 0
     left = requests
     async with client.AsyncClient(server, concurrency=concurrency, timeout=timeout) as http:
+        send = http.sender(name, body.content, body.content_type, body.headers)
+        clock = time.perf_counter
 
         async def lane() -> None:
             nonlocal left, failed
-            while left > 0 and (deadline is None or time.perf_counter() < deadline):
+            while left > 0 and (deadline is None or clock() < deadline):
                 left -= 1
-                t0 = time.perf_counter()
-                answer = await http.send(name, body.content, body.content_type, body.headers)
-                latencies.append((time.perf_counter() - t0) * 1e3)
-                failed += not answer.ok
+                t0 = clock()
+                ok = await send()
+                latencies.append((clock() - t0) * 1e3)
+                failed += not ok
 
         start_t = time.perf_counter()
         deadline = start_t + budget_s if budget_s else None
@@ -259,23 +267,32 @@ def every_level(
     at_one: Callable[[list[str]], list[ServedPoint]],
     backend: Callable[[str], str],
     timeout: float = 120.0,
+    probe: split.Probe | None = None,
     **point: Any,
 ) -> list[ServedPoint]:
     """Every concurrency level of `settings` for the `live` formats (format → served name
     in `names`), the formats' order rotated per level so none is always measured first.
     Concurrency 1 is the runtime's own (`at_one`: its alternated paths); the others are
-    `measure` with the same clients for every runtime."""
+    `measure` with the same clients for every runtime. `probe`: the server's stage totals
+    (pipeline.bench.split), read around each level to give each row the server's split."""
     points: list[ServedPoint] = []
+    served = {backend(f): n for f, n in names.items()}
     for k, level in enumerate(settings.concurrencies):
         order = live[k % len(live) :] + live[: k % len(live)] if live else []
+        before = probe() if probe is not None else {}
         if level == 1:
-            points += at_one(order) if order else []
-            continue
-        points += [
-            measure(
-                server, names[fmt], body, level, settings.requests_per_level, timeout,
-                settings.level_budget_s, backend=backend(fmt), **point,
-            )
-            for fmt in order
-        ]  # fmt: skip
+            got = at_one(order) if order else []
+        else:
+            got = [
+                measure(
+                    server, names[fmt], body, level, settings.requests_per_level, timeout,
+                    settings.level_budget_s, backend=backend(fmt), **point,
+                )
+                for fmt in order
+            ]  # fmt: skip
+        if probe is not None:
+            after = probe()
+            for p in got:
+                p.server_ms = split.between(before, after, served[p.backend], p.mean_ms)
+        points += got
     return points

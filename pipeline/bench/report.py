@@ -166,15 +166,24 @@ def served_rows_markdown(title: str, served: list[dict]) -> str:
             "p90 ms",
             "p99 ms",
             "req/s",
+            "server: decode/queue/compute/encode ms; client+HTTP ms",
         ],
-        "lllrrrrrrr",
+        "lllrrrrrrrl",
         [
             [s["model"], s["backend"], s["batching"], s["concurrency"], s["requests"], s["failed"]]
             + [f"{s[k]:.2f}" for k in ("median_ms", "p90_ms", "p99_ms")]
-            + [f"{s['throughput']:.1f}"]
+            + [f"{s['throughput']:.1f}", _split_cell(s.get("server_ms"))]
             for s in served
         ],
     )
+
+
+def _split_cell(split: dict | None) -> str:
+    """The server's own split of the row's mean (pipeline.bench.split); blank without one."""
+    if not split:
+        return ""
+    stages = "/".join(f"{split[k]:.3f}" for k in ("decode", "queue", "compute", "encode"))
+    return f"{stages}; {split['client_and_http']:.3f}"
 
 
 def targets_markdown(targets: list[dict]) -> str:

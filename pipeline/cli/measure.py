@@ -73,7 +73,8 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
         "measured best first (kserve_workers.json, which `pipeline serve --runtime kserve` "
         "reads), then peers on the digits CNN's ONNX file: a bare aiohttp + ONNX Runtime "
         "yardstick and LitServe (the `bench` extra) beside the runtime, with PASS/MISS target "
-        "lines. Writes <artifacts>/bench/bench.json, bench.md, "
+        "lines and each of our rows' own server split (decode, queue, compute, encode), then "
+        "each runtime's cold start and worker memory per format and what tracing costs. Writes <artifacts>/bench/bench.json, bench.md, "
         "latency.png and throughput.png, and fastest.json: each model's fastest verified backend "
         "and its format, which `pipeline archive` reads. Exports are never modified.",
     )

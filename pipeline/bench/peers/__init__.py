@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from pipeline.bench import load
+from pipeline.bench import load, split
 from pipeline.bench.peers.servers import PeerSpec, litserve_missing, started
 from pipeline.core.errors import PipelineError
 from pipeline.serving import runtime, wire
@@ -161,7 +161,10 @@ def bench_peers(
             backend = f"{label}/{FORMAT}"
             try:
                 with window() as (server, name):
-                    got = _measure(server, name, body, expected, requests, level_budget_s)
+                    probe = split.scraper(server) if label in run.ours else None
+                    got = measure_levels(
+                        server, name, body, expected, requests, level_budget_s, probe
+                    )
             except PipelineError as err:  # a peer that fails is left out, with why
                 why = " ".join(str(err).split())[-300:]
                 log.warning("%s (batching %s) is left out: %s", backend, batching, why)
@@ -185,35 +188,32 @@ def _better(a: load.ServedPoint, b: load.ServedPoint) -> bool:
     return a.median_ms < b.median_ms if a.concurrency == 1 else a.throughput > b.throughput
 
 
-def _measure(
+def measure_levels(
     server: Server,
     name: str,
     body: wire.Body,
     expected: dict[str, Any],
     requests: int,
     budget_s: float,
+    probe: split.Probe | None = None,
 ) -> list[load.ServedPoint]:
-    """First answer checked, then concurrency 1 and 8 with the served rows' clients."""
+    """First answer checked, then concurrency 1 and 8 with the served rows' clients;
+    `probe`: our runtime's stage totals, for each row's server split."""
     first = load.check_answer(server, name, body, expected)
+    before = probe() if probe else {}
     lat, failed = load.sequential({"one": (server, name)}, body, requests, budget_s)["one"]
-    points = [
-        load.sequential_point(
-            lat, failed, first_request_ms=first, model="", backend="", batching=""
-        )
-    ]
+    point = load.sequential_point(
+        lat, failed, first_request_ms=first, model="", backend="", batching=""
+    )
+    points = [point]
     for level in LEVELS[1:]:
-        points.append(
-            load.measure(
-                server,
-                name,
-                body,
-                level,
-                requests,
-                120.0,
-                budget_s,
-                model="",
-                backend="",
-                batching="",
-            )
+        after = probe() if probe else {}
+        point.server_ms = split.between(before, after, name, point.mean_ms) if probe else None
+        before = after
+        point = load.measure(
+            server, name, body, level, requests, 120.0, budget_s, model="", backend="", batching=""
         )
+        points.append(point)
+    if probe:
+        point.server_ms = split.between(before, probe(), name, point.mean_ms)
     return points

@@ -21,7 +21,7 @@ import logging
 import re
 from typing import Any
 
-from pipeline.bench import load
+from pipeline.bench import load, split
 from pipeline.bench.targets import DIGITS, RESNET, cell, served_at, target, versus
 from pipeline.export.opened import ExportedModel
 from pipeline.formats import base as registry
@@ -103,7 +103,7 @@ def bench_kserve(
         live = [f for f in names if f in first]
         points = load.every_level(
             server, names, live, body, settings, at_one=at_one, backend=_backend,
-            timeout=timeout, model=model, batching=BATCHING,
+            timeout=timeout, model=model, batching=BATCHING, probe=split.scraper(server),
         )  # fmt: skip
         return points, skipped
 
