@@ -94,16 +94,15 @@ def peer_targets(
 
 
 def _c8_where(a: dict, b: dict, peer: str, model_ms: float | None, in_process: str) -> str:
-    return (
-        f"a request at concurrency 8 (1000 / req/s): {_own(_per_request_ms(a), model_ms, 'ours')}; "
-        f"{_own(_per_request_ms(b), model_ms, peer)}; {in_process}" + _split(a)
-    )
+    parts = (f"a request at concurrency 8 (1000 / req/s): {_own(_per_request_ms(a), model_ms, 'ours')}",
+             _own(_per_request_ms(b), model_ms, peer), in_process, _split(a))  # fmt: skip
+    return "; ".join(p for p in parts if p)
 
 
 def _split(row: dict) -> str:
     """Our row's own split of its mean latency (pipeline.bench.split), when it has one."""
     said = describe(row.get("server_ms"))
-    return f"; our server's split of a request: {said}" if said else ""
+    return f"our server's split of a request: {said}" if said else ""
 
 
 def _resnet(cells: list[dict], served: list[dict], name: str) -> list[dict[str, Any]]:
