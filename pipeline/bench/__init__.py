@@ -318,12 +318,11 @@ def run_bench(config: BenchConfig) -> BenchResult:
         ours = run.ours
         phase_done(f"{model} peers")
 
-    peer_models = tuple(m for m in config.peer_models if m in config.served_models)
+    peer_models = [m for m in config.peer_models if m in config.served_models and config.footprint]
     measured = footprint.phase(
-        peer_models if config.footprint else (), exported_of, requests=config.peer_requests,
-        budget_s=config.served_level_budget_s, rounds=config.peer_rounds, skipped=skipped,
+        tuple(peer_models), exported_of, requests=config.peer_requests, skipped=skipped,
+        budget_s=config.served_level_budget_s, rounds=config.peer_rounds, done=phase_done,
     )  # fmt: skip
-    phase_done("footprint and tracing")
     pareto_rows = [r for m in config.models for r in pareto.rows(m, exported_of(m), all_cells)]
 
     # Measured again at the end; the better of the two is the machine's peak (a

@@ -195,9 +195,10 @@ def phase(
     budget_s: float,
     rounds: int,
     skipped: list[dict],
+    done: Any = None,
 ) -> dict[str, Any]:
     """Both measurements for `models` (bench's peer models): bench.json's entries (the
-    rows left out are added to `skipped`)."""
+    rows left out are added to `skipped`; `done(phase)` once per model measured)."""
     rows: list[dict] = []
     traced: list[dict] = []
     for model in models:
@@ -207,6 +208,8 @@ def phase(
         traced += tracing_cost(
             model, exported_of(model), requests=requests, budget_s=budget_s, rounds=rounds
         )
+        if done is not None:
+            done(f"{model} footprint and tracing")
     return {"footprint": rows, "tracing": traced, "tracing_targets": tracing_targets(traced)}
 
 

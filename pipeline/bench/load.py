@@ -292,7 +292,8 @@ def every_level(
             ]  # fmt: skip
         if probe is not None:
             after = probe()
-            for p in got:
-                p.server_ms = split.between(before, after, served[p.backend], p.mean_ms)
+            for p in got:  # TorchServe's own-port rows share their format's model
+                name = served.get(p.backend) or served.get(p.backend.rsplit("/", 1)[0], "")
+                p.server_ms = split.between(before, after, name, p.mean_ms)
         points += got
     return points

@@ -166,7 +166,7 @@ def served_rows_markdown(title: str, served: list[dict]) -> str:
             "p90 ms",
             "p99 ms",
             "req/s",
-            "server: decode/queue/compute/encode ms; client+HTTP ms",
+            "server's split, ms per request",
         ],
         "lllrrrrrrrl",
         [
@@ -178,12 +178,15 @@ def served_rows_markdown(title: str, served: list[dict]) -> str:
     )
 
 
+split_stages = ("decode", "queue", "compute", "encode", "backend")  # pipeline.bench.split.ORDER
+
+
 def _split_cell(split: dict | None) -> str:
     """The server's own split of the row's mean (pipeline.bench.split); blank without one."""
     if not split:
         return ""
-    stages = "/".join(f"{split[k]:.3f}" for k in ("decode", "queue", "compute", "encode"))
-    return f"{stages}; {split['client_and_http']:.3f}"
+    stages = ", ".join(f"{k} {v:.3f}" for k, v in split.items() if k in split_stages)
+    return f"{stages}; client+HTTP {split['client_and_http']:.3f}"
 
 
 def targets_markdown(targets: list[dict]) -> str:

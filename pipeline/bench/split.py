@@ -1,8 +1,8 @@
 """The server's own split of a served row's time (issue 40, point 3).
 
-Around each served level, bench reads the server's stage histograms (the KServe
+Around each served level, bench reads the server's stage totals (the KServe
 runtime's `pipeline_kserve_{decode,queue,compute,encode}_seconds`, summed over its
-workers) before and after; the difference per request is where the server spent the
+workers; TorchServe's frontend queue and inference counters) before and after; the difference per request is where the server spent the
 row's time, and what the client measured beyond it is the rest: the HTTP framing, the
 kernel's loopback and the client itself. The window includes the level's warm-up
 requests, so the split is a mean over slightly more requests than the row's.
@@ -21,7 +21,12 @@ from pipeline.serving.server import Server
 
 log = logging.getLogger(__name__)
 
-STAGES = ("decode", "queue", "compute", "encode")
+STAGES = ("decode", "queue", "compute", "encode")  # the KServe runtime's histograms
+# TorchServe's frontend counters (RestJob): both start when the frontend takes the
+# request, so "backend" is inference less queue: the worker's round trip, handler included.
+TS_QUEUE, TS_INFERENCE = "ts_queue_latency_microseconds", "ts_inference_latency_microseconds"
+TS_REQUESTS = "ts_inference_requests"  # its samples: ..._total
+ORDER = (*STAGES, "backend")
 PREFIX = "pipeline_kserve_"
 
 # (served name, stage) → (seconds summed, requests counted)
@@ -46,12 +51,29 @@ def parse(text: str) -> Totals:
     return {k: (sums.get(k, 0.0), counts.get(k, 0.0)) for k in sums.keys() | counts.keys()}
 
 
-def scraper(server: Server) -> Probe:
-    """A probe of `server`'s /metrics (empty totals when it cannot be read)."""
+def parse_torchserve(text: str) -> Totals:
+    """TorchServe's per-model queue and backend time, from its frontend counters (µs)."""
+    by: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):  # counters: by family name
+        if family.name not in (TS_QUEUE, TS_INFERENCE, TS_REQUESTS):
+            continue
+        for sample in family.samples:
+            model = by.setdefault(sample.labels.get("model_name", ""), {})
+            model[family.name] = model.get(family.name, 0.0) + sample.value
+    out: Totals = {}
+    for name, got in by.items():
+        n, queue = got.get(TS_REQUESTS, 0.0), got.get(TS_QUEUE, 0.0) / 1e6
+        out[(name, "queue")] = (queue, n)
+        out[(name, "backend")] = (got.get(TS_INFERENCE, 0.0) / 1e6 - queue, n)
+    return out
+
+
+def scraper(server: Server, read: Callable[[str], Totals] = parse) -> Probe:
+    """A probe of `server`'s /metrics, read by `read` (empty when it cannot be read)."""
 
     def probe() -> Totals:
         try:
-            return parse(httpx.get(f"{server.metrics_url}/metrics", timeout=10).text)
+            return read(httpx.get(f"{server.metrics_url}/metrics", timeout=10).text)
         except httpx.HTTPError as err:
             log.warning("no server split: %s/metrics: %s", server.metrics_url, err)
             return {}
@@ -63,15 +85,17 @@ def between(before: Totals, after: Totals, name: str, mean_ms: float) -> dict[st
     """Per request, in ms: each stage, the server's total and the client's remainder
     (`mean_ms`, the row's mean latency, less the server's). None: no stage counted."""
     out: dict[str, Any] = {}
-    for stage in STAGES:
-        s1, c1 = after.get((name, stage), (0.0, 0.0))
+    for stage in (s for s in ORDER if (name, s) in after):
+        s1, c1 = after[(name, stage)]
         s0, c0 = before.get((name, stage), (0.0, 0.0))
         if c1 - c0 <= 0:
             return None
         out[stage] = round((s1 - s0) / (c1 - c0) * 1e3, 4)
-    out["server"] = round(sum(out[s] for s in STAGES), 4)
+        out["requests"] = int(c1 - c0)
+    if not out:
+        return None
+    out["server"] = round(sum(out[s] for s in ORDER if s in out), 4)
     out["client_and_http"] = round(mean_ms - out["server"], 4)
-    out["requests"] = int(after[(name, "decode")][1] - before.get((name, "decode"), (0, 0))[1])
     return out
 
 
@@ -79,5 +103,5 @@ def describe(split: dict[str, Any] | None) -> str:
     """One line: 'decode 0.02 + queue 0.01 + compute 0.05 + encode 0.01 = 0.09 ms server; 0.3 ms client and HTTP'."""
     if not split:
         return ""
-    stages = " + ".join(f"{s} {split[s]:.3f}" for s in STAGES)
+    stages = " + ".join(f"{s} {split[s]:.3f}" for s in ORDER if s in split)
     return f"{stages} = {split['server']:.3f} ms in the server; {split['client_and_http']:.3f} ms client and HTTP"

@@ -30,6 +30,26 @@ def test_the_split_is_each_stages_mean_over_the_window_and_the_rest_is_the_clien
     assert "= 8.000 ms in the server; 2.000 ms client and HTTP" in split.describe(got)
 
 
+TS_TEXT = """# TYPE ts_inference_latency_microseconds counter
+ts_inference_latency_microseconds{{model_name="a_onnx",model_version="default",hostname="vm",}} {inference}
+# TYPE ts_queue_latency_microseconds counter
+ts_queue_latency_microseconds{{model_name="a_onnx",model_version="default",hostname="vm",}} {queue}
+# TYPE ts_inference_requests_total counter
+ts_inference_requests_total{{model_name="a_onnx",model_version="default",hostname="vm",}} {n}
+"""
+
+
+def test_torchserves_counters_split_into_queue_and_the_workers_round_trip() -> None:
+    """TorchServe's inference latency starts when the frontend takes the request, as the
+    queue's does (its RestJob): the backend is the difference."""
+    before = split.parse_torchserve(TS_TEXT.format(inference=1000.0, queue=100.0, n=1))
+    after = split.parse_torchserve(TS_TEXT.format(inference=5000.0, queue=500.0, n=3))
+    got = split.between(before, after, "a_onnx", mean_ms=3.0)
+    assert got == {"queue": 0.2, "backend": 1.8, "requests": 2, "server": 2.0,
+                   "client_and_http": 1.0}  # fmt: skip
+    assert split.describe(got).startswith("queue 0.200 + backend 1.800 = 2.000 ms")
+
+
 def test_no_split_without_requests_in_the_window_or_for_another_model() -> None:
     same = _scrape({s: [0.1] for s in split.STAGES})
     assert split.between(same, same, "m", 1.0) is None

@@ -28,6 +28,7 @@ from typing import Any
 
 import psutil
 
+from pipeline.bench import split
 from pipeline.bench.inprocess import ONE_THREAD
 from pipeline.bench.load import (
     ServedPoint,
@@ -173,6 +174,7 @@ def _measure_server(
     return every_level(
         server, names, live, body, settings, at_one=at_one,
         backend=lambda fmt: f"{NAME}/{fmt}", timeout=timeout, model=model, batching=mode,
+        probe=split.scraper(server, split.parse_torchserve),
     )  # fmt: skip
 
 
