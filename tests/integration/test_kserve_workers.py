@@ -16,6 +16,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +30,8 @@ import tritonclient.grpc as grpcclient
 
 from pipeline.export import ExportResult
 from pipeline.runtimes.kserve import CONFIG_FILE
+from pipeline.runtimes.kserve.config import RuntimeConfig, ServedExport
+from pipeline.runtimes.kserve.supervisor import all_ready_marker, ready_marker
 from pipeline.serving import runtime
 from pipeline.serving.client import post
 from pipeline.serving.launcher import free_port, orphans, stop
@@ -232,6 +236,41 @@ def test_traces_continue_the_clients_trace_over_rest_and_grpc(
     (root,) = [s for s in spans if s.parent_id == parent]
     assert root.name == "grpc ModelInfer"
     assert {s.name for s in spans if s.parent_id == root.span_id} == SPANS
+
+
+def test_readiness_is_400_until_every_worker_serves(exported: ExportResult, tmp_path: Path) -> None:
+    """A worker answers /v2/health/ready with 400 {"ready": false} (Triton's answer; the
+    protocol asks for a 4xx) while it already serves inference, until the supervisor marks
+    every worker ready; then 200. One real worker process, started as the supervisor
+    starts it, with no supervisor to write the mark."""
+    port = free_port()
+    conf = tmp_path / CONFIG_FILE
+    RuntimeConfig(
+        models=[ServedExport(DIGITS, str(exported.out_dir), "onnx")],
+        http_port=port, grpc_port=free_port(), workers=2,
+    ).write(conf)  # fmt: skip
+    ready_marker(conf, 0).parent.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.runtimes.kserve.runtime", str(conf), "--worker", "0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}/v2"
+        deadline = time.monotonic() + 60
+        while not ready_marker(conf, 0).exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the worker did not start"
+            time.sleep(0.1)
+        answer = httpx.get(f"{url}/health/ready", timeout=10)
+        assert (answer.status_code, answer.json()) == (400, {"ready": False})
+        x = digits_sample(1)
+        oip = {"inputs": [{"name": "image", "datatype": "FP32", "shape": list(x.shape),
+                           "data": x.flatten().tolist()}]}  # fmt: skip
+        assert httpx.post(f"{url}/models/{DIGITS}/infer", json=oip, timeout=10).status_code == 200
+        all_ready_marker(conf).touch()
+        assert httpx.get(f"{url}/health/ready", timeout=10).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def test_kept_alive_requests_do_not_wait_for_delayed_acks(server: Server) -> None:
