@@ -8,11 +8,14 @@ tests import kserve, so they drive Triton's gRPC client through this module:
     python -m tests.triton_grpc infer HOST:PORT TOKEN MODEL INPUT IN.npy OUTPUT OUT.npy [VERSION]
                                      # prints {"model_version": ...} of the answer
     python -m tests.triton_grpc describe HOST:PORT TOKEN MODEL[@VERSION]...   # JSON on stdout
+
+With TRACEPARENT in the environment, every call sends it as `traceparent` metadata.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -23,6 +26,8 @@ from tritonclient.utils import InferenceServerException
 def main(argv: list[str]) -> int:
     command, url, token, *rest = argv
     headers = {"authorization": f"Bearer {token}"}  # gRPC metadata keys are lowercase
+    if os.environ.get("TRACEPARENT"):
+        headers["traceparent"] = os.environ["TRACEPARENT"]
     client = tgrpc.InferenceServerClient(url)
     try:
         if command == "infer":

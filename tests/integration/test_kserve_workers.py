@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import psutil
 import pytest
-import tritonclient.grpc as grpcclient
 
 from pipeline.export import ExportResult
 from pipeline.runtimes.kserve import CONFIG_FILE
@@ -195,7 +195,7 @@ def _traceparent(n: int) -> tuple[str, str, str]:
 
 
 def test_traces_continue_the_clients_trace_over_rest_and_grpc(
-    server: Server, receiver: otlp.Receiver
+    server: Server, receiver: otlp.Receiver, tmp_path: Path
 ) -> None:
     """Each request's spans reach a real OTLP/HTTP receiver under the client's trace id:
     the SERVER span is the child of the client's span and holds auth, decode, queue,
@@ -224,14 +224,17 @@ def test_traces_continue_the_clients_trace_over_rest_and_grpc(
     # No traceparent: the server starts a trace, and says which.
     started = _post(server).headers["traceresponse"].split("-")[1]
     assert {s.name for s in receiver.spans_of(started, SPANS)} >= SPANS
-    # gRPC, with Triton's client: the traceparent travels as metadata.
+    # gRPC, with Triton's client (a process of its own: tests/triton_grpc.py says why):
+    # the traceparent travels as metadata.
     trace_id, parent, header = _traceparent(99)
-    client = grpcclient.InferenceServerClient(server.extras["grpc_url"].removeprefix("grpc://"))
-    x = digits_sample(1)
-    image = grpcclient.InferInput("image", list(x.shape), "FP32")
-    image.set_data_from_numpy(x.numpy())
-    client.infer(DIGITS, [image], headers={"authorization": f"Bearer {_key(server)}",
-                                           "traceparent": header})  # fmt: skip
+    np.save(tmp_path / "x.npy", digits_sample(1).numpy())
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.triton_grpc", "infer",
+         server.extras["grpc_url"].removeprefix("grpc://"), _key(server), DIGITS, "image",
+         tmp_path / "x.npy", "logits", tmp_path / "y.npy"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "TRACEPARENT": header},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
     spans = receiver.spans_of(trace_id, SPANS | {"grpc ModelInfer"})
     (root,) = [s for s in spans if s.parent_id == parent]
     assert root.name == "grpc ModelInfer"

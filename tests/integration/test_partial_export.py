@@ -77,7 +77,7 @@ def test_the_formats_that_can_be_made_are_written_and_onnx_is_reported(partial: 
     assert "model.torchscript.pt" in proc.stdout and "model.pt2" in proc.stdout
 
     manifest = Manifest.read(partial.out_dir)
-    assert set(manifest.artifacts) == {"torchscript", "pt2", "golden", "probes"}
+    assert set(manifest.artifacts) == {"torchscript", "pt2", "golden", "probes", "warmup"}
     assert set(manifest.failed) == {"onnx"}
     assert "aten.linalg_eig" in manifest.failed["onnx"]
     assert "\n" not in manifest.failed["onnx"]

@@ -77,7 +77,7 @@ def test_digits_mlp_exports_to_pt2(tmp_path: Path) -> None:
             random_init=True,
         )
     )
-    assert set(result.manifest.to_json()["artifacts"]) == {"pt2", "golden", "probes"}
+    assert set(result.manifest.to_json()["artifacts"]) == {"pt2", "golden", "probes", "warmup"}
     report = verify(
         VerifyConfig(model="digits_mlp", export_dir=result.out_dir, report=tmp_path / "p.json")
     )
@@ -156,7 +156,7 @@ def test_users_gate_without_a_formulation_still_gets_onnx_from_the_legacy_export
     manifest = json.loads(
         (tmp_path / "art" / "user_gated_TinyGated" / "export" / "manifest.json").read_text()
     )
-    assert set(manifest["artifacts"]) == {"onnx", "golden", "probes"}
+    assert set(manifest["artifacts"]) == {"onnx", "golden", "probes", "warmup"}
     assert manifest["artifacts"]["onnx"]["exporter"] == "torchscript (dynamo=False)"
 
 
