@@ -72,10 +72,13 @@ def scraper(server: Server, read: Callable[[str], Totals] = parse) -> Probe:
     """A probe of `server`'s /metrics, read by `read` (empty when it cannot be read)."""
 
     def probe() -> Totals:
+        url = f"{server.metrics_url}/metrics"
         try:
-            return read(httpx.get(f"{server.metrics_url}/metrics", timeout=10).text)
-        except httpx.HTTPError as err:
-            log.warning("no server split: %s/metrics: %s", server.metrics_url, err)
+            answer = httpx.get(url, timeout=10)
+            answer.raise_for_status()
+            return read(answer.text)
+        except (httpx.HTTPError, ValueError) as err:  # unreachable, refused, not Prometheus
+            log.warning("no server split: %s: %s", url, " ".join(str(err).split())[:200])
             return {}
 
     return probe

@@ -82,6 +82,16 @@ def add_verify_command(sub: argparse._SubParsersAction) -> None:
         "(runnable alone, with its inputs) beside the report",
     )
     p.add_argument(
+        "--inputs",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="FILE.npz",
+        help="also check every backend on these inputs (a .npz of named arrays, each with "
+        "its batch axis): e.g. a sample the shadow check kept in <run dir>/shadow/, to "
+        "replay a divergence (repeatable)",
+    )
+    p.add_argument(
         "--batch-sizes",
         type=int,
         nargs="+",

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from pipeline.core import paths
@@ -58,6 +59,7 @@ class VerifyConfig:
     bisect: bool = False  # also write the smallest failing ONNX subgraph
     page: bool = True  # write the Markdown report with histograms beside the JSON
     batch_sizes: tuple[int, ...] = (1, 7)
+    inputs: tuple[Path, ...] = ()  # .npz files of named inputs checked too (--inputs)
     seed: int = 0
     report: Path | None = None  # default: artifacts/<model>/parity.json
     # The int8/float16 formats' bounds (pipeline/verify/task.py); None: the budget export
@@ -81,6 +83,7 @@ class VerifyConfig:
             allow_vacuous=args.allow_vacuous,
             bisect=args.bisect,
             batch_sizes=tuple(args.batch_sizes),
+            inputs=tuple(getattr(args, "inputs", ()) or ()),
             seed=args.seed,
             report=args.report or paths.report_path(args.model, args.artifacts_dir),
             accuracy_budget=args.accuracy_budget,
@@ -134,12 +137,26 @@ def _cases(
         (label, inputs, None)
         for label, inputs in random_cases(entry, config.batch_sizes, config.seed)
     ]
+    cases += [(f"kept {Path(f).name}", kept_inputs(Path(f), exported), None) for f in config.inputs]
     # An artifact compiled for one size of an axis (--fix-axis) gets inputs of that size.
     generator = torch.Generator().manual_seed(config.seed + 1)
     for sizes in {tuple(sorted(f.items())) for f in _fixed_sizes(exported)}:
         label = "random " + " ".join(f"{a}={n}" for a, n in sizes) + " (a fixed axis)"
         cases.append((label, entry.sample_inputs(entry.sizes(**dict(sizes)), generator), None))
     return cases
+
+
+def kept_inputs(path: Path, exported: ExportedModel) -> Inputs:
+    """A .npz of named inputs (`--inputs`), checked against the manifest's input names."""
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            arrays = {k: torch.from_numpy(saved[k].copy()) for k in saved.files}
+    except (OSError, ValueError) as err:
+        raise PipelineError(f"--inputs {path}: not a readable .npz of arrays ({err}).") from None
+    names = exported.manifest.input_names
+    if sorted(arrays) != sorted(names):
+        raise PipelineError(f"--inputs {path} holds {sorted(arrays)}; the model takes {names}.")
+    return {n: arrays[n] for n in names}
 
 
 def _fixed_sizes(exported: ExportedModel) -> list[dict[str, int]]:

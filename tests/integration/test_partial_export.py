@@ -88,6 +88,7 @@ def test_the_formats_that_can_be_made_are_written_and_onnx_is_reported(partial: 
         "model.pt2",
         "model.torchscript.pt",
         "probes.pt",
+        "warmup.npz",
     ]
     # The --random-init checkpoint was kept: the export points at it.
     assert (partial.art / SLUG / "checkpoint.pt").is_file()

@@ -93,6 +93,24 @@ class KServe(runtime.Runtime):
             "1 to 8; each gets cores // N intra-op threads unless --threads-per-worker says)",
         )
         group.add_argument(
+            "--shadow",
+            type=float,
+            default=0.0,
+            metavar="RATE",
+            help="re-run this share of answered requests (0 to 1, e.g. 0.01) on eager PyTorch "
+            "in a process beside each worker, off the hot path, under the export's own rule; "
+            "counts on /metrics (pipeline_shadow_*), divergences logged and kept in "
+            "<run dir>/shadow/ for `pipeline verify --inputs` (default: 0, off)",
+        )
+        group.add_argument(
+            "--shadow-max-rate",
+            type=float,
+            default=20.0,
+            metavar="N",
+            help="the most samples each worker's check runs a second; beyond it samples are "
+            "dropped and counted (default: 20)",
+        )
+        group.add_argument(
             "--rotate-token",
             action="store_true",
             help="write a new inference token (and metrics key, off loopback) even though the "
@@ -126,6 +144,11 @@ class KServe(runtime.Runtime):
             workers, why = own.workers, "--workers"
         if workers < 1:
             raise ServeError(f"--workers must be at least 1, e.g. --workers 2; got {workers}.")
+        if not 0 <= own.shadow <= 1 or own.shadow_max_rate <= 0:
+            raise ServeError(
+                f"--shadow is a share of requests from 0 to 1 (e.g. 0.01), got {own.shadow}; "
+                f"--shadow-max-rate a positive rate, got {own.shadow_max_rate}."
+            )
         config = RuntimeConfig(
             models=models,
             host=options.host,
@@ -138,6 +161,8 @@ class KServe(runtime.Runtime):
             max_batch_delay_ms=own.max_batch_delay_ms,
             threads=options.threads_per_worker or default_threads(workers),
             workers=workers,
+            shadow_rate=own.shadow,
+            shadow_max_rate=own.shadow_max_rate,
         )
         server = start(config, options.run_dir, rotate_token=own.rotate_token)
         server.extras["workers"] = f"{workers} × {config.threads} thread(s) ({why})"

@@ -83,6 +83,10 @@ class RuntimeConfig:
     # and Guard, under the supervisor. 1 here (tests, bench's private servers); `pipeline
     # serve` passes --workers, default config.default_workers().
     workers: int = 1
+    # The shadow check (shadow.py): the share of answered requests re-run on eager in a
+    # process of each worker's own (0: off), and the most it checks a second.
+    shadow_rate: float = 0.0
+    shadow_max_rate: float = 20.0
     log_file: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
 

@@ -59,7 +59,9 @@ class Model(Protocol):
 
     def check(self, tensors: Any) -> tuple[dict[str, np.ndarray], bool]: ...
 
-    async def run(self, arrays: dict[str, np.ndarray], unbatched: bool) -> list[np.ndarray]: ...
+    async def run(
+        self, arrays: dict[str, np.ndarray], unbatched: bool, request_id: str = ""
+    ) -> list[np.ndarray]: ...
 
     def observe(self, stage: str, seconds: float) -> None: ...
 
@@ -206,7 +208,7 @@ class FastInfer:
             request = parse(body, headers)
             arrays, unbatched = model.check(request.inputs)
             model.observe("decode", time.perf_counter() - started)
-            outputs = await model.run(arrays, unbatched)
+            outputs = await model.run(arrays, unbatched, request.id or "")
             encoding = time.perf_counter()
             answer, json_length = encode(request, model, outputs)
             model.observe("encode", time.perf_counter() - encoding)

@@ -56,6 +56,7 @@ FORWARD_PASSES = Counter(
     ["model_name", "slot"],
 )
 SLOT = "0"
+SHADOW: Any = None  # this worker's shadow check (shadow.Shadow), when --shadow asks for one
 WARMED = Gauge(
     "pipeline_kserve_warmed_up",
     "1 once the model ran its warm-up (on every live worker)",
@@ -85,6 +86,7 @@ class ExportModel(kserve.Model):
         loaded = loading.load(Path(served.export_dir), served.format, config.threads)
         manifest = loaded.manifest
         self.format = served.format
+        self.export_dir = str(served.export_dir)
         self.platform = loaded.platform
         self.torch_free = loaded.torch_free
         self._forward = loaded.forward
@@ -181,8 +183,11 @@ class ExportModel(kserve.Model):
         except codec.RequestError as err:
             raise Refused(str(err), 413 if err.status == 413 else 400) from None
 
-    async def run(self, arrays: dict[str, np.ndarray], unbatched: bool) -> list[np.ndarray]:
-        """Checked arrays through the batcher → the outputs, in the request's own shape."""
+    async def run(
+        self, arrays: dict[str, np.ndarray], unbatched: bool, request_id: str = ""
+    ) -> list[np.ndarray]:
+        """Checked arrays through the batcher → the outputs, in the request's own shape;
+        with --shadow, a sample of them handed to the shadow check."""
         self.inflight += 1
         stamps = [] if tracing.TRACING is not None else None
         try:
@@ -191,6 +196,10 @@ class ExportModel(kserve.Model):
             self.inflight -= 1
         if stamps:
             self._traced(stamps[0])
+        if SHADOW is not None:
+            traced = tracing.TRACING
+            trace_id = tracing.trace_id(traced.current()) if traced is not None else ""
+            SHADOW.offer(self, arrays, outputs, request_id, trace_id)
         return [o[0] if o.ndim else o for o in outputs] if unbatched else outputs
 
     def _traced(self, done: Any) -> None:
@@ -216,7 +225,7 @@ class ExportModel(kserve.Model):
         started = time.perf_counter()
         arrays, unbatched = self.decode(payload)
         self.observe("decode", time.perf_counter() - started)
-        outputs = await self.run(arrays, unbatched)
+        outputs = await self.run(arrays, unbatched, payload.id or "")
         started = time.perf_counter()
         response = oip.Response(
             tuple(

@@ -285,6 +285,10 @@ def serve(config: RuntimeConfig, run_dir: Path, worker: Worker | None = None) ->
     models_module.SLOT = str(worker.slot) if worker else "0"
     if tracing.setup("pipeline-kserve") is not None:
         install_access_log()
+    if config.shadow_rate > 0:
+        from pipeline.runtimes.kserve.shadow import Shadow
+
+        models_module.SHADOW = Shadow(config.shadow_rate, run_dir, config.shadow_max_rate)
     models = []
     for name, (wanted, exports) in initial(config.models, live.read(run_dir)).items():
         loaded = {e.version: ExportModel(e, config) for e in exports}
