@@ -1,4 +1,6 @@
-"""Each runtime's footprint per format, and what tracing costs (issue 40, points 1 and 4).
+"""Each runtime's footprint per format, what tracing costs (issue 40, points 1 and 4), and
+what the shadow check costs (issue 41, point 5: --shadow 0.01 against none, 3 alternating
+rounds, each side's median judged within 5% or the spread of the rounds without it).
 
 * Footprint: for every registered runtime and every format the model's export holds,
   a private server serving that format alone: its cold start (launch to ready, as
@@ -105,6 +107,56 @@ def tracing_cost(
     return list(best.values())
 
 
+SHADOW_RATE, SHADOW_ROUNDS = 0.01, 3
+
+
+def shadow_cost(
+    model: str, exported: ExportedModel, *, requests: int, budget_s: float
+) -> list[dict]:
+    """The KServe runtime with `--shadow 0.01` and without, SHADOW_ROUNDS alternating
+    rounds each (issue 41): every round's rows, labelled by `shadow` and `round`."""
+    if TRACED_RUNTIME not in runtime.names():
+        return []
+    rt = runtime.get(TRACED_RUNTIME)
+    inputs = exported.sample(1, seed=0)
+    expected = exported.eager(inputs)
+    body = wire.Body(wire.oip_json(inputs), {"Content-Type": "application/json"})
+    rows = []
+    for r in range(SHADOW_ROUNDS):
+        for rate in (0.0, SHADOW_RATE) if r % 2 == 0 else (SHADOW_RATE, 0.0):
+            with rt.private(exported, TRACED_FORMAT, shadow_rate=rate) as srv:
+                got = measure_levels(srv, srv.models[0], body, expected, requests, budget_s)
+            rows += [p.to_json() | {"model": model, "shadow": rate, "round": r,
+                                    "backend": f"{TRACED_RUNTIME}/{TRACED_FORMAT}"}
+                     for p in got]  # fmt: skip
+    return rows
+
+
+def shadow_targets(rows: list[dict]) -> list[dict[str, Any]]:
+    """With the check on, p50 at 1 and req/s at 8 within 5% of the server without it, or
+    within the spread of its own repeated rows without it, whichever is larger (each
+    side's median over the rounds)."""
+    from pipeline.bench.targets import target
+
+    out = []
+    for level, key, what in ((1, "median_ms", "p50"), (8, "throughput", "req/s")):
+        off = sorted(r[key] for r in rows if r["shadow"] == 0 and r["concurrency"] == level)
+        on = sorted(r[key] for r in rows if r["shadow"] > 0 and r["concurrency"] == level)
+        if not (off and on):
+            continue
+        base, mine = off[len(off) // 2], on[len(on) // 2]
+        cost = mine / base - 1 if level == 1 else base / mine - 1
+        spread = off[-1] / off[0] - 1
+        bound = max(0.05, spread)
+        out.append(target(
+            f"--shadow {SHADOW_RATE:g} costs ≤ 5% (or the run's own spread) of {what} at "
+            f"concurrency {level}", cost,
+            f"{mine:.3f} vs {base:.3f} without (medians of {len(on)} and {len(off)} rounds); "
+            f"spread without {spread:.1%}, bound {bound:.1%}", cost <= bound,
+        ))  # fmt: skip
+    return out
+
+
 def _better(a: dict, b: dict) -> bool:
     return (
         a["median_ms"] < b["median_ms"]
@@ -201,6 +253,7 @@ def phase(
     rows left out are added to `skipped`; `done(phase)` once per model measured)."""
     rows: list[dict] = []
     traced: list[dict] = []
+    shadowed: list[dict] = []
     for model in models:
         got, left = footprints(model, exported_of(model))
         rows += got
@@ -208,9 +261,13 @@ def phase(
         traced += tracing_cost(
             model, exported_of(model), requests=requests, budget_s=budget_s, rounds=rounds
         )
+        shadowed += shadow_cost(model, exported_of(model), requests=requests, budget_s=budget_s)
         if done is not None:
             done(f"{model} footprint and tracing")
-    return {"footprint": rows, "tracing": traced, "tracing_targets": tracing_targets(traced)}
+    return {
+        "footprint": rows, "tracing": traced, "tracing_targets": tracing_targets(traced),
+        "shadow": shadowed, "shadow_targets": shadow_targets(shadowed),
+    }  # fmt: skip
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -234,9 +291,19 @@ def markdown(data: dict[str, Any]) -> str:
             [[r["tracing"], r["concurrency"], f"{r['median_ms']:.3f}", f"{r['p99_ms']:.3f}",
               f"{r['throughput']:.0f}"] for r in data["tracing"]],
         ))  # fmt: skip
-    if data.get("tracing_targets"):
-        parts.append("\n".join(
-            f"{'PASS' if t['met'] else 'MISS'} {t['target']}: {t['value']:.4%} ({t['detail']})"
-            for t in data["tracing_targets"]
+    if data.get("shadow"):
+        parts.append(_table(
+            f"The shadow check's cost (the KServe runtime, --shadow {SHADOW_RATE:g} or off, "
+            f"{SHADOW_ROUNDS} alternating rounds)",
+            ["shadow", "round", "concurrency", "median ms", "p99 ms", "req/s"],
+            "rrrrrr",
+            [[f"{r['shadow']:g}", r["round"], r["concurrency"], f"{r['median_ms']:.3f}",
+              f"{r['p99_ms']:.3f}", f"{r['throughput']:.0f}"] for r in data["shadow"]],
         ))  # fmt: skip
+    targets = [*data.get("tracing_targets", []), *data.get("shadow_targets", [])]
+    if targets:
+        parts.append("```\n" + "\n".join(
+            f"{'PASS' if t['met'] else 'MISS'} {t['target']}: {t['value']:.4%} ({t['detail']})"
+            for t in targets
+        ) + "\n```")  # fmt: skip
     return "\n\n".join(parts)

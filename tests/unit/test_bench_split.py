@@ -72,3 +72,21 @@ def test_tracing_unset_is_judged_by_its_hooks_against_the_unset_rows() -> None:
     assert [t["met"] for t in dear] == [False, False]  # 10 µs of 400 µs is 2.5%
     assert "MISS tracing unset" in footprint.markdown({"tracing_targets": dear})
     assert 0 < footprint.unset_hooks_us(n=1000) < 50
+
+
+def test_the_shadow_checks_cost_is_judged_against_the_runs_own_spread() -> None:
+    from pipeline.bench import footprint
+
+    def rows(off: list[float], on: list[float]) -> list[dict]:
+        return [
+            {"shadow": rate, "concurrency": 1, "median_ms": ms, "throughput": 1e3 / ms}
+            for rate, values in ((0.0, off), (0.01, on))
+            for ms in values
+        ]
+
+    (near,) = footprint.shadow_targets(rows([0.40, 0.41, 0.40], [0.41, 0.41, 0.42]))
+    assert near["met"] and near["value"] == pytest.approx(0.41 / 0.40 - 1)
+    (far,) = footprint.shadow_targets(rows([0.40, 0.41, 0.40], [0.50, 0.52, 0.51]))
+    assert not far["met"]  # 27% past, the spread without it 2.5%: the 5% bound holds
+    (noisy,) = footprint.shadow_targets(rows([0.40, 0.60, 0.45], [0.50, 0.52, 0.51]))
+    assert noisy["met"] and "bound 50.0%" in noisy["detail"]  # a noisy run widens the bound

@@ -288,7 +288,9 @@ def serve(config: RuntimeConfig, run_dir: Path, worker: Worker | None = None) ->
     if config.shadow_rate > 0:
         from pipeline.runtimes.kserve.shadow import Shadow
 
-        models_module.SHADOW = Shadow(config.shadow_rate, run_dir, config.shadow_max_rate)
+        versions = initial(config.models, live.read(run_dir)).values()
+        dirs = tuple(dict.fromkeys(str(e.export_dir) for _, exports in versions for e in exports))
+        models_module.SHADOW = Shadow(config.shadow_rate, run_dir, config.shadow_max_rate, dirs)
     models = []
     for name, (wanted, exports) in initial(config.models, live.read(run_dir)).items():
         loaded = {e.version: ExportModel(e, config) for e in exports}

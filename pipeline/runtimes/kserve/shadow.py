@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import Counter, Histogram
 
-from pipeline.serving.shadowref import Sample, run
+from pipeline.serving.shadowref import READY, Sample, run
 
 log = logging.getLogger("pipeline.runtimes.kserve")
 
@@ -49,7 +49,15 @@ QUEUE_SIZE = 32  # samples waiting for the reference at most
 class Shadow:
     """One worker's sampler and its reference process."""
 
-    def __init__(self, rate: float, run_dir: Path, max_rate: float, threads: int = 1) -> None:
+    def __init__(
+        self,
+        rate: float,
+        run_dir: Path,
+        max_rate: float,
+        export_dirs: tuple[str, ...] = (),
+        threads: int = 1,
+        timeout_s: float = 300.0,
+    ) -> None:
         if not 0 < rate <= 1:
             raise ValueError(f"--shadow must be in (0, 1], got {rate}")
         self.rate = rate
@@ -58,11 +66,20 @@ class Shadow:
         self.verdicts: Any = context.Queue()
         self.process = context.Process(
             target=run,
-            args=(self.samples, self.verdicts, str(run_dir), max_rate, threads),
+            args=(self.samples, self.verdicts, str(run_dir), max_rate, threads, export_dirs),
             name="shadow-reference",
             daemon=True,
         )
         self.process.start()
+        # Before this worker serves: the reference's start (torch, the eager models) would
+        # otherwise take the CPU from the first seconds of serving.
+        try:
+            said = self.verdicts.get(timeout=timeout_s)
+        except queue.Empty:
+            said = None
+        if said != READY:
+            self.process.kill()
+            raise RuntimeError(f"the shadow check's reference process did not start ({said!r})")
         self.draining: asyncio.Task[None] | None = None
         log.info("shadow check: %.3g of requests, at most %g a second (pid %d)",
                  rate, max_rate, self.process.pid)  # fmt: skip
