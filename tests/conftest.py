@@ -111,6 +111,7 @@ LONGEST_FILES = (
     "integration/test_reliability.py",
     "integration/test_localise.py",
     "integration/test_kserve_workers.py",
+    "integration/test_shadow.py",  # ~25 s: three starts, each with its reference process
 )
 
 
