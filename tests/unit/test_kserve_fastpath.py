@@ -83,6 +83,7 @@ class _Model:
         self.name, self.output_names, self.calls = "m", ["y", "z"], 0
         self.version = version
         self.observed: list[str] = []
+        self.request_ids: list[str] = []  # what FastInfer hands the model (the shadow check's)
 
     def check(self, tensors: Any) -> tuple[dict[str, np.ndarray], bool]:
         if [t.name for t in tensors] != ["x"]:
@@ -92,8 +93,11 @@ class _Model:
     def observe(self, stage: str, seconds: float) -> None:
         self.observed.append(stage)
 
-    async def run(self, arrays: dict[str, np.ndarray], unbatched: bool) -> list[np.ndarray]:
+    async def run(
+        self, arrays: dict[str, np.ndarray], unbatched: bool, request_id: str = ""
+    ) -> list[np.ndarray]:
         self.calls += 1
+        self.request_ids.append(request_id)
         x = arrays["x"]
         return [x * 2, (x > 0.3).astype(np.int64)]
 
