@@ -87,10 +87,7 @@ def tracing_cost(
     """The KServe runtime's rows with tracing unset, sampled off and on (see the doc)."""
     if TRACED_RUNTIME not in runtime.names():
         return []
-    rt = runtime.get(TRACED_RUNTIME)
-    inputs = exported.sample(1, seed=0)
-    expected = exported.eager(inputs)
-    body = wire.Body(wire.oip_json(inputs), {"Content-Type": "application/json"})
+    rt, body, expected = _peer_request(exported)
     best: dict[tuple[str, int], dict] = {}
     with _sink() as endpoint:
         for r in range(rounds):
@@ -110,6 +107,14 @@ def tracing_cost(
 SHADOW_RATE, SHADOW_ROUNDS = 0.01, 3
 
 
+def _peer_request(exported: ExportedModel) -> tuple[runtime.Runtime, wire.Body, Any]:
+    """The measured runtime, and the peers' request (OIP JSON, one sample) with eager's
+    answer to check the first response against."""
+    inputs = exported.sample(1, seed=0)
+    body = wire.Body(wire.oip_json(inputs), {"Content-Type": "application/json"})
+    return runtime.get(TRACED_RUNTIME), body, exported.eager(inputs)
+
+
 def shadow_cost(
     model: str, exported: ExportedModel, *, requests: int, budget_s: float
 ) -> list[dict]:
@@ -117,10 +122,7 @@ def shadow_cost(
     rounds each (issue 41): every round's rows, labelled by `shadow` and `round`."""
     if TRACED_RUNTIME not in runtime.names():
         return []
-    rt = runtime.get(TRACED_RUNTIME)
-    inputs = exported.sample(1, seed=0)
-    expected = exported.eager(inputs)
-    body = wire.Body(wire.oip_json(inputs), {"Content-Type": "application/json"})
+    rt, body, expected = _peer_request(exported)
     rows = []
     for r in range(SHADOW_ROUNDS):
         for rate in (0.0, SHADOW_RATE) if r % 2 == 0 else (SHADOW_RATE, 0.0):

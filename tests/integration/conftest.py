@@ -1,13 +1,16 @@
-"""Integration fixtures beyond tests/conftest.py's: the recurrent models' exports."""
+"""Integration fixtures beyond tests/conftest.py's: the recurrent models' exports, a
+detector's, and a module's OTLP trace receiver."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pipeline.core.paths import model_slug
+from tests import otlp
 from tests.conftest import run_cli, shared
 
 # The two recurrent models of issue 30, exported as a user does from the command line:
@@ -74,3 +77,13 @@ def detector(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         }
 
     return shared(tmp_path_factory, "detector", make)
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[otlp.Receiver]:
+    """A real OTLP/HTTP trace receiver on 127.0.0.1 for one module's server (tests/otlp.py)."""
+    found = otlp.start()
+    try:
+        yield found
+    finally:
+        found.close()

@@ -55,15 +55,6 @@ def _serve(exported: ExportResult, run_dir: Path, env: dict[str, str]) -> Server
 
 
 @pytest.fixture(scope="module")
-def receiver() -> Iterator[otlp.Receiver]:
-    found = otlp.start()
-    try:
-        yield found
-    finally:
-        found.close()
-
-
-@pytest.fixture(scope="module")
 def started(
     exported: ExportResult, tmp_path_factory: pytest.TempPathFactory, receiver: otlp.Receiver
 ) -> Iterator[dict[str, Any]]:

@@ -85,15 +85,6 @@ def store(exports: dict[str, ExportResult], tmp_path_factory: pytest.TempPathFac
 
 
 @pytest.fixture(scope="module")
-def receiver() -> Iterator[otlp.Receiver]:
-    found = otlp.start()
-    try:
-        yield found
-    finally:
-        found.close()
-
-
-@pytest.fixture(scope="module")
 def server(
     store: Path, tmp_path_factory: pytest.TempPathFactory, receiver: otlp.Receiver
 ) -> Iterator[Server]:

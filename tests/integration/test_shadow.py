@@ -64,12 +64,13 @@ def served(exported: ExportResult, tmp_path_factory: pytest.TempPathFactory) -> 
 def _requests(server: Server, n: int) -> None:
     key = json.loads((Path(server.run_dir) / INFERENCE_KEY_FILE).read_text())["inference"]["key"]
     url = f"{server.inference_url}/v2/models/{DIGITS}/infer"
-    for i in range(n):
-        x = digits_sample(1, offset=i % 50)
-        body = {"id": f"req-{i}", "inputs": [{"name": "image", "datatype": "FP32",
-                "shape": list(x.shape), "data": x.flatten().tolist()}]}  # fmt: skip
-        r = httpx.post(url, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30)
-        assert r.status_code == 200, r.text
+    with httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=30) as client:
+        for i in range(n):
+            x = digits_sample(1, offset=i % 50)
+            body = {"id": f"req-{i}", "inputs": [{"name": "image", "datatype": "FP32",
+                    "shape": list(x.shape), "data": x.flatten().tolist()}]}  # fmt: skip
+            r = client.post(url, json=body)
+            assert r.status_code == 200, r.text
 
 
 def _counts(server: Server, sent: float, timeout_s: float = 90.0) -> dict[str, float]:
