@@ -1,4 +1,4 @@
-"""The KServe runtime's request spans (pipeline.serving.tracing), REST and gRPC.
+"""The KServe runtime's request spans (pipeline_runtime.tracing), REST and gRPC.
 
 Installed only when tracing is on. Each inference request gets a SERVER span that
 continues the client's `traceparent` (a header, or gRPC metadata) and answers with

@@ -127,7 +127,7 @@ async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
 
 @web.middleware
 async def traced(request: web.Request, handler: Any) -> web.StreamResponse:
-    """With tracing on (pipeline.serving.tracing): each prediction's SERVER span, continuing
+    """With tracing on (pipeline_runtime.tracing): each prediction's SERVER span, continuing
     the client's traceparent, with `auth`, `forward to TorchServe` and `answer` inside;
     the answer carries `traceresponse`, which the access log names."""
     tracer = tracing.TRACING
