@@ -7,11 +7,9 @@ The servers under test export to it through the SDK's standard variables (`envir
 from __future__ import annotations
 
 import gzip
-import os
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -20,6 +18,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+
+from pipeline.serving.launcher import inherited
 
 
 @dataclass(frozen=True)
@@ -75,21 +75,10 @@ class Receiver:
         env = {"OTEL_EXPORTER_OTLP_ENDPOINT": self.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
         return env | ({"OTEL_SERVICE_NAME": service} if service else {})
 
-    @contextmanager
-    def exporting(self, service: str | None = None) -> Iterator[None]:
+    def exporting(self, service: str | None = None) -> AbstractContextManager[None]:
         """This process's environment sends here while the block runs (a server started
         in it inherits the variables; the test process itself never traces)."""
-        env = self.environ(service)
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            yield
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        return inherited(self.environ(service))
 
     def spans_of(self, trace_id: str, names: set[str], timeout_s: float = 15.0) -> list[Span]:
         """The trace's spans, once every name in `names` has arrived (or the timeout)."""

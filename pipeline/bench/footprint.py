@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 import timeit
@@ -32,6 +31,7 @@ import psutil
 from pipeline.bench.peers import measure_levels
 from pipeline.core.errors import PipelineError
 from pipeline.serving import runtime, wire
+from pipeline.serving.launcher import inherited
 
 if TYPE_CHECKING:
     from pipeline.export.opened import ExportedModel
@@ -93,7 +93,7 @@ def tracing_cost(
         for r in range(rounds):
             for label in list(TRACING) if r % 2 == 0 else list(TRACING)[::-1]:
                 env = {} if label == "unset" else {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}
-                with _environ(env | TRACING[label]), rt.private(exported, TRACED_FORMAT) as srv:
+                with inherited(env | TRACING[label]), rt.private(exported, TRACED_FORMAT) as srv:
                     got = measure_levels(srv, srv.models[0], body, expected, requests, budget_s)
                 for p in got:
                     row = p.to_json() | {"model": model, "tracing": label,
@@ -204,18 +204,6 @@ def tracing_targets(rows: list[dict], hooks_us: float | None = None) -> list[dic
             hooks_us / request_us <= 0.02,
         ))  # fmt: skip
     return out
-
-
-@contextlib.contextmanager
-def _environ(env: dict[str, str]) -> Iterator[None]:
-    """The variables a private server inherits while it starts (bench never traces)."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
 @contextlib.contextmanager

@@ -205,6 +205,23 @@ def wait_until(
 
 
 @contextlib.contextmanager
+def inherited(env: dict[str, str]) -> Iterator[None]:
+    """`env` set in this process's environment while the block runs, then put back: a
+    server started inside it inherits the variables (OTEL_* for bench's and the tests'
+    traced servers) while this process itself never reads them."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
 def stopped_on_failure(run_dir: Path) -> Iterator[None]:
     """Whatever a start raises (Ctrl-C too), nothing it started is left running."""
     try:

@@ -207,12 +207,26 @@ def runtime_config(config: DeployConfig) -> dict[str, Any]:
     return asdict(rc)
 
 
+# Both images, from the export on: the export, the config, an unprivileged user, the runtime.
+_IMAGE_TAIL = f"""\
+COPY export/ {EXPORT_IN_IMAGE}/
+# {CONFIG_IN_IMAGE} binds {POD_HOST}: inside a pod the kubelet's probes and the Service
+# reach the container through the pod IP, never loopback; the pod's network
+# namespace is its own, so this exposes nothing on the node.
+COPY kserve.json {CONFIG_IN_IMAGE}
+USER 1000
+EXPOSE {HTTP_PORT} {GRPC_PORT}
+CMD ["python", "-m", "pipeline.runtimes.kserve.runtime", "{CONFIG_IN_IMAGE}"]
+"""
+
+
 def dockerfile(config: DeployConfig) -> str:
     from pipeline.runtimes.kserve import leanimage
 
     if leanimage.lean(config.format):
         return _lean_dockerfile(config, leanimage.REQUIREMENTS_FILE, leanimage.EXTRA)
-    return f"""\
+    return (
+        f"""\
 # syntax=docker/dockerfile:1
 # Written by `pipeline deploy kserve --model {config.model}`. Build from this folder:
 #   docker build -t {config.image} .
@@ -225,19 +239,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 COPY src/ /opt/pipeline/
 RUN pip install --extra-index-url "$TORCH_INDEX" /opt/pipeline \\
     && useradd --uid 1000 --no-create-home --shell /usr/sbin/nologin serve
-COPY export/ {EXPORT_IN_IMAGE}/
-# {CONFIG_IN_IMAGE} binds {POD_HOST}: inside a pod the kubelet's probes and the Service
-# reach the container through the pod IP, never loopback; the pod's network
-# namespace is its own, so this exposes nothing on the node.
-COPY kserve.json {CONFIG_IN_IMAGE}
-USER 1000
-EXPOSE {HTTP_PORT} {GRPC_PORT}
-CMD ["python", "-m", "pipeline.runtimes.kserve.runtime", "{CONFIG_IN_IMAGE}"]
 """
+        + _IMAGE_TAIL
+    )
 
 
 def _lean_dockerfile(config: DeployConfig, requirements: str, extra: str) -> str:
-    return f"""\
+    return (
+        f"""\
 # syntax=docker/dockerfile:1
 # Written by `pipeline deploy kserve --model {config.model} --format {config.format}`:
 #   docker build -t {config.image} .
@@ -251,14 +260,9 @@ COPY src/ /opt/pipeline/
 RUN pip install --no-deps /opt/pipeline \\
     && pip install -r /opt/pipeline/{requirements} \\
     && useradd --uid 1000 --no-create-home --shell /usr/sbin/nologin serve
-COPY export/ {EXPORT_IN_IMAGE}/
-# {CONFIG_IN_IMAGE} binds {POD_HOST}: inside a pod the kubelet's probes and the Service
-# reach the container through the pod IP, never loopback.
-COPY kserve.json {CONFIG_IN_IMAGE}
-USER 1000
-EXPOSE {HTTP_PORT} {GRPC_PORT}
-CMD ["python", "-m", "pipeline.runtimes.kserve.runtime", "{CONFIG_IN_IMAGE}"]
 """
+        + _IMAGE_TAIL
+    )
 
 
 def model_snapshot(mar_name: str) -> dict[str, Any]:

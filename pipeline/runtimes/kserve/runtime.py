@@ -285,14 +285,14 @@ def serve(config: RuntimeConfig, run_dir: Path, worker: Worker | None = None) ->
     models_module.SLOT = str(worker.slot) if worker else "0"
     if tracing.setup("pipeline-kserve") is not None:
         install_access_log()
+    starting = initial(config.models, live.read(run_dir))
     if config.shadow_rate > 0:
         from pipeline.runtimes.kserve.shadow import Shadow
 
-        versions = initial(config.models, live.read(run_dir)).values()
-        dirs = tuple(dict.fromkeys(str(e.export_dir) for _, exports in versions for e in exports))
+        dirs = tuple(dict.fromkeys(str(e.export_dir) for _, es in starting.values() for e in es))
         models_module.SHADOW = Shadow(config.shadow_rate, run_dir, config.shadow_max_rate, dirs)
     models = []
-    for name, (wanted, exports) in initial(config.models, live.read(run_dir)).items():
+    for name, (wanted, exports) in starting.items():
         loaded = {e.version: ExportModel(e, config) for e in exports}
         models.append(VersionedModel(name, wanted, loaded))
     if worker is not None:
