@@ -41,6 +41,12 @@ SERVE_FLAGS ?=
 
 CPP_BUILD ?= cpp_client/build
 
+# JIT=refused rehearses PyTorch's refusal of torch.jit (PR #189705) in every process a
+# target starts, e.g. `make demo JIT=refused` (docs/export.md, "TorchScript's sunset").
+ifeq ($(JIT),refused)
+export PYTHONPATH := $(CURDIR)/tests/jit_refused$(if $(PYTHONPATH),:$(PYTHONPATH))
+endif
+
 .PHONY: help venv train train-ddp export verify verify-example demo test test-unit lint format clean archive serve stop infer cpp latency loadtest bench bench-export
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -76,7 +82,7 @@ demo: | $(STAMP)  ## train, export and verify every built-in model (eager vs Tor
 		echo "==> $$m"; \
 		$(PIPELINE) train --model $$m --no-progress; \
 		$(PIPELINE) export --model $$m --format all; \
-		$(PIPELINE) verify --model $$m --with-cpp; \
+		$(PIPELINE) verify --model $$m --with-cpp --cpp-build-dir $(CPP_BUILD); \
 	done
 
 cpp: | $(STAMP)  ## build the LibTorch C++ client (cpp_client/build/run_torchscript)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from pipeline_runtime import oplibs, ortsession
+from pipeline_runtime import jitgate, oplibs, ortsession
 from pipeline_runtime.ortsession import ProviderError  # noqa: F401 - callers import it here
 from pipeline_runtime.outputs import name_outputs
 
@@ -76,9 +76,17 @@ def load_torchscript(
         oplibs.load_op_libraries(record.get(oplibs.OP_LIBRARIES_KEY) or ())
     except oplibs.OpLibraryError as err:
         raise LoadError(f"{Path(path).name}: {err}") from None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated; see DESIGN.md
-        module = torch.jit.load(str(path), map_location=device).eval()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch.jit's deprecation: DESIGN.md
+            module = torch.jit.load(str(path), map_location=device).eval()
+    except RuntimeError as err:
+        if not jitgate.is_refusal(err):
+            raise
+        raise LoadError(
+            jitgate.refusal_message(f"{Path(path).name} (TorchScript) cannot be loaded")
+            + " Serve or verify this export's ONNX or .pt2 instead."
+        ) from None
 
     def call(args: list[torch.Tensor]) -> Any:
         with torch.inference_mode():

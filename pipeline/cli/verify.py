@@ -60,6 +60,12 @@ def add_verify_command(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="with the default backends, also run the LibTorch C++ client on every format it runs",
     )
+    p.add_argument(
+        "--cpp-build-dir",
+        type=Path,
+        help="the C++ client's build folder, as given to `pipeline build-cpp --build-dir`; "
+        "built there when missing or older than its sources (default: cpp_client/build)",
+    )
     p.add_argument("--atol", type=float, help="absolute tolerance (default: the manifest's)")
     p.add_argument("--rtol", type=float, help="relative tolerance (default: the manifest's)")
     p.add_argument(

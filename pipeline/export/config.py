@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,14 +18,24 @@ from pipeline.formats.base import DEFAULT_OPSET, METHODS
 from pipeline.formats.pt2 import Pt2Device
 from pipeline.formats.torchscript import Method
 from pipeline.zoo.spec import TensorSpec
+from pipeline_runtime import jitgate
+
+log = logging.getLogger("pipeline.export")
 
 # The formats `pipeline export --format` offers, what "all" means (every float32
 # format) and "precision" (every int8/float16 one), and the ones written without
 # --format: all from the registry (pipeline/formats/).
+# When this torch refuses `torch.jit` (TorchScript's sunset, pipeline_runtime/jitgate.py),
+# "all" and the defaults leave TorchScript out, and .pt2 takes its place among the
+# defaults; a format named on its own is still tried, and fails saying why.
 KNOWN_FORMATS: tuple[str, ...] = registry.keys()
+_JIT_REFUSED = bool(jitgate.refused())
 FORMATS: tuple[str, ...] = registry.full_precision_keys()
 PRECISION_FORMATS: tuple[str, ...] = registry.reduced_precision_keys()
 DEFAULT_FORMATS: tuple[str, ...] = registry.default_keys()
+if _JIT_REFUSED:
+    FORMATS = registry.without_jit(FORMATS)
+    DEFAULT_FORMATS = registry.without_jit(DEFAULT_FORMATS, defaults=True)
 
 
 @dataclass
@@ -114,6 +125,12 @@ class ExportConfig:
                 "int8/float16 one), e.g. --format torchscript --format onnx_int8_static."
             )
         self.budget.validate()
+        # Said here, once per process, because every export passes here: what this torch's
+        # refusal of torch.jit changes (the defaults and --format all, chosen at import).
+        jitgate.say_once(
+            log, "TorchScript is left out of the defaults and of --format all, and .pt2 takes "
+            "its place among the defaults"
+        )  # fmt: skip
         if self.pt2_device not in ("cpu", "cuda"):
             raise ExportError(f"--pt2-device must be cpu or cuda, got {self.pt2_device!r}.")
         if self.method not in METHODS:

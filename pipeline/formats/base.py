@@ -96,6 +96,9 @@ class Format:
     default: bool = True  # exported without --format
     cpp: bool = False  # the LibTorch C++ client runs it
     description: str = ""
+    # Written and run through `torch.jit`, which a torch past TorchScript's sunset refuses
+    # (pipeline_runtime/jitgate.py): then left out of the defaults and of --format all.
+    needs_jit: bool = False
     # The Open Inference Protocol's model metadata `platform` (Triton's name where it
     # has one: "onnxruntime_onnx", "pytorch_libtorch").
     platform: str = ""
@@ -183,6 +186,16 @@ def default_keys() -> tuple[str, ...]:
     return tuple(f.key for f in declared() if f.default)
 
 
+def without_jit(keys: tuple[str, ...], *, defaults: bool = False) -> tuple[str, ...]:
+    """`keys` for a torch that refuses `torch.jit`: the formats that need it left out and,
+    for the defaults, the C++ formats that do not (.pt2) in their place, so that the C++
+    client still has a default format to run."""
+    kept = [f for f in declared() if f.key in keys and not f.needs_jit]
+    if defaults and len(kept) < len(keys):
+        kept += [f for f in declared() if f.cpp and not f.needs_jit and f.precision == FLOAT32]
+    return tuple(f.key for f in declared() if f in kept)
+
+
 def full_precision_keys() -> tuple[str, ...]:
     """What `--format all` writes: every float32 format. Reduced-precision formats change
     the numbers on purpose and need calibration data, so they are asked for by name or
@@ -231,6 +244,7 @@ class Declared:
     default: bool = True
     cpp: bool = False
     precision: str = FLOAT32
+    needs_jit: bool = False
 
     @classmethod
     def of(cls, fmt: Format) -> Declared:
@@ -242,6 +256,7 @@ class Declared:
             fmt.default,
             fmt.cpp,
             fmt.precision,
+            fmt.needs_jit,
         )
 
 
@@ -249,7 +264,7 @@ class Declared:
 # a Format with these names (register() checks). Everything else about a format is
 # declared in its module only.
 BUILTIN_FORMATS = (
-    Declared("torchscript", "TorchScript", "ts", "torchscript", cpp=True),
+    Declared("torchscript", "TorchScript", "ts", "torchscript", cpp=True, needs_jit=True),
     Declared("onnx", "ONNX", "onnx", "onnxruntime"),
     # Opt-in: AOTInductor compiles C++ for each model (tens of seconds on a small CPU).
     Declared("pt2", ".pt2 (AOTInductor)", "pt2", "pt2", default=False, cpp=True),

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.formats import recurrent
+from pipeline_runtime import jitgate
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 # The exporters (formats/ and the export stage): frames there are not the model's own line.
@@ -34,8 +35,17 @@ _RNN_FILE = os.path.join("nn", "modules", "rnn.py")  # torch's nn.LSTM, nn.GRU, 
 COND_HINT = (
     "torch.export cannot follow a Python `if` on a tensor's value: write the branch as "
     "`torch.cond(pred, true_fn, false_fn, (operands,))` (branches must not return an input "
-    "unchanged: return `x.clone()`), or export with --format torchscript/onnx, which script it"
+    "unchanged: return `x.clone()`)"
 )
+# Scripting is the other way out, while this torch runs torch.jit (pipeline_runtime/jitgate.py).
+COND_SCRIPT_HINT = ", or export with --format torchscript/onnx, which script it"
+
+
+def cond_hint() -> str:
+    """What to do about a branch on a tensor's value, for this torch."""
+    return COND_HINT + ("" if jitgate.refused() else COND_SCRIPT_HINT)
+
+
 LOOP_HINT = (
     "a Python loop over a dynamic axis is unrolled by torch.export, fixing that axis: write it "
     "with `torch._higher_order_ops.scan`"
@@ -220,7 +230,7 @@ def explain(
         )
         hint = _what_fixed(axes, size, sites or [], kept)
     elif "data-dependent" in text or "GuardOnDataDependent" in type(err).__name__:
-        what, hint = "the code branches on a tensor's value", COND_HINT
+        what, hint = "the code branches on a tensor's value", cond_hint()
     else:
         what, hint = "", "see the torch.export documentation for what it supports"
     at = f" at {where}" if where else ""

@@ -23,8 +23,10 @@ from torch import nn
 from pipeline.core.errors import ExportError, ExportRequestError
 from pipeline.core.noise import library_warnings
 from pipeline.formats.base import DEFAULT_OPSET, ExportContext, Format, register
+from pipeline.formats.explain import explain
 from pipeline.formats.program import captured_output, dynamic_shapes, op_lines, quiet
 from pipeline.zoo.spec import Inputs, ZooEntry
+from pipeline_runtime import jitgate
 from pipeline_runtime.files import sha256_file
 from pipeline_runtime.manifest import ArtifactRecord
 
@@ -235,6 +237,8 @@ def _legacy(
     first: str,
     err: BaseException,
 ) -> OnnxResult:
+    if jitgate.refused():  # the fallback below starts from the model's TorchScript
+        raise ExportError(f"ONNX export failed: {explain(err)} {jitgate.NO_LEGACY}.")
     try:
         module, script_method = scripted()
     except ExportRequestError:

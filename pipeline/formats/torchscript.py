@@ -28,6 +28,7 @@ from pipeline.core.errors import ExportError, ExportRequestError
 from pipeline.core.noise import library_warnings, log_warnings
 from pipeline.formats.base import METHODS, ExportContext, Format, register
 from pipeline.zoo.spec import Inputs
+from pipeline_runtime import jitgate
 from pipeline_runtime.files import sha256_file
 from pipeline_runtime.manifest import ArtifactRecord
 from pipeline_runtime.oplibs import OP_LIBRARIES_KEY, op_libraries_of
@@ -253,6 +254,8 @@ def to_torchscript(
     """
     if method not in METHODS:
         raise ExportError(f"Unknown method {method!r}; use one of {', '.join(METHODS)}.")
+    if jitgate.refused():  # before any attempt: every torch.jit call would raise it
+        raise ExportError(jitgate.refusal_message("TorchScript cannot be written"))
     if method == "script":
         scripted, why = try_script(model)
         if scripted is None:
@@ -368,5 +371,6 @@ FORMAT = register(
         export=export,
         cpp=True,
         description="torch.jit trace (strict, probe-checked) or script, else a hybrid",
+        needs_jit=True,
     )
 )

@@ -28,6 +28,7 @@ from pipeline.formats import base as registry
 from pipeline.serving import runtime as runtimes
 from pipeline.serving.provenance import ArchiveInfo, fastest_entry
 from pipeline.serving.server import ServeError, Server
+from pipeline_runtime import jitgate
 from pipeline_runtime.manifest import ArtifactRecord, Manifest
 
 
@@ -37,12 +38,16 @@ class StaleServerError(ServeError):
 
 def preferred_format(formats: Iterable[str], fastest: dict[str, Any] | None = None) -> str:
     """The format to serve out of `formats`: bench's fastest when among them, else the
-    first in registry order. ValueError when `formats` is empty."""
+    first in registry order (TorchScript), leaving out the formats this torch's refusal of
+    torch.jit keeps it from loading. ValueError when `formats` is empty."""
     held = list(formats)
     if not held:
         raise ValueError("no format to choose from")
     if fastest and fastest.get("format") in held:
         return str(fastest["format"])
+    needs_jit = {f.key for f in registry.declared() if f.needs_jit}
+    if set(held) & needs_jit and set(held) - needs_jit and jitgate.refused():
+        held = [f for f in held if f not in needs_jit]  # this torch cannot load them
     order = registry.keys()
     return min(held, key=lambda f: order.index(f) if f in order else len(order))
 

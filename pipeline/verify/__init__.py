@@ -77,6 +77,7 @@ class VerifyConfig:
             backends=tuple(args.backend) if args.backend else None,
             served_names=tuple(getattr(args, "served_names", ())),
             with_cpp=args.with_cpp,
+            cpp_binary=_built_client(getattr(args, "cpp_build_dir", None)),
             atol=args.atol,
             rtol=args.rtol,
             atol_scale=args.atol_scale,
@@ -291,3 +292,13 @@ def verify(
     write_json(report_path, report.to_json())
     report.path = report_path
     return report
+
+
+def _built_client(build_dir: Path | None) -> Path | None:
+    """--cpp-build-dir's client, built there when missing or older than its sources (None:
+    the default folder's, the same way, when a C++ backend is asked for)."""
+    if build_dir is None:
+        return None
+    from pipeline.formats.cpp import ensure_built
+
+    return ensure_built(build_dir)

@@ -159,6 +159,19 @@ def test_users_gate_without_a_formulation_still_gets_onnx_from_the_legacy_export
     assert set(manifest["artifacts"]) == {"onnx", "golden", "probes", "warmup"}
     assert manifest["artifacts"]["onnx"]["exporter"] == "torchscript (dynamo=False)"
 
+    # When torch refuses torch.jit (issue 42) that way out is gone: the failure says what to
+    # write instead (torch.cond), and not to script the model.
+    refused = run_cli(
+        "--artifacts-dir", tmp_path / "refused", "export", "--model", f"{USER_FILE}:TinyGated",
+        "--input", "x:float32:batch,6", "--input", "scale:float32:1", "--output", "scores",
+        "--random-init", "--format", "onnx", cwd=tmp_path,
+        env={"PYTHONPATH": str(Path(__file__).parents[1] / "jit_refused")},
+    )  # fmt: skip
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+    assert "torch.cond(pred, true_fn, false_fn" in refused.stderr, refused.stderr
+    assert "the other way to ONNX, cannot run: this torch refuses" in refused.stderr
+    assert "--format torchscript/onnx, which script it" not in refused.stderr
+
 
 def test_cond_formulation_is_what_the_package_runs(family: dict[str, ExportResult]) -> None:
     """The package answers like eager on inputs chosen here, not only on the stored probes."""
