@@ -208,6 +208,8 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
             "method": result.method,
             "device": result.device,
             "compile_seconds": round(result.compile_seconds, 1),
+            # What the package was compiled with (docs/export.md, ".pt2 from Python").
+            "inductor_configs": dict(INDUCTOR_CONFIGS),
             **result.details,
         },
     )

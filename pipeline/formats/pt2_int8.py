@@ -59,7 +59,7 @@ def _torchao() -> tuple[str, object, object]:
 
 
 def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
-    from pipeline.formats.pt2 import to_pt2
+    from pipeline.formats.pt2 import INDUCTOR_CONFIGS, to_pt2
 
     linears = sum(isinstance(m, nn.Linear) for m in model.modules())
     if not linears:
@@ -97,6 +97,7 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
             "method": result.method,
             "device": result.device,
             "compile_seconds": round(result.compile_seconds, 1),
+            "inductor_configs": dict(INDUCTOR_CONFIGS),
             "quantizer": {"torchao": version, "config": CONFIG, "linear_layers": linears},
             **result.details,
         },
