@@ -7,7 +7,8 @@ records `HandlerTime`); this class fills in the steps:
 * `initialize`: reads the archive's `manifest.json`, refuses an artifact whose
   sha256 differs from it (the model then does not start), loads the artifact
   through `pipeline_runtime.runners` (the loader verify and bench use: same
-  device rules, same threads) and warms it up on `golden.pt`;
+  device rules, same threads), warms it up on `golden.pt` and, with `pipeline serve
+  --shadow`, starts the worker's shadow check (handlershadow.py);
 * `preprocess`: decodes each request on its own (`pipeline_runtime.codec`),
   within `max_samples` samples and `MAX_INPUT_BYTES` of inputs (checked from
   .npy/.npz headers before anything is read); a bad one becomes its own 4xx
@@ -37,7 +38,7 @@ import torch.nn.functional as F
 from ts.handler_utils.timer import timed
 from ts.torch_handler.base_handler import BaseHandler
 
-from pipeline_runtime import codec, handlertrace, runners
+from pipeline_runtime import codec, handlershadow, handlertrace, runners
 from pipeline_runtime.files import IntegrityError, check_sha256
 from pipeline_runtime.manifest import MANIFEST_NAME, Manifest, TensorRecord
 from pipeline_runtime.request import MAX_SAMPLES_ENV, SAMPLES_PER_BATCH
@@ -152,6 +153,8 @@ class PipelineHandler(BaseHandler):
         self.initialized = True
         self._warm_up()
         self.traced = handlertrace.install(self)  # after the warm-up: it is no request
+        # `pipeline serve --shadow`: samples of the answers re-checked beside the worker.
+        self.shadow = handlershadow.install(self, context)
 
     def handle(self, data: list[dict[str, Any]], context: Any) -> Any:
         """BaseHandler's template; then, with tracing on, the batch's spans."""

@@ -112,6 +112,7 @@ LONGEST_FILES = (
     "integration/test_localise.py",
     "integration/test_kserve_workers.py",
     "integration/test_shadow.py",  # ~25 s: three starts, each with its reference process
+    "integration/test_shadow_torchserve.py",  # ~17 s alone: one start, two references
     # Long, and unlisted until 11-25 (late): one of them ran last, alone, for a minute.
     "integration/test_bench.py",  # 47 s
     "integration/test_toy_runtime.py",  # 16-27 s

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from pipeline.cli.args import add_budget_args, model_arg, run_dir_arg, serve_run_dir
 from pipeline.cli.use import add_client_commands
@@ -177,22 +178,54 @@ def add_serve_options(p: argparse.ArgumentParser, formats: list[str]) -> None:
     )
     own: dict[str, list[argparse.Action]] = {}
     for rt in runtime.all_runtimes():
-        group = p.add_argument_group(f"--runtime {rt.name}", rt.description or rt.title)
+        group = _RuntimeGroup(p, f"--runtime {rt.name}", rt.description or rt.title)
+        p._action_groups.append(group)  # as argparse's add_argument_group does
         before = len(group._group_actions)
         rt.add_serve_options(group, formats)
         own[rt.name] = group._group_actions[before:]
     p.set_defaults(runtime_options=own)
 
 
+class _RuntimeGroup(argparse._ArgumentGroup):
+    """One runtime's `pipeline serve` options. An option that several runtimes take
+    (--shadow) is declared by each, alike: argparse takes an option string once, so a
+    later declaration joins the first one's action to this group (listed under each
+    runtime in --help, and each runtime's own). Declared otherwise, it is a bug."""
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        taken = next((self._option_string_actions[a] for a in args
+                      if a in self._option_string_actions), None)  # fmt: skip
+        if taken is None:
+            return super().add_argument(*args, **kwargs)
+        same = (
+            list(args) == taken.option_strings
+            and kwargs.get("type") is taken.type
+            and kwargs.get("default") == taken.default
+        )
+        if not same:
+            raise ValueError(
+                f"{args[0]} is declared differently by two runtimes' serve options: "
+                "declare it alike in both, or name it differently"
+            )
+        self._group_actions.append(taken)
+        return taken
+
+
 def refuse_other_runtimes(args: argparse.Namespace) -> None:
     """Options of a runtime other than --runtime's are an error (argparse groups only
-    document; the groups' own actions say which option is whose)."""
+    document; the groups' own actions say which option is whose). An option the runtime
+    shares with another (_RuntimeGroup) is its own."""
     from pipeline.core.errors import PipelineError
 
+    mine = set(args.runtime_options.get(args.runtime, []))
     for name, actions in args.runtime_options.items():
         if name == args.runtime:
             continue
-        given = [a.option_strings[0] for a in actions if getattr(args, a.dest) != a.default]
+        given = [
+            a.option_strings[0]
+            for a in actions
+            if a not in mine and getattr(args, a.dest) != a.default
+        ]
         if given:
             raise PipelineError(
                 f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for --runtime {name}, "

@@ -1,8 +1,9 @@
 """The shadow check's reference process (issue 41): each sampled request, re-run on the
 float32 eager model from the export's checkpoint and compared under the export's own rule.
 
-Started by a worker (pipeline.runtimes.kserve.shadow) as a process of its own, so a
-torch-free worker stays torch-free and a slow check never touches the hot path. It reads
+Started by a worker (pipeline.runtimes.kserve.shadow; TorchServe's handler:
+pipeline_runtime.handlershadow) as a process of its own, so a torch-free worker stays
+torch-free and a slow check never touches the hot path. It reads
 samples from a bounded queue, never faster than `max_rate` a second (it sleeps between
 them; meanwhile the queue fills and the worker drops, and counts, what does not fit),
 runs at a lower priority with one intra-op thread, and sends back one verdict per
@@ -27,47 +28,21 @@ import os
 import queue
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from pipeline_runtime.shadowwire import READY, Sample, Verdict
+
+__all__ = ["READY", "Sample", "Verdict", "check", "keep", "replay_command", "run"]
 
 log = logging.getLogger("pipeline.serving.shadow")
 
 KEEP_MAX = 20  # divergent samples kept per run folder
 KEEP_MAX_BYTES = 16 * 2**20  # a sample bigger than this is logged, not kept
 SHADOW_DIR = "shadow"
-
-
-@dataclass
-class Sample:
-    """One answered request, as the worker hands it over."""
-
-    model: str  # the served name
-    version: int
-    format: str
-    export_dir: str
-    inputs: dict[str, np.ndarray]  # with their batch axis, as the model ran them
-    outputs: list[np.ndarray]  # in the manifest's order, as answered
-    request_id: str = ""
-    trace_id: str = ""
-
-
-@dataclass
-class Verdict:
-    model: str
-    version: int
-    format: str
-    diverged: bool
-    share: float  # the error's share of its allowance (<= 1 agrees)
-    what: str = ""  # for a divergent one: what differed
-    kept: str = ""  # where it was kept ("" when not)
-    error: str = ""  # the check itself failed (no reference): counted apart
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-READY = "ready"  # the first message on the verdicts queue: the references are loaded
 
 
 def run(

@@ -95,6 +95,26 @@ class TorchServe(runtime.Runtime):
         group.add_argument(
             "--gpu", action="store_true", help="give workers a GPU when CUDA is present"
         )
+        # The KServe runtime declares these two too, in the same words (the CLI shares one
+        # option between the runtimes that take it: pipeline.cli.deploy).
+        group.add_argument(
+            "--shadow",
+            type=float,
+            default=0.0,
+            metavar="RATE",
+            help="re-run this share of answered requests (0 to 1, e.g. 0.01) on eager PyTorch "
+            "in a process beside each worker, off the hot path, under the export's own rule; "
+            "counts on /metrics (pipeline_shadow_*), divergences logged and kept in "
+            "<run dir>/shadow/ for `pipeline verify --inputs` (default: 0, off)",
+        )
+        group.add_argument(
+            "--shadow-max-rate",
+            type=float,
+            default=20.0,
+            metavar="N",
+            help="the most samples each worker's check runs a second; beyond it samples are "
+            "dropped and counted (default: 20)",
+        )
         group.add_argument(
             "--live-versions",
             action="store_true",
@@ -105,9 +125,16 @@ class TorchServe(runtime.Runtime):
 
     def serve(self, options: ServeOptions) -> Server:
         from pipeline.runtimes.torchserve.launch import ServeConfig, start
+        from pipeline.runtimes.torchserve.shadow import ShadowConfig, check_rates
 
         own = options.own
         models = [*(own.models or []), *options.models] or None
+        check_rates(own.shadow, own.shadow_max_rate)
+        shadow = (
+            ShadowConfig(own.shadow, own.shadow_max_rate, options.export_dir_of)
+            if own.shadow > 0
+            else None
+        )
         return start(
             ServeConfig(
                 store=options.store,
@@ -126,6 +153,7 @@ class TorchServe(runtime.Runtime):
                 keep_going=own.keep_going,
                 one_format=not own.all_formats,
                 live_versions=own.live_versions,
+                shadow=shadow,
             )
         )
 

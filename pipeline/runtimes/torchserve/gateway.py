@@ -239,9 +239,10 @@ def build_app(config: GatewayConfig) -> web.Application:
             async with app[SESSION].request(
                 method, config.upstream + path, data=body, headers=headers
             ) as resp:
-                data = await resp.read()
-                status = resp.status
-                ctype = resp.headers.get("Content-Type", "application/json")
+                data, status = await resp.read(), resp.status
+                said = {"Content-Type": resp.headers.get("Content-Type", "application/json")}
+                # TorchServe's request id, which its log and a shadow check's WARNING name.
+                said |= {k: v for k, v in resp.headers.items() if k.lower() == "x-request-id"}
         except TimeoutError:
             # Not 503: the request may still be running, so clients must not resend it blindly.
             return error(
@@ -267,7 +268,7 @@ def build_app(config: GatewayConfig) -> web.Application:
             )
         if status >= 400 and not data:
             return error(status, "UpstreamError", f"TorchServe answered {status} with no body.")
-        return web.Response(body=data, status=status, headers={"Content-Type": ctype})
+        return web.Response(body=data, status=status, headers=said)
 
     async def predictions(request: web.Request) -> web.StreamResponse:
         checking = time.perf_counter()

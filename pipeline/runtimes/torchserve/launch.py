@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.paths import DEFAULT_STORE
+from pipeline.runtimes.torchserve import shadow as shadow_
 from pipeline.runtimes.torchserve import store as store_
 from pipeline.runtimes.torchserve.constants import CONFIG_PROPERTIES, NAME
 from pipeline.runtimes.torchserve.gateway import CONFIG_FILE as GATEWAY_CONFIG
@@ -107,6 +108,8 @@ class ServeConfig:
     # Serve one archive per model (store.preferred_archives: bench's fastest, else
     # TorchScript), not every format archived: each format served costs workers.
     one_format: bool = False
+    # `--shadow`: each worker re-checks a sample of its answers on eager (shadow.py).
+    shadow: shadow_.ShadowConfig | None = None
     extra_properties: dict[str, str] = field(default_factory=dict)
 
 
@@ -147,6 +150,9 @@ def _properties(config: ServeConfig, store: Path, models: list[str], backend_por
         "install_py_dep_per_model": "false",
         "metrics_mode": "prometheus",
         "number_of_gpu": "1" if config.gpu else "0",
+        # The shadow check's metrics are the handler's own (context.metrics): TorchServe
+        # exports a custom metric only when told to register what it has not been declared.
+        **({"model_metrics_auto_detect": "true"} if config.shadow else {}),
         **config.extra_properties,
     }
     return "".join(f"{k}={v}\n" for k, v in props.items())
@@ -228,6 +234,8 @@ def start(config: ServeConfig) -> Server:
         raise ServeError(f"{err}. Run `pipeline archive --model MODEL` first.") from None
     run_dir = launcher.prepare(launch)
     (run_dir / "tmp").mkdir(exist_ok=True)
+    # Before anything starts: an archive without its export is refused here.
+    shadow_env = shadow_.environment(config.shadow, store, models, run_dir) if config.shadow else {}
     for stale in (KEY_FILE, INFERENCE_KEY_FILE):
         (run_dir / stale).unlink(missing_ok=True)
     conf = run_dir / CONFIG_PROPERTIES
@@ -236,7 +244,9 @@ def start(config: ServeConfig) -> Server:
     log.info("%d worker(s) per model, %d thread(s) per worker", workers, threads)
     conf.write_text(_properties(config, store, models, backend_port))
     env = {
-        **os.environ,
+        # A check asked for by an earlier shell is not this start's (handlershadow reads these).
+        **{k: v for k, v in os.environ.items() if k not in shadow_.ENVIRONMENT},
+        **shadow_env,
         # TorchServe keeps a pid file in the temp dir; a private one lets
         # several servers (tests, users) run side by side.
         "TMPDIR": str(run_dir / "tmp"),
@@ -271,6 +281,7 @@ def start(config: ServeConfig) -> Server:
             "backend_url": f"http://127.0.0.1:{backend_port}",
             "store": str(store),
             **({"live_versions": "on"} if config.live_versions else {}),
+            **({"shadow": shadow_.summary(config.shadow)} if config.shadow else {}),
         },
         ca_file=str(Path(config.tls_cert).resolve()) if config.tls_cert else None,
         archives=store_.archive_infos(store, models),
@@ -344,6 +355,9 @@ def describe(server: Server) -> list[str]:
     if server.failed:
         lines.append(f"NOT serving (failed to load, see the log): {', '.join(server.failed)}")
     workers, worker_mb, total_mb = footprint(server)
+    said = server.extras.get("shadow")
+    shadow = [f"  shadow:     {said}; pipeline_shadow_* on the metrics, divergences in "
+              f"{run_dir / 'shadow'}"] if said else []  # fmt: skip
     return [
         *lines,
         f"TorchServe is up (pid {server.pid}), serving: {', '.join(server.models)}",
@@ -358,6 +372,7 @@ def describe(server: Server) -> list[str]:
         )
         + "; scaling needs the management key, kept for `pipeline serve` only)",
         f"  metrics:    {server.metrics_url}/metrics",
+        *shadow,
         f"  token:      {run_dir / INFERENCE_KEY_FILE} (for clients: send "
         "'Authorization: Bearer <its inference key>')",
         f"  private:    {run_dir / KEY_FILE} (mode 0600: management and API keys, share it with "
