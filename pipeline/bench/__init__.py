@@ -173,7 +173,7 @@ def _verified(exported: ExportedModel, cpp_binary: Path | None) -> set[str]:
 
 
 def run_bench(config: BenchConfig) -> BenchResult:
-    from pipeline.bench import backends, footprint, inprocess, machine, pareto, report
+    from pipeline.bench import backends, footprint, inprocess, machine, pareto, pt2settings, report
     from pipeline.bench.fastest import FASTEST_NAME, fastest_of, write_fastest
     from pipeline.bench.peers import bench_peers
     from pipeline.bench.peers.targets import markdown as peers_markdown
@@ -318,6 +318,8 @@ def run_bench(config: BenchConfig) -> BenchResult:
         ours = run.ours
         phase_done(f"{model} peers")
 
+    if config.tune:  # issue 42: the AOTInductor settings `pipeline export` compiles with here
+        pt2settings.phase(out_dir, config.models, exported_of, phase_done)
     peer_models = [m for m in config.peer_models if m in config.served_models and config.footprint]
     measured = footprint.phase(
         tuple(peer_models), exported_of, requests=config.peer_requests, skipped=skipped,
@@ -339,9 +341,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
         "threads": threads,
         "matmul_peak_gflops": peak,
         "settings": {
-            "warmup": config.warmup,
-            "repeat": config.repeat,
-            "rounds": config.rounds,
+            **{k: getattr(config, k) for k in ("warmup", "repeat", "rounds")},
             "served_requests_per_level": config.served_requests,
             "served_level_budget_s": config.served_level_budget_s,
             "served_workers_and_threads": "pipeline serve defaults (serve.worker_plan)",
@@ -374,6 +374,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
             *(rt.bench_notes(out_dir) for rt in chosen),
             peers_markdown(peers, peer_settings, data["peer_targets"]),
             footprint.markdown(measured),
+            pt2settings.markdown(out_dir) if config.tune else "",
             report.targets_markdown(data["targets"]),
             report.skipped_markdown(skipped),
         )

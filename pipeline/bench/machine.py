@@ -15,29 +15,8 @@ from typing import Any
 import psutil
 import torch
 
+from pipeline.core.cpu import FLAGS_OF_INTEREST, _cpuinfo, cpu_model  # noqa: F401 - callers import them here
 from pipeline_runtime.runners import ort_session_options
-
-FLAGS_OF_INTEREST = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
-
-
-def _cpuinfo() -> tuple[str, list[str]]:
-    model, flags = platform.processor() or "unknown", []
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and model in ("unknown", "x86_64", ""):
-                    model = value.strip()
-                elif key.strip() == "flags" and not flags:
-                    flags = value.split()
-    except OSError:
-        pass
-    return model, [f for f in FLAGS_OF_INTEREST if f in flags]
-
-
-def cpu_model() -> str:
-    """The CPU's model name (what a measurement of this machine is only valid on)."""
-    return _cpuinfo()[0]
 
 
 def _version(dist: str) -> str:

@@ -160,6 +160,7 @@ def _each_format(
         budget=config.budget,
         scratch=scratch,
         per_sample=per_sample,
+        pt2_settings=config.pt2_settings,
     )
     written: dict[str, ArtifactRecord] = {}
     errors: dict[str, ExportError] = {}

@@ -71,6 +71,9 @@ class ExportConfig:
     calibration: Path | None = None
     accuracy_budget: float = DEFAULT_ACCURACY_BUDGET
     min_sqnr: float | None = None  # dB; None: the precision's default
+    # The .pt2 formats' AOTInductor settings: {"changes": ..., "from": ...}; empty, the
+    # built-in ones (the CLI reads bench's sweep for this machine: pipeline/bench/pt2settings.py).
+    pt2_settings: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_args(
@@ -110,6 +113,7 @@ class ExportConfig:
             calibration=args.calibration,
             accuracy_budget=args.accuracy_budget,
             min_sqnr=args.min_sqnr,
+            pt2_settings=_pt2_settings(args.artifacts_dir, formats),
         )
 
     @property
@@ -160,3 +164,13 @@ def parse_fix_axes(values: Any) -> dict[str, int]:
             )
         out[axis.strip()] = int(size)
     return out
+
+
+def _pt2_settings(artifacts_dir: Path | None, formats: tuple[str, ...]) -> dict[str, Any]:
+    """bench's AOTInductor settings for this machine, when a .pt2 format is asked for."""
+    if not any(k.startswith("pt2") for k in formats):
+        return {}
+    from pipeline.export.pt2settings import for_export
+
+    changes, why = for_export(paths.bench_dir(artifacts_dir))
+    return {"changes": changes, "from": why}

@@ -79,6 +79,9 @@ class ExportContext:
     # The fields of per-sample outputs (a detector's boxes, scores, labels), else empty: the
     # model handed to the exporter answers them collated (pipeline/formats/per_sample.py).
     per_sample: tuple[str, ...] = ()
+    # The .pt2 formats' AOTInductor settings: {"changes": {...} on top of the built-in
+    # ones, "from": where they came from} (pipeline/bench/pt2settings.py).
+    pt2_settings: dict[str, Any] = field(default_factory=dict)
 
 
 Exporter = Callable[["nn.Module", ExportContext], ArtifactRecord]

@@ -95,11 +95,13 @@ def to_pt2(
     rtol: float,
     check: bool = True,
     fix_axes: Mapping[str, int] | None = None,
+    configs: Mapping[str, object] | None = None,
 ) -> Pt2Result:
     """Export `model`, compile it into `path` and check the package on every probe.
 
     `fix_axes` ({"seq": 32}): dynamic axes compiled at one size (--fix-axis); the
     example is drawn at that size and only probes of that size are checked.
+    `configs`: AOTInductor settings on top of INDUCTOR_CONFIGS (bench's sweep).
     """
     if device == "cuda" and not torch.cuda.is_available():
         raise ExportRequestError(
@@ -125,7 +127,9 @@ def to_pt2(
         # batch above 15 (torch 2.14).
         with quiet("AOTInductor"), fx_config.patch(backed_size_oblivious=True):
             torch._inductor.aoti_compile_and_package(
-                program.program, package_path=str(path), inductor_configs=INDUCTOR_CONFIGS
+                program.program,
+                package_path=str(path),
+                inductor_configs={**INDUCTOR_CONFIGS, **(configs or {})},
             )
     except Exception as err:  # noqa: BLE001 - any compiler failure is an export failure
         first = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
@@ -178,6 +182,16 @@ def at_sizes(example: Inputs, entry: ZooEntry, sizes: Mapping[str, int]) -> Inpu
 
 # --- the format ---------------------------------------------------------------
 
+
+def settings_record(ctx: ExportContext) -> dict[str, object]:
+    """The manifest's record of a package's AOTInductor settings and where they came from."""
+    changes = ctx.pt2_settings.get("changes") or {}
+    return {
+        "inductor_configs": {**INDUCTOR_CONFIGS, **changes},
+        "settings_from": ctx.pt2_settings.get("from") or "the built-in settings",
+    }
+
+
 FILE = "model.pt2"
 
 
@@ -196,6 +210,7 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
             rtol=ctx.rtol,
             check=ctx.check,
             fix_axes=ctx.fix_axes,
+            configs=ctx.pt2_settings.get("changes"),
         )
     finally:
         model.to("cpu")  # the next format (and the golden outputs) run on CPU
@@ -208,8 +223,8 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
             "method": result.method,
             "device": result.device,
             "compile_seconds": round(result.compile_seconds, 1),
-            # What the package was compiled with (docs/export.md, ".pt2 from Python").
-            "inductor_configs": dict(INDUCTOR_CONFIGS),
+            # What the package was compiled with, and why (docs/export.md, ".pt2 from Python").
+            **settings_record(ctx),
             **result.details,
         },
     )

@@ -59,7 +59,7 @@ def _torchao() -> tuple[str, object, object]:
 
 
 def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
-    from pipeline.formats.pt2 import INDUCTOR_CONFIGS, to_pt2
+    from pipeline.formats.pt2 import settings_record, to_pt2
 
     linears = sum(isinstance(m, nn.Linear) for m in model.modules())
     if not linears:
@@ -85,6 +85,7 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
         rtol=ctx.rtol,
         check=False,  # judged at task level below, against float32 eager
         fix_axes=ctx.fix_axes,
+        configs=ctx.pt2_settings.get("changes"),
     )
     return reduced.record(
         ctx,
@@ -97,7 +98,7 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
             "method": result.method,
             "device": result.device,
             "compile_seconds": round(result.compile_seconds, 1),
-            "inductor_configs": dict(INDUCTOR_CONFIGS),
+            **settings_record(ctx),
             "quantizer": {"torchao": version, "config": CONFIG, "linear_layers": linears},
             **result.details,
         },
