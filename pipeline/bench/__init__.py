@@ -94,6 +94,7 @@ class BenchConfig:
     # reads) and measure its rows, and the peers beside it, with what it found.
     tune: bool = True
     footprint: bool = True  # cold start, worker RSS, tracing's cost (bench/footprint.py)
+    pt2_sweep: bool = True  # the AOTInductor settings export uses here (bench/pt2settings.py)
     # Export folders by model, where they are not <artifacts>/<model>/export.
     export_dirs: dict[str, Path] = field(default_factory=dict)
 
@@ -123,6 +124,7 @@ class BenchConfig:
             time_budget_s=10.0,
             tune=False,
             footprint=False,
+            pt2_sweep=False,
         )
         return cls(**{**base, **kw})
 
@@ -318,7 +320,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
         ours = run.ours
         phase_done(f"{model} peers")
 
-    if config.tune:  # issue 42: the AOTInductor settings `pipeline export` compiles with here
+    if config.pt2_sweep:  # issue 42: the AOTInductor settings `pipeline export` uses here
         pt2settings.phase(out_dir, config.models, exported_of, phase_done)
     peer_models = [m for m in config.peer_models if m in config.served_models and config.footprint]
     measured = footprint.phase(
@@ -363,7 +365,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
     data["peer_targets"] = peer_targets(all_cells, served, peers, ours)
     json_path = write_json(out_dir / "bench.json", data)
     fastest_path = write_fastest(out_dir / FASTEST_NAME, fastest) if config.write_fastest else None
-    cells = [inprocess.Cell(**_cell_fields(c)) for c in all_cells]
+    cells = [inprocess.Cell.of(c) for c in all_cells]
     md = "\n\n".join(
         part
         for part in (
@@ -374,7 +376,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
             *(rt.bench_notes(out_dir) for rt in chosen),
             peers_markdown(peers, peer_settings, data["peer_targets"]),
             footprint.markdown(measured),
-            pt2settings.markdown(out_dir) if config.tune else "",
+            pt2settings.markdown(out_dir) if config.pt2_sweep else "",
             report.targets_markdown(data["targets"]),
             report.skipped_markdown(skipped),
         )
@@ -389,12 +391,3 @@ def run_bench(config: BenchConfig) -> BenchResult:
     if precision_chart is not None:
         charts.append(precision_chart)
     return BenchResult(json_path, md_path, charts, data, fastest_path)
-
-
-def _cell_fields(row: dict) -> dict:
-    from dataclasses import fields
-
-    from pipeline.bench.inprocess import Cell
-
-    names = {f.name for f in fields(Cell)}
-    return {k: v for k, v in row.items() if k in names}

@@ -13,7 +13,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -50,6 +50,12 @@ class Cell:
     gflops: float | None = None
     peak_fraction: float | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> Cell:
+        """A bench.json cell row back as a Cell (its extra keys, format and verified, left)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in row.items() if k in names})
 
 
 @dataclass

@@ -119,6 +119,13 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
         "count serves best (the sweep, about a minute per served model, writes "
         "kserve_workers.json, which `pipeline serve --runtime kserve` reads)",
     )
+    p.add_argument(
+        "--no-pt2-sweep",
+        action="store_true",
+        help="do not measure which AOTInductor settings compile the fastest .pt2 here (the "
+        "sweep compiles each candidate for digits_lenet and my_decision_gate, about a minute "
+        "each, and writes pt2_settings.json, which `pipeline export` reads)",
+    )
     from pipeline.serving import runtime
 
     p.add_argument(
@@ -156,6 +163,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         overrides["runtimes"] = tuple(args.runtime)
     if args.no_worker_sweep:
         overrides["tune"] = False
+    if args.no_pt2_sweep:
+        overrides["pt2_sweep"] = False
     if args.quick:
         config = BenchConfig.quick(**overrides)
     else:
