@@ -7,6 +7,7 @@ the same `preprocess_digits` is what serving uses on incoming images.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,6 +72,11 @@ def load_digits_split() -> DigitsSplit:
 
 def digits_sample(count: int, offset: int = 0) -> torch.Tensor:
     """`count` real validation images (N, 1, 28, 28): golden inputs and probes use them."""
-    val = load_digits_split().val
-    images = val.tensors[0]
-    return images[offset : offset + count].clone()
+    return _validation_images()[offset : offset + count].clone()
+
+
+@functools.cache
+def _validation_images() -> torch.Tensor:
+    # Loaded once per process: the split (sklearn's loader, the stratified split, the
+    # resize) took ~70 ms a call, and clients ask for samples request after request.
+    return load_digits_split().val.tensors[0]
