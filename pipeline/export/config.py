@@ -113,7 +113,7 @@ class ExportConfig:
             calibration=args.calibration,
             accuracy_budget=args.accuracy_budget,
             min_sqnr=args.min_sqnr,
-            pt2_settings=_pt2_settings(args.artifacts_dir, formats),
+            pt2_settings=_pt2_settings(args.artifacts_dir),
         )
 
     @property
@@ -166,10 +166,8 @@ def parse_fix_axes(values: Any) -> dict[str, int]:
     return out
 
 
-def _pt2_settings(artifacts_dir: Path | None, formats: tuple[str, ...]) -> dict[str, Any]:
-    """bench's AOTInductor settings for this machine, when a .pt2 format is asked for."""
-    if not any(k.startswith("pt2") for k in formats):
-        return {}
+def _pt2_settings(artifacts_dir: Path | None) -> dict[str, Any]:
+    """bench's AOTInductor settings for this machine (the .pt2 formats compile with them)."""
     from pipeline.export.pt2settings import for_export
 
     changes, why = for_export(paths.bench_dir(artifacts_dir))

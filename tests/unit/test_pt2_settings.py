@@ -49,13 +49,12 @@ def test_export_compiles_with_bench_s_settings_on_this_machine_only(tmp_path: Pa
     assert STACK in markdown(tmp_path) and "1.33×" in markdown(tmp_path)
 
     art = tmp_path / "art"  # the CLI's --artifacts-dir, whose bench folder holds the sweep
-    assert _pt2_settings(art, ("onnx", "pt2")) == {
+    assert _pt2_settings(art) == {
         "changes": {},
         "from": for_export(paths.bench_dir(art))[1],
     }
     write(paths.bench_dir(art), {"gate": _found({DEFAULT: (0.004, 0.004), STACK: (0.003, 0.004)})})
-    assert _pt2_settings(art, ("onnx", "pt2"))["changes"] == CANDIDATES[STACK]
-    assert _pt2_settings(art, ("onnx",)) == {}  # no .pt2 asked for: not read
+    assert _pt2_settings(art)["changes"] == CANDIDATES[STACK]
     ctx = ExportContext(None, {}, [], {}, tmp_path, pt2_settings={"changes": configs, "from": why})  # type: ignore[arg-type]
     record = settings_record(ctx)
     assert record["inductor_configs"] == {**INDUCTOR_CONFIGS, **CANDIDATES[STACK]}
