@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.bench import pt2profile, pt2settings
 from pipeline.core import paths
 from pipeline.core.errors import PipelineError
 from pipeline.core.fileio import write_json
@@ -175,7 +176,7 @@ def _verified(exported: ExportedModel, cpp_binary: Path | None) -> set[str]:
 
 
 def run_bench(config: BenchConfig) -> BenchResult:
-    from pipeline.bench import backends, footprint, inprocess, machine, pareto, pt2settings, report
+    from pipeline.bench import backends, footprint, inprocess, machine, pareto, report
     from pipeline.bench.fastest import FASTEST_NAME, fastest_of, write_fastest
     from pipeline.bench.peers import bench_peers
     from pipeline.bench.peers.targets import markdown as peers_markdown
@@ -245,6 +246,8 @@ def run_bench(config: BenchConfig) -> BenchResult:
                 rounds=config.rounds,
                 time_budget_s=config.time_budget_s,
             )
+            if "pt2" in runners and "skipped" not in runners["pt2"].settings:
+                runners["pt2"].settings["profile"] = pt2profile.top_ops(runners["pt2"].measure)
             flops = None
             if flops_model:  # CNNs: GFLOP/s against the matmul peak
                 sample = exported.sample(batch, seed=backends.SEED)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.core.fileio import write_json
-from pipeline.export.pt2settings import SETTINGS_FILE, machine
+from pipeline.core.pt2settings import SETTINGS_FILE, machine
 
 if TYPE_CHECKING:
     from pipeline.export.opened import ExportedModel

@@ -228,8 +228,9 @@ def where_time_goes(
     code = min(cpp["median_ms"], pt2["median_ms"])
     share = code / pt2["median_ms"]
     lead = "the compiled code" if share >= 0.5 else "the Python call"
+    profile = (pt2.get("settings") or {}).get("profile")
     return (
         f"where the time goes: {code:.3f} ms in the compiled code (the C++ client on the same "
         f"package), {pt2['median_ms'] - code:.3f} ms in the Python call around it; {lead} "
-        "is most of it"
+        "is most of it" + (f"; {profile}" if profile else "")
     )

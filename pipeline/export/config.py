@@ -168,7 +168,7 @@ def parse_fix_axes(values: Any) -> dict[str, int]:
 
 def _pt2_settings(artifacts_dir: Path | None) -> dict[str, Any]:
     """bench's AOTInductor settings for this machine (the .pt2 formats compile with them)."""
-    from pipeline.export.pt2settings import for_export
+    from pipeline.core.pt2settings import for_export
 
     changes, why = for_export(paths.bench_dir(artifacts_dir))
     return {"changes": changes, "from": why}

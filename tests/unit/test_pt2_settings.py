@@ -9,8 +9,8 @@ from typing import Any
 
 from pipeline.bench.pt2settings import CANDIDATES, DEFAULT, best_of, markdown, write
 from pipeline.core import paths
+from pipeline.core.pt2settings import SETTINGS_FILE, for_export
 from pipeline.export.config import _pt2_settings
-from pipeline.export.pt2settings import SETTINGS_FILE, for_export
 from pipeline.formats.base import ExportContext
 from pipeline.formats.pt2 import INDUCTOR_CONFIGS, settings_record
 
