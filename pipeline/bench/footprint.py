@@ -118,19 +118,19 @@ def _peer_request(exported: ExportedModel) -> tuple[runtime.Runtime, wire.Body, 
 def shadow_cost(
     model: str, exported: ExportedModel, *, requests: int, budget_s: float
 ) -> list[dict]:
-    """The KServe runtime with `--shadow 0.01` and without, SHADOW_ROUNDS alternating
-    rounds each (issue 41): every round's rows, labelled by `shadow` and `round`."""
-    if TRACED_RUNTIME not in runtime.names():
-        return []
-    rt, body, expected = _peer_request(exported)
+    """Each runtime with `--shadow 0.01` and without, SHADOW_ROUNDS alternating rounds
+    each (issue 41): every round's rows, labelled by `shadow`, `round` and `backend`
+    (runtime/format). The same OIP JSON request goes to both runtimes."""
+    _, body, expected = _peer_request(exported)
     rows = []
-    for r in range(SHADOW_ROUNDS):
-        for rate in (0.0, SHADOW_RATE) if r % 2 == 0 else (SHADOW_RATE, 0.0):
-            with rt.private(exported, TRACED_FORMAT, shadow_rate=rate) as srv:
-                got = measure_levels(srv, srv.models[0], body, expected, requests, budget_s)
-            rows += [p.to_json() | {"model": model, "shadow": rate, "round": r,
-                                    "backend": f"{TRACED_RUNTIME}/{TRACED_FORMAT}"}
-                     for p in got]  # fmt: skip
+    for rt in runtime.all_runtimes():
+        for r in range(SHADOW_ROUNDS):
+            for rate in (0.0, SHADOW_RATE) if r % 2 == 0 else (SHADOW_RATE, 0.0):
+                with rt.private(exported, TRACED_FORMAT, shadow_rate=rate) as srv:
+                    got = measure_levels(srv, srv.models[0], body, expected, requests, budget_s)
+                rows += [p.to_json() | {"model": model, "shadow": rate, "round": r,
+                                        "backend": f"{rt.name}/{TRACED_FORMAT}"}
+                         for p in got]  # fmt: skip
     return rows
 
 
@@ -138,6 +138,14 @@ def shadow_targets(rows: list[dict]) -> list[dict[str, Any]]:
     """With the check on, p50 at 1 and req/s at 8 within 5% of the server without it, or
     within the spread of its own repeated rows without it, whichever is larger (each
     side's median over the rounds)."""
+
+    out = []
+    for backend in sorted({r.get("backend", "") for r in rows}):
+        out += _shadow_targets([r for r in rows if r.get("backend", "") == backend], backend)
+    return out
+
+
+def _shadow_targets(rows: list[dict], backend: str) -> list[dict[str, Any]]:
     from pipeline.bench.targets import target
 
     out = []
@@ -151,8 +159,8 @@ def shadow_targets(rows: list[dict]) -> list[dict[str, Any]]:
         spread = off[-1] / off[0] - 1
         bound = max(0.05, spread)
         out.append(target(
-            f"--shadow {SHADOW_RATE:g} costs ≤ 5% (or the run's own spread) of {what} at "
-            f"concurrency {level}", cost,
+            f"{backend}: --shadow {SHADOW_RATE:g} costs ≤ 5% (or the run's own spread) of "
+            f"{what} at concurrency {level}", cost,
             f"{mine:.3f} vs {base:.3f} without (medians of {len(on)} and {len(off)} rounds); "
             f"spread without {spread:.1%}, bound {bound:.1%}", cost <= bound,
         ))  # fmt: skip
@@ -283,11 +291,12 @@ def markdown(data: dict[str, Any]) -> str:
         ))  # fmt: skip
     if data.get("shadow"):
         parts.append(_table(
-            f"The shadow check's cost (the KServe runtime, --shadow {SHADOW_RATE:g} or off, "
+            f"The shadow check's cost (each runtime, --shadow {SHADOW_RATE:g} or off, "
             f"{SHADOW_ROUNDS} alternating rounds)",
-            ["shadow", "round", "concurrency", "median ms", "p99 ms", "req/s"],
-            "rrrrrr",
-            [[f"{r['shadow']:g}", r["round"], r["concurrency"], f"{r['median_ms']:.3f}",
+            ["backend", "shadow", "round", "concurrency", "median ms", "p99 ms", "req/s"],
+            "lrrrrrr",
+            [[r.get("backend", ""), f"{r['shadow']:g}", r["round"], r["concurrency"],
+              f"{r['median_ms']:.3f}",
               f"{r['p99_ms']:.3f}", f"{r['throughput']:.0f}"] for r in data["shadow"]],
         ))  # fmt: skip
     targets = [*data.get("tracing_targets", []), *data.get("shadow_targets", [])]

@@ -77,12 +77,13 @@ def test_tracing_unset_is_judged_by_its_hooks_against_the_unset_rows() -> None:
 def test_the_shadow_checks_cost_is_judged_against_the_runs_own_spread() -> None:
     from pipeline.bench import footprint
 
-    def rows(off: list[float], on: list[float]) -> list[dict]:
+    def rows(off: list[float], on: list[float], backend: str = "kserve/onnx") -> list[dict]:
         return [
-            {"shadow": rate, "concurrency": 1, "median_ms": ms, "throughput": 1e3 / ms}
+            {"shadow": rate, "concurrency": 1, "median_ms": ms, "throughput": 1e3 / ms,
+             "backend": backend}
             for rate, values in ((0.0, off), (0.01, on))
             for ms in values
-        ]
+        ]  # fmt: skip
 
     (near,) = footprint.shadow_targets(rows([0.40, 0.41, 0.40], [0.41, 0.41, 0.42]))
     assert near["met"] and near["value"] == pytest.approx(0.41 / 0.40 - 1)
@@ -90,3 +91,11 @@ def test_the_shadow_checks_cost_is_judged_against_the_runs_own_spread() -> None:
     assert not far["met"]  # 27% past, the spread without it 2.5%: the 5% bound holds
     (noisy,) = footprint.shadow_targets(rows([0.40, 0.60, 0.45], [0.50, 0.52, 0.51]))
     assert noisy["met"] and "bound 50.0%" in noisy["detail"]  # a noisy run widens the bound
+    # Each runtime against its own rows without the check: TorchServe's cost is not hidden
+    # by the KServe runtime's spread.
+    both = rows([0.40, 0.60, 0.45], [0.50, 0.52, 0.51]) + rows(
+        [0.40, 0.41, 0.40], [0.50, 0.52, 0.51], backend="torchserve/onnx"
+    )
+    kserve, torchserve = footprint.shadow_targets(both)
+    assert kserve["met"] and kserve["target"].startswith("kserve/onnx: --shadow 0.01")
+    assert not torchserve["met"] and torchserve["target"].startswith("torchserve/onnx:")

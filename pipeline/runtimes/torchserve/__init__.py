@@ -181,6 +181,12 @@ class TorchServe(runtime.Runtime):
                 ),
                 exported.manifest,
             )
+            # bench's shadow rows (footprint.shadow_cost): the KServe runtime's setting name.
+            rate = float(settings.pop("shadow_rate", 0.0))
+            if rate > 0:
+                from pipeline.runtimes.torchserve.shadow import ShadowConfig
+
+                settings["shadow"] = ShadowConfig(rate, 20.0, lambda _model: exported.dir)
             server = start(private_config(store, run_dir, **settings))
             try:
                 yield server
