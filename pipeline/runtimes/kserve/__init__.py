@@ -23,7 +23,7 @@ from pipeline.runtimes.kserve.constants import (
     METRICS_KEY_FILE,
     NAME,
 )
-from pipeline.serving import runtime
+from pipeline.serving import runtime, shadowopts
 
 if TYPE_CHECKING:
     from pipeline.export.opened import ExportedModel
@@ -92,24 +92,7 @@ class KServe(runtime.Runtime):
             "machine, <artifacts>/bench/kserve_workers.json; without one, the cores but one, "
             "1 to 8; each gets cores // N intra-op threads unless --threads-per-worker says)",
         )
-        group.add_argument(
-            "--shadow",
-            type=float,
-            default=0.0,
-            metavar="RATE",
-            help="re-run this share of answered requests (0 to 1, e.g. 0.01) on eager PyTorch "
-            "in a process beside each worker, off the hot path, under the export's own rule; "
-            "counts on /metrics (pipeline_shadow_*), divergences logged and kept in "
-            "<run dir>/shadow/ for `pipeline verify --inputs` (default: 0, off)",
-        )
-        group.add_argument(
-            "--shadow-max-rate",
-            type=float,
-            default=20.0,
-            metavar="N",
-            help="the most samples each worker's check runs a second; beyond it samples are "
-            "dropped and counted (default: 20)",
-        )
+        shadowopts.add_arguments(group)  # --shadow, --shadow-max-rate
         group.add_argument(
             "--rotate-token",
             action="store_true",
@@ -144,11 +127,7 @@ class KServe(runtime.Runtime):
             workers, why = own.workers, "--workers"
         if workers < 1:
             raise ServeError(f"--workers must be at least 1, e.g. --workers 2; got {workers}.")
-        if not 0 <= own.shadow <= 1 or own.shadow_max_rate <= 0:
-            raise ServeError(
-                f"--shadow is a share of requests from 0 to 1 (e.g. 0.01), got {own.shadow}; "
-                f"--shadow-max-rate a positive rate, got {own.shadow_max_rate}."
-            )
+        shadowopts.check_rates(own.shadow, own.shadow_max_rate)
         config = RuntimeConfig(
             models=models,
             host=options.host,

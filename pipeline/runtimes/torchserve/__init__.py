@@ -22,7 +22,7 @@ from pipeline.runtimes.torchserve.constants import (
     GATEWAY_CONFIG,
     NAME,
 )
-from pipeline.serving import runtime
+from pipeline.serving import runtime, shadowopts
 
 if TYPE_CHECKING:
     from pipeline.export.opened import ExportedModel
@@ -95,26 +95,7 @@ class TorchServe(runtime.Runtime):
         group.add_argument(
             "--gpu", action="store_true", help="give workers a GPU when CUDA is present"
         )
-        # The KServe runtime declares these two too, in the same words (the CLI shares one
-        # option between the runtimes that take it: pipeline.cli.deploy).
-        group.add_argument(
-            "--shadow",
-            type=float,
-            default=0.0,
-            metavar="RATE",
-            help="re-run this share of answered requests (0 to 1, e.g. 0.01) on eager PyTorch "
-            "in a process beside each worker, off the hot path, under the export's own rule; "
-            "counts on /metrics (pipeline_shadow_*), divergences logged and kept in "
-            "<run dir>/shadow/ for `pipeline verify --inputs` (default: 0, off)",
-        )
-        group.add_argument(
-            "--shadow-max-rate",
-            type=float,
-            default=20.0,
-            metavar="N",
-            help="the most samples each worker's check runs a second; beyond it samples are "
-            "dropped and counted (default: 20)",
-        )
+        shadowopts.add_arguments(group)  # --shadow, --shadow-max-rate
         group.add_argument(
             "--live-versions",
             action="store_true",
@@ -125,11 +106,11 @@ class TorchServe(runtime.Runtime):
 
     def serve(self, options: ServeOptions) -> Server:
         from pipeline.runtimes.torchserve.launch import ServeConfig, start
-        from pipeline.runtimes.torchserve.shadow import ShadowConfig, check_rates
+        from pipeline.runtimes.torchserve.shadow import ShadowConfig
 
         own = options.own
         models = [*(own.models or []), *options.models] or None
-        check_rates(own.shadow, own.shadow_max_rate)
+        shadowopts.check_rates(own.shadow, own.shadow_max_rate)
         shadow = (
             ShadowConfig(own.shadow, own.shadow_max_rate, options.export_dir_of)
             if own.shadow > 0
@@ -186,7 +167,9 @@ class TorchServe(runtime.Runtime):
             if rate > 0:
                 from pipeline.runtimes.torchserve.shadow import ShadowConfig
 
-                settings["shadow"] = ShadowConfig(rate, 20.0, lambda _model: exported.dir)
+                settings["shadow"] = ShadowConfig(
+                    rate, shadowopts.DEFAULT_MAX_RATE, lambda _model: exported.dir
+                )
             server = start(private_config(store, run_dir, **settings))
             try:
                 yield server

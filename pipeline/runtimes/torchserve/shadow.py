@@ -32,7 +32,7 @@ from pipeline_runtime.handlershadow import (
     RUN_DIR_ENV,
 )
 
-__all__ = ["ENVIRONMENT", "ShadowConfig", "check_rates", "environment", "summary"]
+__all__ = ["ENVIRONMENT", "ShadowConfig", "environment", "summary"]
 
 
 @dataclass(frozen=True)
@@ -42,15 +42,6 @@ class ShadowConfig:
     # model (as exported) → the export `pipeline serve` serves it from
     # (ServeOptions.export_dir_of: the store's default version, else the export folder).
     export_dir_of: Callable[[str], Path]
-
-
-def check_rates(rate: float, max_rate: float) -> None:
-    """The KServe runtime's validation, word for word."""
-    if not 0 <= rate <= 1 or max_rate <= 0:
-        raise ServeError(
-            f"--shadow is a share of requests from 0 to 1 (e.g. 0.01), got {rate}; "
-            f"--shadow-max-rate a positive rate, got {max_rate}."
-        )
 
 
 def exports_of(config: ShadowConfig, store: Path, archives: list[str]) -> dict[str, list[str]]:
