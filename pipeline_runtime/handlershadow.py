@@ -185,6 +185,32 @@ def _holds(export_dir: str, fmt: str, sha256: str) -> bool:
     return record is not None and record.sha256 == sha256
 
 
+def _trained_as(export_dir: str, checkpoint_sha256: str) -> bool:
+    """Whether `export_dir` was exported from the checkpoint with this sha256."""
+    try:
+        return Manifest.read(Path(export_dir)).checkpoint.sha256 == checkpoint_sha256
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _reference_dir(handler: Any, candidates: list[str]) -> str | None:
+    """The export to check this worker's answers against: the one holding its artifact
+    (by sha256), else, for an artifact changed after export (a file altered where
+    TorchServe unpacked it, then resealed), the one exported from the same checkpoint:
+    such a file is what the check exists to catch, so it is checked, not let off."""
+    record = handler.contract.artifact(handler.format_key)
+    found = next((d for d in candidates if _holds(d, handler.format_key, record.sha256)), None)
+    if found is not None:
+        return found
+    checkpoint = handler.contract.checkpoint.sha256
+    found = next((d for d in candidates if _trained_as(d, checkpoint)), None)
+    if found is not None:
+        logger.warning("shadow check of %s: its %s (sha256 %s…) is not the file %s holds; "
+                       "checking it against that export's eager model (same checkpoint)",
+                       handler.model_name, record.file, record.sha256[:12], found)  # fmt: skip
+    return found
+
+
 def _version(context: Any) -> int:
     """The archive's TorchServe model version as a number ("1.0" → 1; else 1)."""
     try:
@@ -199,12 +225,13 @@ def install(handler: Any, context: Any) -> ShadowCheck | None:
     rate = float(os.environ.get(RATE_ENV) or 0)
     if rate <= 0:
         return None
-    record = handler.contract.artifact(handler.format_key)
     candidates = json.loads(os.environ.get(EXPORTS_ENV) or "{}").get(handler.model_name, [])
-    export_dir = next((d for d in candidates if _holds(d, handler.format_key, record.sha256)), None)
+    export_dir = _reference_dir(handler, candidates)
     if export_dir is None:  # serve checked the archives it started: a later registration
-        logger.warning("shadow check off for %s: none of %s holds its %s (sha256 %s…)",
-                       handler.model_name, candidates, record.file, record.sha256[:12])  # fmt: skip
+        record = handler.contract.artifact(handler.format_key)
+        logger.warning("shadow check off for %s: none of %s holds its %s (sha256 %s…) or "
+                       "was exported from its checkpoint", handler.model_name, candidates,
+                       record.file, record.sha256[:12])  # fmt: skip
         return None
     run = _reference()
     max_rate = float(os.environ.get(MAX_RATE_ENV) or 20)

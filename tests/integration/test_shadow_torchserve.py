@@ -6,30 +6,38 @@ the same eager model, in a reference process of its own.
 
 The TorchScript archive never diverges; the ONNX one does, and says so on TorchServe's
 /metrics, in the worker's log, and with a kept sample whose replay command fails. A
-start whose export is not the archived one is refused before anything starts.
+start whose export is not the archived one is refused before anything starts. Last, the
+TorchScript file is altered where TorchServe unpacked it (resealed) and its worker is
+killed: TorchServe restarts it onto the altered file, and the check diverges.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import onnx
+import psutil
 import pytest
+import torch
 
 from pipeline.cli import main
 from pipeline.export import ExportResult
 from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive, archive_name
+from pipeline.serving import runtime
 from pipeline.serving.client import auth_headers
 from pipeline.serving.launcher import free_port, stop
 from pipeline.serving.server import SERVER_FILE, Server
 from pipeline.zoo.data import digits_sample
-from tests.tamper import alter_onnx_initializer, copy_export
+from tests.tamper import alter_onnx_initializer, alter_torchscript_parameter, copy_export
 
 DIGITS = "digits_lenet"
 GOOD, BAD = archive_name(DIGITS, "torchscript"), archive_name(DIGITS, "onnx")
@@ -150,3 +158,24 @@ def test_an_archive_of_another_export_is_refused_before_anything_starts(
     err = capsys.readouterr().err
     assert "--shadow: the onnx archive of digits_lenet holds the artifact with sha256" in err
     assert not (tmp_path / "run" / SERVER_FILE).exists()
+
+
+def test_an_artifact_altered_while_serving_diverges_after_a_restart(served: dict) -> None:
+    """Last in the module: it alters the TorchScript archive the first test served."""
+    server = served["server"]
+    (pid,) = runtime.of(server).worker_pids(server, GOOD)
+    model_dir = Path(psutil.Process(pid).cwd())  # TorchServe runs the worker where it unpacked
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        module = torch.jit.load(str(model_dir / "model.torchscript.pt"))
+    alter_torchscript_parameter(model_dir, next(n for n, _ in module.named_parameters()))
+    before = _counts(server, GOOD, 0)
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while (pids := runtime.of(server).worker_pids(server, GOOD)) in ([], [pid]):
+        assert time.monotonic() < deadline, "TorchServe did not restart the worker"
+        time.sleep(0.5)
+    _requests(server, GOOD, 20)
+    seen = sum(before[k] for k in ("checked", "dropped", "failed")) + 20
+    got = _since(before, _counts(server, GOOD, seen))
+    assert got["diverged"] >= 10 and got["failed"] == 0, (pids, got)
