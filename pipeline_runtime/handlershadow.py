@@ -176,21 +176,11 @@ def _ids(context: Any, idx: int) -> tuple[str, str]:
     return request_id, trace_id
 
 
-def _holds(export_dir: str, fmt: str, sha256: str) -> bool:
-    """Whether `export_dir` is the export this artifact came from (its sha256)."""
+def _manifest(export_dir: str) -> Manifest | None:
     try:
-        record = Manifest.read(Path(export_dir)).artifacts.get(fmt)
+        return Manifest.read(Path(export_dir))
     except (OSError, ValueError):
-        return False
-    return record is not None and record.sha256 == sha256
-
-
-def _trained_as(export_dir: str, checkpoint_sha256: str) -> bool:
-    """Whether `export_dir` was exported from the checkpoint with this sha256."""
-    try:
-        return Manifest.read(Path(export_dir)).checkpoint.sha256 == checkpoint_sha256
-    except (OSError, ValueError, AttributeError):
-        return False
+        return None
 
 
 def _reference_dir(handler: Any, candidates: list[str]) -> str | None:
@@ -199,11 +189,13 @@ def _reference_dir(handler: Any, candidates: list[str]) -> str | None:
     TorchServe unpacked it, then resealed), the one exported from the same checkpoint:
     such a file is what the check exists to catch, so it is checked, not let off."""
     record = handler.contract.artifact(handler.format_key)
-    found = next((d for d in candidates if _holds(d, handler.format_key, record.sha256)), None)
-    if found is not None:
-        return found
+    read = [(d, m) for d in candidates if (m := _manifest(d)) is not None]
+    for export_dir, manifest in read:
+        held = manifest.artifacts.get(handler.format_key)
+        if held is not None and held.sha256 == record.sha256:
+            return export_dir
     checkpoint = handler.contract.checkpoint.sha256
-    found = next((d for d in candidates if _trained_as(d, checkpoint)), None)
+    found = next((d for d, m in read if m.checkpoint.sha256 == checkpoint), None)
     if found is not None:
         logger.warning("shadow check of %s: its %s (sha256 %s…) is not the file %s holds; "
                        "checking it against that export's eager model (same checkpoint)",

@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import torch
 
-from pipeline.core.cpu import FLAGS_OF_INTEREST, _cpuinfo, cpu_model  # noqa: F401 - callers import them here
+from pipeline.core.cpu import FLAGS_OF_INTEREST, cpu_model, cpuinfo  # noqa: F401 - callers import them here
 from pipeline_runtime.runners import ort_session_options
 
 
@@ -27,7 +27,7 @@ def _version(dist: str) -> str:
 
 
 def machine_info() -> dict[str, Any]:
-    model, flags = _cpuinfo()
+    model, flags = cpuinfo()
     return {
         "cpu": model,
         "cpu_flags": flags,

@@ -1,14 +1,19 @@
-"""What this machine's CPU is: its model name and the instruction sets a compiled package or
-a measurement depends on (read from /proc/cpuinfo; no torch)."""
+"""What this machine's CPU is: its model name, the instruction sets a compiled package or
+a measurement depends on (read from /proc/cpuinfo) and the cores this process may use; no
+torch."""
 
 from __future__ import annotations
 
+import os
 import platform
+
+import psutil
 
 FLAGS_OF_INTEREST = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
 
 
-def _cpuinfo() -> tuple[str, list[str]]:
+def cpuinfo() -> tuple[str, list[str]]:
+    """The CPU's model name and which of FLAGS_OF_INTEREST it has."""
     model, flags = platform.processor() or "unknown", []
     try:
         with open("/proc/cpuinfo") as f:
@@ -25,9 +30,12 @@ def _cpuinfo() -> tuple[str, list[str]]:
 
 def cpu_model() -> str:
     """The CPU's model name (what a measurement of this machine is only valid on)."""
-    return _cpuinfo()[0]
+    return cpuinfo()[0]
 
 
-def cpu_flags() -> list[str]:
-    """The instruction sets of interest this CPU has (AVX2, AVX-512, AMX...)."""
-    return _cpuinfo()[1]
+def cores() -> int:
+    """The cores this process may run on (its affinity, which a container's cpuset limits)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return psutil.cpu_count() or 1

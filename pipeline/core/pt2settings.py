@@ -5,7 +5,6 @@ built-in ones (pipeline.formats.pt2.INDUCTOR_CONFIGS)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +14,10 @@ SETTINGS_FILE = "pt2_settings.json"
 def machine() -> dict[str, Any]:
     """What a measurement holds on: the CPU, the instruction sets a package is compiled for
     (AVX2 on one reference machine, AVX-512 on the other, both "AMD EPYC") and the cores."""
-    from pipeline.core.cpu import cpu_flags, cpu_model
+    from pipeline.core.cpu import cores, cpuinfo
 
-    try:
-        cores = len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return {"cpu": cpu_model(), "flags": cpu_flags(), "cores": cores}
+    model, flags = cpuinfo()
+    return {"cpu": model, "flags": flags, "cores": cores()}
 
 
 def for_export(bench_dir: Path) -> tuple[dict[str, Any], str]:

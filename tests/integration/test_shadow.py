@@ -32,6 +32,7 @@ from pipeline.serving.launcher import free_port, stop
 from pipeline.serving.server import INFERENCE_KEY_FILE, Server
 from pipeline.serving.shadowref import Sample, check
 from pipeline.zoo.data import digits_sample
+from tests import shadowmetrics
 from tests.conftest import run_cli
 from tests.tamper import alter_onnx_initializer, copy_export
 
@@ -74,19 +75,9 @@ def _requests(server: Server, n: int) -> None:
 
 
 def _counts(server: Server, sent: float, timeout_s: float = 90.0) -> dict[str, float]:
-    """The shadow counters once every sampled request is accounted for (checked, dropped
-    or failed), summed over the workers."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        text = httpx.get(f"{server.inference_url}/metrics", timeout=10).text
-        got = {
-            k: sum(float(v) for v in re.findall(
-                rf"^pipeline_shadow_{k}_total\{{{LABEL}\}} (\S+)$", text, re.M))
-            for k in ("checked", "diverged", "dropped", "failed")
-        }  # fmt: skip
-        if got["checked"] + got["dropped"] + got["failed"] >= sent or time.monotonic() > deadline:
-            return got
-        time.sleep(0.3)
+    """The shadow counters once every sampled request is accounted for, summed over the
+    workers."""
+    return shadowmetrics.counts(f"{server.inference_url}/metrics", LABEL, sent, timeout_s)
 
 
 def test_a_good_artifact_never_diverges(served: dict) -> None:

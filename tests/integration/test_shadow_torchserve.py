@@ -37,11 +37,11 @@ from pipeline.serving.client import auth_headers
 from pipeline.serving.launcher import free_port, stop
 from pipeline.serving.server import SERVER_FILE, Server
 from pipeline.zoo.data import digits_sample
+from tests import shadowmetrics
 from tests.tamper import alter_onnx_initializer, alter_torchscript_parameter, copy_export
 
 DIGITS = "digits_lenet"
 GOOD, BAD = archive_name(DIGITS, "torchscript"), archive_name(DIGITS, "onnx")
-KINDS = ("checked", "diverged", "dropped", "failed")
 
 
 def _weight(export_dir: Path) -> str:
@@ -93,21 +93,12 @@ def _requests(server: Server, name: str, n: int) -> list[str]:
 def _counts(server: Server, name: str, sent: float, timeout_s: float = 30.0) -> dict[str, float]:
     """`name`'s shadow counters on TorchServe's /metrics (summed over its workers) once
     every sampled request is accounted for: checked, dropped or failed."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        text = httpx.get(f"{server.metrics_url}/metrics", timeout=10).text
-        got = {
-            k: sum(float(v) for v in re.findall(
-                rf'^pipeline_shadow_{k}_total\{{model_name="{name}",[^}}]*\}} (\S+)$', text, re.M))
-            for k in KINDS
-        }  # fmt: skip
-        if got["checked"] + got["dropped"] + got["failed"] >= sent or time.monotonic() > deadline:
-            return got
-        time.sleep(0.2)
+    labels = rf'model_name="{name}",[^}}]*'
+    return shadowmetrics.counts(f"{server.metrics_url}/metrics", labels, sent, timeout_s)
 
 
 def _since(before: dict[str, float], got: dict[str, float]) -> dict[str, float]:
-    return {k: got[k] - before[k] for k in KINDS}
+    return {k: got[k] - before[k] for k in shadowmetrics.KINDS}
 
 
 def test_a_good_artifact_never_diverges(served: dict) -> None:

@@ -39,3 +39,15 @@ def test_a_slow_python_call_is_named() -> None:
     cells = [_cell("pt2", 1, 0.012), _cell("onnxruntime", 1, 0.006), _cell("cpp/pt2", 1, 0.003)]
     (ort,) = (t for t in pt2_targets(cells) if "ONNX Runtime" in t["target"])
     assert not ort["met"] and "the Python call is most of it" in ort["detail"]
+
+
+def test_the_profile_names_the_operators_a_call_spends_its_time_in() -> None:
+    import torch
+
+    from pipeline.bench.inprocess import timed
+    from pipeline.bench.pt2profile import top_ops
+
+    a = torch.randn(64, 64)
+    said = top_ops(timed(lambda: torch.mm(a, a).relu()), calls=20)
+    assert said.startswith("torch.profiler's top operators, self CPU over 20 calls: ")
+    assert "aten::mm " in said and "(1 a call)" in said

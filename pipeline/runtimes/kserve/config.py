@@ -8,12 +8,12 @@ parses the other's command line.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psutil
 
+from pipeline.core.cpu import cores
 from pipeline.runtimes.kserve.constants import CONFIG_FILE  # noqa: F401 - the runtime's marker
 from pipeline.serving.provenance import ArchiveInfo
 
@@ -21,14 +21,6 @@ from pipeline.serving.provenance import ArchiveInfo
 # one (left to the clients and the supervisor), at most this many (each worker holds its
 # own copy of every model).
 MAX_DEFAULT_WORKERS = 8
-
-
-def cores() -> int:
-    """The cores this process may run on (its affinity, which a container's cpuset limits)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # not Linux
-        return psutil.cpu_count() or 1
 
 
 def default_workers() -> int:
