@@ -25,6 +25,7 @@ from filelock import FileLock
 
 from pipeline.export import FORMATS, PRECISION_FORMATS, ExportConfig, ExportResult, export
 from pipeline.train import TrainConfig, TrainResult, train
+from tests import timing
 
 _FOLDER_MARKS = {"unit", "integration", "e2e"}
 T = TypeVar("T")
@@ -130,6 +131,10 @@ def _file_rank(item: pytest.Item) -> int:
     path = Path(item.fspath).as_posix()
     ranks = (i for i, f in enumerate(LONGEST_FILES) if path.endswith(f"tests/{f}"))
     return next(ranks, len(LONGEST_FILES))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    timing.register(config)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
