@@ -47,7 +47,7 @@ ifeq ($(JIT),refused)
 export PYTHONPATH := $(CURDIR)/tests/jit_refused$(if $(PYTHONPATH),:$(PYTHONPATH))
 endif
 
-.PHONY: help venv train train-ddp export verify verify-example demo test test-unit lint format clean archive serve stop infer cpp latency loadtest bench bench-export
+.PHONY: help venv train train-ddp export verify verify-example demo test test-unit test-fast test-times lint format clean archive serve stop infer cpp latency loadtest bench bench-export
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
@@ -154,15 +154,28 @@ infer: | $(STAMP)  ## send INFER_INPUT (default: MODEL's golden batch) to INFER_
 	$(PIPELINE) infer --run-dir $(RUN_DIR) --model $(INFER_MODEL) $(INFER_INPUT)
 
 # Test files are shared out whole among pytest-xdist workers (a file's servers and
-# module fixtures stay in one process): one more than the cores, at most 4, since tests
-# wait on servers and subprocesses much of their time. `make test TEST_WORKERS=0` runs in
+# module fixtures stay in one process), longest first (tests/conftest.py's LONGEST_FILES),
+# one worker more than the cores, at most 4, since tests wait on servers and
+# subprocesses much of their time. `make test TEST_WORKERS=0` runs in
 # one process.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n + 1 < 4 ? n + 1 : 4 )))
-test: | $(STAMP)  ## run the test suite
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+# Every run ends with pytest's slowest setups and calls, then the worker time per module
+# and the slowest fixtures (tests/timing.py; `make test-times` prints the last run's again).
+TEST_DURATIONS ?= 25
+test: | $(STAMP)  ## run the test suite (CI runs this)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		--durations $(TEST_DURATIONS) $(PYTEST_ARGS)
 
 test-unit: | $(STAMP)  ## only the unit tests (in-process, under a minute)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+# The inner loop: the unit tests and the runtime contract (every runtime serving for real).
+test-fast: | $(STAMP)  ## unit tests + the runtime contract test, in parallel (under 2 minutes)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests/unit \
+		tests/integration/test_runtime_contract.py $(PYTEST_ARGS)
+
+test-times: | $(STAMP)  ## worker time per test module and the slowest fixtures, of the last run
+	$(BIN)/python -m tests.timing
 
 lint: | $(STAMP)  ## ruff lint and format check
 	$(BIN)/ruff check .

@@ -90,40 +90,44 @@ def shared(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[
         return value
 
 
-# The longest files first (worker-seconds in a fresh-clone run, 2026-11-24): `make test`
-# hands whole files to its xdist workers in collection order, and with the long files last
-# one worker was still running one while the others had finished (longest first is the
-# classic remedy for that tail). Files not named keep their order after these.
+# The longest files first (worker-seconds per file in a full run on the 2-core AMD EPYC,
+# 2026-11-27: `make test-times`). `make test` hands whole files to its xdist workers in
+# this order (--no-loadscope-reorder: xdist's default reorders files by their number of
+# tests, which put every long one-test file, the README walkthrough among them, at the
+# end, where one worker ran them alone for minutes). Longest first is the classic remedy
+# for that tail. The first three start three different session builds at once (the
+# digits exports; the detector; the control-flow family); files not named keep their
+# order after these.
 LONGEST_FILES = (
-    "integration/test_formats.py",  # 215 s with the recurrent exports (2026-11-24, late)
-    "integration/test_kserve_runtime.py",
-    # Issue 42: one chain under the simulated refusal of torch.jit (a .pt2 compile, both
-    # runtimes started): a minute or more.
-    "integration/test_jit_refused.py",
-    "integration/test_kserve_interop.py",
-    "integration/test_training_modes.py",
-    "integration/test_user_models.py",
-    "e2e/test_walkthrough.py",
-    "e2e/test_own_model.py",  # 33-46 s alone (2026-11-25, the 2-core machine while shared)
-    "integration/test_serving.py",
-    # ~25-30 s each after the shared two-version store (a second training, ~15 s)
-    "integration/test_rollout.py",
-    "integration/test_rollout_torchserve.py",
-    "e2e/test_cli.py",
-    "integration/test_stale_server.py",
-    "integration/test_partial_export.py",
-    "integration/test_reliability.py",
-    "integration/test_localise.py",
-    "integration/test_kserve_workers.py",
-    "integration/test_shadow.py",  # ~25 s: three starts, each with its reference process
-    "integration/test_shadow_torchserve.py",  # ~17 s alone: one start, two references
-    # Long, and unlisted until 11-25 (late): one of them ran last, alone, for a minute.
-    "integration/test_bench.py",  # 47 s
-    "integration/test_toy_runtime.py",  # 16-27 s
-    "integration/test_train.py",
-    "integration/test_recurrent.py",
-    "integration/test_training_multinode.py",
-    "integration/test_lean_worker.py",
+    "integration/test_formats.py",  # 338 s: exported, precision, recurrent, a TorchServe
+    "integration/test_kserve_interop.py",  # 278 s: the detector first, then the rest
+    "integration/test_kserve_runtime.py",  # 193 s: the family
+    "integration/test_training_modes.py",  # 154 s: seven torchrun starts, no shared fixture
+    "e2e/test_walkthrough.py",  # 120 s: its own training, server and C++ build
+    "integration/test_serving.py",  # 120 s
+    "integration/test_stale_server.py",  # 102 s
+    "integration/test_jit_refused.py",  # 100 s
+    "integration/test_user_models.py",  # 97 s
+    "integration/test_pt2.py",  # 93 s
+    "e2e/test_cli.py",  # 92 s
+    "integration/test_partial_export.py",  # 84 s
+    "integration/test_reliability.py",  # 77 s
+    "integration/test_recurrent.py",  # 73 s
+    "integration/test_bench.py",  # 65 s
+    "e2e/test_own_model.py",  # 52 s
+    "integration/test_kserve_operations.py",  # 51 s
+    "integration/test_toy_runtime.py",  # 48 s
+    "integration/test_verify_scale.py",  # 47 s
+    "integration/test_cpp_pt2.py",  # 45 s
+    "integration/test_shadow.py",  # 45 s
+    "integration/test_serving_edges.py",  # 42 s
+    "integration/test_cpp_op_libraries.py",  # 40 s
+    "integration/test_rollout.py",  # 38 s
+    "integration/test_cpp_client.py",  # 35 s
+    "integration/test_shadow_torchserve.py",  # 34 s
+    "integration/test_localise.py",  # 31 s
+    "integration/test_rollout_torchserve.py",  # 30 s
+    "integration/test_precision.py",  # 29 s
 )
 
 

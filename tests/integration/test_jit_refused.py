@@ -35,7 +35,7 @@ def _ok(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_export_verify_serve_without_torchscript(
-    trained: TrainResult, binary: Path, refused: dict[str, str], tmp_path: Path
+    binary: Path, trained: TrainResult, refused: dict[str, str], tmp_path: Path
 ) -> None:
     export_dir = tmp_path / "export"
     ckpt = trained.checkpoint.path
