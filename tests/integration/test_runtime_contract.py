@@ -18,23 +18,34 @@ import pytest
 
 from pipeline.cli import build_parser
 from pipeline.cli import main as cli_main
-from pipeline.export import ExportResult
+from pipeline.export import ExportConfig, export
 from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
 from pipeline.serving import runtime
 from pipeline.serving.client import auth_headers
 from pipeline.serving.launcher import free_port, stop
 from pipeline.serving.runtime import SHARED_OPTIONS, ServeOptions
 from tests import toy_runtime
-from tests.tamper import copy_export
 
 LIMIT = 64 * 1024  # --max-request-size for every runtime here
 
 
 @pytest.fixture(scope="module")
-def artifacts(exported: ExportResult, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An artifacts tree holding the digits export, and a store with its ONNX archive."""
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An artifacts tree holding a digits export, and a store with its ONNX archive.
+
+    The contract is about options, not weights: the CNN's seeded random weights, ONNX
+    only (a few seconds), so that `make test-fast` needs neither the session's training
+    nor its `.pt2` compile."""
     root = tmp_path_factory.mktemp("contract")
-    copy_export(exported, root / "digits_lenet" / "export")
+    export(
+        ExportConfig(
+            model="digits_lenet",
+            random_init=True,
+            checkpoint=root / "checkpoint.pt",
+            out_dir=root / "digits_lenet" / "export",
+            formats=("onnx",),
+        )
+    )
     archive(
         ArchiveConfig(
             model="digits_lenet",
