@@ -25,7 +25,7 @@ from filelock import FileLock
 
 from pipeline.export import FORMATS, PRECISION_FORMATS, ExportConfig, ExportResult, export
 from pipeline.train import TrainConfig, TrainResult, train
-from tests import timing
+from tests import cli_fork, timing
 
 _FOLDER_MARKS = {"unit", "integration", "e2e"}
 T = TypeVar("T")
@@ -340,14 +340,12 @@ def run_cli(
     *args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """`python -m pipeline ARGS` as a user runs it (warnings off, output captured);
-    `env`: variables added to this process's."""
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=600,
-        env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})},
+    `env`: variables added to this process's. The command's process is forked from one
+    that has imported torch already (tests/cli_fork.py says why and what differs), or,
+    when `env` adds to the environment, started as a plain subprocess."""
+    base = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return cli_fork.run(
+        [*map(str, args)], cwd=cwd, env={**base, **(env or {})}, base=base, timeout=600
     )
 
 

@@ -1,0 +1,171 @@
+"""`python -m pipeline ARGS` forked from an interpreter that has imported torch already.
+
+A full run of the suite on the 2-core machine spent about a third of its CPU time in
+`python -m pipeline` processes (760 of 2,230 s, 190 processes, sampled from /proc), and
+each one began with the same 3 to 4 s of `import torch`. `run_cli` (tests/conftest.py)
+sends a command here instead: one process per xdist worker imports torch once, then
+forks a child per command. The child is the command's own process, as a fresh one
+would be: its arguments, working folder (first on sys.path, as `-m` puts it), standard
+streams written to files, `pipeline/__main__.py` run as `__main__`, its exit status
+and atexit handlers; nothing of the pipeline's own code is imported before the fork,
+so every module reads the environment when the command imports it.
+
+What a fork cannot give is a different environment at interpreter start (PYTHONPATH's
+sitecustomize, OMP_NUM_THREADS as the OpenMP runtime reads it when loaded): a command
+whose environment differs from the one the forking process started with (beyond
+RUNTIME_ONLY's variables) runs as a plain subprocess, as is every command with PIPELINE_TESTS_NO_FORK=1 in the
+environment. The console script itself, as a user starts it, is run by the e2e
+tests (test_cli's help check, the README walkthrough, the own-model page).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+# The forking process: imports torch, then forks a child per request line and answers
+# with the child's pid, then its exit status.
+_SOURCE = r"""
+import json, os, runpy, sys
+import torch  # what every command would import first
+
+def child(req):
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    sys.stdin = open(os.devnull)  # not the request pipe, nor what was read ahead of it
+    for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
+        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(out, fd)
+        os.close(out)
+    os.chdir(req["cwd"])
+    os.environ.clear()
+    os.environ.update(req["env"])
+    sys.path[0] = os.getcwd()  # where `python -m` puts the working folder
+    sys.argv = ["-m", *req["args"]]
+    runpy.run_module("pipeline", run_name="__main__", alter_sys=True)
+    raise SystemExit(0)
+
+answer = sys.stdout
+answer.write("ready\n")
+answer.flush()
+for line in sys.stdin:
+    req = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        child(req)  # exits the interpreter as the command's own process would
+    answer.write(f"{pid}\n")
+    answer.flush()
+    _, status = os.waitpid(pid, 0)
+    answer.write(f"{os.waitstatus_to_exitcode(status)}\n")
+    answer.flush()
+"""
+
+
+class Forker:
+    """One forking process, started with `env`; `run` sends it one command at a time."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = dict(env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _SOURCE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=self.env,
+            cwd=tempfile.gettempdir(),
+        )
+        self.lock = threading.Lock()
+        self.pending = b""
+        if self._line(timeout=600) != "ready":
+            raise RuntimeError("the forking CLI process did not start")
+
+    def _line(self, timeout: float | None) -> str | None:
+        """The next line it wrote, None on timeout (raw reads: a buffered reader would
+        hold a second line that select() then never reports)."""
+        fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        while b"\n" not in self.pending:
+            ready, _, _ = select.select([fd], [], [], timeout)
+            if not ready:
+                return None
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise RuntimeError("the forking CLI process exited")
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return line.decode()
+
+    def run(
+        self, args: list[str], cwd: Path | None, env: dict[str, str], timeout: float
+    ) -> subprocess.CompletedProcess:
+        with self.lock, tempfile.TemporaryDirectory(prefix="cli-") as tmp:
+            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            request = {"args": args, "cwd": str(cwd or os.getcwd()), "env": env,
+                       "stdout": str(out), "stderr": str(err)}  # fmt: skip
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())  # type: ignore[union-attr]
+            self.proc.stdin.flush()  # type: ignore[union-attr]
+            pid = int(self._line(timeout=60) or 0)
+            code = self._line(timeout=timeout)
+            if code is None:
+                os.kill(pid, 9)
+                self._line(timeout=60)  # its status, once reaped
+                raise subprocess.TimeoutExpired([sys.executable, "-m", "pipeline", *args], timeout)
+            return subprocess.CompletedProcess(
+                [sys.executable, "-m", "pipeline", *args],
+                int(code),
+                out.read_text(errors="replace"),
+                err.read_text(errors="replace"),
+            )
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()  # type: ignore[union-attr]
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+_forker: Forker | None = None
+# Variables a test worker gains as it runs, which nothing reads when an interpreter or
+# torch starts: the child gets them (its environment is the command's, exactly) and a
+# fork serves. pytest's current test; pipeline.core.seeding's cuBLAS setting (read when
+# CUDA starts); sklearn's OpenMP settings (sklearn sets them itself when imported);
+# Inductor's cache folder (read when torch._inductor is imported).
+RUNTIME_ONLY = frozenset(
+    {"PYTEST_CURRENT_TEST", "CUBLAS_WORKSPACE_CONFIG", "KMP_DUPLICATE_LIB_OK",
+     "KMP_INIT_AT_FORK", "TORCHINDUCTOR_CACHE_DIR"}
+)  # fmt: skip
+OFF = "PIPELINE_TESTS_NO_FORK"  # =1: every command as a plain subprocess (to compare, debug)
+
+
+def run(
+    args: list[str], cwd: Path | None, env: dict[str, str], base: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """`python -m pipeline ARGS` in `cwd` with exactly `env`: forked when `env` differs
+    from the environment the forking process started with (`base`, when the first
+    command came) in RUNTIME_ONLY variables at most, else as a plain subprocess."""
+    global _forker
+    if os.environ.get(OFF) == "1":
+        return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True,
+                              text=True, cwd=cwd, timeout=timeout, env=env)  # fmt: skip
+    if _forker is None:
+        _forker = Forker(base)
+        atexit.register(_forker.close)
+    differs = {k for k in env.keys() | _forker.env.keys() if env.get(k) != _forker.env.get(k)}
+    if differs <= RUNTIME_ONLY:
+        return _forker.run(args, cwd, env, timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        env=env,
+    )
