@@ -49,7 +49,7 @@ endif
 
 .PHONY: help venv train train-ddp export verify verify-example demo test test-unit test-fast test-times lint format clean archive serve stop infer cpp latency loadtest bench bench-export
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
 
 venv: $(STAMP)  ## create .venv with the pinned dependencies
 
