@@ -69,6 +69,11 @@ for line in sys.stdin:
 """
 
 
+def command(args: list[str]) -> list[str]:
+    """The command line a plain run starts, and the one a forked run reports."""
+    return [sys.executable, "-m", "pipeline", *args]
+
+
 class Forker:
     """One forking process, started with `env`; `run` sends it one command at a time."""
 
@@ -115,9 +120,9 @@ class Forker:
             if code is None:
                 os.kill(pid, 9)
                 self._line(timeout=60)  # its status, once reaped
-                raise subprocess.TimeoutExpired([sys.executable, "-m", "pipeline", *args], timeout)
+                raise subprocess.TimeoutExpired(command(args), timeout)
             return subprocess.CompletedProcess(
-                [sys.executable, "-m", "pipeline", *args],
+                command(args),
                 int(code),
                 out.read_text(errors="replace"),
                 err.read_text(errors="replace"),
@@ -152,20 +157,13 @@ def run(
     from the environment the forking process started with (`base`, when the first
     command came) in RUNTIME_ONLY variables at most, else as a plain subprocess."""
     global _forker
-    if os.environ.get(OFF) == "1":
-        return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True,
-                              text=True, cwd=cwd, timeout=timeout, env=env)  # fmt: skip
-    if _forker is None:
-        _forker = Forker(base)
-        atexit.register(_forker.close)
-    differs = {k for k in env.keys() | _forker.env.keys() if env.get(k) != _forker.env.get(k)}
-    if differs <= RUNTIME_ONLY:
-        return _forker.run(args, cwd, env, timeout)
+    if os.environ.get(OFF) != "1":
+        if _forker is None:
+            _forker = Forker(base)
+            atexit.register(_forker.close)
+        differs = {k for k in env.keys() | _forker.env.keys() if env.get(k) != _forker.env.get(k)}
+        if differs <= RUNTIME_ONLY:
+            return _forker.run(args, cwd, env, timeout)
     return subprocess.run(
-        [sys.executable, "-m", "pipeline", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=timeout,
-        env=env,
+        command(args), capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env
     )
