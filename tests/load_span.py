@@ -3,6 +3,7 @@ answer checked against eager of the version that gave it (loadtest's `store`).""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from pathlib import Path
@@ -10,7 +11,16 @@ from pathlib import Path
 from pipeline.serving import versions
 from pipeline.serving.loadreport import LoadReport
 from pipeline.serving.loadtest import LoadConfig, run
+from pipeline.serving.rollout import Bounds
 from pipeline.serving.server import Server
+
+# The bounds of a rollout test that checks what is lost, not how fast the canary is: its
+# error rate is judged as by default, its p99 against the default version's is not. Two
+# other xdist workers share the 2 cores, and a p99 of the few dozen requests a one-second
+# watch sees swung past the default's 3× in full runs (25.7 ms against 6.95). The latency
+# bound has a test of its own that must trip it (test_rollout.py's
+# test_a_canary_past_its_bound_rolls_back_by_itself).
+LATENCY_UNJUDGED = Bounds(max_p99_ratio=math.inf)
 
 
 class LoadSpan:

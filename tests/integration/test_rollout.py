@@ -32,7 +32,7 @@ from pipeline.serving.client import auth_headers
 from pipeline.serving.launcher import free_port, stop
 from pipeline.serving.rollout import Bounds, RolledBackError, RolloutConfig, rollback, rollout
 from pipeline.serving.server import Server
-from tests.load_span import LoadSpan
+from tests.load_span import LATENCY_UNJUDGED, LoadSpan
 from tests.tamper import alter_onnx_initializer
 
 MODEL = "digits_lenet"
@@ -83,7 +83,15 @@ def test_canary_promote_and_rollback_under_load_lose_nothing(served: Server, sto
     run_dir = Path(served.run_dir)
     with LoadSpan(served, store) as load:
         state = rollout(
-            RolloutConfig(MODEL, run_dir, version=2, store=store, canary=20, watch_s=1.0),
+            RolloutConfig(
+                MODEL,
+                run_dir,
+                version=2,
+                store=store,
+                canary=20,
+                watch_s=1.0,
+                bounds=LATENCY_UNJUDGED,
+            ),
             say=lambda _: None,
         )
         assert (state.models[MODEL].canary, state.models[MODEL].percent) == (2, 20.0)
@@ -159,7 +167,15 @@ def test_tritonclient_sees_the_versions_and_asks_one_by_name(
 ) -> None:
     _reset(served, store)
     rollout(
-        RolloutConfig(MODEL, Path(served.run_dir), version=2, store=store, canary=10, watch_s=0),
+        RolloutConfig(
+            MODEL,
+            Path(served.run_dir),
+            version=2,
+            store=store,
+            canary=10,
+            watch_s=0,
+            bounds=LATENCY_UNJUDGED,
+        ),
         say=lambda _: None,
     )
     x = versions.get(MODEL, 1, store).open().sample(1, seed=5)["image"].numpy()
@@ -196,7 +212,15 @@ def test_tritonclient_sees_the_versions_and_asks_one_by_name(
 def test_a_restarted_worker_serves_the_rolled_out_versions(served: Server, store: Path) -> None:
     _reset(served, store)
     rollout(
-        RolloutConfig(MODEL, Path(served.run_dir), version=2, store=store, canary=10, watch_s=0),
+        RolloutConfig(
+            MODEL,
+            Path(served.run_dir),
+            version=2,
+            store=store,
+            canary=10,
+            watch_s=0,
+            bounds=LATENCY_UNJUDGED,
+        ),
         say=lambda _: None,
     )
     rt = runtime.get("kserve")

@@ -23,7 +23,7 @@ from pipeline.serving.launcher import free_port, stop
 from pipeline.serving.live import VERSION_HEADER
 from pipeline.serving.rollout import RolloutConfig, rollback, rollout
 from pipeline.serving.server import Server
-from tests.load_span import LoadSpan
+from tests.load_span import LATENCY_UNJUDGED, LoadSpan
 
 MODEL = "digits_lenet"
 ARCHIVE = "digits_lenet_onnx"
@@ -66,7 +66,15 @@ def test_canary_promote_and_rollback_on_torchserve_lose_nothing(
     run_dir = Path(served.run_dir)
     with LoadSpan(served, store) as load:
         rollout(
-            RolloutConfig(MODEL, run_dir, version=2, store=store, canary=20, watch_s=1.0),
+            RolloutConfig(
+                MODEL,
+                run_dir,
+                version=2,
+                store=store,
+                canary=20,
+                watch_s=1.0,
+                bounds=LATENCY_UNJUDGED,
+            ),
             say=lambda _: None,
         )
         assert _registered(served) == ["1", "2"]
