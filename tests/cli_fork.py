@@ -31,7 +31,7 @@ import threading
 from pathlib import Path
 
 # The forking process: imports torch, then forks a child per request line and answers
-# with the child's pid, then its exit status.
+# with the child's pid, then its exit status and CPU seconds.
 _SOURCE = r"""
 import json, os, runpy, sys
 import torch  # what every command would import first
@@ -63,8 +63,8 @@ for line in sys.stdin:
         child(req)  # exits the interpreter as the command's own process would
     answer.write(f"{pid}\n")
     answer.flush()
-    _, status = os.waitpid(pid, 0)
-    answer.write(f"{os.waitstatus_to_exitcode(status)}\n")
+    _, status, usage = os.wait4(pid, 0)
+    answer.write(f"{os.waitstatus_to_exitcode(status)} {usage.ru_utime + usage.ru_stime}\n")
     answer.flush()
 """
 
@@ -76,6 +76,8 @@ def command(args: list[str]) -> list[str]:
 
 class Forker:
     """One forking process, started with `env`; `run` sends it one command at a time."""
+
+    cpu_s = 0.0  # CPU time of every command forked in this process (tests/timing.py reads it)
 
     def __init__(self, env: dict[str, str]) -> None:
         self.env = dict(env)
@@ -116,11 +118,13 @@ class Forker:
             self.proc.stdin.write((json.dumps(request) + "\n").encode())  # type: ignore[union-attr]
             self.proc.stdin.flush()  # type: ignore[union-attr]
             pid = int(self._line(timeout=60) or 0)
-            code = self._line(timeout=timeout)
-            if code is None:
+            answer = self._line(timeout=timeout)
+            if answer is None:
                 os.kill(pid, 9)
                 self._line(timeout=60)  # its status, once reaped
                 raise subprocess.TimeoutExpired(command(args), timeout)
+            code, cpu = answer.split()
+            Forker.cpu_s += float(cpu)
             return subprocess.CompletedProcess(
                 command(args),
                 int(code),
@@ -142,10 +146,12 @@ _forker: Forker | None = None
 # torch starts: the child gets them (its environment is the command's, exactly) and a
 # fork serves. pytest's current test; pipeline.core.seeding's cuBLAS setting (read when
 # CUDA starts); sklearn's OpenMP settings (sklearn sets them itself when imported);
-# Inductor's cache folder (read when torch._inductor is imported).
+# Inductor's cache folder (read when torch._inductor is imported); the input checks a
+# .pt2 package's compiled code reads when it first runs, which loading one sets (without
+# it in the list, every command after a worker's first .pt2 ran as a plain subprocess).
 RUNTIME_ONLY = frozenset(
     {"PYTEST_CURRENT_TEST", "CUBLAS_WORKSPACE_CONFIG", "KMP_DUPLICATE_LIB_OK",
-     "KMP_INIT_AT_FORK", "TORCHINDUCTOR_CACHE_DIR"}
+     "KMP_INIT_AT_FORK", "TORCHINDUCTOR_CACHE_DIR", "AOTI_RUNTIME_CHECK_INPUTS"}
 )  # fmt: skip
 OFF = "PIPELINE_TESTS_NO_FORK"  # =1: every command as a plain subprocess (to compare, debug)
 

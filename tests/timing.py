@@ -16,12 +16,15 @@ for it: tests/README.md says which module that is for each.
 from __future__ import annotations
 
 import json
+import resource
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pytest
+
+from tests import cli_fork
 
 RESULT = Path(".pytest_cache") / "module_times.json"
 FIXTURES = Path(".pytest_cache") / "fixture_times.json"
@@ -41,6 +44,8 @@ class Module:
     teardown: float = 0.0
     start: float = field(default=float("inf"))
     stop: float = 0.0
+    cpu: float = 0.0  # CPU-seconds of the worker process itself
+    cpu_waited: float = 0.0  # of the commands it started and waited for (forked ones too)
 
     @property
     def total(self) -> float:
@@ -64,6 +69,9 @@ class ModuleTimes:
         node = getattr(report, "node", None)  # the xdist worker, on the controller
         if node is not None:
             module.worker = node.gateway.id
+        for key, value in report.user_properties:
+            if key in CPU_KEYS:
+                setattr(module, key, getattr(module, key) + value)
         if report.start:
             module.start = min(module.start, report.start)
             module.stop = max(module.stop, report.stop)
@@ -112,6 +120,37 @@ class FixtureTimes:
                 out.write(json.dumps(row) + "\n")
 
 
+CPU_KEYS = ("cpu", "cpu_waited")
+
+
+class CpuTimes:
+    """In each process that runs tests: the CPU time each test phase took, put on its
+    report (`user_properties`, which xdist sends to the controller). Wall time alone
+    cannot say where a CPU-bound suite's work goes: a worker waiting on another's
+    `shared` build, or on a server, shows wall time and no CPU. `cpu_waited` counts
+    the children this process reaped (subprocess.run's commands, torchrun, CMake and
+    the compilers under it, DataLoader workers) and run_cli's forked commands; it
+    misses servers' own processes, which are not this process's children (TorchServe
+    daemonises) or are killed rather than waited for."""
+
+    def __init__(self) -> None:
+        self.last = self._now()
+
+    @staticmethod
+    def _now() -> tuple[float, float]:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        waited = children.ru_utime + children.ru_stime + cli_fork.Forker.cpu_s
+        return time.process_time(), waited
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        outcome = yield
+        now = self._now()
+        own, waited = (b - a for a, b in zip(self.last, now, strict=True))
+        self.last = now
+        outcome.get_result().user_properties.extend([("cpu", own), ("cpu_waited", waited)])
+
+
 def fixture_rows(folder: Path) -> list[dict[str, object]]:
     """Every worker's slow fixtures, longest first."""
     rows = [
@@ -131,13 +170,20 @@ def _saved(module: Module) -> dict[str, object]:
 def table(rows: list[Module], total: float) -> list[str]:
     """Worker-seconds per module, and when each ran (seconds after the run's first test)."""
     began = min((m.start for m in rows), default=0.0)
-    lines = [f"{'worker s':>9} {'setup s':>8} {'tests':>5}  {'worker':6} {'ran (s)':>13}  module"]
+    lines = [
+        f"{'worker s':>9} {'setup s':>8} {'cpu s':>6} {'+waited':>7} {'tests':>5}  "
+        f"{'worker':6} {'ran (s)':>13}  module"
+    ]
     for m in rows:
         span = f"{m.start - began:5.0f}-{m.stop - began:<5.0f}" if m.stop else ""
         lines.append(
-            f"{m.total:9.1f} {m.setup:8.1f} {m.tests:5d}  {m.worker:6} {span:>13}  {m.path}"
+            f"{m.total:9.1f} {m.setup:8.1f} {m.cpu:6.0f} {m.cpu_waited:7.0f} {m.tests:5d}  "
+            f"{m.worker:6} {span:>13}  {m.path}"
         )
-    lines.append(f"{total:9.1f} worker-seconds in all")
+    cpu = sum(m.cpu for m in rows), sum(m.cpu_waited for m in rows)
+    lines.append(
+        f"{total:9.1f} worker-seconds in all; CPU-seconds {cpu[0]:.0f} + {cpu[1]:.0f} waited"
+    )
     return lines
 
 
@@ -160,10 +206,12 @@ def register(config: pytest.Config) -> None:
     worker = getattr(config, "workerinput", {}).get("workerid")
     if worker:
         config.pluginmanager.register(FixtureTimes(config, worker), "fixture-times")
+        config.pluginmanager.register(CpuTimes(), "cpu-times")
         return
     config.pluginmanager.register(ModuleTimes(config), "module-times")
     if getattr(config.option, "dist", "no") == "no":
         config.pluginmanager.register(FixtureTimes(config, "main"), "fixture-times")
+        config.pluginmanager.register(CpuTimes(), "cpu-times")
 
 
 def main(argv: list[str]) -> int:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,11 +12,22 @@ import pytest
 from tests import timing
 
 
-def _report(nodeid: str, when: str, duration: float, start: float) -> pytest.TestReport:
+def _report(
+    nodeid: str, when: str, duration: float, start: float, cpu: tuple[float, float] = (0, 0)
+) -> pytest.TestReport:
     return pytest.TestReport(
         nodeid, ("x.py", 1, "t"), {}, "passed", None, when, [], duration=duration,
         start=start, stop=start + duration,
+        user_properties=[("cpu", cpu[0]), ("cpu_waited", cpu[1]), ("other", 7)],
     )  # fmt: skip
+
+
+class _Outcome:
+    def __init__(self, report: pytest.TestReport) -> None:
+        self.report = report
+
+    def get_result(self) -> pytest.TestReport:
+        return self.report
 
 
 class _Config:
@@ -24,22 +37,39 @@ class _Config:
 
 def test_module_time_sums_every_phase_and_spans_the_wall_clock(tmp_path: Path) -> None:
     plugin = timing.ModuleTimes(_Config(tmp_path))  # type: ignore[arg-type]
-    for nodeid, when, duration, start in [
-        ("tests/a.py::t1", "setup", 5.0, 100.0),
-        ("tests/a.py::t1", "call", 1.0, 105.0),
-        ("tests/a.py::t1", "teardown", 0.5, 106.0),
-        ("tests/a.py::t2", "call", 2.0, 107.0),
-        ("tests/b.py::t", "call", 0.25, 101.0),
+    for nodeid, when, duration, start, cpu in [
+        ("tests/a.py::t1", "setup", 5.0, 100.0, (1.0, 3.0)),
+        ("tests/a.py::t1", "call", 1.0, 105.0, (0.5, 0.0)),
+        ("tests/a.py::t1", "teardown", 0.5, 106.0, (0.25, 0.0)),
+        ("tests/a.py::t2", "call", 2.0, 107.0, (2.0, 0.5)),
+        ("tests/b.py::t", "call", 0.25, 101.0, (0.0, 0.0)),
     ]:
-        plugin.pytest_runtest_logreport(_report(nodeid, when, duration, start))
+        plugin.pytest_runtest_logreport(_report(nodeid, when, duration, start, cpu))
     a, b = plugin.modules["tests/a.py"], plugin.modules["tests/b.py"]
     assert (a.setup, a.call, a.teardown, a.total, a.tests) == (5.0, 3.0, 0.5, 8.5, 2)
+    assert (a.cpu, a.cpu_waited) == (3.75, 3.5)
     assert (a.start, a.stop) == (100.0, 109.0)
     assert b.total == 0.25 and b.tests == 1
     lines = timing.table(sorted(plugin.modules.values(), key=lambda m: -m.total), total=8.75)
     assert lines[1].split()[0] == "8.5" and lines[1].endswith("tests/a.py")
     assert "0-9" in lines[1] and "1-1" in lines[2]  # seconds after the run's first test
-    assert lines[-1].split()[0] == "8.8"
+    assert lines[-1].split()[0] == "8.8" and lines[-1].endswith("CPU-seconds 4 + 4 waited")
+
+
+def test_cpu_times_go_on_each_phase_report_and_count_the_commands_waited_for(
+    tmp_path: Path,
+) -> None:
+    plugin = timing.CpuTimes()
+    busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+    subprocess.run([sys.executable, "-c", busy], check=True)  # a child this process reaps
+    report = _report("tests/a.py::t", "call", 1.0, 0.0)
+    report.user_properties.clear()
+    wrapper = plugin.pytest_runtest_makereport(None, None)  # type: ignore[arg-type]
+    next(wrapper)
+    with pytest.raises(StopIteration):
+        wrapper.send(_Outcome(report))
+    got = dict(report.user_properties)
+    assert got["cpu_waited"] >= 0.3 and got["cpu"] >= 0.0
 
 
 def test_the_saved_table_prints_again_and_a_missing_one_says_what_to_run(
