@@ -10,11 +10,12 @@ streams written to files, `pipeline/__main__.py` run as `__main__`, its exit sta
 and atexit handlers; nothing of the pipeline's own code is imported before the fork,
 so every module reads the environment when the command imports it.
 
-What a fork cannot give is a different environment at interpreter start (PYTHONPATH's
-sitecustomize, OMP_NUM_THREADS as the OpenMP runtime reads it when loaded): a command
-whose environment differs from the one the forking process started with (beyond
-RUNTIME_ONLY's variables) runs as a plain subprocess, as is every command with PIPELINE_TESTS_NO_FORK=1 in the
-environment. The console script itself, as a user starts it, is run by the e2e
+What a fork cannot give is an environment of the command's own at interpreter start
+(PYTHONPATH's sitecustomize, OMP_NUM_THREADS as the OpenMP runtime reads it when
+loaded): a command given variables of its own (beyond RUNTIME_ONLY's) runs as a plain
+subprocess, as does every command with PIPELINE_TESTS_NO_FORK=1 in the environment.
+When the test process's own environment changes, the forking process is replaced by
+one started with the new environment. The console script itself, as a user starts it, is run by the e2e
 tests (test_cli's help check, the README walkthrough, the own-model page).
 """
 
@@ -159,17 +160,30 @@ OFF = "PIPELINE_TESTS_NO_FORK"  # =1: every command as a plain subprocess (to co
 def run(
     args: list[str], cwd: Path | None, env: dict[str, str], base: dict[str, str], timeout: float
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m pipeline ARGS` in `cwd` with exactly `env`: forked when `env` differs
-    from the environment the forking process started with (`base`, when the first
-    command came) in RUNTIME_ONLY variables at most, else as a plain subprocess."""
+    """`python -m pipeline ARGS` in `cwd` with exactly `env`: forked when `env` is this
+    test process's environment `base` (beyond RUNTIME_ONLY's variables), else a plain
+    subprocess. The forking process starts with `base`; when `base` has changed since
+    (a test worker's environment drifts as its tests run: a library sets a variable),
+    it is closed and a new one started, one interpreter start for all the commands after."""
     global _forker
-    if os.environ.get(OFF) != "1":
-        if _forker is None:
-            _forker = Forker(base)
-            atexit.register(_forker.close)
-        differs = {k for k in env.keys() | _forker.env.keys() if env.get(k) != _forker.env.get(k)}
-        if differs <= RUNTIME_ONLY:
-            return _forker.run(args, cwd, env, timeout)
-    return subprocess.run(
-        command(args), capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env
-    )
+    if os.environ.get(OFF) == "1" or _differs(env, base):
+        return subprocess.run(
+            command(args), capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env
+        )
+    if _forker is not None and _differs(base, _forker.env):
+        _forker.close()
+        _forker = None
+    if _forker is None:
+        _forker = Forker(base)
+    return _forker.run(args, cwd, env, timeout)
+
+
+def _differs(a: dict[str, str], b: dict[str, str]) -> set[str]:
+    """The variables, beyond RUNTIME_ONLY, whose values differ between `a` and `b`."""
+    return {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)} - RUNTIME_ONLY
+
+
+@atexit.register
+def _close() -> None:
+    if _forker is not None:
+        _forker.close()

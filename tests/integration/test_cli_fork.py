@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests import cli_fork
 from tests.conftest import run_cli
 
@@ -27,3 +29,20 @@ def test_a_forked_command_runs_in_its_folder_and_says_what_a_plain_one_says(
         forked.stdout,
         forked.stderr,
     )
+
+
+def test_a_changed_worker_environment_gets_a_new_forking_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A library that sets a variable in the test process (torch's AOTInductor does) once
+    sent every later command to a plain subprocess; now the forking process is replaced."""
+    run_cli("export", "--model", "mine.py:Nope", cwd=tmp_path)
+    first = cli_fork._forker
+    monkeypatch.setenv("PIPELINE_TESTS_DRIFT", "1")
+    cpu_before = cli_fork.Forker.cpu_s
+    proc = run_cli("export", "--model", "mine.py:Nope", cwd=tmp_path)
+    assert proc.returncode == 1 and "does not exist" in proc.stderr, proc.stderr
+    assert cli_fork.Forker.cpu_s > cpu_before  # forked, not a plain subprocess
+    assert cli_fork._forker is not first and first is not None
+    assert first.proc.poll() is not None  # the old one was closed
+    assert cli_fork._forker.env["PIPELINE_TESTS_DRIFT"] == "1"
