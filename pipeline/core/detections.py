@@ -100,6 +100,17 @@ def _tie(score: float, others: torch.Tensor, cut: float) -> bool:
     return score - cut <= SCORE_ATOL or _near(score, others)
 
 
+def firm_count(scores: torch.Tensor) -> int:
+    """How many of one image's detections are firm: no other of its scores within
+    SCORE_ATOL, and above its own cut (its lowest score) by more than SCORE_ATOL."""
+    cut = float(scores.min()) if scores.numel() else 0.0
+    firm = 0
+    for i in range(scores.numel()):
+        others = torch.cat([scores[:i], scores[i + 1 :]])
+        firm += not _tie(float(scores[i]), others, cut)
+    return firm
+
+
 def compare_image(eager: Image, got: Image, index: int, verdict: Verdict) -> None:
     """Add image `index`'s comparison to `verdict` (see the module docstring)."""
     from torchvision.ops import box_iou
@@ -108,11 +119,7 @@ def compare_image(eager: Image, got: Image, index: int, verdict: Verdict) -> Non
     verdict.eager += eager.count
     cut = float(torch.cat([eager.scores, got.scores]).min()) if eager.count + got.count else 0.0
     every = torch.cat([eager.scores, got.scores])
-    own_cut = float(eager.scores.min()) if eager.count else 0.0
-    for i in range(eager.count):  # firm: no other of eager's own within reach, above its cut
-        others = torch.cat([eager.scores[:i], eager.scores[i + 1 :]])
-        if not _tie(float(eager.scores[i]), others, own_cut):
-            verdict.firm += 1
+    verdict.firm += firm_count(eager.scores)
     iou = box_iou(eager.boxes.double(), got.boxes.double()) if eager.count and got.count else None
     taken: set[int] = set()
     unmatched_eager = []

@@ -12,8 +12,13 @@ takes the second under TorchScript, as torchvision's own docs advise.
 `--random-init` leaves a detector without signal: its classification logits come
 out all but equal, every score is the same (0.2 over 5 classes) and which boxes
 survive NMS is arbitrary, so no comparison of them could fail. `spread_scores`
-rescales the last classification layer(s) so the logits have a spread of
-`TARGET_LOGIT_STD` on random inputs (docs/verification.md, "Detections").
+rescales the last classification layer(s) to the logit spread at which the most of
+the detector's detections are *firm* under verify's rule (pipeline/core/detections.py),
+measured on the golden inputs: no fixed spread does for every family and class count
+(docs/verification.md, "Detections").
+
+A torchvision detector's `state_dict` (what a user fine-tunes and saves) loads into
+the wrapper as it is: its keys gain the wrapper's `model.` prefix on the way in.
 """
 
 from __future__ import annotations
@@ -27,11 +32,14 @@ from pipeline.zoo.spec import Inputs, TensorSpec
 
 # 320: SSDlite320's own input size; torchvision's transform resizes to its size anyway.
 DETECTION_INPUT = TensorSpec("images", ("batch", 3, 320, 320), torch.float32, 0.0, 1.0)
-DETECTION_OUTPUTS = ("boxes", "scores", "labels", "counts")
-# The spread of the classification logits after --random-init. About 1 gives kept scores
-# from ~0.7 to ~1.0 for SSDlite (5 classes); 2-3 saturates most of them near 1.0 and
-# brings back ties (measured on random inputs, 2026-11-25).
-TARGET_LOGIT_STD = 1.0
+# The logit spreads (std of the classification layers' outputs) spread_scores tries:
+# doublings first, then the two √2 steps around the best. A spread too small leaves
+# scores crowded (SSDlite at 91 classes: 265 of 600 detections firm at 1.0), one too
+# large saturates them near 1.0 and brings ties back (0 firm at 8); the best lies
+# between, where it lies differs by family (measured 2026-11-27: SSDlite 91 classes
+# 436 of 600 firm at 2; Faster R-CNN's MobileNet 320 188 of 200 at 2, 180 at 4).
+SPREADS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+UNMEASURED_SPREAD = 1.0  # when the answer carries no scores to count firm ones in
 
 
 def detector_names() -> list[str]:
@@ -41,18 +49,48 @@ def detector_names() -> list[str]:
     return torchvision.models.list_models(module=torchvision.models.detection)
 
 
+def detector_types() -> tuple[type, ...]:
+    """The classes every torchvision detector is an instance of."""
+    from torchvision.models.detection.fcos import FCOS
+    from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
+    from torchvision.models.detection.retinanet import RetinaNet
+    from torchvision.models.detection.ssd import SSD
+
+    return (GeneralizedRCNN, SSD, RetinaNet, FCOS)
+
+
+def find_detectors(model: nn.Module) -> list[nn.Module]:
+    """The torchvision detectors inside `model` (itself included), outermost first."""
+    kinds = detector_types()
+    found: list[nn.Module] = []
+    for module in model.modules():
+        if isinstance(module, kinds) and not any(module in set(f.modules()) for f in found):
+            found.append(module)
+    return found
+
+
 class TorchvisionDetector(nn.Module):
     """A torchvision detector taking one batch tensor; eager and scripted answer alike."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
+        self._register_load_state_dict_pre_hook(_prefix_bare_keys)
 
     def forward(self, images: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         out = self.model([images[i] for i in range(images.shape[0])])
         if torch.jit.is_scripting():
             return out[1]  # scripted detectors answer (losses, detections)
         return out
+
+
+def _prefix_bare_keys(
+    state_dict: dict[str, Any], prefix: str, *_: Any
+) -> None:  # torch's load_state_dict pre-hook signature
+    """torchvision's own detector keys (`backbone.…`) → the wrapper's (`model.backbone.…`)."""
+    inner = f"{prefix}model."
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
+        state_dict[inner + key.removeprefix(prefix)] = state_dict.pop(key)
 
 
 def build_detector(arch: str, **kwargs: Any) -> TorchvisionDetector:
@@ -79,11 +117,28 @@ def classification_layers(detector: nn.Module) -> list[nn.Module]:
     return []
 
 
+def _scores(answer: Any) -> list[torch.Tensor] | None:
+    """Each image's scores in a detector's answer: a list of per-image dicts, or
+    TorchScript's `(losses, detections)`; None when it is neither."""
+    if isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], dict):
+        answer = answer[1]
+    if (
+        isinstance(answer, list | tuple)
+        and answer
+        and all(isinstance(d, dict) and isinstance(d.get("scores"), torch.Tensor) for d in answer)
+    ):
+        return [d["scores"] for d in answer]
+    return None
+
+
 @torch.no_grad()
-def spread_scores(detector: nn.Module, inputs: Inputs) -> str:
-    """Rescale the classification layers so their logits' std on `inputs` is
-    `TARGET_LOGIT_STD`; returns what was done, for the manifest's init note."""
-    layers = classification_layers(detector)
+def spread_scores(model: nn.Module, inputs: Inputs) -> str:
+    """Rescale the classification layers of every torchvision detector in `model` so the
+    logits' spread on `inputs` is the one of SPREADS at which the most of `model`'s
+    detections are firm; returns what was done, for the manifest's init note."""
+    from pipeline.core.detections import firm_count
+
+    layers = [layer for d in find_detectors(model) for layer in classification_layers(d)]
     if not layers:
         return "no classification head found to spread the scores of: they may all tie"
     stds: dict[int, float] = {}
@@ -94,19 +149,55 @@ def spread_scores(detector: nn.Module, inputs: Inputs) -> str:
         for k, layer in enumerate(layers)
     ]
     try:
-        detector(*inputs.values())
+        model(*inputs.values())
     finally:
         for hook in hooks:
             hook.remove()
-    for k, layer in enumerate(layers):
-        if not stds.get(k):  # a zero spread cannot be scaled: leave it and say so below
-            continue
-        factor = TARGET_LOGIT_STD / stds[k]
-        layer.weight.mul_(factor)
-        if getattr(layer, "bias", None) is not None:
-            layer.bias.mul_(factor)
-    before = ", ".join(f"{stds[k]:.2g}" for k in sorted(stds))
+    scaled = [k for k in range(len(layers)) if stds.get(k)]  # a zero spread cannot be scaled
+    original = {k: (layers[k].weight.clone(), _bias(layers[k])) for k in scaled}
+
+    def set_spread(spread: float) -> None:
+        for k in scaled:
+            weight, bias = original[k]
+            layers[k].weight.copy_(weight * (spread / stds[k]))
+            if bias is not None:
+                layers[k].bias.copy_(bias * (spread / stds[k]))
+
+    def firm_at(spread: float) -> tuple[int, int]:
+        set_spread(spread)
+        scores = _scores(model(*inputs.values()))
+        if scores is None:
+            return -1, 0
+        return sum(firm_count(s) for s in scores), sum(int(s.numel()) for s in scores)
+
+    tried = {spread: firm_at(spread) for spread in SPREADS}
+    best = max(tried, key=lambda s: tried[s][0])
+    if tried[best][0] < 0:
+        set_spread(UNMEASURED_SPREAD)
+        before = ", ".join(f"{stds[k]:.2g}" for k in scaled)
+        return (
+            f"classification logits rescaled from std {before} to {UNMEASURED_SPREAD:g} so "
+            "detection scores spread (the answer has no per-image scores to measure by)"
+        )
+    for spread in (best / 2**0.5, best * 2**0.5):
+        tried[spread] = firm_at(spread)
+    best = max(tried, key=lambda s: tried[s][0])
+    set_spread(best)
+    firm, count = tried[best]
+    before = ", ".join(f"{stds[k]:.2g}" for k in scaled)
     return (
-        f"classification logits rescaled from std {before} to {TARGET_LOGIT_STD:g} so "
-        "detection scores spread (random weights tie every score otherwise)"
+        f"classification logits rescaled from std {before} to {best:.3g}, the spread at which "
+        f"the most detections are firm ({firm} of {count} on the golden inputs): random "
+        "weights tie every score otherwise"
     )
+
+
+def spread_inner_scores(model: nn.Module, inputs: Inputs) -> str:
+    """spread_scores for a user's own model that holds a torchvision detector (a wrapper);
+    nothing for one that holds none."""
+    return spread_scores(model, inputs) if find_detectors(model) else ""
+
+
+def _bias(layer: nn.Module) -> torch.Tensor | None:
+    bias = getattr(layer, "bias", None)
+    return bias.clone() if bias is not None else None

@@ -30,6 +30,7 @@ import yaml
 from torch import nn
 
 from pipeline.core.errors import InputSpecError, UnknownModelError
+from pipeline.zoo import detection
 from pipeline.zoo.spec import Inputs, TensorSpec, ZooEntry, parse_dtype
 from pipeline.zoo.user_class import import_class
 from pipeline_runtime.manifest import Manifest
@@ -241,8 +242,6 @@ def external_entry(
         arch = name.removeprefix(TORCHVISION_PREFIX)
         import torchvision
 
-        from pipeline.zoo import detection
-
         known = torchvision.models.list_models(module=torchvision.models)
         if arch in detection.detector_names():
             return _detector_entry(name, arch, kwargs, inputs, outputs, probes_file)
@@ -285,6 +284,9 @@ def external_entry(
         probes=_file_probes(probes_file) if probes_file else _random_probes(specs, sizes),
         source=source,
         serving={"topk": 5} if source == "torchvision" else {},
+        # A user's wrapper around a torchvision detector: spread its scores as for
+        # `torchvision:<detector>` (does nothing to a model that holds none).
+        after_random_init=detection.spread_inner_scores if source == "user" else None,
     )
 
 
@@ -298,8 +300,6 @@ def _detector_entry(
 ) -> ZooEntry:
     """A torchvision detector (pipeline/zoo/detection.py): a batch tensor in, per-image
     detections out; requests are not stacked (each image's detections are its own)."""
-    from pipeline.zoo import detection
-
     specs = tuple(inputs or (detection.DETECTION_INPUT,))
     sizes = {d: 2 if d == "batch" else 5 for s in specs for d in s.shape if isinstance(d, str)}
     return ZooEntry(
@@ -308,7 +308,7 @@ def _detector_entry(
         builder=lambda **kw: detection.build_detector(arch, **kw),
         kwargs=kwargs,
         inputs=specs,
-        outputs=tuple(outputs or detection.DETECTION_OUTPUTS),
+        outputs=tuple(outputs or ()),  # export names them from the detector's own answer
         task=None,
         default_sizes=sizes,
         probes=_file_probes(probes_file) if probes_file else _random_probes(specs, sizes),
