@@ -76,7 +76,7 @@ class Verdict:
         )
 
     def problem(self) -> str:
-        if self.problems:
+        if self.problems and not self.vacuous:
             more = f" (and {len(self.problems) - 3} more)" if len(self.problems) > 3 else ""
             return "; ".join(self.problems[:3]) + more
         if self.eager == 0:
@@ -86,8 +86,15 @@ class Verdict:
         return (
             f"vacuous: only {self.firm} of eager's {self.eager} detections are firm; the rest "
             f"have a score within {SCORE_ATOL} of another detection's or of the cut, so which "
-            "of them survive is arbitrary and the comparison cannot fail. Give the detector "
-            "spread scores (trained weights; --random-init rescales torchvision heads)"
+            "of them survive is arbitrary and the comparison cannot fail"
+            + (
+                f" (nor can its {len(self.problems)} mismatch(es) tell a wrong backend from "
+                "that arbitrary choice)"
+                if self.problems
+                else ""
+            )
+            + ". Give the detector spread scores (trained weights; --random-init rescales "
+            "the classification heads of torchvision detectors, and of a model holding one)"
         )
 
 

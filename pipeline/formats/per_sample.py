@@ -39,3 +39,34 @@ class PerSampleOutputs(nn.Module):
             counts.append(torch.ones_like(rows, dtype=torch.int64).sum())
         out.append(torch.stack(counts))
         return out
+
+
+class DetectionsOf(nn.Module):
+    """A scripted model whose answer is torchvision's scripted `(losses, detections)`,
+    answering the detections alone: what PerSampleOutputs takes."""
+
+    def __init__(self, model: torch.jit.ScriptModule) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> List[Dict[str, torch.Tensor]]:  # noqa: UP006
+        return self.model(x)[1]
+
+
+# The type TorchScript gives a scripted torchvision detector's answer.
+_LOSSES_AND_DETECTIONS = "Tuple[Dict[str, Tensor], List[Dict[str, Tensor]]]"
+
+
+def script_losses_and_detections(wrapper: PerSampleOutputs) -> torch.jit.ScriptModule | None:
+    """`wrapper` scripted when its model scripts to torchvision's `(losses, detections)`
+    answer (a user's own wrapper that returns a torchvision detector's answer as it is):
+    the detections are taken from it. None when the model does not script, or scripts
+    to another answer."""
+    try:
+        inner = torch.jit.script(wrapper.model)
+    except Exception:  # noqa: BLE001 - TorchScript's frontend raises many types
+        return None
+    returns = inner.forward.schema.returns
+    if len(returns) != 1 or str(returns[0].type) != _LOSSES_AND_DETECTIONS:
+        return None
+    return torch.jit.script(PerSampleOutputs(DetectionsOf(inner), tuple(wrapper.fields)))

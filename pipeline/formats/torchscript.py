@@ -27,6 +27,8 @@ from pipeline.core.compare import compare_outputs, flatten_outputs
 from pipeline.core.errors import ExportError, ExportRequestError
 from pipeline.core.noise import library_warnings, log_warnings
 from pipeline.formats.base import METHODS, ExportContext, Format, register
+from pipeline.formats.per_sample import PerSampleOutputs, script_losses_and_detections
+from pipeline.zoo.detection import scripting_advice
 from pipeline.zoo.spec import Inputs
 from pipeline_runtime import jitgate
 from pipeline_runtime.files import sha256_file
@@ -292,6 +294,13 @@ def to_torchscript(
         scripted, script_failed = try_script(model)
         if scripted is not None:
             result = ScriptResult(scripted, "script", f"{rejected}; scripted")
+        elif isinstance(model, PerSampleOutputs) and (answered := _script_detections(model)):
+            result = ScriptResult(
+                answered,
+                "script",
+                f"{rejected}; scripted, its detections taken from the scripted torchvision "
+                "detector's (losses, detections) answer",
+            )
         else:
             notes: list[str] = []
             calls = [tuple(example.values())] + [tuple(p.values()) for _, p in probes]
@@ -299,9 +308,7 @@ def to_torchscript(
             if hybrid is None:
                 raise ExportError(
                     f"No faithful TorchScript for this model: {rejected}; {script_failed}; "
-                    f"hybrid failed: {'; '.join(notes)}. Make the model scriptable (type-annotate "
-                    "forward, move Python-only code out of it) or wrap its control flow in a "
-                    "submodule that can be scripted."
+                    f"hybrid failed: {'; '.join(notes)}. {scripting_advice(model) or GENERIC_ADVICE}"
                 )
             result = ScriptResult(
                 hybrid, "hybrid", f"{rejected}; {script_failed}; hybrid: {'; '.join(notes)}"
@@ -313,6 +320,17 @@ def to_torchscript(
             "This is a TorchScript compiler problem, not a tracing one; please report it with the model."
         )
     return result
+
+
+GENERIC_ADVICE = (
+    "Make the model scriptable (type-annotate forward, move Python-only code out of it) or "
+    "wrap its control flow in a submodule that can be scripted."
+)
+
+
+def _script_detections(model: PerSampleOutputs) -> torch.jit.ScriptModule | None:
+    with library_warnings("torch.jit.script", FutureWarning):
+        return script_losses_and_detections(model)
 
 
 # --- the format ---------------------------------------------------------------

@@ -216,10 +216,10 @@ def _detection_row(
         max(total.score_err, v.score_err),
     )
     total.min_iou = min(total.min_iou, v.min_iou)
-    if v.problems:
-        kind = Kind.TOLERANCE
-    elif v.vacuous:
+    if v.vacuous:  # ties everywhere: even a mismatch may be NMS's arbitrary choice
         kind = Kind.VACUOUS
+    elif v.problems:
+        kind = Kind.TOLERANCE
     else:
         kind = Kind.PASS
     c = Comparison(

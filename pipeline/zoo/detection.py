@@ -84,6 +84,23 @@ class TorchvisionDetector(nn.Module):
         return out
 
 
+def scripting_advice(model: nn.Module) -> str | None:
+    """What to write when a model holding a torchvision detector does not script; None
+    for a model that holds none."""
+    found = find_detectors(model)
+    if not found:
+        return None
+    name = next(n for n, m in model.named_modules() if m is found[0]) or "the model"
+    return (
+        f"It holds a torchvision detector ({name}: {type(found[0]).__name__}), which scripted "
+        "answers (losses, detections) and takes a List[Tensor] of images. Write its forward as "
+        "pipeline/zoo/detection.py's TorchvisionDetector does: "
+        "`out = self.m([images[i] for i in range(images.shape[0])])`, then "
+        "`return out[1] if torch.jit.is_scripting() else out`, with the return annotated "
+        "`List[Dict[str, torch.Tensor]]`."
+    )
+
+
 def _prefix_bare_keys(
     state_dict: dict[str, Any], prefix: str, *_: Any
 ) -> None:  # torch's load_state_dict pre-hook signature

@@ -17,7 +17,10 @@ from pipeline.core import detections as detect
 from pipeline.export.opened import open_export
 from pipeline.verify import VerifyConfig, verify
 from pipeline_runtime.outputs import name_outputs
+from tests.integration.conftest import DETECTOR
 from tests.tamper import alter_onnx_initializer, copy_export
+
+DATA = Path(__file__).parent / "data"
 
 
 def _verify(export_dir: Path, tmp_path: Path, **more: Any):
@@ -88,7 +91,7 @@ def test_an_altered_class_head_fails_the_detection_rule(
 
 
 def test_a_detector_whose_scores_all_tie_cannot_be_judged(detector: dict[str, Any]) -> None:
-    """Random weights without --random-init's spread: every score the same (0.2 over 5
+    """Random weights without --random-init's spread: every score the same (1/91 over 91
     classes), so which boxes survive is arbitrary: verify's rule says it cannot judge."""
     opened = open_export(Path(detector["export_dir"]))
     torch.manual_seed(0)
@@ -99,3 +102,81 @@ def test_a_detector_whose_scores_all_tie_cannot_be_judged(detector: dict[str, An
     assert named["scores"].unique().numel() <= 2  # all (or all but) the same score
     verdict = detect.compare(named, named, ("boxes", "scores", "labels"))
     assert verdict.vacuous and not verdict.passed and "vacuous" in verdict.problem()
+
+
+def test_a_two_stage_detector_at_its_defaults_exports_with_its_own_fields(
+    two_stage: dict[str, Any], tmp_path: Path
+) -> None:
+    """Faster R-CNN answers {boxes, labels, scores}: the outputs follow its own order."""
+    assert two_stage["returncode"] == 0, two_stage["stderr"][-3000:]
+    export_dir = Path(two_stage["export_dir"])
+    manifest = open_export(export_dir).manifest
+    assert manifest.per_sample == ("boxes", "labels", "scores")
+    assert manifest.output_names == ["boxes", "labels", "scores", "counts"]
+    assert "firm" in manifest.model.init_note  # the spread chosen by the firm share
+    report = _verify(export_dir, tmp_path)
+    assert report.passed, report.failure_message()
+    assert all(not r.comparison.vacuous for r in report.rows)
+
+
+def test_the_default_ssdlite_is_judged_with_most_detections_firm(
+    detector: dict[str, Any],
+) -> None:
+    """91 classes, 300 detections per image: the spread tuned on 5 classes left 263 of
+    600 firm (vacuous); the searched one leaves more than MIN_FIRM_SHARE firm."""
+    opened = open_export(Path(detector["export_dir"]))
+    _, stored = opened.golden()
+    verdict = detect.compare(stored, stored, ("boxes", "scores", "labels"))
+    assert verdict.eager == 600 and not verdict.vacuous, verdict.summary()
+    assert verdict.firm >= detect.MIN_FIRM_SHARE * verdict.eager
+
+
+def test_a_users_own_wrapper_spreads_scripts_and_verifies(tmp_path: Path) -> None:
+    """A user's file holding a torchvision detector: --random-init finds it (by type) and
+    spreads its scores; its scripted (losses, detections) answer is handled."""
+    from pipeline.export import ExportConfig, export
+    from pipeline.zoo.user import parse_input
+
+    made = export(
+        ExportConfig(
+            model=f"{DATA / 'user_detector.py'}:MyDetector",
+            inputs=[parse_input("images:float32:batch,3,320,320:0:1")],
+            random_init=True,
+            checkpoint=tmp_path / "checkpoint.pt",
+            out_dir=tmp_path / "export",
+            formats=("torchscript",),
+        )
+    )
+    assert "firm" in made.manifest.model.init_note
+    ts = made.manifest.artifact("torchscript")
+    assert "(losses, detections)" in ts.reason, ts.reason
+    report = _verify(made.out_dir, tmp_path)
+    assert report.passed, report.failure_message()
+    assert all(not r.comparison.vacuous for r in report.rows)
+
+
+def test_torchvisions_own_detector_state_dict_loads_through_weights(tmp_path: Path) -> None:
+    """What a user fine-tunes and saves is torchvision's model's state_dict (no `model.`
+    prefix): it loads through --weights, and so does the wrapper's own."""
+    import torchvision
+
+    from pipeline.export.weights import checkpoint_for, model_from
+    from pipeline.zoo.user import external_entry
+
+    kwargs = {"num_classes": 3, "detections_per_img": 10}
+    torch.manual_seed(5)
+    tuned = torchvision.models.detection.ssdlite320_mobilenet_v3_large(
+        weights=None, weights_backbone=None, **kwargs
+    ).eval()
+    torch.save(tuned.state_dict(), tmp_path / "tuned.pt")
+    entry = external_entry(DETECTOR, kwargs=kwargs)
+    ckpt = tmp_path / "checkpoint.pt"
+    checkpoint = checkpoint_for(entry, ckpt, weights=tmp_path / "tuned.pt", random_init=False,
+                                seed=0, golden={}, atol=1e-5, rtol=1e-4)  # fmt: skip
+    model = model_from(entry, checkpoint, ckpt).eval()
+    for name, value in tuned.state_dict().items():
+        assert torch.equal(model.state_dict()[f"model.{name}"], value), name
+    torch.save(model.state_dict(), tmp_path / "wrapper.pt")  # the wrapper's own keys
+    again = checkpoint_for(entry, tmp_path / "again.pt", weights=tmp_path / "wrapper.pt",
+                           random_init=False, seed=0, golden={}, atol=1e-5, rtol=1e-4)  # fmt: skip
+    model_from(entry, again, tmp_path / "again.pt")

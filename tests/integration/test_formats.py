@@ -54,11 +54,12 @@ def store(
     by_format: dict[str, ExportResult],
     recurrent: dict[str, dict[str, Any]],
     detector: dict[str, Any],
+    two_stage: dict[str, Any],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Path:
     """One archive per registered format, through the registry's own archive suffix/handler;
     the recurrent models' .pt2 (the format with the scan formulation inside); and the
-    detector's TorchScript and ONNX (per-sample outputs)."""
+    detectors' TorchScript and ONNX (per-sample outputs)."""
     store = tmp_path_factory.mktemp("formats_store")
     for result in {id(r): r for r in by_format.values()}.values():
         archive(ArchiveConfig(model=MODEL, export_dir=result.out_dir, store=store, formats=None))
@@ -67,8 +68,9 @@ def store(
         archive(
             ArchiveConfig(model=made["model"], export_dir=folder, store=store, formats=("pt2",))
         )
-    folder = Path(detector["export_dir"])
-    archive(ArchiveConfig(model=detector["model"], export_dir=folder, store=store, formats=None))
+    for made in (detector, two_stage):
+        folder = Path(made["export_dir"])
+        archive(ArchiveConfig(model=made["model"], export_dir=folder, store=store, formats=None))
     return store
 
 
@@ -259,13 +261,16 @@ def test_served_recurrent_pt2_answers_at_other_sequence_lengths(
 # --- a detector: per-sample outputs (issue 36) ---------------------------------------------
 
 
+@pytest.mark.parametrize("made", ["detector", "two_stage"])
 def test_served_detections_pass_the_detection_rule(
-    detector: dict[str, Any], server: Server, tmp_path: Path
+    made: str, server: Server, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """TorchServe answers the detector's boxes, scores, labels and counts (TorchScript at
+    """TorchServe answers each detector's boxes, scores, labels and counts (TorchScript at
     any batch, ONNX at its traced batch of 1, other sizes refused with a 400), and verify
     holds the served answers to the detection rule."""
     from pipeline.runtimes.torchserve.parity import served_backends
+
+    detector = request.getfixturevalue(made)
 
     export_dir = Path(detector["export_dir"])
     opened = open_export(export_dir)

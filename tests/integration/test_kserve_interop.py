@@ -43,6 +43,7 @@ def _kserve():
 @pytest.fixture(scope="module")
 def server(
     detector: dict[str, Any],  # first: built here while test_formats' worker builds the rest
+    two_stage: dict[str, Any],
     exported: ExportResult,
     precision_exported: ExportResult,
     recurrent: dict[str, dict[str, Any]],
@@ -60,7 +61,8 @@ def server(
     ]
     # And a detector (per-sample outputs), whose 320×320 images as JSON are ~6 MB each.
     detections = [
-        served_export(Path(detector["export_dir"]), f, name=f"detector_{f}")
+        served_export(Path(made["export_dir"]), f, name=f"{name}_{f}")
+        for name, made in (("detector", detector), ("two_stage", two_stage))
         for f in ("torchscript", "onnx")
     ]
     config = RuntimeConfig(
@@ -442,19 +444,22 @@ def test_recurrent_pt2_answers_tritonclient_at_other_sequence_lengths(
         client.close()
 
 
+@pytest.mark.parametrize("made", ["detector", "two_stage"])
 def test_served_detections_pass_the_detection_rule_over_rest_grpc_and_tritonclient(
-    server: Server, detector: dict[str, Any], tmp_path: Path
+    server: Server, made: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """The detector's boxes, scores, labels and counts (one named output per field,
+    """Each detector's boxes, scores, labels and counts (one named output per field,
     batch-major, with per-image counts: docs/kserve.md) over REST and gRPC, held to the
     detection rule by verify; and read by Triton's client as a user would."""
     from pipeline.runtimes.kserve.parity import KServeBackend
     from pipeline.verify import VerifyConfig, verify
 
+    detector = request.getfixturevalue(made)
+
     export_dir = Path(detector["export_dir"])
     opened = open_export(export_dir)
     served = [
-        KServeBackend(server, f"detector_{f}", f, opened.manifest, t)
+        KServeBackend(server, f"{made}_{f}", f, opened.manifest, t)
         for f in ("torchscript", "onnx")
         for t in ("rest", "grpc")
     ]
@@ -476,7 +481,7 @@ def test_served_detections_pass_the_detection_rule_over_rest_grpc_and_tritonclie
     try:
         tensor = thttp.InferInput("images", list(x.shape), "FP32")
         tensor.set_data_from_numpy(x, binary_data=True)
-        result = client.infer("detector_torchscript", [tensor], headers=_auth(server))
+        result = client.infer(f"{made}_torchscript", [tensor], headers=_auth(server))
     finally:
         client.close()
     counts = result.as_numpy("counts")

@@ -34,3 +34,27 @@ def test_other_failures_do_not_blame_the_model_code() -> None:
     golden_passes = _report(GOLDEN_FILE_BACKEND, scale=1.0).rows + failing.rows
     report = ParityReport("m", "export", "now", {}, {}, golden_passes)
     assert GOLDEN_CHANGED not in report.failure_message()
+
+
+def test_tied_detections_that_moved_do_not_blame_the_model_code() -> None:
+    """Random weights without spread scores: NMS keeps an arbitrary one of each tie, so
+    the golden detections differ from today's eager with no code changed (issue 49)."""
+    from pipeline.core import detections as detect
+    from pipeline.verify.check import _detection_row
+
+    boxes = torch.tensor([[10.0 * i, 5.0, 10.0 * i + 8, 20.0] for i in range(4)])
+    stored = {"boxes": boxes, "scores": torch.full((4,), 0.2),
+              "labels": torch.ones(4, dtype=torch.int64), "counts": torch.tensor([4])}  # fmt: skip
+    today = {**stored, "boxes": boxes + 50.0}  # other boxes kept, every score still tied
+    verdict = detect.compare(stored, today, ("boxes", "scores", "labels"))
+    assert verdict.vacuous and verdict.problems == []  # ties: unmatched, excused
+    today["scores"] = torch.tensor([0.9, 0.2, 0.2, 0.2])  # one firm one moved: a mismatch
+    verdict = detect.compare(stored, today, ("boxes", "scores", "labels"))
+    assert verdict.vacuous and verdict.problems
+    assert "nor can its" in verdict.problem() and "mismatch" in verdict.problem()
+    row = _detection_row(GOLDEN_FILE_BACKEND, "golden", stored, today,
+                         ("boxes", "scores", "labels"), {})  # fmt: skip
+    assert not row.passed and row.kind == "vacuous"
+    report = ParityReport("m", "export", "now", {}, {}, [row])
+    assert "vacuous" in report.failure_message()
+    assert GOLDEN_CHANGED not in report.failure_message()
