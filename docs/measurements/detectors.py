@@ -21,6 +21,10 @@ from pathlib import Path
 
 import torchvision
 
+from pipeline.formats import base
+
+FORMATS = {f.key for f in base.all_formats()}
+
 
 def _run(args: list[str], cwd: Path, limit: float) -> tuple[int | str, float, str]:
     began = time.perf_counter()
@@ -36,7 +40,15 @@ def _run(args: list[str], cwd: Path, limit: float) -> tuple[int | str, float, st
 
 def _last_error(text: str) -> str:
     lines = [line for line in text.splitlines() if line.startswith(("error:", "partial export"))]
+    lines = lines or [line for line in text.splitlines() if line.strip()]  # a traceback's end
     return " ".join(lines[-1].split())[:300] if lines else ""
+
+
+def _firm(note: str) -> str:
+    """'onnxruntime: 600 of eager's 900 detections … 615 firm' → 'onnxruntime 615/900'."""
+    backend, rest = note.split(": ", 1)
+    eager = rest.split(" of eager's ", 1)[1].split(" ", 1)[0]
+    return f"{backend} {rest.rsplit('; ', 1)[-1].removesuffix(' firm')}/{eager}"
 
 
 def measure(builder: str, root: Path, limit: float) -> str:
@@ -48,16 +60,18 @@ def measure(builder: str, root: Path, limit: float) -> str:
     )  # fmt: skip
     if code not in (0, 3):
         return f"| {builder} | export exit {code}: {_last_error(said)} | {export_s:.0f} | | |"
-    written = sorted(json.loads(next(art.glob("*/export/manifest.json")).read_text())["artifacts"])
+    manifest = json.loads(next(art.glob("*/export/manifest.json")).read_text())
+    written = sorted(k for k in manifest["artifacts"] if k in FORMATS)
+    written += [f"{key} failed" for key in manifest.get("failed", {})]
     code, verify_s, said = _run(["--artifacts-dir", str(art), "verify", "--model", model],
                                 root, limit)  # fmt: skip
     reports = list(art.glob("*/parity.json"))
     if not reports:
-        return f"| {builder} | {', '.join(written)}; verify exit {code}: {_last_error(said)} | {export_s:.0f} | {verify_s:.0f} | |"  # noqa: E501
+        return f"| {builder} | {', '.join(written)}; verify exit {code}: {_last_error(said)} | {export_s:.0f} | {verify_s:.0f} | |"
     rows = json.loads(reports[0].read_text())["rows"]
     passed = sum(r["passed"] for r in rows)
-    firm = [n for n in json.loads(reports[0].read_text()).get("notes", []) if " firm" in n]
-    share = ", ".join(n.split(": ", 1)[0] + ": " + n.rsplit("; ", 1)[-1] for n in firm[-3:])
+    notes = json.loads(reports[0].read_text()).get("notes", [])
+    share = ", ".join(_firm(n) for n in notes if n.endswith(" firm"))
     verdict = "PASS" if code == 0 else f"FAIL (exit {code})"
     return (
         f"| {builder} | {', '.join(written)}; verify {verdict}, {passed}/{len(rows)} checks "
@@ -70,9 +84,7 @@ def main() -> int:
     parser.add_argument("builders", nargs="*", help="default: every detection builder")
     parser.add_argument("--limit-s", type=float, default=900.0)
     args = parser.parse_args()
-    builders = args.builders or torchvision.models.list_models(
-        module=torchvision.models.detection
-    )
+    builders = args.builders or torchvision.models.list_models(module=torchvision.models.detection)
     print("| builder | result | export s | verify s | firm (eager's, per backend) |")
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="detectors-") as tmp:

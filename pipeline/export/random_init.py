@@ -105,6 +105,7 @@ def calibrate(model: nn.Module, entry: ZooEntry, generator: torch.Generator) -> 
     """
     layers = norm_layers(model)
     if not layers:
+        model.eval()  # as promised: ssd300_vgg16, with no BatchNorm, failed in train mode
         return Calibration(0, 0, 0, None)
     buffers = ("running_mean", "running_var", "num_batches_tracked")
     saved = [
