@@ -11,7 +11,7 @@ from pathlib import Path
 from pipeline.serving import versions
 from pipeline.serving.loadreport import LoadReport
 from pipeline.serving.loadtest import LoadConfig, run
-from pipeline.serving.rollout import Bounds
+from pipeline.serving.rollout import Bounds, RolloutConfig
 from pipeline.serving.server import Server
 
 # The bounds of a rollout test that checks what is lost, not how fast the canary is: its
@@ -21,6 +21,12 @@ from pipeline.serving.server import Server
 # bound has a test of its own that must trip it (test_rollout.py's
 # test_a_canary_past_its_bound_rolls_back_by_itself).
 LATENCY_UNJUDGED = Bounds(max_p99_ratio=math.inf)
+
+
+def as_canary(run_dir: Path, store: Path, percent: float, watch_s: float) -> RolloutConfig:
+    """Version 2 of digits_lenet as a canary, its latency unjudged (LATENCY_UNJUDGED)."""
+    return RolloutConfig("digits_lenet", run_dir, version=2, store=store, canary=percent,
+                         watch_s=watch_s, bounds=LATENCY_UNJUDGED)  # fmt: skip
 
 
 class LoadSpan:

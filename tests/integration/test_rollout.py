@@ -32,7 +32,7 @@ from pipeline.serving.client import auth_headers
 from pipeline.serving.launcher import free_port, stop
 from pipeline.serving.rollout import Bounds, RolledBackError, RolloutConfig, rollback, rollout
 from pipeline.serving.server import Server
-from tests.load_span import LATENCY_UNJUDGED, LoadSpan
+from tests.load_span import LoadSpan, as_canary
 from tests.tamper import alter_onnx_initializer
 
 MODEL = "digits_lenet"
@@ -83,15 +83,7 @@ def test_canary_promote_and_rollback_under_load_lose_nothing(served: Server, sto
     run_dir = Path(served.run_dir)
     with LoadSpan(served, store) as load:
         state = rollout(
-            RolloutConfig(
-                MODEL,
-                run_dir,
-                version=2,
-                store=store,
-                canary=20,
-                watch_s=1.0,
-                bounds=LATENCY_UNJUDGED,
-            ),
+            as_canary(run_dir, store, 20, 1.0),
             say=lambda _: None,
         )
         assert (state.models[MODEL].canary, state.models[MODEL].percent) == (2, 20.0)
@@ -167,15 +159,7 @@ def test_tritonclient_sees_the_versions_and_asks_one_by_name(
 ) -> None:
     _reset(served, store)
     rollout(
-        RolloutConfig(
-            MODEL,
-            Path(served.run_dir),
-            version=2,
-            store=store,
-            canary=10,
-            watch_s=0,
-            bounds=LATENCY_UNJUDGED,
-        ),
+        as_canary(Path(served.run_dir), store, 10, 0),
         say=lambda _: None,
     )
     x = versions.get(MODEL, 1, store).open().sample(1, seed=5)["image"].numpy()
@@ -212,15 +196,7 @@ def test_tritonclient_sees_the_versions_and_asks_one_by_name(
 def test_a_restarted_worker_serves_the_rolled_out_versions(served: Server, store: Path) -> None:
     _reset(served, store)
     rollout(
-        RolloutConfig(
-            MODEL,
-            Path(served.run_dir),
-            version=2,
-            store=store,
-            canary=10,
-            watch_s=0,
-            bounds=LATENCY_UNJUDGED,
-        ),
+        as_canary(Path(served.run_dir), store, 10, 0),
         say=lambda _: None,
     )
     rt = runtime.get("kserve")

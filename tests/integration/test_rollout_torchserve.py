@@ -23,7 +23,7 @@ from pipeline.serving.launcher import free_port, stop
 from pipeline.serving.live import VERSION_HEADER
 from pipeline.serving.rollout import RolloutConfig, rollback, rollout
 from pipeline.serving.server import Server
-from tests.load_span import LATENCY_UNJUDGED, LoadSpan
+from tests.load_span import LoadSpan, as_canary
 
 MODEL = "digits_lenet"
 ARCHIVE = "digits_lenet_onnx"
@@ -66,15 +66,7 @@ def test_canary_promote_and_rollback_on_torchserve_lose_nothing(
     run_dir = Path(served.run_dir)
     with LoadSpan(served, store) as load:
         rollout(
-            RolloutConfig(
-                MODEL,
-                run_dir,
-                version=2,
-                store=store,
-                canary=20,
-                watch_s=1.0,
-                bounds=LATENCY_UNJUDGED,
-            ),
+            as_canary(run_dir, store, 20, 1.0),
             say=lambda _: None,
         )
         assert _registered(served) == ["1", "2"]
