@@ -91,6 +91,7 @@ class Forker:
         )
         self.lock = threading.Lock()
         self.pending = b""
+        self.reported = 0.0  # the CPU of its commands, as counted into cpu_s
         if self._line(timeout=600) != "ready":
             raise RuntimeError("the forking CLI process did not start")
 
@@ -126,6 +127,7 @@ class Forker:
                 raise subprocess.TimeoutExpired(command(args), timeout)
             code, cpu = answer.split()
             Forker.cpu_s += float(cpu)
+            self.reported += float(cpu)
             return subprocess.CompletedProcess(
                 command(args),
                 int(code),
@@ -140,6 +142,11 @@ class Forker:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait()
+        # Reaped, it brings its own CPU and its commands' (it waited for them) into this
+        # process's RUSAGE_CHILDREN; the commands' were counted as they ended.
+        Forker.cpu_s -= self.reported
+        self.reported = 0.0
 
 
 _forker: Forker | None = None

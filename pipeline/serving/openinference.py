@@ -91,13 +91,16 @@ class OpenInference(Protocol):
         timeout: float = 120.0,
         version: str | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Over REST: OIP JSON tensors (the binary form is loadtest's and bench's)."""
+        """Over REST: OIP JSON tensors, or the binary extension when they are big
+        (wants_binary) and the server reads it."""
         from pipeline.serving import client, wire
+        from pipeline.serving.protocol import wants_binary
 
-        body = self.encode(inputs)
+        body = self.encode(inputs, binary=wants_binary(inputs) and self.reads_binary())
+        extra = {k: v for k, v in body.headers.items() if k != "Content-Type"}
         resp = client.post(
             server, name, body.content, body.content_type, timeout=timeout, retries=0,
-            version=version,
+            headers=extra, version=version,
         )  # fmt: skip
         if resp.status_code != 200:
             raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")

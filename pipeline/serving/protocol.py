@@ -28,12 +28,28 @@ if TYPE_CHECKING:
     from pipeline.serving.wire import Body
 
 
+# verify's served requests (`Protocol.infer`) carry inputs of at least this many bytes in
+# the protocol's binary form, smaller ones as JSON (what curl users send, so verify checks
+# that path). A detector's 320×320 image is 1.2 MB of float32 but 6 MB of JSON text, which
+# each end spent seconds writing and parsing; float32 crosses either form exactly.
+BINARY_FROM_BYTES = 1 << 20
+
+
+def wants_binary(inputs: Mapping[str, torch.Tensor]) -> bool:
+    """Whether `inputs` are big enough for `infer` to send in the binary form."""
+    return sum(t.numel() * t.element_size() for t in inputs.values()) >= BINARY_FROM_BYTES
+
+
 class Protocol(abc.ABC):
     """How requests reach a served model and what they carry."""
 
     name: str  # for people and for bench's peers: "oip", "torchserve"
     # loadtest's --encodings this protocol's servers read (None: every one loadtest knows).
     encodings: tuple[str, ...] | None = None
+
+    def reads_binary(self) -> bool:
+        """Whether this protocol's servers read its binary form (`encode(binary=True)`)."""
+        return self.encodings is None or "npy" in self.encodings
 
     @abc.abstractmethod
     def infer_path(self, name: str, version: str | None = None) -> str:
@@ -64,5 +80,6 @@ class Protocol(abc.ABC):
         version: str | None = None,
     ) -> dict[str, torch.Tensor]:
         """One request to served `name` (its `version`'s route when given) with the inference token and no resend (verify's
-        served backends): the answer's outputs by name. RuntimeError on any other status
-        than 200, saying it."""
+        served backends): the answer's outputs by name. Inputs of BINARY_FROM_BYTES or
+        more go in the binary form where the server reads it, smaller ones as JSON.
+        RuntimeError on any other status than 200, saying it."""

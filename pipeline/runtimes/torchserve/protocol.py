@@ -53,14 +53,20 @@ class TorchServeProtocol(Protocol):
         timeout: float = 120.0,
         version: str | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Named tensors as the handler's JSON; its `outputs`, by name, as JSON read them
-        (float64, int64, bool: the caller casts them to the manifest's dtypes)."""
+        """Named tensors as the handler's JSON (`.npy`/`.npz` when big: wants_binary); its
+        `outputs`, by name, as JSON read them (float64, int64, bool: the caller casts them
+        to the manifest's dtypes)."""
         import numpy as np
         import torch
 
-        from pipeline.serving.client import post, tensors_body
+        from pipeline.serving.client import post
+        from pipeline.serving.protocol import wants_binary
 
-        resp = post(server, name, tensors_body(inputs), timeout=timeout, retries=0, version=version)
+        body = self.encode(inputs, binary=wants_binary(inputs))
+        resp = post(
+            server, name, body.content, body.content_type, timeout=timeout, retries=0,
+            version=version,
+        )  # fmt: skip
         if resp.status_code != 200:
             raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
         # numpy keeps JSON's numbers whole (float64, int64, bool) until the caller casts.
