@@ -51,9 +51,7 @@ def test_a_changed_worker_environment_gets_a_new_forking_process(
     # Reaped, the old one brought its commands' CPU into RUSAGE_CHILDREN (it waited for
     # them): tests/timing.py counts it there, no longer in cpu_s as well.
     assert _reaped_cpu() - reaped_before >= counted - 0.01
-    assert cli_fork.Forker.cpu_s == pytest.approx(
-        cpu_before - counted + cli_fork._forker.reported
-    )
+    assert cli_fork.Forker.cpu_s == pytest.approx(cpu_before - counted + cli_fork._forker.reported)
 
 
 def _reaped_cpu() -> float:
