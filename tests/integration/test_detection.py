@@ -17,7 +17,7 @@ from pipeline.core import detections as detect
 from pipeline.export.opened import open_export
 from pipeline.verify import VerifyConfig, verify
 from pipeline_runtime.outputs import name_outputs
-from tests.integration.conftest import DETECTOR
+from tests.integration.conftest import DETECTOR, DETECTOR_BATCHES
 from tests.tamper import alter_onnx_initializer, copy_export
 
 DATA = Path(__file__).parent / "data"
@@ -30,6 +30,7 @@ def _verify(export_dir: Path, tmp_path: Path, **more: Any):
             export_dir=export_dir,
             report=tmp_path / "parity.json",
             page=False,
+            batch_sizes=DETECTOR_BATCHES,
             **more,
         )
     )

@@ -29,7 +29,7 @@ from pipeline.runtimes.torchserve.launch import ServeConfig, Server, free_port, 
 from pipeline.serving.client import post, tensors_body
 from pipeline.verify import VerifyConfig, verify
 from pipeline.verify.backends import cpp_backend_name
-from tests.integration.conftest import RECURRENT
+from tests.integration.conftest import DETECTOR_BATCHES, RECURRENT
 
 FORMATS = [f.key for f in registry.all_formats()]
 MODEL = "digits_lenet"
@@ -282,6 +282,7 @@ def test_served_detections_pass_the_detection_rule(
         backends=("torchserve",),
         report=tmp_path / "parity.json",
         page=False,
+        batch_sizes=DETECTOR_BATCHES,
     )
     report = verify(config, served=served)
     assert report.passed, report.failure_message()

@@ -32,7 +32,7 @@ from pipeline.runtimes.kserve.launch import served_export, start
 from pipeline.serving.launcher import free_port, stop
 from pipeline.serving.server import INFERENCE_KEY_FILE, Server
 from pipeline_runtime import oip
-from tests.integration.conftest import RECURRENT
+from tests.integration.conftest import DETECTOR_BATCHES, RECURRENT
 
 
 def _kserve():
@@ -469,6 +469,7 @@ def test_served_detections_pass_the_detection_rule_over_rest_grpc_and_tritonclie
         backends=("kserve",),
         report=tmp_path / "parity.json",
         page=False,
+        batch_sizes=DETECTOR_BATCHES,
     )
     report = verify(config, served=served)
     assert report.passed, report.failure_message()
