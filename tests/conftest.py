@@ -116,7 +116,7 @@ LONGEST_FILES = (
     "integration/test_formats.py",  # 338 s: exported, precision, recurrent, a TorchServe
     "integration/test_kserve_interop.py",  # 278 s: the detector first, then the rest
     "integration/test_kserve_runtime.py",  # 193 s: the family
-    "integration/test_training_modes.py",  # 154 s: seven torchrun starts, no shared fixture
+    "integration/test_training_modes.py",  # 82 s alone: four torchrun starts, no shared fixture
     "e2e/test_walkthrough.py",  # 120 s: its own training, server and C++ build
     "integration/test_serving.py",  # 120 s
     "integration/test_stale_server.py",  # 102 s

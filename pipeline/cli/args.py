@@ -23,6 +23,16 @@ def model_arg(p: argparse.ArgumentParser, *, built_in_only: bool = False) -> Non
             f"a built-in model (default: {DEFAULT_MODEL}; see `pipeline models`), "
             "package.module:ClassName, path/to/file.py:ClassName or torchvision:NAME"
         )
+    if built_in_only:
+        p.add_argument(
+            "--model",
+            action="append",
+            dest="models",
+            metavar="MODEL",
+            help=f"{help}. Repeat it to train several in one launch (one torchrun start)",
+        )
+        p.set_defaults(models=None)
+        return
     p.add_argument("--model", default=DEFAULT_MODEL, help=help)
 
 

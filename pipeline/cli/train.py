@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.cli.args import kwargs_arg, model_arg
+
+if TYPE_CHECKING:
+    from pipeline.train import TrainResult
 
 
 def add_train_command(sub: argparse._SubParsersAction) -> None:
@@ -64,15 +68,34 @@ def add_train_command(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from pipeline.train import TrainConfig, train
+    from pipeline.core.defaults import DEFAULT_MODEL
+    from pipeline.core.errors import PipelineError
+    from pipeline.train import TrainConfig, distributed, entry_for, train
 
-    config = TrainConfig.from_args(args)
-    result = train(config)
+    models = list(dict.fromkeys(args.models or [DEFAULT_MODEL]))
+    if len(models) > 1:
+        for flag, value in (("--out", args.out), ("--model-kwargs", args.model_kwargs)):
+            if value is not None:
+                raise PipelineError(
+                    f"{flag} applies to one model; train {', '.join(models)} one at a time "
+                    f"to give each its own {flag}."
+                )
+    configs = [TrainConfig.from_args(args, model) for model in models]
+    for config in configs:  # every name checked before the first one trains
+        entry_for(config)
+    with distributed.held():  # under torchrun, one process group for every model
+        for config in configs:
+            _report(train(config), several=len(configs) > 1)
+    return 0
+
+
+def _report(result: TrainResult, several: bool) -> None:
     meta = result.checkpoint.meta
     if not meta:  # a non-zero rank under torchrun: rank 0 reports
-        return 0
+        return
+    if several:
+        print(f"model:      {meta['model']['name']}")
     print(f"checkpoint: {result.checkpoint.path}")
     print(f"sha256:     {meta['weights_sha256']}")
     metrics = {k: v for k, v in meta["metrics"].items() if k != "history"}
     print(f"metrics:    {json.dumps(metrics)}  ({result.seconds:.1f} s)")
-    return 0

@@ -59,13 +59,13 @@ class TrainConfig:
     report: bool = True  # model summary (torchinfo) and loss/accuracy plot (PNG)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> TrainConfig:
-        """The config `pipeline train` ARGS describe."""
+    def from_args(cls, args: argparse.Namespace, model: str) -> TrainConfig:
+        """The config `pipeline train` ARGS describe, for `model` (one of its --model)."""
         from pipeline.zoo.user import parse_kwargs
 
         return cls(
-            model=args.model,
-            out=args.out or paths.checkpoint_path(args.model, args.artifacts_dir),
+            model=model,
+            out=args.out or paths.checkpoint_path(model, args.artifacts_dir),
             epochs=args.epochs,
             batch_size=args.batch_size,
             lr=args.lr,
@@ -144,13 +144,8 @@ def _initial_checkpoint(
     return TrainResult(save_checkpoint(out, model.state_dict(), meta), [], 0.0)
 
 
-def train(config: TrainConfig) -> TrainResult:
-    """Train `config.model` and write its checkpoint (and resumable state) atomically.
-
-    Under `torchrun` every rank runs this; DistributedDataParallel keeps the
-    replicas in step, metrics are summed across ranks and only rank 0 writes.
-    `--batch-size` is the global batch: each of N ranks takes batch_size / N.
-    """
+def entry_for(config: TrainConfig) -> ZooEntry:
+    """The built-in model `config` trains; PipelineError, saying what to do, for any other."""
     if is_external(config.model):
         raise PipelineError(
             f"{config.model!r} is not a zoo model, so `pipeline train` has no task for it. Train it "
@@ -158,7 +153,17 @@ def train(config: TrainConfig) -> TrainResult:
             f"`pipeline export --model {config.model} --weights FILE` (or --random-init); "
             "docs/own-model.md walks it through export, verify, serving and a request."
         )
-    entry = resolve_entry(config.model, kwargs=config.model_kwargs)
+    return resolve_entry(config.model, kwargs=config.model_kwargs)
+
+
+def train(config: TrainConfig) -> TrainResult:
+    """Train `config.model` and write its checkpoint (and resumable state) atomically.
+
+    Under `torchrun` every rank runs this; DistributedDataParallel keeps the
+    replicas in step, metrics are summed across ranks and only rank 0 writes.
+    `--batch-size` is the global batch: each of N ranks takes batch_size / N.
+    """
+    entry = entry_for(config)
     config = config.resolved(dict(entry.train_defaults))
     config.validate()
     world = distributed.from_env()

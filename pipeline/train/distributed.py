@@ -10,7 +10,9 @@ through one GPU).
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -55,9 +57,27 @@ def setup(world: World, device: torch.device) -> None:
             dist.init_process_group(backend="gloo", rank=world.rank, world_size=world.size)
 
 
+_held = False  # set by held(): train() leaves the process group joined when it ends
+
+
 def teardown(world: World) -> None:
-    if world.distributed and dist.is_initialized():
+    if world.distributed and dist.is_initialized() and not _held:
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """Several trainings in one launch (`pipeline train --model A --model B`) share the
+    process group the first one joins, left when the block ends: a torchrun rendezvous is
+    joined once per process (destroying the group and joining it again is not supported)."""
+    global _held
+    _held = True
+    try:
+        yield
+    finally:
+        _held = False
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def all_sum(values: list[float], device: torch.device, world: World) -> list[float]:

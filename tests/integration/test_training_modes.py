@@ -74,16 +74,43 @@ def test_two_process_ddp_matches_one_process_over_the_same_global_batch(
         assert a["val_accuracy"] == pytest.approx(b["val_accuracy"], abs=1e-9)
 
 
-@pytest.mark.parametrize("model", TRAINABLE)
-def test_every_trainable_model_trains_with_ddp_and_amp(model: str, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def ddp_amp_all(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Every trainable model with DDP and AMP in one torchrun launch (`--model` repeated:
+    one process group for all, joined once), its artifacts folder."""
+    tmp = tmp_path_factory.mktemp("ddp_amp")
+    models = [a for m in TRAINABLE for a in ("--model", m)]
     proc = torchrun(
-        tmp_path, "--artifacts-dir", str(tmp_path), "train", "--model", model, "--epochs", "1",
+        tmp, "--artifacts-dir", str(tmp), "train", *models, "--epochs", "1",
         "--amp", "--clip-grad-norm", "5", "--no-progress", "--no-report",
     )  # fmt: skip
+    return proc, tmp
+
+
+@pytest.mark.parametrize("model", TRAINABLE)
+def test_every_trainable_model_trains_with_ddp_and_amp(
+    ddp_amp_all: tuple[subprocess.CompletedProcess[str], Path], model: str
+) -> None:
+    proc, folder = ddp_amp_all
     assert proc.returncode == 0, proc.stderr[-2000:]
-    ckpt = load_checkpoint(tmp_path / model / "checkpoint.pt")
-    assert ckpt.meta["amp"] is True
+    assert proc.stdout.count(f"model:      {model}\n") == 1  # rank 0 reports each once
+    ckpt = load_checkpoint(folder / model / "checkpoint.pt")
+    assert ckpt.meta["amp"] is True and ckpt.meta["world_size"] == 2
     assert all(t.dtype == torch.float32 for t in ckpt.state_dict.values() if t.is_floating_point())
+
+
+def test_several_models_are_checked_before_any_trains(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    unknown = run_cli("--artifacts-dir", tmp_path, "train", "--model", "digits_mlp",
+                      "--model", "nope", "--no-progress")  # fmt: skip
+    assert unknown.returncode == 1 and "Unknown model 'nope'" in unknown.stderr, unknown.stderr
+    assert not (tmp_path / "digits_mlp").exists()  # nothing trained before the error
+    out = run_cli("--artifacts-dir", tmp_path, "train", "--model", "digits_mlp",
+                  "--model", "my_cell", "--out", tmp_path / "c.pt")  # fmt: skip
+    assert out.returncode == 1 and "--out applies to one model" in out.stderr, out.stderr
 
 
 def test_bf16_amp_on_cpu_loss_falls(tmp_path: Path) -> None:
