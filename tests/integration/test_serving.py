@@ -266,10 +266,10 @@ def _png(array: np.ndarray) -> bytes:
 def test_image_request_matches_training_preprocessing(
     server: Server, exports: dict[str, ExportResult], fmt: str
 ) -> None:
-    from sklearn.datasets import load_digits
+    from pipeline.zoo.data import load_digits_arrays
 
-    digits = load_digits()
-    pixels = (digits.images[5] * 255 / 16).round().astype(np.uint8)
+    images, _ = load_digits_arrays()
+    pixels = (images[5] * 255 / 16).round().astype(np.uint8)
     resp = post(server, archive_name("digits_lenet", fmt), _png(pixels), "image/png")
     assert resp.status_code == 200, resp.text
     body = resp.json()

@@ -93,10 +93,10 @@ BAD_ESCAPE = re.compile(rb"%(?![0-9A-Fa-f]{2})")
 def digit_png(edge_server: Server) -> tuple[bytes, np.ndarray]:
     """A 28×28 digit saved as a user saves it, which TorchServe alone answers with a 500 when
     sent as the README sends it (curl's default type): what the gateway has to fix."""
-    from sklearn.datasets import load_digits
+    from pipeline.zoo.data import load_digits_arrays
 
     key = edge_server.keys()["inference"]
-    for image in load_digits().images[:20]:
+    for image in load_digits_arrays()[0][:20]:
         pixels = np.asarray(
             Image.fromarray((image * 255 / 16).round().astype(np.uint8)).resize((28, 28))
         )
