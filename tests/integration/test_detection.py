@@ -181,3 +181,24 @@ def test_torchvisions_own_detector_state_dict_loads_through_weights(tmp_path: Pa
     again = checkpoint_for(entry, tmp_path / "again.pt", weights=tmp_path / "wrapper.pt",
                            random_init=False, seed=0, golden={}, atol=1e-5, rtol=1e-4)  # fmt: skip
     model_from(entry, again, tmp_path / "again.pt")
+
+
+def test_a_sigmoid_head_detector_gets_its_bias_shifted_until_most_detections_are_firm() -> None:
+    """RetinaNet scores each class with a sigmoid from a prior bias of -4.6 and keeps the
+    far tail of its logits (91 classes, 300 detections): spreading the weights alone left
+    fewer than half firm (264 of 600 at 800x800). Its bias is shifted as well, so the kept
+    logits sit where the sigmoid is steep. Here at 128x128 inside, to be quick."""
+    from pipeline.export.random_init import initialise
+    from pipeline.zoo.user import external_entry
+
+    entry = external_entry(
+        "torchvision:retinanet_resnet50_fpn", kwargs={"min_size": 128, "max_size": 128}
+    )
+    golden = entry.golden_inputs(torch.Generator().manual_seed(0))
+    model, done = initialise(entry, 0, golden, atol=1e-5, rtol=1e-4)
+    assert "bias shifted" in done.after, done.after
+    with torch.no_grad():
+        answers = model(*golden.values())
+    assert [a["scores"].numel() for a in answers] == [300] * len(answers)
+    firm = sum(detect.firm_count(a["scores"]) for a in answers)
+    assert firm >= detect.MIN_FIRM_SHARE * 300 * len(answers), done.after
