@@ -69,7 +69,8 @@ def teardown(world: World) -> None:
 def held() -> Iterator[None]:
     """Several trainings in one launch (`pipeline train --model A --model B`) share the
     process group the first one joins, left when the block ends: a torchrun rendezvous is
-    joined once per process (destroying the group and joining it again is not supported)."""
+    joined once per process (destroying the group and joining it again for each model hung
+    on the fourth of five, with gloo on 2 ranks)."""
     global _held
     _held = True
     try:

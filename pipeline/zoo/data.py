@@ -30,7 +30,7 @@ SPLIT_SEED = 20240601
 VAL_SIZE = 361
 # The split itself: the indices sklearn's train_test_split(test_size=VAL_SIZE,
 # random_state=SPLIT_SEED, stratify=labels) gives, in its order, stored so that reading the
-# digits imports no sklearn (tests/unit/test_digits_data.py recomputes them with it).
+# digits imports no sklearn (tests/unit/test_data.py recomputes them with it).
 SPLIT_FILE = Path(__file__).with_name("digits_split.npz")
 DIGITS_CSV = "digits.csv.gz"
 _DIGITS_MAX = 16.0  # sklearn's digits are integer intensities 0..16

@@ -58,12 +58,10 @@ def detector_names() -> list[str]:
 
 def detector_types() -> tuple[type, ...]:
     """The classes every torchvision detector is an instance of."""
-    from torchvision.models.detection.fcos import FCOS
     from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
-    from torchvision.models.detection.retinanet import RetinaNet
     from torchvision.models.detection.ssd import SSD
 
-    return (GeneralizedRCNN, SSD, RetinaNet, FCOS)
+    return (GeneralizedRCNN, SSD, *sigmoid_types())
 
 
 def find_detectors(model: nn.Module) -> list[nn.Module]:
