@@ -13,6 +13,8 @@ scores differ by less than the backends' rounding may swap places. So, per image
    within `SCORE_ATOL` of another detection's in the same image (NMS or the cap could
    keep either), or of the cut, the lowest score either side kept (the score
    threshold or the per-image cap ended the list there).
+   Any other per-detection field (Mask R-CNN's `masks`, Keypoint R-CNN's `keypoints`)
+   must agree row for row within its own tolerance (`FIELD_ATOL`).
 4. **Ties everywhere prove nothing.** When fewer than `MIN_FIRM_SHARE` of eager's
    detections are firm (not ties), or eager found none, the comparison cannot judge:
    it fails as vacuous instead of passing (random weights tie every score).
@@ -30,6 +32,19 @@ IOU_MATCH = 0.9  # the same box, computed twice: float rounding moves corners by
 BOX_ATOL = 0.01  # pixels; ONNX Runtime's boxes differ from eager's by up to ~1.3e-3 px
 SCORE_ATOL = 2e-4  # probability; ONNX Runtime's scores differed by up to 1.3e-4 (saturated logits)
 MIN_FIRM_SHARE = 0.5
+# The other per-detection fields of a matched pair (measured on Mask R-CNN and Keypoint
+# R-CNN, random weights, 128x128 inside; docs/verification.md "Detections").
+FIELD_ATOL = {
+    "masks": 1e-3,  # probability per pixel; ONNX Runtime's differed by up to 4.6e-4
+    "keypoints": BOX_ATOL,  # pixels (x, y) and a visibility of 1; ONNX Runtime's: 6.3e-3
+    "keypoints_scores": 2e-3,  # heatmap logits (up to ~5); ONNX Runtime's differed by 8.6e-4
+}
+# torchvision pastes each mask into the image at its box grown by (M + 2) / M and cut to
+# whole pixels (roi_heads.paste_masks_in_image; M = 28 in every Mask R-CNN builder). Two
+# boxes 0.003 px apart can cut to sizes a pixel apart, and a mask resampled to the other
+# size differs across its whole region (by up to 0.18, ONNX Runtime at 2 of 600): such a
+# pair's masks are a tie, excused and counted, not compared.
+MASK_RESOLUTION = 28
 
 
 @dataclass
@@ -39,6 +54,7 @@ class Image:
     boxes: torch.Tensor
     scores: torch.Tensor
     labels: torch.Tensor
+    fields: dict[str, torch.Tensor] = field(default_factory=dict)  # other per-detection rows
 
     @property
     def count(self) -> int:
@@ -57,6 +73,9 @@ class Verdict:
     box_err: float = 0.0  # worst |corner difference| of a matched pair, pixels
     score_err: float = 0.0
     min_iou: float = 1.0
+    field_err: dict[str, float] = field(default_factory=dict)  # worst per other field
+    fallback_atol: float = BOX_ATOL  # for a per-detection field FIELD_ATOL does not name
+    paste_ties: int = 0  # matched pairs whose masks were pasted on boxes a pixel apart
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -68,11 +87,20 @@ class Verdict:
         return not self.problems and not self.vacuous
 
     def summary(self) -> str:
+        others = "".join(
+            f", {name} within {err:.2g} (≤ {field_atol(name, self.fallback_atol):g})"
+            for name, err in self.field_err.items()
+        )
         return (
             f"{self.matched} of eager's {self.eager} detections matched over {self.images} "
             f"image(s) (IoU ≥ {IOU_MATCH}, worst {self.min_iou:.4f}); boxes within "
             f"{self.box_err:.2g} px (≤ {BOX_ATOL}), scores within {self.score_err:.2g} "
-            f"(≤ {SCORE_ATOL}); {self.ties} unmatched tie(s) excused; {self.firm} firm"
+            f"(≤ {SCORE_ATOL}){others}; {self.ties} unmatched tie(s) excused; {self.firm} firm"
+            + (
+                f"; {self.paste_ties} mask(s) pasted on boxes cut a pixel apart, not compared"
+                if self.paste_ties
+                else ""
+            )
         )
 
     def problem(self) -> str:
@@ -96,6 +124,51 @@ class Verdict:
             + ". Give the detector spread scores (trained weights; --random-init rescales "
             "the classification heads of torchvision detectors, and of a model holding one)"
         )
+
+
+def field_atol(name: str, fallback: float) -> float:
+    """The tolerance of a per-detection field; `fallback` (verify's --atol) for a field the
+    rule does not know, such as a user's own."""
+    return FIELD_ATOL.get(name, fallback)
+
+
+def paste_box(box: torch.Tensor) -> list[int]:
+    """The whole-pixel box torchvision pastes a Mask R-CNN mask into (see MASK_RESOLUTION)."""
+    from torchvision.models.detection.roi_heads import expand_boxes
+
+    scale = float(MASK_RESOLUTION + 2) / MASK_RESOLUTION
+    return expand_boxes(box.float()[None], scale).to(torch.int64)[0].tolist()
+
+
+def _field_problems(
+    eager: Image, got: Image, i: int, j: int, index: int, verdict: Verdict
+) -> list[str]:
+    """How matched pair (eager's i, the backend's j) differs in the other fields."""
+    problems = []
+    for name, rows in eager.fields.items():
+        theirs = got.fields.get(name)
+        if theirs is None:
+            problems.append(f"image {index}: the backend's detections have no {name!r}")
+            continue
+        a, b = rows[i], theirs[j]
+        if name == "masks" and paste_box(eager.boxes[i]) != paste_box(got.boxes[j]):
+            verdict.paste_ties += 1
+            continue
+        if a.shape != b.shape:
+            problems.append(
+                f"image {index}: eager's detection {i} has {name} of shape {tuple(a.shape)}, "
+                f"the backend's {tuple(b.shape)}"
+            )
+            continue
+        err = float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+        verdict.field_err[name] = max(verdict.field_err.get(name, 0.0), err)
+        atol = 0.0 if not a.is_floating_point() else field_atol(name, verdict.fallback_atol)
+        if err > atol:
+            problems.append(
+                f"image {index}: eager's detection {i} (label {int(eager.labels[i])}) is matched "
+                f"but its {name} differ by {err:.3g} (≤ {atol:g})"
+            )
+    return problems
 
 
 def _near(value: float, others: torch.Tensor) -> bool:
@@ -153,6 +226,7 @@ def compare_image(eager: Image, got: Image, index: int, verdict: Verdict) -> Non
                 f"{float(eager.scores[i]):.4f}) is matched but differs: box by {box_err:.3g} px "
                 f"(≤ {BOX_ATOL}), score by {score_err:.3g} (≤ {SCORE_ATOL})"
             )
+        verdict.problems += _field_problems(eager, got, i, best, index, verdict)
     for side, image, rows in (
         ("eager's", eager, unmatched_eager),
         ("the backend's", got, [j for j in range(got.count) if j not in taken]),
@@ -171,23 +245,33 @@ def compare_image(eager: Image, got: Image, index: int, verdict: Verdict) -> Non
             )
 
 
-def split(named: dict[str, torch.Tensor], fields: tuple[str, str, str]) -> list[Image]:
-    """Collated detections (boxes, scores, labels, counts) → one Image per input image."""
+def split(
+    named: dict[str, torch.Tensor], fields: tuple[str, str, str], others: tuple[str, ...] = ()
+) -> list[Image]:
+    """Collated detections (boxes, scores, labels, `others`, counts) → one Image per input
+    image; an absent other field is left out (the rule reports it)."""
     boxes, scores, labels = (named[f] for f in fields)
     out, start = [], 0
     for n in named["counts"].flatten().tolist():
         end = start + int(n)
-        out.append(Image(boxes[start:end], scores[start:end], labels[start:end]))
+        rows = {f: named[f][start:end] for f in others if f in named}
+        out.append(Image(boxes[start:end], scores[start:end], labels[start:end], rows))
         start = end
     return out
 
 
 def compare(
-    eager: dict[str, torch.Tensor], got: dict[str, torch.Tensor], fields: tuple[str, str, str]
+    eager: dict[str, torch.Tensor],
+    got: dict[str, torch.Tensor],
+    fields: tuple[str, str, str],
+    others: tuple[str, ...] = (),
+    fallback_atol: float = BOX_ATOL,
 ) -> Verdict:
-    """Eager's and a backend's collated detections on one input set, under the rule."""
-    verdict = Verdict()
-    mine, theirs = split(eager, fields), split(got, fields)
+    """Eager's and a backend's collated detections on one input set, under the rule;
+    `others` are the further per-detection fields (masks, keypoints), `fallback_atol` the
+    tolerance of one FIELD_ATOL does not name."""
+    verdict = Verdict(fallback_atol=fallback_atol)
+    mine, theirs = split(eager, fields, others), split(got, fields, others)
     if len(mine) != len(theirs):
         verdict.problems.append(f"{len(theirs)} images answered, eager answered {len(mine)}")
         return verdict

@@ -150,7 +150,9 @@ def check_cases(
         for who, actual in answers:
             got = _by_name(actual, names)
             if detections:  # boxes, scores, labels per image: the detection rule
-                checked.rows.append(_detection_row(who, label, expected, got, detections, found))
+                checked.rows.append(
+                    _detection_row(who, label, expected, got, detections, found, tol.atol)
+                )
                 continue
             for name, ref in expected.items():
                 if name not in got:
@@ -182,7 +184,9 @@ DETECTION_RULE = (
     f"detections are compared per image by the detection rule (docs/verification.md): each "
     f"of eager's detections is matched to the backend's of the same label with IoU ≥ "
     f"{detect.IOU_MATCH}; matched boxes must agree within {detect.BOX_ATOL} px and scores "
-    f"within {detect.SCORE_ATOL}; an unmatched detection fails unless its score is within "
+    f"within {detect.SCORE_ATOL}, and their other per-detection fields (masks "
+    f"{detect.FIELD_ATOL['masks']:g}, keypoints {detect.FIELD_ATOL['keypoints']:g} px, any other "
+    f"within --atol); an unmatched detection fails unless its score is within "
     f"{detect.SCORE_ATOL} of another's or of the lowest kept score (a tie); when fewer than "
     f"{detect.MIN_FIRM_SHARE:.0%} of eager's detections are firm, the check is vacuous"
 )
@@ -202,20 +206,26 @@ def _detection_row(
     got: dict[str, torch.Tensor],
     fields: tuple[str, str, str],
     found: dict[str, detect.Verdict],
+    atol: float,
 ) -> Row:
-    missing = [n for n in (*fields, "counts") if n not in got]
+    # The other per-sample fields eager answers (masks, keypoints), compared per detection.
+    others = tuple(n for n in expected if n not in (*fields, "counts"))
+    missing = [n for n in (*fields, *others, "counts") if n not in got]
     if missing:
         c = Comparison.failed(Kind.MISSING, f"the backend did not return {', '.join(missing)}")
         return Row.of(who, label, "detections", c, detect.BOX_ATOL, 0.0)
-    v = detect.compare(expected, got, fields)
+    v = detect.compare(expected, got, fields, others, fallback_atol=atol)
     total = found.setdefault(who, detect.Verdict())
-    for attr in ("images", "eager", "matched", "firm", "ties"):
+    for attr in ("images", "eager", "matched", "firm", "ties", "paste_ties"):
         setattr(total, attr, getattr(total, attr) + getattr(v, attr))
     total.box_err, total.score_err = (
         max(total.box_err, v.box_err),
         max(total.score_err, v.score_err),
     )
     total.min_iou = min(total.min_iou, v.min_iou)
+    total.fallback_atol = atol
+    for name, err in v.field_err.items():
+        total.field_err[name] = max(total.field_err.get(name, 0.0), err)
     if v.vacuous:  # ties everywhere: even a mismatch may be NMS's arbitrary choice
         kind = Kind.VACUOUS
     elif v.problems:

@@ -97,6 +97,81 @@ def test_scores_that_all_tie_cannot_be_judged() -> None:
     assert detect.compare(empty, empty, FIELDS).vacuous  # nothing found: nothing proven
 
 
+def _with_masks(scores: list[float], offset: float = 0.0, at: int = 0) -> dict:
+    """An image whose detections carry Mask R-CNN's `masks` [n, 1, 8, 8]; detection `at`'s
+    mask moved by `offset`."""
+    image = _image(scores)
+    masks = torch.linspace(0, 1, len(scores) * 64).reshape(len(scores), 1, 8, 8)
+    masks[at, 0, 3, 3] += offset
+    return {**image, "masks": masks}
+
+
+def test_other_per_detection_fields_are_held_to_their_own_tolerance() -> None:
+    """Mask R-CNN's masks (Keypoint R-CNN's keypoints alike) are compared row for row on
+    matched pairs: without it a wrong mask head would pass on its boxes alone."""
+    names = [*FIELDS, "masks", "counts"]
+    eager = name_outputs([_with_masks(SPREAD)], names)
+    atol = detect.FIELD_ATOL["masks"]
+    near = name_outputs([_with_masks(SPREAD, offset=atol / 2, at=2)], names)
+    v = detect.compare(eager, near, FIELDS, ("masks",))
+    assert v.passed and v.field_err["masks"] == pytest.approx(atol / 2, rel=1e-3)
+    assert "masks within" in v.summary()
+    off = name_outputs([_with_masks(SPREAD, offset=3 * atol, at=2)], names)
+    v = detect.compare(eager, off, FIELDS, ("masks",))
+    assert not v.passed
+    assert "eager's detection 2 (label 1) is matched but its masks differ by 0.003" in v.problem()
+    # Boxes, scores and labels alone could not have told.
+    assert detect.compare(eager, off, FIELDS).passed
+
+
+def test_masks_pasted_on_boxes_cut_a_pixel_apart_are_a_tie_and_only_those() -> None:
+    """torchvision pastes a mask at its grown box cut to whole pixels: these two boxes,
+    0.003 px apart (eager's and ONNX Runtime's, measured on Mask R-CNN), cut to 137 and
+    138, and the resampled masks differed by 0.18 over 4,214 pixels."""
+    names = [*FIELDS, "masks", "counts"]
+    eager_box, ort_box = [19.852, 272.041, 133.923, 306.649], [19.854, 272.04, 133.926, 306.648]
+    assert detect.paste_box(torch.tensor(eager_box)) != detect.paste_box(torch.tensor(ort_box))
+    masks = torch.rand(2, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+
+    def one(box: list[float], offset: float) -> dict[str, torch.Tensor]:
+        """`box` and a second detection that both sides agree on (the cut, 0.5)."""
+        return name_outputs(
+            [
+                {
+                    "boxes": torch.tensor([box, [200.0, 10.0, 220.0, 30.0]]),
+                    "scores": torch.tensor([0.9, 0.5]),
+                    "labels": torch.tensor([1, 1]),
+                    "masks": masks + torch.tensor([offset, 0.0]).reshape(2, 1, 1, 1),
+                }
+            ],
+            names,
+        )
+
+    v = detect.compare(one(eager_box, 0.0), one(ort_box, 0.18), FIELDS, ("masks",))
+    assert v.passed and v.paste_ties == 1 and "pasted on boxes cut a pixel apart" in v.summary()
+    # The same cut: compared, and 0.18 fails.
+    same = [c + 0.001 for c in eager_box]
+    assert detect.paste_box(torch.tensor(same)) == detect.paste_box(torch.tensor(eager_box))
+    v = detect.compare(one(eager_box, 0.0), one(same, 0.18), FIELDS, ("masks",))
+    assert not v.passed and v.paste_ties == 0 and "masks differ by 0.18" in v.problem()
+
+
+def test_a_field_the_rule_does_not_know_uses_verifys_atol_and_a_missing_one_fails() -> None:
+    names = [*FIELDS, "embedding", "counts"]
+
+    def image(offset: float) -> dict:
+        return {**_image(SPREAD), "embedding": torch.ones(len(SPREAD), 3) + offset}
+
+    eager = name_outputs([image(0.0)], names)
+    moved = name_outputs([image(0.05)], names)
+    assert detect.compare(eager, moved, FIELDS, ("embedding",), fallback_atol=0.1).passed
+    v = detect.compare(eager, moved, FIELDS, ("embedding",), fallback_atol=0.01)
+    assert not v.passed and "embedding differ by 0.05 (≤ 0.01)" in v.problem()
+    bare = name_outputs([_image(SPREAD)], [*FIELDS, "counts"])
+    v = detect.compare(eager, bare, FIELDS, ("embedding",))
+    assert not v.passed and "have no 'embedding'" in v.problem()
+
+
 def test_the_manifest_keeps_the_structure_and_refuses_a_mismatch() -> None:
     data = {
         "format": "pipeline.manifest/2",

@@ -53,7 +53,7 @@ def test_tied_detections_that_moved_do_not_blame_the_model_code() -> None:
     assert verdict.vacuous and verdict.problems
     assert "nor can its" in verdict.problem() and "mismatch" in verdict.problem()
     row = _detection_row(GOLDEN_FILE_BACKEND, "golden", stored, today,
-                         ("boxes", "scores", "labels"), {})  # fmt: skip
+                         ("boxes", "scores", "labels"), {}, 1e-5)  # fmt: skip
     assert not row.passed and row.kind == "vacuous"
     report = ParityReport("m", "export", "now", {}, {}, [row])
     assert "vacuous" in report.failure_message()
