@@ -29,7 +29,11 @@ from dataclasses import dataclass, field
 import torch
 
 IOU_MATCH = 0.9  # the same box, computed twice: float rounding moves corners by ~1e-3 px
-BOX_ATOL = 0.01  # pixels; ONNX Runtime's boxes differ from eager's by up to ~1.3e-3 px
+# Pixels. ONNX Runtime's boxes differed from eager's by up to 1.3e-3 px on SSDlite at 320,
+# but by 0.011 on FCOS (ResNet-50, random weights) at 800, where eager's own float32
+# boxes were already 0.0103 px from its float64 ones: the tolerance leaves twice eager's
+# rounding to the backend, and stays far under any fault one would see (a tenth of a pixel).
+BOX_ATOL = 0.04
 SCORE_ATOL = 2e-4  # probability; ONNX Runtime's scores differed by up to 1.3e-4 (saturated logits)
 MIN_FIRM_SHARE = 0.5
 # The other per-detection fields of a matched pair (measured on Mask R-CNN and Keypoint

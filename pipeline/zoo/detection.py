@@ -30,8 +30,8 @@ from torch import nn
 
 from pipeline.zoo.spec import Inputs, TensorSpec
 
-# 320: SSDlite320's own input size; torchvision's transform resizes to its size anyway.
-DETECTION_INPUT = TensorSpec("images", ("batch", 3, 320, 320), torch.float32, 0.0, 1.0)
+# The side of a detector's input when its builder's size cannot be read (see native_input).
+FALLBACK_SIDE = 320
 # The logit spreads (std of the classification layers' outputs) spread_scores tries:
 # doublings first, then the two √2 steps around the best. A spread too small leaves
 # scores crowded (SSDlite at 91 classes: 265 of 600 detections firm at 1.0), one too
@@ -54,6 +54,29 @@ SHIFT_TARGETS = (0.0,)
 # of the rule's score tolerance: the rest is the backend's.
 ROUNDING_SHARE = 0.5
 ROUNDING_CHECKS = 6  # float64 forwards at most (each ~3x a float32 one), most firm first
+
+
+def native_input(arch: str, kwargs: dict[str, Any]) -> TensorSpec:
+    """`images` [batch, 3, S, S] at the size the detector computes at: its transform's
+    fixed size (SSD, SSDlite) or the smallest side it scales to (800 for the ResNet-50
+    models, or `min_size` among `kwargs`), so the transform does not resample the input.
+    Resampled, a noise image carries float32's rounding in (320 -> 800: 1.2e-4 of the
+    pixels' spread) and a random ResNet-50 grows it 300-fold by its last stage: eager
+    float32 and float64 then differ past the detection rule, and so does every backend."""
+    import torchvision
+
+    try:
+        with torch.device("meta"):  # the builder's settings without its weights' memory
+            built = torchvision.models.get_model(
+                arch, weights=None, **{"weights_backbone": None, **kwargs}
+            )
+        transform = built.transform
+        fixed = getattr(transform, "fixed_size", None)
+        side = int(transform.min_size[-1])
+        height, width = (int(fixed[0]), int(fixed[1])) if fixed else (side, side)
+    except Exception:  # noqa: BLE001 - a builder that does not build on meta: a plain size
+        height = width = FALLBACK_SIDE
+    return TensorSpec("images", ("batch", 3, height, width), torch.float32, 0.0, 1.0)
 
 
 def detector_names() -> list[str]:

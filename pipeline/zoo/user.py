@@ -300,7 +300,7 @@ def _detector_entry(
 ) -> ZooEntry:
     """A torchvision detector (pipeline/zoo/detection.py): a batch tensor in, per-image
     detections out; requests are not stacked (each image's detections are its own)."""
-    specs = tuple(inputs or (detection.DETECTION_INPUT,))
+    specs = tuple(inputs or (detection.native_input(arch, kwargs),))
     sizes = {d: 2 if d == "batch" else 5 for s in specs for d in s.shape if isinstance(d, str)}
     return ZooEntry(
         name=name,
