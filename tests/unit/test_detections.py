@@ -196,3 +196,56 @@ def test_the_manifest_keeps_the_structure_and_refuses_a_mismatch() -> None:
     assert Manifest.from_json(manifest.to_json()).per_sample == FIELDS
     with pytest.raises(ManifestError, match="per-sample fields"):
         Manifest.from_json({**data, "per_sample": {"fields": ["boxes", "scores"]}})
+
+
+def _reference_firm(scores: torch.Tensor) -> int:
+    """The rule's firm count written out one detection at a time (before it was vectorised)."""
+    cut = float(scores.min()) if scores.numel() else 0.0
+    firm = 0
+    for i in range(scores.numel()):
+        others = torch.cat([scores[:i], scores[i + 1 :]])
+        near = bool(((others - float(scores[i])).abs() <= detect.SCORE_ATOL).any())
+        firm += not (float(scores[i]) - cut <= detect.SCORE_ATOL or near)
+    return firm
+
+
+def _reference_match(eager: detect.Image, got: detect.Image) -> list[tuple[int, int | None]]:
+    from torchvision.ops import box_iou
+
+    iou = box_iou(eager.boxes.double(), got.boxes.double()) if eager.count and got.count else None
+    taken: set[int] = set()
+    out: list[tuple[int, int | None]] = []
+    for i in torch.argsort(eager.scores, descending=True).tolist():
+        best, best_iou = None, detect.IOU_MATCH
+        for j in range(got.count):
+            if j in taken or int(got.labels[j]) != int(eager.labels[i]) or iou is None:
+                continue
+            if float(iou[i, j]) >= best_iou:
+                best, best_iou = j, float(iou[i, j])
+        if best is not None:
+            taken.add(best)
+        out.append((i, best))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_vectorised_rule_counts_and_matches_as_one_detection_at_a_time_did(seed: int) -> None:
+    """Scores on a grid a tolerance wide (ties, exact duplicates), few labels, boxes copied
+    and nudged (equal IoUs, near misses): the firm count and every match are the same."""
+    g = torch.Generator().manual_seed(seed)
+    n, m = (int(v) for v in torch.randint(0, 60, (2,), generator=g))
+    grid = detect.SCORE_ATOL * torch.randint(0, 40, (n,), generator=g).float()
+    eager = detect.Image(
+        torch.rand(n, 2, generator=g).repeat(1, 2) * 50 + torch.tensor([0.0, 0.0, 9.0, 9.0]),
+        0.5 + grid,
+        torch.randint(1, 4, (n,), generator=g),
+    )
+    pick = torch.randint(0, max(n, 1), (m,), generator=g) if n else torch.zeros(0, dtype=torch.long)
+    nudge = torch.randint(0, 3, (len(pick), 1), generator=g).float() * 0.3
+    got = detect.Image(
+        eager.boxes[pick] + nudge if n else torch.zeros(0, 4),
+        eager.scores[pick] if n else torch.zeros(0),
+        eager.labels[pick] if n else torch.zeros(0, dtype=torch.long),
+    )
+    assert detect.firm_count(eager.scores) == _reference_firm(eager.scores)
+    assert [(i, j) for i, j, _ in detect._match(eager, got)] == _reference_match(eager, got)
