@@ -376,7 +376,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
             report.fastest_markdown(fastest),
             pareto.markdown(pareto_rows),
             report.served_markdown(served),
-            *(rt.bench_notes(out_dir) for rt in chosen),
+            *(rt.bench_report.notes(out_dir) for rt in chosen if rt.bench_report),
             peers_markdown(peers, peer_settings, data["peer_targets"]),
             footprint.markdown(measured),
             pt2settings.markdown(out_dir) if config.pt2_sweep else "",

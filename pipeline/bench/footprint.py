@@ -31,6 +31,7 @@ import psutil
 from pipeline.bench.peers import measure_levels
 from pipeline.core.errors import PipelineError
 from pipeline.serving import runtime, wire
+from pipeline.serving.capabilities import PrivateSettings
 from pipeline.serving.launcher import inherited
 
 if TYPE_CHECKING:
@@ -118,15 +119,15 @@ def _peer_request(exported: ExportedModel) -> tuple[runtime.Runtime, wire.Body, 
 def shadow_cost(
     model: str, exported: ExportedModel, *, requests: int, budget_s: float
 ) -> list[dict]:
-    """Each runtime with `--shadow 0.01` and without, SHADOW_ROUNDS alternating rounds
+    """Each runtime that has the shadow check, with `--shadow 0.01` and without, SHADOW_ROUNDS alternating rounds
     each (issue 41): every round's rows, labelled by `shadow`, `round` and `backend`
     (runtime/format). The same OIP JSON request goes to both runtimes."""
     _, body, expected = _peer_request(exported)
     rows = []
-    for rt in runtime.all_runtimes():
+    for rt in (r for r in runtime.all_runtimes() if r.shadow):
         for r in range(SHADOW_ROUNDS):
             for rate in (0.0, SHADOW_RATE) if r % 2 == 0 else (SHADOW_RATE, 0.0):
-                with rt.private(exported, TRACED_FORMAT, shadow_rate=rate) as srv:
+                with rt.private(exported, TRACED_FORMAT, PrivateSettings(shadow_rate=rate)) as srv:
                     got = measure_levels(srv, srv.models[0], body, expected, requests, budget_s)
                 rows += [p.to_json() | {"model": model, "shadow": rate, "round": r,
                                         "backend": f"{rt.name}/{TRACED_FORMAT}"}

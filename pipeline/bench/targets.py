@@ -83,10 +83,15 @@ def versus(
 
 def targets(cells: list[dict], served: list[dict], peak: float) -> list[dict[str, Any]]:
     """Every target the run has the figures for (bench.json rows in, target rows out); each
-    runtime adds its own (Runtime.targets)."""
+    runtime with the bench_report capability adds its own."""
     return [
         *_peak(cells, peak),
-        *(t for rt in runtime.all_runtimes() for t in rt.targets(cells, served)),
+        *(
+            t
+            for rt in runtime.all_runtimes()
+            if rt.bench_report
+            for t in rt.bench_report.targets(cells, served)
+        ),
         *_opsets(cells),
         *_first_request(served),
         *_cpp(cells),

@@ -272,7 +272,8 @@ def add_deploy_command(sub: argparse._SubParsersAction) -> None:
     )
     targets = deploy.add_subparsers(dest="target", metavar="TARGET", required=True)
     for rt in runtime.all_runtimes():
-        rt.add_deploy_command(targets)
+        if rt.deploy:
+            rt.deploy.add_command(targets)
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:

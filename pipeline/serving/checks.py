@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
-from pipeline.serving import runtime
+from pipeline.serving import backends, runtime
 from pipeline.serving.served import StaleServerError
 from pipeline.serving.server import ServeError, Server
 from pipeline_runtime.manifest import Manifest
@@ -40,7 +40,7 @@ def served_backends(
                 f"The server recorded in {server.run_dir} is {rt.title}, not {names}; start "
                 f"one with `pipeline serve --runtime {sorted(wanted)[0]}`."
             )
-        return rt.parity_backends(model, manifest, server, export_dir)
+        return backends.served_backends(model, manifest, server, export_dir)
     except PipelineError as err:
         if wanted:
             raise

@@ -25,9 +25,13 @@ class OpenInference(Protocol):
 
     name = "oip"
 
-    def __init__(self, encodings: tuple[str, ...] = ("json", "npy")) -> None:
-        # A server that reads OIP JSON only (the tests' toy runtime) says so here.
+    def __init__(
+        self, encodings: tuple[str, ...] = ("json", "npy"), transports: tuple[str, ...] = ("rest",)
+    ) -> None:
+        # A server that reads OIP JSON only (the tests' toy runtime) says so here, and one
+        # that also answers OIP's gRPC service (at `server.extras["grpc_url"]`) adds "grpc".
         self.encodings = encodings
+        self.transports = transports
 
     def infer_path(self, name: str, version: str | None = None) -> str:
         if version:
@@ -90,11 +94,18 @@ class OpenInference(Protocol):
         *,
         timeout: float = 120.0,
         version: str | None = None,
+        transport: str = "rest",
     ) -> dict[str, torch.Tensor]:
         """Over REST: OIP JSON tensors, or the binary extension when they are big
-        (wants_binary) and the server reads it."""
+        (wants_binary) and the server reads it. Over gRPC: `infer_grpc`."""
         from pipeline.serving import client, wire
         from pipeline.serving.protocol import wants_binary
+
+        if transport not in self.transports:
+            raise ValueError(f"this server speaks OIP over {', '.join(self.transports)}")
+        if transport == "grpc":
+            url = server.extras["grpc_url"]
+            return self.infer_grpc(server, name, inputs, url, timeout=timeout, version=version)
 
         body = self.encode(inputs, binary=wants_binary(inputs) and self.reads_binary())
         extra = {k: v for k, v in body.headers.items() if k != "Content-Type"}
@@ -145,4 +156,5 @@ class OpenInference(Protocol):
         return {t.name: torch.from_numpy(t.as_numpy().copy()) for t in response.outputs}
 
 
-OIP = OpenInference()
+# The KServe runtime's: OIP over REST and gRPC, JSON and the binary extension.
+OIP = OpenInference(transports=("rest", "grpc"))

@@ -46,6 +46,9 @@ class Protocol(abc.ABC):
     name: str  # for people and for bench's peers: "oip", "torchserve"
     # loadtest's --encodings this protocol's servers read (None: every one loadtest knows).
     encodings: tuple[str, ...] | None = None
+    # The ways `infer` reaches a server, the first the default: verify checks a served
+    # model over each (pipeline.serving.backends), since each decodes on its own path.
+    transports: tuple[str, ...] = ("rest",)
 
     def reads_binary(self) -> bool:
         """Whether this protocol's servers read its binary form (`encode(binary=True)`)."""
@@ -78,8 +81,10 @@ class Protocol(abc.ABC):
         *,
         timeout: float = 120.0,
         version: str | None = None,
+        transport: str = "rest",
     ) -> dict[str, torch.Tensor]:
-        """One request to served `name` (its `version`'s route when given) with the inference token and no resend (verify's
-        served backends): the answer's outputs by name. Inputs of BINARY_FROM_BYTES or
-        more go in the binary form where the server reads it, smaller ones as JSON.
-        RuntimeError on any other status than 200, saying it."""
+        """One request to served `name` (its `version`'s route when given) over
+        `transport` (one of `transports`), with the inference token and no resend
+        (verify's served backends): the answer's outputs by name. Over REST, inputs of
+        BINARY_FROM_BYTES or more go in the binary form where the server reads it, smaller
+        ones as JSON. RuntimeError on any other answer than a success, saying it."""

@@ -1,7 +1,7 @@
 """`pipeline rollout` and `pipeline rollback`: move a running server between published
 versions without a restart, and only after the new version answered right through it.
 
-A rollout (the KServe runtime's, or any runtime whose `live_state` is not None):
+A rollout (the KServe runtime's, or any runtime with the versions capability):
 
 1. loads the version beside the one serving, on every worker; nothing routes to it;
 2. checks it through the live server by its own versioned route against its own golden
@@ -26,7 +26,8 @@ from pathlib import Path
 
 from pipeline.core import paths
 from pipeline.core.errors import PipelineError
-from pipeline.serving import live, runtime, versions
+from pipeline.serving import backends, live, runtime, versions
+from pipeline.serving.capabilities import Versions
 from pipeline.serving.server import ServeError, Server
 
 Say = Callable[[str], None]
@@ -110,13 +111,20 @@ def running(run_dir: Path) -> tuple[Server, runtime.Runtime, live.LiveState]:
     if server is None or not server.alive():
         raise ServeError(f"No server is running from {run_dir}; start one with `pipeline serve`.")
     rt = runtime.of(server)
-    state = rt.live_state(server)
+    state = rt.versions.live_state(server) if rt.versions else None
     if state is None:
         raise PipelineError(
             f"{rt.title} cannot change versions while it serves; restart it with `pipeline "
             "serve` (it serves the store's default version) or use a runtime that can."
         )
     return server, rt, state
+
+
+def _versions(rt: runtime.Runtime) -> Versions:
+    """The versions capability of a runtime `running` accepted."""
+    if rt.versions is None:
+        raise PipelineError(f"{rt.title} cannot change versions while it serves.")
+    return rt.versions
 
 
 def served_names(server: Server, state: live.LiveState, model: str) -> list[str]:
@@ -196,7 +204,7 @@ def rollout(config: RolloutConfig, say: Say = print) -> live.LiveState:
         staged = _next(state, names, beside)
         say(f"loading {config.model} version {version.number} beside the default on every worker")
         try:
-            rt.apply_live(server, staged, config.timeout_s)
+            _versions(rt).apply_live(server, staged, config.timeout_s)
         except live.LiveError as err:
             _restore(rt, server, staged, state, config.timeout_s)
             raise RolloutRefusedError(f"Version {version.number} did not load: {err}") from None
@@ -213,11 +221,11 @@ def rollout(config: RolloutConfig, say: Say = print) -> live.LiveState:
             canary = _next(
                 staged, names, lambda mv: replace(mv, canary=version.number, percent=pct)
             )
-            rt.apply_live(server, canary, config.timeout_s)
+            _versions(rt).apply_live(server, canary, config.timeout_s)
             say(f"canary: {pct:g}% of unversioned requests go to version {version.number}")
             return _watch(config, rt, server, canary, names, version.number, say)
         final = _next(staged, names, lambda mv: _only(mv, version.number))
-        rt.apply_live(server, final, config.timeout_s)
+        _versions(rt).apply_live(server, final, config.timeout_s)
         versions.set_default(config.model, version.number, config.store)
         say(f"{config.model} version {version.number} is the default; the old one is unloaded")
         return final
@@ -231,7 +239,7 @@ def _restore(
     rt: runtime.Runtime, server: Server, now: live.LiveState, back: live.LiveState, timeout_s: float
 ) -> None:
     """Back to `back`'s versions and split, as a newer generation than `now`."""
-    rt.apply_live(server, replace(back, generation=now.generation + 1), timeout_s)
+    _versions(rt).apply_live(server, replace(back, generation=now.generation + 1), timeout_s)
 
 
 def live_check(
@@ -242,8 +250,10 @@ def live_check(
     from pipeline.verify import VerifyConfig, verify
 
     exported = version.open()
-    backends = [
-        b for n in names for b in rt.version_backends(server, n, version.number, exported.manifest)
+    checked = [
+        b
+        for n in names
+        for b in backends.version_backends(server, n, version.number, exported.manifest)
     ]
     report = verify(
         VerifyConfig(
@@ -257,7 +267,7 @@ def live_check(
             / live.FOLDER
             / f"check-{paths.model_slug(version.model)}-{version.number}.json",
         ),
-        served=backends,
+        served=checked,
         exported=exported,
     )
     return None if report.passed else report.failure_message()
@@ -267,7 +277,7 @@ def _judge(
     rt: runtime.Runtime, server: Server, names: list[str], canary: int, default: int, bounds: Bounds
 ) -> tuple[str | None, str]:
     """(the first bound the canary breaks, or None; a one-line summary)."""
-    stats = rt.live_stats(server)
+    stats = _versions(rt).live_stats(server)
     words = []
     for n in names:
         mine = stats.get((n, canary), live.Tally())
@@ -297,7 +307,7 @@ def _watch(
         why, summary = _judge(rt, server, names, number, default, config.bounds)
         if why:
             back = _next(state, names, lambda mv: _without(mv, number))
-            rt.apply_live(server, back, config.timeout_s)
+            _versions(rt).apply_live(server, back, config.timeout_s)
             raise RolledBackError(
                 f"Rolled the canary back: {why}. Version {default} serves all traffic."
             )
@@ -323,12 +333,12 @@ def _promote(
     (number,) = canaries
     why, summary = _judge(rt, server, names, number, state.models[names[0]].default, config.bounds)
     if why:
-        rt.apply_live(
+        _versions(rt).apply_live(
             server, _next(state, names, lambda mv: _without(mv, number)), config.timeout_s
         )
         raise RolledBackError(f"Not promoted, rolled the canary back: {why}.")
     final = _next(state, names, lambda mv: _only(mv, number))
-    rt.apply_live(server, final, config.timeout_s)
+    _versions(rt).apply_live(server, final, config.timeout_s)
     versions.set_default(config.model, number, config.store)
     say(f"promoted: {config.model} version {number} is the default ({summary})")
     return final
@@ -351,7 +361,9 @@ def rollback(model: str, run_dir: Path, store: Path = paths.DEFAULT_STORE, say: 
         names = served_names(server, state, model)
         canary = state.models[names[0]].canary
         if canary is not None:
-            rt.apply_live(server, _next(state, names, lambda mv: _without(mv, canary)), timeout_s)
+            _versions(rt).apply_live(
+                server, _next(state, names, lambda mv: _without(mv, canary)), timeout_s
+            )
             default = state.models[names[0]].default
             say(f"canary version {canary} removed; version {default} serves all traffic")
             return default
@@ -362,8 +374,10 @@ def rollback(model: str, run_dir: Path, store: Path = paths.DEFAULT_STORE, say: 
             return replace(mv, versions={**mv.versions, back.number: old})
 
         staged = _next(state, names, beside)
-        rt.apply_live(server, staged, timeout_s)
-        rt.apply_live(server, _next(staged, names, lambda mv: _only(mv, back.number)), timeout_s)
+        _versions(rt).apply_live(server, staged, timeout_s)
+        _versions(rt).apply_live(
+            server, _next(staged, names, lambda mv: _only(mv, back.number)), timeout_s
+        )
         versions.roll_back_pointer(model, store)
         say(f"rolled back: {model} version {back.number} is the default again")
         return back.number

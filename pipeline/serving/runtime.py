@@ -1,13 +1,18 @@
 """The runtime contract and its registry.
 
 A runtime is one package under `pipeline/runtimes/` that subclasses `Runtime`
-and calls `register()` once, as a format does in `pipeline/formats/`. It
-declares everything runtime-specific: its name (the `--runtime` choice, the
-record's `runtime`, the prefix of its verify and bench backends), the marker
-file that identifies its processes, its `pipeline serve` options and start,
-how it serves an export privately (loadtest, bench), the wire protocol it speaks
-(pipeline.serving.protocol: routes, bodies, request files), its parity backends, its bench driver and
-targets, the command that fixes a stale server, and its deploy targets.
+and calls `register()` once, as a format does in `pipeline/formats/`. The core is
+what every runtime must do, eight methods: its `pipeline serve` options and start,
+what it prints about a started server, a private server of one export (loadtest,
+bench, tests), the wire protocol it speaks (pipeline.serving.protocol: routes,
+bodies, request files, transports), the processes that answer a model, the command
+that fixes a stale server, and its bench driver. Beside them it declares its name
+(the `--runtime` choice, the record's `runtime`, the prefix of its verify and bench
+backends) and the marker file that identifies its processes. Everything else it
+may offer is a capability object (pipeline.serving.capabilities: versions, shadow
+checks, bench notes and targets, deploy, packaging), None where it offers none.
+verify's served backends are built from the protocol (pipeline.serving.backends),
+not by each runtime.
 
 `pipeline serve`, `stop`, `infer`, `verify`, `loadtest`, `bench` and `deploy`
 ask the registry; nothing outside a runtime's package compares a runtime's
@@ -35,14 +40,21 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import DEFAULT_STORE
+from pipeline.serving.capabilities import (
+    DEFAULT_PRIVATE,
+    BenchReport,
+    Deploy,
+    Packaging,
+    PrivateSettings,
+    Shadow,
+    Versions,
+)
 from pipeline.serving.names import BUILTIN, BUILTIN_RUNTIMES, Declared
 
 if TYPE_CHECKING:
     from pipeline.export.opened import ExportedModel
-    from pipeline.serving.live import LiveState, Tally
     from pipeline.serving.protocol import Protocol
     from pipeline.serving.server import Server
-    from pipeline_runtime.manifest import Manifest
 
 
 class RuntimeNameError(PipelineError):
@@ -164,8 +176,9 @@ class BenchSettings:
 
 
 class Runtime(abc.ABC):
-    """One serving runtime. Subclasses set the class attributes and implement the hooks;
-    a hook that imports a heavy module imports it inside the method."""
+    """One serving runtime: the core every runtime implements (eight methods), and the
+    capabilities it offers (pipeline.serving.capabilities), each None when it does not.
+    A hook that imports a heavy module imports it inside the method."""
 
     name: str
     title: str
@@ -179,17 +192,23 @@ class Runtime(abc.ABC):
     # outlives a restart lists none (the KServe runtime).
     removed_on_stop: tuple[str, ...] = ()
     description: str = ""
+    # Shared options (SHARED_OPTIONS) this runtime cannot honour, each with why: `pipeline
+    # serve` refuses them when given instead of starting a server that ignores them.
+    refuses: ClassVar[Mapping[str, str]] = MappingProxyType({})
 
-    # -- pipeline serve -------------------------------------------------------------
+    # -- capabilities: present or None ---------------------------------------------------
+    versions: ClassVar[Versions | None] = None  # rollout, rollback, status
+    shadow: ClassVar[Shadow | None] = None  # --shadow and PrivateSettings.shadow_rate
+    bench_report: ClassVar[BenchReport | None] = None  # bench.md notes and targets
+    deploy: ClassVar[Deploy | None] = None  # `pipeline deploy <name>`
+    packaging: ClassVar[Packaging | None] = None  # a package another system serves
+
+    # -- the core -------------------------------------------------------------------
     @abc.abstractmethod
     def add_serve_options(self, group: argparse._ArgumentGroup, formats: list[str]) -> None:
         """Add this runtime's own `pipeline serve` options to `group` (its help group).
         They are refused with any other runtime. The shared options (--host, --port,
         --tls-cert, --tls-key, --max-request-size, --run-dir) are added by the CLI."""
-
-    # Shared options (SHARED_OPTIONS) this runtime cannot honour, each with why: `pipeline
-    # serve` refuses them when given instead of starting a server that ignores them.
-    refuses: ClassVar[Mapping[str, str]] = MappingProxyType({})
 
     @abc.abstractmethod
     def serve(self, options: ServeOptions) -> Server:
@@ -202,94 +221,33 @@ class Runtime(abc.ABC):
 
     @abc.abstractmethod
     def private(
-        self, exported: ExportedModel, fmt: str, *, tuned_in: Path | None = None, **settings: Any
+        self, exported: ExportedModel, fmt: str, settings: PrivateSettings = DEFAULT_PRIVATE
     ) -> contextlib.AbstractContextManager[Server]:
         """A server of its own serving `exported` in `fmt`, on free loopback ports, stopped
-        on exit (loadtest --serve). `tuned_in`: a bench folder whose findings (bench with
-        `BenchSettings.tune`) the server's settings follow, as `pipeline serve`'s do."""
+        on exit (loadtest --serve, bench). Its `models[0]` is the served name."""
 
-    # -- the wire: the protocol the runtime speaks (routes, bodies, request files) ------
     @property
     @abc.abstractmethod
     def protocol(self) -> Protocol:
         """The wire protocol its servers speak (pipeline.serving.protocol): clients,
-        loadtest, verify's served backends and bench's drivers speak to it."""
+        loadtest, verify's served backends (pipeline.serving.backends, one per transport)
+        and bench's drivers speak to it."""
 
     @abc.abstractmethod
     def worker_pids(self, server: Server, name: str) -> list[int]:
         """The processes that answer `name` (loadtest's memory and kill)."""
 
-    # -- verify ---------------------------------------------------------------------
-    @abc.abstractmethod
-    def parity_backends(
-        self, model: str, manifest: Manifest, server: Server, export_dir: Path
-    ) -> list[Any]:
-        """Verify backends (pipeline.verify.backends.Backend), named `<name>/...`, one per
-        served format of `model`. StaleServerError when the server answers from another
-        export than `manifest`; ServeError when it serves no format of the model."""
-
     @abc.abstractmethod
     def fix_command(self, model: str) -> str:
-        """The command that makes a stale server serve the export on disk."""
+        """The command that makes a stale server serve the export on disk (or serve
+        `model` at all)."""
 
-    # -- versions on a running server (pipeline rollout / rollback) -------------------
-    def live_state(self, server: Server) -> LiveState | None:
-        """The versions `server` serves now and where unversioned requests go (the live
-        state; before any rollout, the ones it started with). None: this runtime cannot
-        change versions while it serves, and `pipeline rollout` says so."""
-        return None
-
-    def apply_live(self, server: Server, state: LiveState, timeout_s: float) -> None:
-        """Make `server` serve `state` (load new versions beside the old, move the split,
-        drop what is gone once its requests finish); return when every worker does.
-        pipeline.serving.live.LiveError when a worker could not."""
-        raise NotImplementedError(f"{self.title} cannot change versions while serving")
-
-    def live_stats(self, server: Server) -> dict[tuple[str, int], Tally]:
-        """Every worker's answers per (served name, version) since the server started: by
-        default the tallies its processes wrote to the run folder (pipeline.serving.live)."""
-        from pipeline.serving.live import read_stats
-
-        return read_stats(Path(server.run_dir))
-
-    def version_backends(
-        self, server: Server, served_name: str, version: int, manifest: Manifest
-    ) -> list[Any]:
-        """Verify backends that reach `version` of `served_name` by its versioned route
-        (rollout's live check against that version's own golden I/O and probes)."""
-        raise NotImplementedError(f"{self.title} has no versioned routes")
-
-    # -- bench ----------------------------------------------------------------------
     @abc.abstractmethod
     def bench(
         self, model: str, exported: ExportedModel, settings: BenchSettings
     ) -> tuple[list[Any], list[dict[str, Any]]]:
         """Serve `model` and measure every concurrency level: (points, skipped). Each point
         has `to_json()`; its backend is `<name>/<format>`."""
-
-    def bench_notes(self, out_dir: Path) -> str:
-        """Markdown for bench.md about what this runtime's bench found in `out_dir` beyond
-        its rows (e.g. a settings sweep); "" when nothing."""
-        return ""
-
-    def targets(self, cells: list[dict], served: list[dict]) -> list[dict[str, Any]]:
-        """This runtime's performance targets over one bench run (none by default)."""
-        return []
-
-    # -- deploy ---------------------------------------------------------------------
-    def add_deploy_command(self, sub: argparse._SubParsersAction) -> None:  # noqa: B027
-        """Add `pipeline deploy <name>` when the runtime has deploy targets."""
-
-    # KServe's `modelFormat` whose own ServingRuntime runs this runtime's packages
-    # ("pytorch": kserve-torchserve); None when KServe has none for it. `deploy kserve`
-    # writes, beside the project's runtime, a layout for each runtime that has one.
-    kserve_model_format: str | None = None
-
-    def package(self, model: str, export_dir: Path, fmt: str, dest: Path) -> Path:
-        """Write `fmt` of the export in `export_dir` as this runtime's deployable package
-        into the folder `dest` (batch size 1); return the file. Only a runtime with a
-        `kserve_model_format` is asked."""
-        raise NotImplementedError(f"{self.title} has no deployable package")
 
 
 _REGISTRY: dict[str, Runtime] = {}

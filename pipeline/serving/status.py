@@ -29,8 +29,8 @@ def status(run_dir: Path, store: Path) -> dict[str, Any]:
     models: set[str] = set()
     if server is not None and server.alive():
         rt = runtime.of(server)
-        state = rt.live_state(server)
-        stats = rt.live_stats(server)
+        state = rt.versions.live_state(server) if rt.versions else None
+        stats = rt.versions.live_stats(server) if rt.versions else {}
         served = {}
         for name in server.models:
             info = server.archives.get(name)

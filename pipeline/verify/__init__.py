@@ -210,7 +210,7 @@ def verify(
 ) -> ParityReport:
     """Compare every backend with eager on every case; write the JSON and Markdown reports.
 
-    `served`: backends of a running server (`pipeline.runtimes.torchserve.parity`), checked
+    `served`: backends of a running server (`pipeline.serving.backends`), checked
     like the in-process ones. Returns the report; the caller decides what a
     failure does (the CLI exits 1; `report.raise_for_failures()` raises the
     typed error). `exported`: the export, already opened by the caller (`open_for`).

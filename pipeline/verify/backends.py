@@ -3,9 +3,9 @@
 Every backend takes the same named inputs and returns a flat list of output
 tensors in manifest order, so `verify` compares them all the same way. The
 in-process ones are the formats' own Runners (`pipeline.formats`), loaded
-exactly as bench and the TorchServe handlers load them. Served backends
-(TorchServe) come from `pipeline.runtimes.torchserve.parity` and are handed to verify by
-its caller: verify does not depend on the serving stage.
+exactly as bench and the TorchServe handlers load them. Served backends (any
+runtime's, one per transport of its protocol) come from `pipeline.serving.backends`
+and are handed to verify by its caller: verify does not depend on the serving stage.
 """
 
 from __future__ import annotations

@@ -268,7 +268,7 @@ def test_served_detections_pass_the_detection_rule(
     """TorchServe answers each detector's boxes, scores, labels and counts (TorchScript at
     any batch, ONNX at its traced batch of 1, other sizes refused with a 400), and verify
     holds the served answers to the detection rule."""
-    from pipeline.runtimes.torchserve.parity import served_backends
+    from pipeline.serving.backends import served_backends
 
     detector = request.getfixturevalue(made)
 

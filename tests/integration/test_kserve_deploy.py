@@ -65,7 +65,7 @@ def test_without_a_pytorch_runtime_only_the_projects_runtime_is_written(
     """The TorchServe layout comes from the registry's runtime for KServe's `pytorch`
     format; with none, the folder holds the project's runtime alone and says nothing of
     TorchServe."""
-    monkeypatch.setattr(runtime.get("torchserve"), "kserve_model_format", None)
+    monkeypatch.setattr(runtime.get("torchserve"), "packaging", None)
     got = deploy_kserve(
         DeployConfig(model="digits_lenet", export_dir=ts_export.out_dir, out=tmp_path / "out")
     )

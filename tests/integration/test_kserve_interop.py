@@ -397,11 +397,11 @@ def test_reduced_precision_formats_serve_and_verify_holds_them_to_their_budget(
 ) -> None:
     """`verify --backend kserve` over REST and gRPC on an int8/float16 format: judged at task
     level (the export's accuracy budget), not elementwise."""
-    from pipeline.runtimes.kserve.parity import KServeBackend
+    from pipeline.serving.backends import ServedBackend
     from pipeline.verify import VerifyConfig, verify
 
     manifest = precision_exported.manifest
-    served = [KServeBackend(server, f"digits_{key}", key, manifest, t) for t in ("rest", "grpc")]
+    served = [ServedBackend(server, f"digits_{key}", key, manifest, t) for t in ("rest", "grpc")]
     report = verify(
         VerifyConfig(
             model="digits_lenet",
@@ -451,7 +451,7 @@ def test_served_detections_pass_the_detection_rule_over_rest_grpc_and_tritonclie
     """Each detector's boxes, scores, labels and counts (one named output per field,
     batch-major, with per-image counts: docs/kserve.md) over REST and gRPC, held to the
     detection rule by verify; and read by Triton's client as a user would."""
-    from pipeline.runtimes.kserve.parity import KServeBackend
+    from pipeline.serving.backends import ServedBackend
     from pipeline.verify import VerifyConfig, verify
 
     detector = request.getfixturevalue(made)
@@ -459,7 +459,7 @@ def test_served_detections_pass_the_detection_rule_over_rest_grpc_and_tritonclie
     export_dir = Path(detector["export_dir"])
     opened = open_export(export_dir)
     served = [
-        KServeBackend(server, f"{made}_{f}", f, opened.manifest, t)
+        ServedBackend(server, f"{made}_{f}", f, opened.manifest, t)
         for f in ("torchscript", "onnx")
         for t in ("rest", "grpc")
     ]

@@ -64,10 +64,10 @@ def served(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Se
 def _reset(server: Server, store: Path) -> None:
     """Version 1 alone and the store's pointer back on it."""
     rt = runtime.get("kserve")
-    state = rt.live_state(server)
+    state = rt.versions.live_state(server)
     v1 = versions.get(MODEL, 1, store)
     alone = live.ModelVersions({1: live.Loaded(1, str(v1.dir), "onnx")}, 1)
-    rt.apply_live(server, live.LiveState(state.generation + 1, {MODEL: alone}), 120)
+    rt.versions.apply_live(server, live.LiveState(state.generation + 1, {MODEL: alone}), 120)
     versions.write_pointer(MODEL, versions.Pointer(1, []), store)
 
 
@@ -89,7 +89,7 @@ def test_canary_promote_and_rollback_under_load_lose_nothing(served: Server, sto
         assert (state.models[MODEL].canary, state.models[MODEL].percent) == (2, 20.0)
         assert versions.read_pointer(MODEL, store).default == 1  # a canary moves no pointer
         time.sleep(1.0)
-        tallies = runtime.get("kserve").live_stats(served)
+        tallies = runtime.get("kserve").versions.live_stats(served)
         canary, default = tallies[MODEL, 2].requests, tallies[MODEL, 1].requests
         assert 0 < canary < default, (canary, default)  # its share of unversioned requests
         rollout(RolloutConfig(MODEL, run_dir, promote=True, store=store), say=lambda _: None)
@@ -101,7 +101,7 @@ def test_canary_promote_and_rollback_under_load_lose_nothing(served: Server, sto
     answered = load.answered()
     assert answered.get("1", 0) > 0 and answered.get("2", 0) > 0, answered
     assert versions.read_pointer(MODEL, store) == versions.Pointer(1, [])
-    state = runtime.get("kserve").live_state(served)
+    state = runtime.get("kserve").versions.live_state(served)
     assert sorted(state.models[MODEL].versions) == [1]  # version 2 was unloaded
 
 
@@ -116,7 +116,7 @@ def test_a_canary_past_its_bound_rolls_back_by_itself(served: Server, store: Pat
             say=lambda _: None,
         )  # fmt: skip
     load.check_nothing_lost()
-    mv = runtime.get("kserve").live_state(served).models[MODEL]
+    mv = runtime.get("kserve").versions.live_state(served).models[MODEL]
     assert (mv.default, mv.canary, sorted(mv.versions)) == (1, None, [1])
 
 
@@ -139,7 +139,7 @@ def test_a_wrong_version_is_refused_by_the_live_check(
         f"Version {bad.number} failed the live check" in err and "version 2) keeps serving" in err
     )
     assert "kserve/rest/onnx@3" in err  # where: the version's own route
-    mv = runtime.get("kserve").live_state(served).models[MODEL]
+    mv = runtime.get("kserve").versions.live_state(served).models[MODEL]
     assert (mv.default, sorted(mv.versions)) == (2, [2])
     shutil.rmtree(bad.dir)  # the other tests know versions 1 and 2
 
@@ -231,4 +231,4 @@ def test_no_network_route_changes_versions(served: Server, store: Path) -> None:
         assert r.status_code == 404 and "No such route" in r.json()["error"], r.text
     r = httpx.get(f"{served.inference_url}/v2/models/{MODEL}/versions/2", headers=headers)
     assert r.status_code == 404 and "has no version '2'" in r.json()["error"]
-    assert runtime.get("kserve").live_state(served).models[MODEL].default == 1
+    assert runtime.get("kserve").versions.live_state(served).models[MODEL].default == 1

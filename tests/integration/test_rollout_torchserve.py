@@ -83,7 +83,9 @@ def test_canary_promote_and_rollback_on_torchserve_lose_nothing(
     answered = load.answered()
     assert answered.get("1", 0) > 0 and answered.get("2", 0) > 0, answered
     assert _registered(served) == ["1"]
-    assert runtime.get("torchserve").live_state(served).models[ARCHIVE].versions.keys() == {1}
+    assert runtime.get("torchserve").versions.live_state(served).models[
+        ARCHIVE
+    ].versions.keys() == {1}
     # The rollback registered version 1 from its store folder: TorchServe's copy of it
     # is no archive a later `pipeline serve` starts beside the original.
     assert sorted(p.name for p in store.glob("*.mar")) == [f"{ARCHIVE}.mar", f"{ARCHIVE}.v1.mar"]

@@ -37,7 +37,7 @@ from pipeline.runtimes.torchserve.launch import (
     stop,
 )
 from pipeline.runtimes.torchserve.management import management
-from pipeline.runtimes.torchserve.parity import served_backends
+from pipeline.serving.backends import served_backends
 from pipeline.serving.client import numpy_body, post, resolve_model, tensors_body
 from pipeline.train import TrainResult
 from pipeline.verify import ParityReport, VerifyConfig, verify

@@ -1,7 +1,9 @@
-"""The runtime contract is the seam: a third runtime, written only in tests/toy_runtime/,
-registers through pipeline.serving.runtime and goes through `pipeline serve`, `infer`,
-`verify`, `loadtest` (on the running server and on a private one) and `bench` — the
-same commands a user types, in-process — without a change under pipeline/."""
+"""The runtime contract is the seam: runtimes written only in tests/toy_runtime/ register
+through pipeline.serving.runtime without a change under pipeline/. One with the core
+alone goes through `pipeline serve`, `infer`, `verify`, `loadtest` (on the running
+server and on a private one) and `bench`, the same commands a user types, in-process,
+and `pipeline rollout` refuses it; the toy, the same server with the versions
+capability, goes through rollout, status and rollback."""
 
 from __future__ import annotations
 
@@ -29,8 +31,14 @@ def toy() -> Iterator[runtime.Runtime]:
         yield rt
 
 
-def test_a_runtime_written_in_tests_goes_through_every_command(
-    toy: runtime.Runtime,
+@pytest.fixture
+def bare() -> Iterator[runtime.Runtime]:
+    with toy_runtime.registered(toy_runtime.BARE_RUNTIME) as rt:
+        yield rt
+
+
+def test_a_runtime_of_the_core_alone_goes_through_every_command(
+    bare: runtime.Runtime,
     exported: ExportResult,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -49,16 +57,16 @@ def test_a_runtime_written_in_tests_goes_through_every_command(
         return code
 
     common = ["--artifacts-dir", str(artifacts)]
-    assert "toy" in runtime.names() and runtime.get("toy") is toy
+    assert "bare" in runtime.names() and runtime.get("bare") is bare
     try:
         # serve: its own option group, and another runtime's option refused
-        assert main([*common, "serve", "--runtime", "toy", "--grpc-port", "9"]) == 1
+        assert main([*common, "serve", "--runtime", "bare", "--grpc-port", "9"]) == 1
         assert "--grpc-port is for --runtime kserve" in capsys.readouterr().err
         port = str(free_port())
-        code = main([*common, "serve", "--runtime", "toy", "--model", "digits_lenet",
-                     "--toy-format", "onnx", "--port", port, "--run-dir", str(run_dir)])  # fmt: skip
+        code = main([*common, "serve", "--runtime", "bare", "--model", "digits_lenet",
+                     "--bare-format", "onnx", "--port", port, "--run-dir", str(run_dir)])  # fmt: skip
         out = capsys.readouterr().out
-        assert code == 0 and "the toy runtime is up" in out, out
+        assert code == 0 and "the bare runtime is up" in out, out
 
         golden = artifacts / "digits_lenet" / "export" / "golden.pt"
         assert main([*common, "infer", "--model", "digits_lenet", str(golden),
@@ -67,14 +75,14 @@ def test_a_runtime_written_in_tests_goes_through_every_command(
         assert answer["model_name"] == "digits_lenet" and answer["outputs"][0]["shape"][-1] == 10
 
         report = tmp_path / "parity.json"
-        code = main([*common, "verify", "--model", "digits_lenet", "--backend", "toy",
+        code = main([*common, "verify", "--model", "digits_lenet", "--backend", "bare",
                      "--run-dir", str(run_dir), "--report", str(report)])  # fmt: skip
         said = capsys.readouterr()
         assert code == 0, said.out + said.err
         checked = {r["backend"] for r in json.loads(report.read_text())["rows"]}
-        assert checked - {"golden file"} == {"toy/onnx"}, checked  # golden: always checked
+        assert checked - {"golden file"} == {"bare/onnx"}, checked  # golden: always checked
 
-        for serve in ([], ["--serve", "--runtime", "toy"]):
+        for serve in ([], ["--serve", "--runtime", "bare"]):
             code = main([*common, "loadtest", "--model", "digits_lenet", "--requests", "40",
                          "--concurrency", "4", "--run-dir", str(run_dir), *serve])  # fmt: skip
             said = capsys.readouterr()
@@ -82,23 +90,29 @@ def test_a_runtime_written_in_tests_goes_through_every_command(
         # its own limits, from its declaration: JSON only, no worker replacement
         code = main([*common, "loadtest", "--model", "digits_lenet", "--requests", "4",
                      "--encodings", "npy", "--run-dir", str(run_dir)])  # fmt: skip
-        assert code != 0 and "the toy runtime reads the encodings json" in capsys.readouterr().err
+        assert code != 0 and "the bare runtime reads the encodings json" in capsys.readouterr().err
 
         bench_dir = tmp_path / "bench"
-        code = main([*common, "bench", "--quick", "--runtime", "toy", "--model", "digits_lenet",
+        code = main([*common, "bench", "--quick", "--runtime", "bare", "--model", "digits_lenet",
                      "--serve-model", "digits_lenet", "--out-dir", str(bench_dir)])  # fmt: skip
         said = capsys.readouterr()
         assert code == 0, said.out + said.err
         served = json.loads((bench_dir / "bench.json").read_text())["served"]
         backends = {p["backend"] for p in served}
-        assert backends and all(b.startswith("toy/") for b in backends), backends
+        assert backends and all(b.startswith("bare/") for b in backends), backends
         assert all(p["failed"] == 0 for p in served)
+
+        # no versions capability: rollout refuses it, naming the runtime, and nothing moves
+        code = main([*common, "rollout", "--model", "digits_lenet", "--version", "2",
+                     "--run-dir", str(run_dir)])  # fmt: skip
+        said = capsys.readouterr()
+        assert code == 1 and "the bare runtime cannot change versions" in said.err, said.err
     finally:
         stop(run_dir)
     # Every command read the export's manifest at most once (the layers pass it on).
     assert all(n <= 1 for _, n in reads), reads
     assert main(["stop", "--run-dir", str(run_dir)]) == 0
-    assert "no the toy runtime was running" not in capsys.readouterr().out
+    assert "no the bare runtime was running" not in capsys.readouterr().out
 
 
 def test_nothing_under_pipeline_names_the_toy_runtime() -> None:

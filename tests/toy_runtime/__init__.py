@@ -1,9 +1,12 @@
-"""A third runtime written only in tests/: the proof that the runtime contract is the seam.
+"""Runtimes written only in tests/: the proof that the runtime contract is the seam.
 
-It registers through `pipeline.serving.runtime.register` like the built-in ones and goes
-through `pipeline serve`, `infer`, `verify`, `loadtest` and `bench` without a change
-under pipeline/. Its server (server.py) is a small Open Inference Protocol server
-(JSON only) on aiohttp, run as a process of its own, like a real runtime's.
+Two register through `pipeline.serving.runtime.register` like the built-in ones, without
+a change under pipeline/. `Bare` ("bare") implements the core alone, the eight methods
+every runtime must, and goes through `pipeline serve`, `infer`, `verify`, `loadtest`
+and `bench`; `pipeline rollout` refuses it. `Toy` ("toy") is the same server with the
+versions capability, which rollout, status and rollback drive. Their server (server.py)
+is a small Open Inference Protocol server (JSON only) on aiohttp, run as a process of
+its own, like a real runtime's.
 """
 
 from __future__ import annotations
@@ -21,43 +24,30 @@ from types import MappingProxyType
 from typing import Any
 
 import httpx
-import torch
 
 from pipeline.core import fileio
 from pipeline.core import paths as core_paths
 from pipeline.core.defaults import DEFAULT_MODEL
 from pipeline.export.opened import ExportedModel
 from pipeline.serving import launcher, live, runtime, served, versions
+from pipeline.serving.capabilities import (
+    DEFAULT_PRIVATE,
+    PrivateSettings,
+    Versions,
+    refuse_shadow,
+)
 from pipeline.serving.openinference import OpenInference
 from pipeline.serving.protocol import Protocol
 from pipeline.serving.provenance import ArchiveInfo
 from pipeline.serving.runtime import BenchSettings, ServeOptions
-from pipeline.serving.server import INFERENCE_KEY_FILE, ServeError, Server
+from pipeline.serving.server import INFERENCE_KEY_FILE, Server
 from pipeline_runtime.manifest import Manifest
 
-NAME = "toy"
+NAME, BARE = "toy", "bare"
 CONFIG_FILE = "toy.json"
 # The shared Open Inference Protocol (routes, bodies, request files); the toy's server
 # reads OIP JSON only, so loadtest offers no binary encoding for it.
 PROTOCOL = OpenInference(encodings=("json",))
-
-
-class ToyBackend:
-    """verify's backend: the served model over OIP JSON."""
-
-    in_process = False
-
-    def __init__(
-        self, server: Server, name: str, fmt: str, manifest: Manifest, version: int | None = None
-    ) -> None:
-        self.server, self.served_name, self.format_key = server, name, fmt
-        self.version = None if version is None else str(version)
-        self.name = f"{NAME}/{fmt}" + ("" if version is None else f"@{version}")
-        self.outputs = manifest.outputs
-
-    def run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        got = PROTOCOL.infer(self.server, self.served_name, inputs, version=self.version)
-        return {o.name: got[o.name].to(getattr(torch, o.dtype)) for o in self.outputs}
 
 
 def start(
@@ -69,11 +59,13 @@ def start(
     host: str = "127.0.0.1",
     max_request_size: int = 4 * 1024 * 1024,
     threads: int | None = None,
+    runtime_name: str = NAME,
 ) -> Server:
     """Serve each (export folder, its manifest, format) as an OIP model named after its
-    model, or `names[i]` (bench serves every format of one model side by side)."""
+    model, or `names[i]` (bench serves every format of one model side by side), as the
+    runtime `runtime_name` (its config file, the marker, is `<runtime_name>.json`)."""
     run_dir = launcher.prepare(
-        launcher.Launch(title="the toy runtime", run_dir=run_dir, host=host,
+        launcher.Launch(title=f"the {runtime_name} runtime", run_dir=run_dir, host=host,
                         ports=[(host, port, "--port")])
     )  # fmt: skip
     token = fileio.write_secret(
@@ -86,7 +78,7 @@ def start(
                        "format": fmt, "version": versions.number_of(export_dir)})  # fmt: skip
         why = served.why_served(manifest, fmt, served.fastest_entry(manifest.model.name, None))
         archives[name] = ArchiveInfo.of(manifest, fmt, why=why)
-    conf = run_dir / CONFIG_FILE
+    conf = run_dir / f"{runtime_name}.json"
     live.clear(run_dir)  # a new start serves what it was given, not the last run's rollout
     conf.write_text(
         json.dumps(
@@ -96,12 +88,12 @@ def start(
     )  # fmt: skip
     argv = [sys.executable, "-m", "tests.toy_runtime.server", str(conf)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = launcher.spawn(argv, run_dir, "toy.out", env)
+    proc = launcher.spawn(argv, run_dir, f"{runtime_name}.out", env)
     url = f"http://{host}:{port}"
     server = Server(
-        runtime=NAME, pid=proc.pid, run_dir=str(run_dir), inference_url=url, metrics_url=url,
+        runtime=runtime_name, pid=proc.pid, run_dir=str(run_dir), inference_url=url, metrics_url=url,
         models=[m["name"] for m in models], started=launcher.created(proc.pid),
-        markers=[CONFIG_FILE], archives=archives,
+        markers=[conf.name], archives=archives,
     )  # fmt: skip
     server.record()
 
@@ -112,43 +104,54 @@ def start(
             return False
 
     with launcher.stopped_on_failure(run_dir):
-        launcher.wait_until(ready, proc, run_dir / "logs" / "toy.out", 120, "The toy runtime")
+        launcher.wait_until(
+            ready,
+            proc,
+            run_dir / "logs" / f"{runtime_name}.out",
+            120,
+            f"The {runtime_name} runtime",
+        )
     return server
 
 
-class Toy(runtime.Runtime):
-    name = NAME
-    title = "the toy runtime"
-    markers = (CONFIG_FILE,)
-    description = "a test's Open Inference Protocol server (JSON only)"
+class Bare(runtime.Runtime):
+    """The core alone: no versions, shadow check, bench report, deploy or packaging."""
+
+    name = BARE
+    title = "the bare runtime"
+    markers = ("bare.json",)
+    description = "a test's Open Inference Protocol server (JSON only), the core alone"
 
     def add_serve_options(self, group: argparse._ArgumentGroup, formats: list[str]) -> None:
-        group.add_argument("--toy-format", choices=formats, help="the artifact to serve")
+        group.add_argument(f"--{self.name}-format", choices=formats, help="the artifact to serve")
 
-    # The toy's server speaks plain HTTP: given --tls-cert, `pipeline serve` says so
-    # instead of starting a server that would ignore it.
+    # Its server speaks plain HTTP: given --tls-cert, `pipeline serve` says so instead of
+    # starting a server that would ignore it.
     refuses = MappingProxyType(
         {"tls_cert": "it serves plain HTTP only", "tls_key": "it serves plain HTTP only"}
     )
 
     def serve(self, options: ServeOptions) -> Server:
+        chosen = getattr(options.own, f"{self.name}_format")
         exports = [
-            (e.dir, e.manifest, options.own.toy_format or served.export_format(e.manifest))
+            (e.dir, e.manifest, chosen or served.export_format(e.manifest))
             for e in options.exports(DEFAULT_MODEL)
         ]
         return start(
             exports, options.run_dir, options.port, host=options.host,
             max_request_size=options.max_request_size, threads=options.threads_per_worker,
+            runtime_name=self.name,
         )  # fmt: skip
 
     def describe(self, server: Server) -> list[str]:
-        return [f"the toy runtime is up (pid {server.pid}) on {server.inference_url}"]
+        return [f"{self.title} is up (pid {server.pid}) on {server.inference_url}"]
 
     @contextlib.contextmanager
     def private(
-        self, exported: ExportedModel, fmt: str, *, tuned_in: Path | None = None, **settings: Any
+        self, exported: ExportedModel, fmt: str, settings: PrivateSettings = DEFAULT_PRIVATE
     ) -> Iterator[Server]:
-        with _private([(exported.dir, exported.manifest, fmt)]) as server:
+        refuse_shadow(self.title, settings)
+        with _private([(exported.dir, exported.manifest, fmt)], name=self.name) as server:
             yield server
 
     @property
@@ -158,23 +161,53 @@ class Toy(runtime.Runtime):
     def worker_pids(self, server: Server, name: str) -> list[int]:
         return [server.pid] if server.alive() else []
 
-    def parity_backends(
-        self, model: str, manifest: Manifest, server: Server, export_dir: Path
-    ) -> list[Any]:
-        if not server.alive():
-            raise ServeError(f"The toy runtime in {server.run_dir} is not running.")
-        mine = server.archives_of(manifest.model.name)
-        stale = served.stale_of(mine, manifest, export_dir, runtime=NAME)
-        if stale:
-            raise served.StaleServerError(stale)
-        if not mine:
-            raise ServeError(f"The toy runtime does not serve {model}.")
-        return [ToyBackend(server, n, info.format, manifest) for n, info in mine.items()]
-
     def fix_command(self, model: str) -> str:
-        return f"pipeline stop && pipeline serve --runtime {NAME} --model {model}"
+        return f"pipeline stop && pipeline serve --runtime {self.name} --model {model}"
 
-    # Versions: the run folder's live state, which its one process watches (server.py).
+    def bench(
+        self, model: str, exported: ExportedModel, settings: BenchSettings
+    ) -> tuple[list[Any], list[dict[str, Any]]]:
+        from pipeline.bench.load import every_level, first_answers, sequential, sequential_point
+
+        inputs = exported.sample(1, seed=0)
+        body, expected = PROTOCOL.encode(inputs), exported.eager(inputs)
+        skipped: list[dict[str, Any]] = []
+        formats = settings.served_formats(exported)
+        if not formats:
+            return [], skipped
+
+        def backend(fmt: str) -> str:
+            return f"{self.name}/{fmt}"
+
+        # Every format of the model from one server, as the KServe runtime's bench serves
+        # them (one start, not one per format), each under a name of its own.
+        slug = core_paths.model_slug(model)
+        names = {fmt: f"{slug}_{fmt}" for fmt in formats}
+        exports = [(exported.dir, exported.manifest, fmt) for fmt in formats]
+        with _private(exports, list(names.values()), name=self.name) as server:
+            first = first_answers(
+                server, names, body, expected, skipped, model=model, backend=backend
+            )
+
+            def at_one(order: list[str]) -> list[Any]:
+                paths = {f: (server, names[f]) for f in order}
+                got = sequential(paths, body, settings.requests_per_level, settings.level_budget_s)
+                return [
+                    sequential_point(lat, failed, backend=backend(f), model=model,
+                                     batching="on", first_request_ms=first[f])
+                    for f, (lat, failed) in got.items()
+                ]  # fmt: skip
+
+            points = every_level(
+                server, names, [f for f in names if f in first], body, settings,
+                at_one=at_one, backend=backend, model=model, batching="on",
+            )  # fmt: skip
+        return points, skipped
+
+
+class _Versions(Versions):
+    """The run folder's live state, which the server's one process watches (server.py)."""
+
     def live_state(self, server: Server) -> live.LiveState:
         state = live.read(Path(server.run_dir))
         if state is not None:
@@ -191,79 +224,43 @@ class Toy(runtime.Runtime):
         live.write(Path(server.run_dir), state)
         live.wait_applied(Path(server.run_dir), state.generation, 1, timeout_s)
 
-    def version_backends(
-        self, server: Server, served_name: str, version: int, manifest: Manifest
-    ) -> list[Any]:
-        fmt = self.live_state(server).models[served_name].versions[version].format
-        return [ToyBackend(server, served_name, fmt, manifest, version)]
 
-    def bench(
-        self, model: str, exported: ExportedModel, settings: BenchSettings
-    ) -> tuple[list[Any], list[dict[str, Any]]]:
-        from pipeline.bench.load import every_level, first_answers, sequential, sequential_point
+class Toy(Bare):
+    """The same server, with versions on it."""
 
-        inputs = exported.sample(1, seed=0)
-        body, expected = PROTOCOL.encode(inputs), exported.eager(inputs)
-        skipped: list[dict[str, Any]] = []
-        formats = settings.served_formats(exported)
-        if not formats:
-            return [], skipped
-        # Every format of the model from one server, as the KServe runtime's bench serves
-        # them (one start, not one per format), each under a name of its own.
-        slug = core_paths.model_slug(model)
-        names = {fmt: f"{slug}_{fmt}" for fmt in formats}
-        exports = [(exported.dir, exported.manifest, fmt) for fmt in formats]
-        with _private(exports, list(names.values())) as server:
-            first = first_answers(
-                server, names, body, expected, skipped, model=model, backend=_backend
-            )
-
-            def at_one(order: list[str]) -> list[Any]:
-                paths = {f: (server, names[f]) for f in order}
-                got = sequential(paths, body, settings.requests_per_level, settings.level_budget_s)
-                return [
-                    sequential_point(lat, failed, backend=_backend(f), model=model,
-                                     batching="on", first_request_ms=first[f])
-                    for f, (lat, failed) in got.items()
-                ]  # fmt: skip
-
-            points = every_level(
-                server, names, [f for f in names if f in first], body, settings,
-                at_one=at_one, backend=_backend, model=model, batching="on",
-            )  # fmt: skip
-        return points, skipped
+    name = NAME
+    title = "the toy runtime"
+    markers = (CONFIG_FILE,)
+    description = "a test's Open Inference Protocol server (JSON only), with versions"
+    versions = _Versions()
 
 
 @contextlib.contextmanager
 def _private(
-    exports: list[tuple[Path, Manifest, str]], names: list[str] | None = None
+    exports: list[tuple[Path, Manifest, str]], names: list[str] | None = None, *, name: str
 ) -> Iterator[Server]:
-    """A toy server of its own in a temporary folder, stopped on the way out."""
-    with tempfile.TemporaryDirectory(prefix="toy-") as tmp:
+    """A server of its own in a temporary folder, stopped on the way out."""
+    with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
         run_dir = Path(tmp) / "run"
-        server = start(exports, run_dir, launcher.free_port(), names)
+        server = start(exports, run_dir, launcher.free_port(), names, runtime_name=name)
         try:
             yield server
         finally:
             launcher.stop(run_dir)
 
 
-def _backend(fmt: str) -> str:
-    return f"{NAME}/{fmt}"
+RUNTIME, BARE_RUNTIME = Toy(), Bare()
 
 
-RUNTIME = Toy()
-
-
-def register() -> runtime.Runtime:
-    return runtime.register(RUNTIME)
+def register(rt: runtime.Runtime = RUNTIME) -> runtime.Runtime:
+    return runtime.register(rt)
 
 
 @contextlib.contextmanager
-def registered() -> Iterator[runtime.Runtime]:
-    """The toy registered for the block, unregistered after (tests' fixtures)."""
-    rt = register()
+def registered(rt: runtime.Runtime = RUNTIME) -> Iterator[runtime.Runtime]:
+    """`rt` (the toy, by default) registered for the block, unregistered after."""
+    register(rt)
     try:
         yield rt
     finally:
-        runtime.unregister(NAME)
+        runtime.unregister(rt.name)

@@ -88,13 +88,14 @@ def test_write_merges_models_measured_here_and_drops_another_machines(tmp_path: 
 def test_private_runtimes_start_with_the_sweeps_count(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # bench's peers and rows: KServe.private(tuned_in=...) hands the runtime the count
+    # bench's peers and rows: KServe.private(PrivateSettings(tuned_in=...)) hands the runtime the count
     # `choose` gives and the threads shared out as serve shares them, unless told.
     import contextlib
 
     from pipeline.runtimes.kserve import launch
     from pipeline.runtimes.kserve.config import default_threads
     from pipeline.serving import runtime
+    from pipeline.serving.capabilities import PrivateSettings
 
     started: list[dict] = []
 
@@ -108,9 +109,9 @@ def test_private_runtimes_start_with_the_sweeps_count(
     exported = type("E", (), {"name": "digits_lenet", "dir": tmp_path, "manifest": None})()
     _write(tmp_path, {"digits_lenet": {"best": 3}})
     kserve = runtime.get("kserve")
-    with kserve.private(exported, "onnx", tuned_in=tmp_path):
+    with kserve.private(exported, "onnx", PrivateSettings(tuned_in=tmp_path)):
         pass
-    with kserve.private(exported, "onnx", tuned_in=tmp_path, workers=1):
+    with kserve.private(exported, "onnx", PrivateSettings(tuned_in=tmp_path, workers=1)):
         pass
     with kserve.private(exported, "onnx"):
         pass

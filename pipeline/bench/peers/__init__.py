@@ -35,6 +35,7 @@ from pipeline.bench import load, split
 from pipeline.bench.peers.servers import PeerSpec, litserve_missing, started
 from pipeline.core.errors import PipelineError
 from pipeline.serving import runtime, wire
+from pipeline.serving.capabilities import PrivateSettings
 from pipeline.serving.openinference import OpenInference
 
 if TYPE_CHECKING:
@@ -109,7 +110,7 @@ def bench_peers(
     def ours_window(rt: runtime.Runtime) -> Any:
         @contextlib.contextmanager
         def window() -> Iterator[tuple[Server, str]]:
-            with rt.private(exported, FORMAT, tuned_in=tuned_in) as server:
+            with rt.private(exported, FORMAT, PrivateSettings(tuned_in=tuned_in)) as server:
                 name = server.models[0]
                 workers[0] = max(1, len(rt.worker_pids(server, name)))
                 run.settings[f"{rt.name}/{FORMAT} on"] = {

@@ -24,6 +24,14 @@ from pipeline.runtimes.kserve.constants import (
     NAME,
 )
 from pipeline.serving import runtime, shadowopts
+from pipeline.serving.capabilities import (
+    DEFAULT_PRIVATE,
+    BenchReport,
+    Deploy,
+    PrivateSettings,
+    Shadow,
+    Versions,
+)
 
 if TYPE_CHECKING:
     from pipeline.export.opened import ExportedModel
@@ -31,10 +39,40 @@ if TYPE_CHECKING:
     from pipeline.serving.protocol import Protocol
     from pipeline.serving.runtime import BenchSettings, ServeOptions
     from pipeline.serving.server import Server
-    from pipeline_runtime.manifest import Manifest
 
 
 __all__ = ["CONFIG_FILE", "DEFAULT_GRPC_PORT", "METRICS_KEY_FILE", "NAME", "KServe"]
+
+
+class _Versions(Versions):
+    def live_state(self, server: Server) -> LiveState | None:
+        from pipeline.runtimes.kserve.liveops import live_state
+
+        return live_state(server)
+
+    def apply_live(self, server: Server, state: LiveState, timeout_s: float) -> None:
+        from pipeline.runtimes.kserve.liveops import apply_live
+
+        apply_live(server, state, timeout_s)
+
+
+class _BenchReport(BenchReport):
+    def notes(self, out_dir: Path) -> str:
+        from pipeline.runtimes.kserve.sweep import markdown
+
+        return markdown(out_dir)
+
+    def targets(self, cells: list[dict], served: list[dict]) -> list[dict[str, Any]]:
+        from pipeline.runtimes.kserve.bench import targets
+
+        return targets(cells, served)
+
+
+class _Deploy(Deploy):
+    def add_command(self, sub: argparse._SubParsersAction) -> None:
+        from pipeline.runtimes.kserve.cli import add_deploy_target
+
+        add_deploy_target(sub)
 
 
 class KServe(runtime.Runtime):
@@ -46,6 +84,10 @@ class KServe(runtime.Runtime):
     # `pipeline stop` deletes no key file: the inference token outlives a restart, so
     # clients keep working (`--rotate-token` replaces it; tokens.py).
     removed_on_stop = ()
+    versions = _Versions()
+    shadow = Shadow()
+    bench_report = _BenchReport()
+    deploy = _Deploy()  # `pipeline deploy kserve`
     description = (
         "KServe's model server over the Open Inference Protocol (REST /v2 and gRPC), one "
         "model per export, the same token, body limit and loopback default"
@@ -188,19 +230,25 @@ class KServe(runtime.Runtime):
 
     @contextlib.contextmanager
     def private(
-        self, exported: ExportedModel, fmt: str, *, tuned_in: Path | None = None, **settings: Any
+        self, exported: ExportedModel, fmt: str, settings: PrivateSettings = DEFAULT_PRIVATE
     ) -> Iterator[Server]:
         from pipeline.runtimes.kserve.config import default_threads
         from pipeline.runtimes.kserve.launch import private, served_export
 
-        if tuned_in is not None and "workers" not in settings:  # bench's sweep, as serve does
+        own: dict[str, Any] = {}  # RuntimeConfig's fields; what is not set keeps its default
+        if settings.tuned_in is not None and settings.workers is None:  # bench's sweep, as serve
             from pipeline.runtimes.kserve.sweep import choose
 
-            workers = choose(tuned_in, [exported.name]).workers
-            settings = {"workers": workers, "threads": default_threads(workers)} | settings
-
+            workers = choose(settings.tuned_in, [exported.name]).workers
+            own |= {"workers": workers, "threads": default_threads(workers)}
+        if settings.workers is not None:
+            own["workers"] = settings.workers
+        if settings.threads is not None:
+            own["threads"] = settings.threads
+        if settings.shadow_rate > 0:
+            own["shadow_rate"] = settings.shadow_rate
         served = served_export(exported.dir, fmt, manifest=exported.manifest)
-        with private([served], **settings) as server:
+        with private([served], **own) as server:
             yield server
 
     @property
@@ -222,32 +270,8 @@ class KServe(runtime.Runtime):
         except psutil.NoSuchProcess:
             return []
 
-    def parity_backends(
-        self, model: str, manifest: Manifest, server: Server, export_dir: Path
-    ) -> list[Any]:
-        from pipeline.runtimes.kserve.parity import kserve_backends
-
-        return kserve_backends(model, manifest, server)
-
     def fix_command(self, model: str) -> str:
         return f"pipeline stop && pipeline serve --runtime kserve --model {model}"
-
-    def live_state(self, server: Server) -> LiveState | None:
-        from pipeline.runtimes.kserve.liveops import live_state
-
-        return live_state(server)
-
-    def apply_live(self, server: Server, state: LiveState, timeout_s: float) -> None:
-        from pipeline.runtimes.kserve.liveops import apply_live
-
-        apply_live(server, state, timeout_s)
-
-    def version_backends(
-        self, server: Server, served_name: str, version: int, manifest: Manifest
-    ) -> list[Any]:
-        from pipeline.runtimes.kserve.liveops import version_backends
-
-        return version_backends(server, served_name, version, manifest)
 
     def bench(
         self, model: str, exported: ExportedModel, settings: BenchSettings
@@ -255,21 +279,6 @@ class KServe(runtime.Runtime):
         from pipeline.runtimes.kserve.bench import bench_kserve
 
         return bench_kserve(model, exported, settings)
-
-    def bench_notes(self, out_dir: Path) -> str:
-        from pipeline.runtimes.kserve.sweep import markdown
-
-        return markdown(out_dir)
-
-    def targets(self, cells: list[dict], served: list[dict]) -> list[dict[str, Any]]:
-        from pipeline.runtimes.kserve.bench import targets
-
-        return targets(cells, served)
-
-    def add_deploy_command(self, sub: argparse._SubParsersAction) -> None:
-        from pipeline.runtimes.kserve.cli import add_deploy_target
-
-        add_deploy_target(sub)
 
 
 RUNTIME = runtime.register(KServe())

@@ -1,7 +1,7 @@
 """`pipeline deploy kserve`: write what a user applies to a Kubernetes cluster with KServe.
 
 The KServe runtime's deploy target, which it declares through the runtime contract
-(`Runtime.add_deploy_command`). Like the rest of the CLI, this only parses arguments and
+(the runtime's `deploy` capability). Like the rest of the CLI, this only parses arguments and
 calls a stage function (pipeline.runtimes.kserve.deploy).
 """
 

@@ -32,6 +32,7 @@ from pipeline.runtimes.kserve import leanimage
 from pipeline.runtimes.kserve import manifests as m
 from pipeline.runtimes.kserve.validate import check
 from pipeline.serving import runtime
+from pipeline.serving.capabilities import Packaging
 
 log = logging.getLogger(__name__)
 
@@ -140,12 +141,17 @@ def deploy_kserve(config: m.DeployConfig, *, force: bool = False) -> DeployResul
     )
 
 
-def _pytorch_runtime() -> runtime.Runtime | None:
-    """The registered runtime whose packages KServe's own `pytorch` ServingRuntime
-    (kserve-torchserve) runs, asked of the registry so this package imports no other
-    runtime; None when none is registered."""
+def _pytorch_runtime() -> Packaging | None:
+    """The packaging of the registered runtime whose packages KServe's own `pytorch`
+    ServingRuntime (kserve-torchserve) runs, asked of the registry so this package
+    imports no other runtime; None when none is registered."""
     return next(
-        (r for r in runtime.all_runtimes() if r.kserve_model_format == m.PYTORCH_FORMAT), None
+        (
+            r.packaging
+            for r in runtime.all_runtimes()
+            if r.packaging and r.packaging.model_format == m.PYTORCH_FORMAT
+        ),
+        None,
     )
 
 

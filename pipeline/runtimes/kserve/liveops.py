@@ -4,13 +4,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pipeline.runtimes.kserve.config import RuntimeConfig, ServedExport
 from pipeline.runtimes.kserve.constants import CONFIG_FILE
 from pipeline.serving import live
 from pipeline.serving.server import Server
-from pipeline_runtime.manifest import Manifest
 
 
 def _config(server: Server) -> RuntimeConfig:
@@ -34,21 +32,6 @@ def apply_live(server: Server, state: live.LiveState, timeout_s: float) -> None:
     run_dir = Path(server.run_dir)
     live.write(run_dir, state)
     live.wait_applied(run_dir, state.generation, _config(server).workers, timeout_s)
-
-
-def version_backends(
-    server: Server, served_name: str, version: int, manifest: Manifest
-) -> list[Any]:
-    """REST and gRPC, each by the version's own route."""
-    # Here, not at the top: the runtime process imports this module and must stay
-    # torch-free when it serves ONNX alone; verify's backends are the client's side.
-    from pipeline.runtimes.kserve.parity import KServeBackend
-
-    fmt = live_state(server).models[served_name].versions[version].format
-    return [
-        KServeBackend(server, served_name, fmt, manifest, transport, version=version)
-        for transport in ("rest", "grpc")
-    ]
 
 
 def initial(

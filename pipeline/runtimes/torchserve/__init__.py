@@ -23,6 +23,14 @@ from pipeline.runtimes.torchserve.constants import (
     NAME,
 )
 from pipeline.serving import runtime, shadowopts
+from pipeline.serving.capabilities import (
+    DEFAULT_PRIVATE,
+    BenchReport,
+    Packaging,
+    PrivateSettings,
+    Shadow,
+    Versions,
+)
 
 if TYPE_CHECKING:
     from pipeline.export.opened import ExportedModel
@@ -30,22 +38,32 @@ if TYPE_CHECKING:
     from pipeline.serving.protocol import Protocol
     from pipeline.serving.runtime import BenchSettings, ServeOptions
     from pipeline.serving.server import Server
-    from pipeline_runtime.manifest import Manifest
 
 
 __all__ = ["CONFIG_PROPERTIES", "GATEWAY_CONFIG", "NAME", "RUNTIME", "TorchServe"]
 
 
-class TorchServe(runtime.Runtime):
-    name = NAME
-    title = "TorchServe"
-    markers = (CONFIG_PROPERTIES, GATEWAY_CONFIG)
-    replaces_workers = True
-    # TorchServe mints its keys at every start (they expire after token_expiration_min), so
-    # they end with the server: server.KEY_FILE and server.INFERENCE_KEY_FILE.
-    removed_on_stop = ("key_file.json", "inference_key.json")
-    description = "the .mar archives in --store, behind the authenticating gateway"
-    kserve_model_format = "pytorch"  # KServe's kserve-torchserve ServingRuntime
+class _Versions(Versions):
+    def live_state(self, server: Server) -> LiveState | None:
+        from pipeline.runtimes.torchserve.liveops import live_state
+
+        return live_state(server)
+
+    def apply_live(self, server: Server, state: LiveState, timeout_s: float) -> None:
+        from pipeline.runtimes.torchserve.liveops import apply_live
+
+        apply_live(server, state, timeout_s)
+
+
+class _BenchReport(BenchReport):
+    def targets(self, cells: list[dict], served: list[dict]) -> list[dict[str, Any]]:
+        from pipeline.runtimes.torchserve.bench import targets
+
+        return targets(cells, served)
+
+
+class _Packaging(Packaging):
+    model_format = "pytorch"
 
     def package(self, model: str, export_dir: Path, fmt: str, dest: Path) -> Path:
         from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
@@ -63,6 +81,21 @@ class TorchServe(runtime.Runtime):
             )
         )
         return mar
+
+
+class TorchServe(runtime.Runtime):
+    name = NAME
+    title = "TorchServe"
+    markers = (CONFIG_PROPERTIES, GATEWAY_CONFIG)
+    replaces_workers = True
+    # TorchServe mints its keys at every start (they expire after token_expiration_min), so
+    # they end with the server: server.KEY_FILE and server.INFERENCE_KEY_FILE.
+    removed_on_stop = ("key_file.json", "inference_key.json")
+    description = "the .mar archives in --store, behind the authenticating gateway"
+    versions = _Versions()  # --live-versions: register and drop archives while serving
+    shadow = Shadow()
+    bench_report = _BenchReport()
+    packaging = _Packaging()  # KServe's kserve-torchserve ServingRuntime runs its .mar
 
     def add_serve_options(self, group: argparse._ArgumentGroup, formats: list[str]) -> None:
         group.add_argument(
@@ -145,7 +178,7 @@ class TorchServe(runtime.Runtime):
 
     @contextlib.contextmanager
     def private(
-        self, exported: ExportedModel, fmt: str, *, tuned_in: Path | None = None, **settings: Any
+        self, exported: ExportedModel, fmt: str, settings: PrivateSettings = DEFAULT_PRIVATE
     ) -> Iterator[Server]:
         from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
         from pipeline.runtimes.torchserve.launch import private_config, start
@@ -162,36 +195,22 @@ class TorchServe(runtime.Runtime):
                 ),
                 exported.manifest,
             )
-            # bench's shadow rows (footprint.shadow_cost): the KServe runtime's setting name.
-            rate = float(settings.pop("shadow_rate", 0.0))
-            if rate > 0:
+            # TorchServe has no tuning of its own (tuned_in): bench measured nothing for it.
+            own: dict[str, Any] = {
+                "workers_per_model": settings.workers,
+                "threads_per_worker": settings.threads,
+            }
+            if settings.shadow_rate > 0:  # bench's shadow rows (footprint.shadow_cost)
                 from pipeline.runtimes.torchserve.shadow import ShadowConfig
 
-                settings["shadow"] = ShadowConfig(
-                    rate, shadowopts.DEFAULT_MAX_RATE, lambda _model: exported.dir
+                own["shadow"] = ShadowConfig(
+                    settings.shadow_rate, shadowopts.DEFAULT_MAX_RATE, lambda _model: exported.dir
                 )
-            server = start(private_config(store, run_dir, **settings))
+            server = start(private_config(store, run_dir, **own))
             try:
                 yield server
             finally:
                 stop(run_dir)
-
-    def live_state(self, server: Server) -> LiveState | None:
-        from pipeline.runtimes.torchserve.liveops import live_state
-
-        return live_state(server)
-
-    def apply_live(self, server: Server, state: LiveState, timeout_s: float) -> None:
-        from pipeline.runtimes.torchserve.liveops import apply_live
-
-        apply_live(server, state, timeout_s)
-
-    def version_backends(
-        self, server: Server, served_name: str, version: int, manifest: Manifest
-    ) -> list[Any]:
-        from pipeline.runtimes.torchserve.liveops import version_backends
-
-        return version_backends(server, served_name, version, manifest)
 
     @property
     def protocol(self) -> Protocol:
@@ -204,13 +223,6 @@ class TorchServe(runtime.Runtime):
 
         return ready_pids(server, name)
 
-    def parity_backends(
-        self, model: str, manifest: Manifest, server: Server, export_dir: Path
-    ) -> list[Any]:
-        from pipeline.runtimes.torchserve.parity import served_backends
-
-        return served_backends(model, manifest, server, export_dir)
-
     def fix_command(self, model: str) -> str:
         return f"pipeline archive --model {model} && pipeline stop && pipeline serve"
 
@@ -220,11 +232,6 @@ class TorchServe(runtime.Runtime):
         from pipeline.runtimes.torchserve.bench import bench_served
 
         return bench_served(model, exported, settings)
-
-    def targets(self, cells: list[dict], served: list[dict]) -> list[dict[str, Any]]:
-        from pipeline.runtimes.torchserve.bench import targets
-
-        return targets(cells, served)
 
 
 RUNTIME = runtime.register(TorchServe())

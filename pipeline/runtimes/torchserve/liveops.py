@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from pipeline.core.manifest import read_manifest
 from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
 from pipeline.runtimes.torchserve.management import management
-from pipeline.runtimes.torchserve.parity import ServedBackend
 from pipeline.serving import live, versions
 from pipeline.serving.server import Server
-from pipeline_runtime.manifest import Manifest
 
 REGISTER_TIMEOUT_S = 240.0
 
@@ -117,11 +114,3 @@ def apply_live(server: Server, state: live.LiveState, timeout_s: float) -> None:
                     f"TorchServe did not unregister {name} version {number}: "
                     f"{answer.status_code} {answer.text[:300]}"
                 )
-
-
-def version_backends(
-    server: Server, served_name: str, version: int, manifest: Manifest
-) -> list[Any]:
-    state = live_state(server)
-    fmt = state.models[served_name].versions[version].format if state else ""
-    return [ServedBackend(server, served_name, fmt, manifest, version=version)]

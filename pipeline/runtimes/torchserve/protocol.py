@@ -52,8 +52,9 @@ class TorchServeProtocol(Protocol):
         *,
         timeout: float = 120.0,
         version: str | None = None,
+        transport: str = "rest",
     ) -> dict[str, torch.Tensor]:
-        """Named tensors as the handler's JSON (`.npy`/`.npz` when big: wants_binary); its
+        """Over REST, its one transport: named tensors as the handler's JSON (`.npy`/`.npz` when big: wants_binary); its
         `outputs`, by name, as JSON read them (float64, int64, bool: the caller casts them
         to the manifest's dtypes)."""
         import numpy as np
