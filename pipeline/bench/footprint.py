@@ -6,7 +6,8 @@ rounds, each side's median judged within 5% or the spread of the rounds without 
   a private server serving that format alone: its cold start (launch to ready, as
   `pipeline serve` waits for it) and, after its warm-up, each worker's RSS and whether
   it mapped libtorch (an ONNX worker of the KServe runtime must not: ≤ 200 MB).
-* Tracing: the KServe runtime on the peers' ONNX file and body, measured at
+* Tracing: the first runtime that takes the peers' request (the KServe runtime) on the
+  peers' ONNX file and body, measured at
   concurrency 1 and 8 three ways in one run, alternating: tracing unset; on with the
   sampler always_off (the middleware and context extraction run, nothing is recorded);
   and on with every request sampled, exported over OTLP/HTTP to a sink in this process.
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from pipeline.bench.peers import measure_levels
+from pipeline.bench.peers import measure_levels, protocol_runtimes
 from pipeline.core.errors import PipelineError
 from pipeline.serving import runtime, wire
 from pipeline.serving.capabilities import PrivateSettings
@@ -44,7 +45,9 @@ TRACING = {
     "sampled off": {"OTEL_TRACES_SAMPLER": "always_off"},
     "on": {"OTEL_TRACES_SAMPLER": "always_on"},
 }
-TRACED_RUNTIME, TRACED_FORMAT = "kserve", "onnx"
+# Tracing's cost is measured on the first registered runtime that takes the peers' exact
+# request (the KServe runtime among the built-ins): asked of its protocol, not its name.
+TRACED_FORMAT = "onnx"
 
 
 def footprints(model: str, exported: ExportedModel) -> tuple[list[dict], list[dict]]:
@@ -85,10 +88,10 @@ def _maps_torch(pid: int) -> bool:
 def tracing_cost(
     model: str, exported: ExportedModel, *, requests: int, budget_s: float, rounds: int = 2
 ) -> list[dict]:
-    """The KServe runtime's rows with tracing unset, sampled off and on (see the doc)."""
-    if TRACED_RUNTIME not in runtime.names():
-        return []
+    """The traced runtime's rows with tracing unset, sampled off and on (see the doc)."""
     rt, body, expected = _peer_request(exported)
+    if rt is None:
+        return []
     best: dict[tuple[str, int], dict] = {}
     with _sink() as endpoint:
         for r in range(rounds):
@@ -98,7 +101,7 @@ def tracing_cost(
                     got = measure_levels(srv, srv.models[0], body, expected, requests, budget_s)
                 for p in got:
                     row = p.to_json() | {"model": model, "tracing": label,
-                                         "backend": f"{TRACED_RUNTIME}/{TRACED_FORMAT}"}  # fmt: skip
+                                         "backend": f"{rt.name}/{TRACED_FORMAT}"}  # fmt: skip
                     key = (label, p.concurrency)
                     if key not in best or _better(row, best[key]):
                         best[key] = row
@@ -108,12 +111,14 @@ def tracing_cost(
 SHADOW_RATE, SHADOW_ROUNDS = 0.01, 3
 
 
-def _peer_request(exported: ExportedModel) -> tuple[runtime.Runtime, wire.Body, Any]:
-    """The measured runtime, and the peers' request (OIP JSON, one sample) with eager's
-    answer to check the first response against."""
+def _peer_request(exported: ExportedModel) -> tuple[runtime.Runtime | None, wire.Body, Any]:
+    """The traced runtime (None when no registered runtime takes the request), and the
+    peers' request (OIP JSON, one sample) with eager's answer to check the first response
+    against."""
     inputs = exported.sample(1, seed=0)
     body = wire.Body(wire.oip_json(inputs), {"Content-Type": "application/json"})
-    return runtime.get(TRACED_RUNTIME), body, exported.eager(inputs)
+    speakers = protocol_runtimes(inputs)
+    return (speakers[0] if speakers else None), body, exported.eager(inputs)
 
 
 def shadow_cost(

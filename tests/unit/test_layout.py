@@ -133,18 +133,35 @@ def _runtime_literals() -> tuple[str, ...]:
     return runtime.BUILTIN
 
 
+def _pairs(target: ast.AST, value: ast.AST | None) -> list[tuple[ast.AST, ast.AST]]:
+    """(target, value) of one assignment, unpacking `A, B = "kserve", "onnx"`."""
+    if value is None:
+        return []
+    if (
+        isinstance(target, ast.Tuple | ast.List)
+        and isinstance(value, ast.Tuple | ast.List)
+        and len(target.elts) == len(value.elts)
+    ):
+        return [p for t, v in zip(target.elts, value.elts, strict=True) for p in _pairs(t, v)]
+    return [(target, value)]
+
+
 def _assigned(tree: ast.AST, names: tuple[str, ...]) -> dict[str, set[str]]:
-    """Names assigned a runtime's name (`KSERVE = "kserve"`) → the runtime names."""
+    """Names assigned a runtime's name, however (`KSERVE = "kserve"`, `A, B = "kserve",
+    "onnx"`, `K: str = "kserve"`, `(k := "kserve")`, `self.k = "kserve"`) → the names."""
     out: dict[str, set[str]] = {}
     for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Assign)
-            and isinstance(node.value, ast.Constant)
-            and node.value.value in names
-        ):
-            for t in node.targets:
-                if isinstance(t, ast.Name):
-                    out.setdefault(t.id, set()).add(node.value.value)
+        pairs: list[tuple[ast.AST, ast.AST]] = []
+        if isinstance(node, ast.Assign):
+            pairs = [p for t in node.targets for p in _pairs(t, node.value)]
+        elif isinstance(node, ast.AnnAssign | ast.AugAssign | ast.NamedExpr):
+            pairs = _pairs(node.target, node.value)
+        for target, value in pairs:
+            if not (isinstance(value, ast.Constant) and value.value in names):
+                continue
+            if isinstance(target, ast.Name | ast.Attribute):
+                alias = target.id if isinstance(target, ast.Name) else target.attr
+                out.setdefault(alias, set()).add(value.value)
     return out
 
 
@@ -232,9 +249,17 @@ def test_the_runtime_name_check_can_fail(tmp_path: Path) -> None:
         '    if rt.startswith("torchserve-direct/"): pass\n'
         '    if rt.startswith(("x", KSERVE)): pass\n'
         '    if rt.startswith("kservex"): pass\n'
+        'TRACED, FORMAT = "kserve", "onnx"\n'
+        'ANNOTATED: str = "torchserve"\n'
+        "def g(rt, names):\n"
+        "    if TRACED not in names: pass\n"
+        "    if rt == ANNOTATED: pass\n"
+        '    if (k := "kserve") and rt == k: pass\n'
+        "    if rt == FORMAT: pass\n"
     )
     found = _compared_runtime_names(bad, RUNTIMES)
-    assert [f.split(":")[1] for f in found] == ["3", "4", "5", "8", "9", "10"], found
+    lines = [f.split(":")[1] for f in found]
+    assert lines == ["3", "4", "5", "8", "9", "10", "15", "16", "17"], found
 
 
 @pytest.mark.parametrize(
