@@ -16,10 +16,6 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# The formats ONNX Runtime runs: the float32 graph and its reduced-precision variants
-# (int8 QDQ/integer ops or float16 inside, float32 at their inputs and outputs).
-ORT_FORMATS = ("onnx", "onnx_int8_static", "onnx_int8_dynamic", "onnx_fp16")
-
 
 class ProviderError(RuntimeError):
     """A sound artifact this machine's runtime provider cannot run (export found so)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from pipeline_runtime import jitgate, oplibs, ortsession
+from pipeline_runtime import formats, jitgate, oplibs, ortsession
 from pipeline_runtime.ortsession import ProviderError  # noqa: F401 - callers import it here
 from pipeline_runtime.outputs import name_outputs
 
@@ -182,17 +182,16 @@ def aoti_load(path: Path, device_index: int = -1) -> Any:
         return torch._inductor.aoti_load_package(str(path), device_index=device_index)
 
 
+# One loader per runner kind (pipeline_runtime.formats.RUNNERS); a format's descriptor
+# names its kind, so a new format of a known kind needs no loader of its own.
 LOADERS: dict[
     str, Callable[..., tuple[Callable[[list[torch.Tensor]], Any], torch.device, dict]]
 ] = {
-    "torchscript": load_torchscript,
-    "pt2": load_pt2,
-    # ONNX and its reduced-precision variants (pipeline/formats/onnx_*.py): ONNX graphs
-    # like any other, int8 QDQ/integer ops or float16 inside, float32 at their edges.
-    **dict.fromkeys(ortsession.ORT_FORMATS, load_onnx),
-    # torchao's int8 Linear layers compiled into a .pt2 (pipeline/formats/pt2_int8.py):
-    # plain AOTInductor C++, loaded like any package.
-    "pt2_int8": load_pt2,
+    formats.TORCHSCRIPT: load_torchscript,
+    formats.AOTI: load_pt2,
+    # ONNX graphs like any other, int8 QDQ/integer ops or float16 inside, float32 at their
+    # edges (the reduced-precision variants).
+    formats.ONNXRUNTIME: load_onnx,
 }
 
 
@@ -214,8 +213,8 @@ def load(
     `record` is the artifact's manifest record (the .pt2's compiled device lives there).
     """
     try:
-        loader = LOADERS[fmt]
-    except KeyError:
-        raise LoadError(f"No loader for format {fmt!r}; known: {', '.join(LOADERS)}.") from None
+        loader = LOADERS[formats.of(fmt, record).runner]
+    except formats.UnknownFormatError as err:
+        raise LoadError(str(err.args[0])) from None
     call, used, settings = loader(Path(path), torch.device(device), threads, record or {})
     return Runner(fmt, used, list(inputs), list(outputs), call, settings)

@@ -15,7 +15,7 @@ import torch
 
 from pipeline.core import paths
 from pipeline.core.checkpoint import Checkpoint, sidecar_path
-from pipeline.core.errors import ExportError, ExportRequestError
+from pipeline.core.errors import ExportError
 from pipeline.core.fileio import atomic_write, sha256_file
 from pipeline.core.manifest import (
     MANIFEST_NAME,
@@ -28,7 +28,6 @@ from pipeline.core.manifest import (
     Tolerance,
     tool_versions,
 )
-from pipeline.export import quality
 from pipeline.export.calibration import Calibration, calibration_for, load_file
 from pipeline.export.config import (
     DEFAULT_FORMATS as DEFAULT_FORMATS,
@@ -38,11 +37,10 @@ from pipeline.export.config import KNOWN_FORMATS as KNOWN_FORMATS
 from pipeline.export.config import PRECISION_FORMATS as PRECISION_FORMATS
 from pipeline.export.config import ExportConfig
 from pipeline.export.partial import EXIT_PARTIAL as EXIT_PARTIAL  # re-exported for scripts
-from pipeline.export.partial import one_line
 from pipeline.export.per_sample import per_sample_entry, per_sample_shapes
-from pipeline.export.staging import remove_new, save_tensors, save_warmup, swap_in
+from pipeline.export.staging import save_tensors, save_warmup, swap_in
 from pipeline.export.weights import checkpoint_for, model_from
-from pipeline.formats import base as registry
+from pipeline.export.writing import each_format
 from pipeline.zoo import resolve_entry
 from pipeline.zoo.spec import Inputs, ZooEntry, dtype_name
 from pipeline_runtime.outputs import collate, flatten_outputs, output_keys, per_sample_fields
@@ -123,111 +121,10 @@ def _write_artifacts(
 
     scratch = Path(tempfile.mkdtemp(prefix=".export-scratch-", dir=staging.parent))
     try:
-        return _each_format(config, model, entry, golden_inputs, probes, output_shapes, staging,
+        return each_format(config, model, entry, golden_inputs, probes, output_shapes, staging,
                             calibrate, scratch, per_sample or ())  # fmt: skip
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _each_format(
-    config: ExportConfig,
-    model: torch.nn.Module,
-    entry: ZooEntry,
-    golden_inputs: Inputs,
-    probes: list[tuple[str, Inputs]],
-    output_shapes: dict[str, tuple],
-    staging: Path,
-    calibrate: Any,
-    scratch: Path,
-    per_sample: tuple[str, ...] = (),
-) -> tuple[dict[str, ArtifactRecord], dict[str, str]]:
-    ctx = registry.ExportContext(
-        entry=entry,
-        golden=golden_inputs,
-        probes=probes,
-        output_shapes=output_shapes,
-        out_dir=staging,
-        method=config.method,
-        allow_unsafe_trace=config.allow_unsafe_trace,
-        opset=config.opset,
-        pt2_device=config.pt2_device,
-        fix_axes=dict(config.fix_axes),
-        atol=config.atol,
-        rtol=config.rtol,
-        # A train-mode export is wrong on purpose (see ExportConfig.train_mode).
-        check=not config.train_mode,
-        calibration=calibrate,
-        budget=config.budget,
-        scratch=scratch,
-        per_sample=per_sample,
-        pt2_settings=config.pt2_settings,
-    )
-    written: dict[str, ArtifactRecord] = {}
-    errors: dict[str, ExportError] = {}
-    outside: dict[str, str] = {}  # written, but outside the accuracy budget: key → verdict
-    for fmt in registry.all_formats():
-        if fmt.key not in config.formats:
-            continue
-        before = set(staging.iterdir())
-        try:
-            if per_sample and fmt.precision != registry.FLOAT32:
-                raise ExportError(
-                    f"{fmt.title} is not made for models with per-sample outputs (detectors) "
-                    "yet: their int8/float16 verdict needs a detection-level rule "
-                    "(docs/export.md, 'Detection models')"
-                )
-            record = fmt.export(model, ctx)
-            # What a table of size against accuracy needs, for every format alike.
-            details = {
-                "precision": fmt.precision,
-                **record.details,
-                "size_bytes": (staging / record.file).stat().st_size,
-            }
-            # int8/float16: judged by what the model still gets right, as verify will.
-            if fmt.precision != registry.FLOAT32 and ctx.check:
-                cases = [("golden", golden_inputs), *probes, *quality.random_cases(entry)]
-                found = quality.measure(model, entry, fmt.key, staging / record.file,
-                                        fmt.precision, config.budget, cases, details)  # fmt: skip
-                if found is not None:
-                    details["quality"] = found
-                    if not found["within_budget"]:
-                        # Kept for inspection, marked, and failed: export exits 3 (partial).
-                        details["outside_budget"] = True
-                        outside[fmt.key] = _outside_budget(found)
-            written[fmt.key] = replace(record, details=details)
-        except ExportRequestError:
-            raise
-        except ExportError as err:
-            remove_new(staging, before)  # a half-written file must not ship
-            log.debug("%s failed: %s", fmt.title, err)
-            errors[fmt.key] = err
-    if not written:  # (an outside-budget artifact counts as written: its file is kept)
-        if len(errors) == 1:
-            raise next(iter(errors.values()))
-        raise ExportError(
-            f"No format could be exported for {entry.name!r}, so nothing was written. "
-            + " ".join(f"{registry.get(k).title}: {one_line(str(e))}" for k, e in errors.items())
-        )
-    return written, {k: one_line(str(e)) for k, e in errors.items()} | outside
-
-
-def _outside_budget(quality_record: dict[str, Any]) -> str:
-    """The `failed` entry of an artifact judged outside its budget: the rule that decided."""
-    checks = [c for c in quality_record.get("checks", []) if not c.get("passed")]
-
-    def num(x: Any) -> str:  # 47.65 dB, not 47.65119495595491 (the record keeps them whole)
-        return f"{x:.2f}" if isinstance(x, float) else str(x)
-
-    said = "; ".join(
-        c.get("problem")
-        or f"{c['rule']} rule: {c['metric']} {num(c['value'])} {c['unit']} against a bound of "
-        f"{num(c['bound'])} {c['unit']} on {c['on']}"
-        for c in checks
-    )
-    return (
-        f"outside its accuracy budget ({said}). The file is kept for inspection, marked "
-        "outside_budget; verify fails it and archive/serve never choose it"
-    )
 
 
 def export(config: ExportConfig) -> ExportResult:

@@ -88,8 +88,9 @@ class ExportConfig:
             formats = DEFAULT_FORMATS
         else:  # in registry order, once each; a group stands for its formats
             asked = {k for c in chosen for k in groups.get(c, (c,))}
-            formats = tuple(k for k in KNOWN_FORMATS if k in asked) + tuple(
-                k for k in dict.fromkeys(chosen) if k not in KNOWN_FORMATS and k not in groups
+            known = registry.keys()  # now: a format registered after import counts
+            formats = tuple(k for k in known if k in asked) + tuple(
+                k for k in dict.fromkeys(chosen) if k not in known and k not in groups
             )
         return cls(
             model=args.model,
@@ -121,11 +122,12 @@ class ExportConfig:
         return Budget(self.accuracy_budget, self.min_sqnr)
 
     def validate(self) -> None:
-        unknown = [f for f in self.formats if f not in KNOWN_FORMATS]
+        known = registry.keys()
+        unknown = [f for f in self.formats if f not in known]
         if unknown or not self.formats:
             raise ExportError(
                 f"Unknown --format {', '.join(unknown) or '(none)'}; use one or more of "
-                f"{', '.join(KNOWN_FORMATS)}, all (every float32 format) or precision (every "
+                f"{', '.join(known)}, all (every float32 format) or precision (every "
                 "int8/float16 one), e.g. --format torchscript --format onnx_int8_static."
             )
         self.budget.validate()

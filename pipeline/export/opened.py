@@ -62,17 +62,21 @@ class ExportedModel:
         return [f for f in registry.all_formats() if f.key in self.manifest.artifacts]
 
     def load(self, key: str, device: str = "cpu", threads: int | None = None) -> Runner:
-        """Artifact `key` as a Runner (named tensors in and out), sha256 checked first."""
-        fmt = registry.get(key)
+        """Artifact `key` as a Runner (named tensors in and out), sha256 checked first.
+        Through its descriptor (pipeline_runtime.formats), not the registry: a serving
+        process may load a format whose module it never imported."""
+        from pipeline_runtime import runners
+
         path = self.path(key)
         try:
-            return fmt.load(
+            return runners.load(
+                key,
                 path,
                 inputs=self.manifest.input_names,
                 outputs=self.manifest.output_names,
                 device=device,
                 threads=threads,
-                record=self.manifest.artifact(key),
+                record=self.manifest.artifact(key).details,
             )
         except LoadError as err:
             raise ArtifactError(str(err)) from None

@@ -1,13 +1,17 @@
 """The format contract and its registry.
 
-A format is one module in this package that builds a `Format` and calls
-`register()` once (as optimum registers one exporter config per
-architecture). Everything format-specific is declared there: its key (the
-`--format` choice and manifest key), its file name, archive suffix and
-TorchServe handler, the name verify and bench give its in-process backend,
-whether the C++ client runs it, `export(model, ctx) -> ArtifactRecord` and
-`load(path, ...) -> Runner`. Export, verify, bench, archive, serve, the CLI's
-choices and the Makefile ask the registry; none of them names a format.
+A format is one module that builds a `Format` and calls `register()` once (as
+optimum registers one exporter config per architecture); the built-in ones are in
+this package, and a test or a user registers one from anywhere. Everything
+format-specific is declared there: its key (the `--format` choice and manifest key),
+its file name and archive suffix, the runner kind that opens its file
+(pipeline_runtime.formats: TorchScript, AOTInductor, ONNX Runtime), the name verify
+and bench give its in-process backend, whether the C++ client runs it, how verify
+localises a mismatch in it, and `export(model, ctx) -> ArtifactRecord`. Its
+torch-free part, the descriptor (`Format.descriptor`), is what serving processes
+know of it: loaders, the served platform and TorchServe's handler derive from it.
+Export, verify, bench, archive, serve, the CLI's choices and the Makefile ask the
+registry; none of them names a format.
 
 The built-in formats' names (key, title, archive suffix, backend, default, cpp)
 are also declared here, in `BUILTIN_FORMATS`, so that `keys()` and `declared()`
@@ -26,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.core.defaults import DEFAULT_ATOL, DEFAULT_RTOL
 from pipeline.core.errors import ExportError
+from pipeline_runtime import formats
 from pipeline_runtime.manifest import ArtifactRecord
 
 if TYPE_CHECKING:  # imported where used: this module stays importable without torch
@@ -93,7 +98,7 @@ class Format:
     title: str  # for people: "ONNX"
     file: str  # file name in the export folder: "model.onnx"
     archive_suffix: str  # <model>_<suffix>.mar: "onnx"
-    handler: str  # TorchServe handler in handlers/: "onnx_handler.py"
+    runner: str  # what opens the file (pipeline_runtime.formats.RUNNERS): "onnxruntime"
     backend: str  # the in-process backend's name in verify and bench: "onnxruntime"
     export: Exporter
     default: bool = True  # exported without --format
@@ -109,6 +114,18 @@ class Format:
     # the others (int8, float16) change the numbers on purpose and are judged by what
     # the model still gets right (pipeline/export/quality.py).
     precision: str = FLOAT32
+    # How verify localises a mismatch in it (pipeline.verify.localise): "onnx" (the ONNX
+    # graph's values, node by node), "torchscript" (its graph's calls), or "" with
+    # `not_localised` saying why not (or a generic sentence).
+    localiser: str = ""
+    not_localised: str = ""
+
+    @property
+    def descriptor(self) -> formats.Descriptor:
+        """Its torch-free part, what a serving process knows of it."""
+        return formats.Descriptor(
+            self.key, self.file, self.runner, self.precision, self.cpp, self.platform
+        )
 
     def load(
         self,
@@ -138,10 +155,10 @@ _REGISTRY: dict[str, Format] = {}
 
 
 def register(fmt: Format) -> Format:
-    """Add a format; its key, suffix, file and backend name must be new, and a
-    built-in format's names must be the ones `BUILTIN_FORMATS` declares."""
-    from pipeline_runtime import runners
-
+    """Add a format; its key, suffix, file and backend name must be new, a built-in
+    format's names must be the ones `BUILTIN_FORMATS` declares and its descriptor the one
+    pipeline_runtime.formats ships; another format's descriptor is made known to this
+    process (and its export writes it into the manifest for the serving processes)."""
     names = next((d for d in BUILTIN_FORMATS if d.key == fmt.key), None)
     if names is not None and names != Declared.of(fmt):
         raise ValueError(
@@ -154,10 +171,23 @@ def register(fmt: Format) -> Format:
                 raise ValueError(
                     f"format {fmt.key!r} reuses {attr} {getattr(fmt, attr)!r} of {other.key!r}"
                 )
-    if fmt.key not in runners.LOADERS:
-        raise ValueError(f"format {fmt.key!r} has no loader in pipeline_runtime.runners.LOADERS")
+    if fmt.key in formats.BUILTIN and formats.BUILTIN[fmt.key] != fmt.descriptor:
+        raise ValueError(
+            f"format {fmt.key!r} registers {fmt.descriptor}, but pipeline_runtime/formats.py "
+            f"describes {formats.BUILTIN[fmt.key]}: change both"
+        )
+    if fmt.key not in formats.BUILTIN:
+        formats.add(fmt.descriptor)  # checks the runner kind
     _REGISTRY[fmt.key] = fmt
     return fmt
+
+
+def unregister(key: str) -> None:
+    """Remove a format registered at run time (tests' own formats)."""
+    if key in BUILTIN:
+        raise ValueError(f"{key!r} is built in")
+    _REGISTRY.pop(key, None)
+    formats.remove(key)
 
 
 def all_formats() -> tuple[Format, ...]:

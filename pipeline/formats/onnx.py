@@ -26,7 +26,7 @@ from pipeline.formats.base import DEFAULT_OPSET, ExportContext, Format, register
 from pipeline.formats.explain import explain
 from pipeline.formats.program import captured_output, dynamic_shapes, op_lines, quiet
 from pipeline.zoo.spec import Inputs, ZooEntry
-from pipeline_runtime import jitgate
+from pipeline_runtime import formats, jitgate
 from pipeline_runtime.files import sha256_file
 from pipeline_runtime.manifest import ArtifactRecord
 
@@ -388,7 +388,8 @@ FORMAT = register(
         title="ONNX",
         file=FILE,
         archive_suffix="onnx",
-        handler="onnx_handler.py",
+        runner=formats.ONNXRUNTIME,
+        localiser="onnx",
         backend="onnxruntime",
         platform="onnxruntime_onnx",
         export=export,

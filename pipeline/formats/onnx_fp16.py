@@ -28,6 +28,7 @@ from pipeline.core.noise import library_warnings
 from pipeline.formats import reduced
 from pipeline.formats.base import ExportContext, Format, register
 from pipeline.formats.program import captured_output
+from pipeline_runtime import formats
 from pipeline_runtime.manifest import ArtifactRecord
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,7 @@ FORMAT = register(
         title="ONNX float16",
         file=FILE,
         archive_suffix="onnx_fp16",
-        handler="onnx_fp16_handler.py",
+        runner=formats.ONNXRUNTIME,
         backend="onnxruntime_fp16",
         platform="onnxruntime_onnx",
         export=export,

@@ -21,6 +21,7 @@ from pipeline.core.noise import library_warnings
 from pipeline.formats import reduced
 from pipeline.formats.base import ExportContext, Format, register
 from pipeline.formats.program import captured_output
+from pipeline_runtime import formats
 from pipeline_runtime.manifest import ArtifactRecord
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ FORMAT = register(
         title="ONNX int8 (dynamic)",
         file=FILE,
         archive_suffix="onnx_int8d",
-        handler="onnx_int8_dynamic_handler.py",
+        runner=formats.ONNXRUNTIME,
         backend="onnxruntime_int8_dynamic",
         platform="onnxruntime_onnx",
         export=export,

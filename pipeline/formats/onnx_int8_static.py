@@ -35,6 +35,7 @@ from pipeline.core.noise import library_warnings
 from pipeline.formats import reduced
 from pipeline.formats.base import ExportContext, Format, register
 from pipeline.formats.program import captured_output
+from pipeline_runtime import formats
 from pipeline_runtime.manifest import ArtifactRecord
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ FORMAT = register(
         title="ONNX int8 (static, QDQ)",
         file=FILE,
         archive_suffix="onnx_int8s",
-        handler="onnx_int8_static_handler.py",
+        runner=formats.ONNXRUNTIME,
         backend="onnxruntime_int8_static",
         platform="onnxruntime_onnx",
         export=export,

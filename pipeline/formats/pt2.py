@@ -26,6 +26,7 @@ from pipeline.core.errors import ExportError, ExportRequestError
 from pipeline.formats.base import ExportContext, Format, register
 from pipeline.formats.program import export_program, quiet
 from pipeline.zoo.spec import Inputs, ZooEntry
+from pipeline_runtime import formats
 from pipeline_runtime.files import sha256_file
 from pipeline_runtime.manifest import ArtifactRecord
 from pipeline_runtime.runners import aoti_load
@@ -193,6 +194,12 @@ def settings_record(ctx: ExportContext) -> dict[str, object]:
 
 
 FILE = "model.pt2"
+# What verify's localise says of a mismatch in it (Format.not_localised).
+NOT_LOCALISED = (
+    "AOTInductor compiles the whole graph into one library and keeps no intermediate "
+    "values; localise the same model's ONNX or TorchScript artifact instead "
+    "(`pipeline export --format onnx --format torchscript`)"
+)
 
 
 def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
@@ -236,7 +243,8 @@ FORMAT = register(
         title=".pt2 (AOTInductor)",
         file=FILE,
         archive_suffix="pt2",
-        handler="pt2_handler.py",
+        runner=formats.AOTI,
+        not_localised=NOT_LOCALISED,
         backend="pt2",
         platform="pytorch_aoti",
         export=export,

@@ -28,6 +28,7 @@ from pipeline.core.noise import library_warnings
 from pipeline.formats import reduced
 from pipeline.formats.base import ExportContext, Format, register
 from pipeline.formats.program import captured_output
+from pipeline_runtime import formats
 from pipeline_runtime.manifest import ArtifactRecord
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ FORMAT = register(
         title=".pt2 int8 (torchao)",
         file=FILE,
         archive_suffix="pt2_int8",
-        handler="pt2_int8_handler.py",
+        runner=formats.AOTI,
         backend="pt2_int8",
         platform="pytorch_aoti",
         export=export,

@@ -30,7 +30,7 @@ from pipeline.formats.base import METHODS, ExportContext, Format, register
 from pipeline.formats.per_sample import PerSampleOutputs, script_losses_and_detections
 from pipeline.zoo.detection import scripting_advice
 from pipeline.zoo.spec import Inputs
-from pipeline_runtime import jitgate
+from pipeline_runtime import formats, jitgate
 from pipeline_runtime.files import sha256_file
 from pipeline_runtime.manifest import ArtifactRecord
 from pipeline_runtime.oplibs import OP_LIBRARIES_KEY, op_libraries_of
@@ -374,13 +374,8 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
     # Libraries whose custom operators (torchvision::nms) must be loaded before the file.
     if libraries := op_libraries_of(ts.module):
         details[OP_LIBRARIES_KEY] = libraries
-    return ArtifactRecord(
-        file=FILE,
-        format="torchscript",
-        sha256=sha256_file(path),
-        reason=ts.reason,
-        details=details,
-    )
+    sha256 = sha256_file(path)
+    return ArtifactRecord(FILE, "torchscript", sha256, reason=ts.reason, details=details)
 
 
 FORMAT = register(
@@ -389,7 +384,8 @@ FORMAT = register(
         title="TorchScript",
         file=FILE,
         archive_suffix="ts",
-        handler="torchscript_handler.py",
+        runner=formats.TORCHSCRIPT,
+        localiser="torchscript",
         backend="torchscript",
         platform="pytorch_libtorch",
         export=export,

@@ -156,19 +156,14 @@ def localise(
             f"{', '.join(exported.manifest.artifacts)}."
         )
     exported.entry.check_inputs(inputs)
-    name = backend or registry.get(fmt_key).backend
-    if fmt_key == "onnx":
-        return _onnx(exported, inputs, atol, rtol, name, bisect_dir)
-    if fmt_key == "torchscript":
-        return _torchscript(exported, inputs, atol, rtol, name)
-    if fmt_key == "pt2":
-        return _unavailable(
-            name,
-            "AOTInductor compiles the whole graph into one library and keeps no intermediate "
-            "values; localise the same model's ONNX or TorchScript artifact instead "
-            "(`pipeline export --format onnx --format torchscript`)",
-        )
-    return _unavailable(name, f"no localiser for format {fmt_key!r}")
+    fmt = registry.get(fmt_key)
+    name = backend or fmt.backend
+    # The format says how (Format.localiser): its key is never branched on here.
+    if fmt.localiser == "onnx":
+        return _onnx(exported, inputs, atol, rtol, name, bisect_dir, fmt_key)
+    if fmt.localiser == "torchscript":
+        return _torchscript(exported, inputs, atol, rtol, name, fmt_key)
+    return _unavailable(name, fmt.not_localised or f"no localiser for format {fmt_key!r}")
 
 
 def _eager_calls(
@@ -187,17 +182,22 @@ def _eager_calls(
 
 
 def _torchscript(
-    exported: ExportedModel, inputs: dict[str, torch.Tensor], atol: float, rtol: float, name: str
+    exported: ExportedModel,
+    inputs: dict[str, torch.Tensor],
+    atol: float,
+    rtol: float,
+    name: str,
+    key: str,
 ) -> Localisation:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated; see DESIGN.md
-        scripted = torch.jit.load(str(exported.path("torchscript")), map_location="cpu").eval()
+        scripted = torch.jit.load(str(exported.path(key)), map_location="cpu").eval()
     # A loaded ScriptModule keeps the submodule tree (traced or scripted), each with
     # its own forward; freezing inlines them all into the top-level graph.
     compiled = dict(scripted.named_modules())
     eager_count = sum(1 for _ in exported.model.named_modules())
     if len(compiled) == 1 and eager_count > 1:
-        how = exported.manifest.artifact("torchscript").how
+        how = exported.manifest.artifact(key).how
         return _unavailable(
             name,
             f"the TorchScript module ({how}) keeps none of the model's {eager_count - 1} "
@@ -279,12 +279,13 @@ def _onnx(
     rtol: float,
     name: str,
     bisect_dir: Path | None,
+    key: str,
 ) -> Localisation:
-    model = onnx.load(str(exported.path("onnx")))
+    model = onnx.load(str(exported.path(key)))
     modules = dict(exported.model.named_modules())
     scopes = module_outputs(model, set(modules))
     if not scopes.scoped:
-        how = exported.manifest.artifact("onnx").how
+        how = exported.manifest.artifact(key).how
         return _unavailable(
             name,
             f"the ONNX graph ({how}) names no PyTorch module on its nodes, so its values cannot "

@@ -134,12 +134,12 @@ def test_serve_prints_which_format_each_model_is_served_in_and_why(tmp_path: Pat
 
 
 def test_partial_message_names_what_was_kept_or_that_nothing_was(tmp_path: Path) -> None:
-    from pipeline.export import _outside_budget
     from pipeline.export.partial import partial_message
+    from pipeline.export.writing import outside_budget
 
     check = {"passed": False, "rule": "sqnr", "metric": "SQNR", "value": 47.65119495595491,
              "unit": "dB", "bound": 200.0, "on": "golden+probe+random"}  # fmt: skip
-    why = _outside_budget({"checks": [check]})
+    why = outside_budget({"checks": [check]})
     assert "SQNR 47.65 dB against a bound of 200.00 dB" in why
     # Only the int8 format was asked for, and it came out outside its budget.
     both = _manifest(onnx_int8_static={})

@@ -19,15 +19,18 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from pipeline_runtime.ortsession import ORT_FORMATS
+from pipeline_runtime import formats
 
 EXTRA = "serve-onnx"
 REQUIREMENTS_FILE = "requirements-serve-onnx.txt"
 
 
 def lean(fmt: str) -> bool:
-    """Whether `fmt`'s image can leave torch out."""
-    return fmt in ORT_FORMATS
+    """Whether `fmt`'s image can leave torch out (its descriptor's runner needs none)."""
+    try:
+        return formats.of(fmt).torch_free
+    except formats.UnknownFormatError:
+        return False
 
 
 def requirements(pyproject: Path, extra: str | None = EXTRA) -> list[str]:

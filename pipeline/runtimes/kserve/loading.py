@@ -18,13 +18,12 @@ import numpy as np
 
 from pipeline.core.errors import ArtifactError
 from pipeline.core.manifest import artifact_path, read_manifest
-from pipeline_runtime import ortsession
+from pipeline_runtime import formats, ortsession
 from pipeline_runtime.manifest import WARMUP_KEY, Manifest
 
 log = logging.getLogger("pipeline.runtimes.kserve")
 
 Forward = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
-PLATFORM = {"pt2": "pytorch_aoti", "pt2_int8": "pytorch_aoti", "torchscript": "pytorch_libtorch"}
 
 
 @dataclass
@@ -38,9 +37,13 @@ class Loaded:
     torch_free: bool
 
 
+def _descriptor(fmt: str, manifest: Manifest) -> formats.Descriptor:
+    return formats.of(fmt, manifest.artifact(fmt).details)
+
+
 def lean(fmt: str, manifest: Manifest) -> bool:
     """Whether `fmt` of this export can be served without importing torch."""
-    return fmt in ortsession.ORT_FORMATS and WARMUP_KEY in manifest.artifacts
+    return _descriptor(fmt, manifest).torch_free and WARMUP_KEY in manifest.artifacts
 
 
 def load(export_dir: Path, fmt: str, threads: int) -> Loaded:
@@ -53,7 +56,7 @@ def load(export_dir: Path, fmt: str, threads: int) -> Loaded:
         )
     if lean(fmt, manifest):
         return _load_onnx(export_dir, fmt, manifest, threads)
-    if fmt in ortsession.ORT_FORMATS:
+    if _descriptor(fmt, manifest).torch_free:
         log.warning(
             "%s has no %s (exported before it existed): serving %s through torch; "
             "re-export to serve it torch-free", export_dir, WARMUP_KEY, fmt,
@@ -80,7 +83,7 @@ def _load_onnx(export_dir: Path, fmt: str, manifest: Manifest, threads: int) -> 
 
     with np.load(artifact_path(export_dir, manifest, WARMUP_KEY), allow_pickle=False) as saved:
         warmup = {k: saved[k] for k in saved.files}
-    return Loaded(manifest, forward, warmup, "onnxruntime_onnx", torch_free=True)
+    return Loaded(manifest, forward, warmup, _descriptor(fmt, manifest).platform, torch_free=True)
 
 
 def _load_torch(export_dir: Path, fmt: str, threads: int) -> Loaded:
@@ -99,5 +102,5 @@ def _load_torch(export_dir: Path, fmt: str, threads: int) -> Loaded:
 
     golden, _ = exported.golden()
     warmup = {k: v.numpy() for k, v in golden.items()}
-    platform = PLATFORM.get(fmt, "onnxruntime_onnx")
+    platform = _descriptor(fmt, exported.manifest).platform
     return Loaded(exported.manifest, forward, warmup, platform, torch_free=False)

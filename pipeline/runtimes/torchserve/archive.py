@@ -1,7 +1,8 @@
 """The archive stage: an export folder → TorchServe `.mar` files in model_store/.
 
-One archive per format, `<model>_<suffix>.mar` with the suffix, artifact and
-handler the format registry names. Each holds the artifact, its handler, the
+One archive per format, `<model>_<suffix>.mar` with the suffix and artifact the
+format registry names. Each holds the artifact, its handler (`<key>_handler.py`,
+written here from the format's key: `handler_source`), the
 `pipeline_runtime` package the handler runs (so a worker needs nothing from
 this repository), the export's `manifest.json` (the handler's sha256 check
 and I/O contract), `golden.pt` (warm-up), `model-config.yaml` (batching and
@@ -39,13 +40,35 @@ from pipeline_runtime.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
-HANDLERS_DIR = Path(__file__).resolve().parents[3] / "handlers"
 RUNTIME_DIR = Path(pipeline_runtime.__file__).resolve().parent
 # Where `pipeline bench` writes each model's fastest verified backend (under the artifacts root).
 
 
 class ArchiveError(PipelineError):
     """model-archiver failed or its inputs are missing."""
+
+
+def handler_source(key: str) -> str:
+    """The entry point TorchServe imports for format `key`: a class naming the key over
+    `pipeline_runtime.handler.PipelineHandler`, which does the work (the format's loader
+    comes from its descriptor, pipeline_runtime.formats)."""
+    if not key.isidentifier():
+        raise ArchiveError(f"format key {key!r} cannot name a handler module")
+    return (
+        f'"""TorchServe handler for the pipeline\'s {key!r} artifacts, written by `pipeline archive`.\n'
+        "\n"
+        "Everything but the format key is `pipeline_runtime.handler` (shipped in the archive).\n"
+        '"""\n\n'
+        "from pipeline_runtime.handler import PipelineHandler\n\n\n"
+        "class Handler(PipelineHandler):\n"
+        f"    format_key = {key!r}\n"
+    )
+
+
+def _write_handler(staging: Path, key: str) -> Path:
+    path = staging / f"{key}_handler.py"
+    path.write_text(handler_source(key))
+    return path
 
 
 @dataclass
@@ -170,7 +193,7 @@ def archive(config: ArchiveConfig, manifest: Manifest | None = None) -> list[Pat
     golden = artifact_path(export_dir, manifest, GOLDEN_KEY)  # checked once, packed in each
     written = []
     for key in formats:
-        fmt = registry.get(key)
+        registry.get(key)  # an unknown key is an error before anything is written
         artifact = artifact_path(export_dir, manifest, key)  # checks its sha256
         name = archive_name(config.model, key)
         info = ArchiveInfo.of(manifest, key, fastest)
@@ -192,7 +215,7 @@ def archive(config: ArchiveConfig, manifest: Manifest | None = None) -> list[Pat
                 name,
                 staging,
                 serialized_file=artifact,
-                handler=HANDLERS_DIR / fmt.handler,
+                handler=_write_handler(staging, key),
                 extra_files=[extra, export_dir / MANIFEST_NAME, golden],
                 version=config.version,
             )
