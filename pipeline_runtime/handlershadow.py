@@ -117,8 +117,16 @@ class ShadowCheck:
         trace_id: str = "",
     ) -> None:
         """One answered request to the reference, unless its queue is full (counted)."""
-        sample = Sample(self.model, self.version, self.format, self.export_dir, inputs, outputs,
-                        request_id, trace_id)  # fmt: skip
+        sample = Sample(
+            self.model,
+            self.version,
+            self.format,
+            self.export_dir,
+            inputs,
+            outputs,
+            request_id,
+            trace_id,
+        )
         try:
             self.samples.put_nowait(sample)
         except queue.Full:
@@ -158,8 +166,11 @@ class ShadowCheck:
                 break
             if not alive():
                 break
-        logger.warning("shadow check of %s: the reference process exited; later samples are "
-                       "dropped (pipeline_shadow_dropped_total)", self.model)  # fmt: skip
+        logger.warning(
+            "shadow check of %s: the reference process exited; later samples are "
+            "dropped (pipeline_shadow_dropped_total)",
+            self.model,
+        )
 
 
 def _ids(context: Any, idx: int) -> tuple[str, str]:
@@ -197,9 +208,14 @@ def _reference_dir(handler: Any, candidates: list[str]) -> str | None:
     checkpoint = handler.contract.checkpoint.sha256
     found = next((d for d, m in read if m.checkpoint.sha256 == checkpoint), None)
     if found is not None:
-        logger.warning("shadow check of %s: its %s (sha256 %s…) is not the file %s holds; "
-                       "checking it against that export's eager model (same checkpoint)",
-                       handler.model_name, record.file, record.sha256[:12], found)  # fmt: skip
+        logger.warning(
+            "shadow check of %s: its %s (sha256 %s…) is not the file %s holds; "
+            "checking it against that export's eager model (same checkpoint)",
+            handler.model_name,
+            record.file,
+            record.sha256[:12],
+            found,
+        )
     return found
 
 
@@ -221,9 +237,14 @@ def install(handler: Any, context: Any) -> ShadowCheck | None:
     export_dir = _reference_dir(handler, candidates)
     if export_dir is None:  # serve checked the archives it started: a later registration
         record = handler.contract.artifact(handler.format_key)
-        logger.warning("shadow check off for %s: none of %s holds its %s (sha256 %s…) or "
-                       "was exported from its checkpoint", handler.model_name, candidates,
-                       record.file, record.sha256[:12])  # fmt: skip
+        logger.warning(
+            "shadow check off for %s: none of %s holds its %s (sha256 %s…) or "
+            "was exported from its checkpoint",
+            handler.model_name,
+            candidates,
+            record.file,
+            record.sha256[:12],
+        )
         return None
     run = _reference()
     max_rate = float(os.environ.get(MAX_RATE_ENV) or 20)
@@ -231,11 +252,17 @@ def install(handler: Any, context: Any) -> ShadowCheck | None:
     samples, verdicts = spawn.Queue(QUEUE_SIZE), spawn.Queue()
     process = spawn.Process(
         target=run,
-        args=(samples, verdicts, os.environ.get(RUN_DIR_ENV) or os.getcwd(), max_rate, 1,
-              (export_dir,)),
+        args=(
+            samples,
+            verdicts,
+            os.environ.get(RUN_DIR_ENV) or os.getcwd(),
+            max_rate,
+            1,
+            (export_dir,),
+        ),
         name="shadow-reference",
         daemon=True,
-    )  # fmt: skip
+    )
     process.start()
     try:  # before this worker serves: the reference's start would take its CPU
         said = verdicts.get(timeout=READY_TIMEOUT_S)
@@ -244,13 +271,27 @@ def install(handler: Any, context: Any) -> ShadowCheck | None:
     if said != READY:
         process.kill()
         raise RuntimeError(f"the shadow check's reference process did not start ({said!r})")
-    check = ShadowCheck(rate, handler.model_name, _version(context), handler.format_key,
-                        export_dir, samples, verdicts, context.metrics)  # fmt: skip
-    threading.Thread(target=check.drain_while, args=(process.is_alive,), daemon=True,
-                     name="shadow-verdicts").start()  # fmt: skip
+    check = ShadowCheck(
+        rate,
+        handler.model_name,
+        _version(context),
+        handler.format_key,
+        export_dir,
+        samples,
+        verdicts,
+        context.metrics,
+    )
+    threading.Thread(
+        target=check.drain_while, args=(process.is_alive,), daemon=True, name="shadow-verdicts"
+    ).start()
     handler.inference = _offering(handler.inference, check, handler)
-    logger.info("shadow check: %.3g of requests, at most %g a second, against %s (pid %d)",
-                rate, max_rate, export_dir, process.pid)  # fmt: skip
+    logger.info(
+        "shadow check: %.3g of requests, at most %g a second, against %s (pid %d)",
+        rate,
+        max_rate,
+        export_dir,
+        process.pid,
+    )
     return check
 
 

@@ -60,7 +60,8 @@ def emit(handler: Any, count: int, context: Any, model: str) -> None:
         if tracing.TRACEPARENT not in carrier:
             continue  # not traced by the gateway (TorchServe's own port)
         attributes = {"model.name": model, "batch.size": count}
-        root = tracer.record("handle", began, ended, attributes, carrier=carrier,
-                             kind=tracer.server_kind)  # fmt: skip
+        root = tracer.record(
+            "handle", began, ended, attributes, carrier=carrier, kind=tracer.server_kind
+        )
         for name, b, e in steps:
             tracer.record(name, b, e, parent=root)

@@ -20,12 +20,14 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.bench import pt2profile, pt2settings
-from pipeline.core import paths
+from pipeline.bench.config import DEFAULT_MODELS as DEFAULT_MODELS
+from pipeline.bench.config import SERVED_MODELS as SERVED_MODELS
+from pipeline.bench.config import BenchConfig, BenchResult
 from pipeline.core.errors import PipelineError
 from pipeline.core.fileio import write_json
 from pipeline.serving import runtime
@@ -34,109 +36,6 @@ if TYPE_CHECKING:
     from pipeline.export.opened import ExportedModel
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MODELS = (
-    "digits_lenet",
-    "torchvision:resnet18",
-    "my_decision_gate",
-    "my_cell",
-    "my_rnn_loop",
-    "wrap_rnn",
-    "lstm_tagger",
-    "gru_encoder",
-)
-SERVED_MODELS = ("digits_lenet", "torchvision:resnet18")
-
-
-@dataclass
-class BenchConfig:
-    models: tuple[str, ...] = DEFAULT_MODELS
-    served_models: tuple[str, ...] = SERVED_MODELS
-    batches: tuple[int, ...] = (1, 32)
-    threads: int | None = None  # intra-op threads in-process; default: physical cores
-    warmup: int = 10
-    repeat: int = 30
-    rounds: int = 3
-    concurrencies: tuple[int, ...] = (1, 8, 32)
-    # Keys of served.BATCHING: "old" (the defaults before issue 17) is only there
-    # for the throughput target's comparison.
-    batching: tuple[str, ...] = ("off", "on", "old")
-    # 200 requests a level still give the p99 from two samples above it; the
-    # digits CNN's levels end on this count (1-4 s each).
-    served_requests: int = 200
-    # No new requests after this long at one level: resnet18 answers 8-40 a second
-    # here, so its levels end on time, not on count (30-160 requests at 4 s). Three
-    # formats × two batching settings × three levels: a third of `make bench`.
-    served_level_budget_s: float = 4.0
-    cpp: bool = True
-    # The runtimes measured serving served_models, each on the same exports, levels and
-    # clients (pipeline.serving.runtime); None: every registered runtime.
-    runtimes: tuple[str, ...] | None = None
-    out_dir: Path | None = None  # default: <artifacts>/bench
-    artifacts_root: Path | None = None
-    # Per model and batch size, in-process. Only resnet18 reaches it (seven backends
-    # at up to 1.5 s a call at batch 32); the small models end on `repeat`.
-    time_budget_s: float = 45.0
-    # Name each model's fastest verified backend in <out_dir>/fastest.json
-    # (merged with the models already there), for `pipeline archive`.
-    write_fastest: bool = True
-    # ONNX opsets compared with the exported one (18) on the CNNs at batch 1; 20 is
-    # the exporter's default, whose AveragePool ran slower here.
-    opsets: tuple[int, ...] = (20,)
-    # Peers (pipeline.bench.peers): the served models measured beside the yardstick and
-    # LitServe on their ONNX file, OIP JSON bodies, concurrency 1 and 8. The issue measured
-    # 1,500 requests a level (about 1.5 s for the yardstick at 8; the level budget still
-    # ends a slow server's level), twice, the order reversed, the better round kept.
-    peer_models: tuple[str, ...] = (SERVED_MODELS[0],)
-    peer_requests: int = 1500
-    peer_rounds: int = 2
-    # Let each runtime first measure its own settings (the KServe runtime: how many worker
-    # processes serve each served model best; kserve_workers.json, which `pipeline serve`
-    # reads) and measure its rows, and the peers beside it, with what it found.
-    tune: bool = True
-    footprint: bool = True  # cold start, worker RSS, tracing's cost (bench/footprint.py)
-    pt2_sweep: bool = True  # the AOTInductor settings export uses here (bench/pt2settings.py)
-    # Export folders by model, where they are not <artifacts>/<model>/export.
-    export_dirs: dict[str, Path] = field(default_factory=dict)
-
-    def export_dir(self, model: str) -> Path:
-        return Path(self.export_dirs.get(model) or paths.export_dir(model, self.artifacts_root))
-
-    def bench_dir(self) -> Path:
-        return Path(self.out_dir or paths.bench_dir(self.artifacts_root))
-
-    @classmethod
-    def quick(cls, **kw: Any) -> BenchConfig:
-        """Seconds, not minutes: the shape of the output, not its figures."""
-        base = dict(
-            models=("digits_lenet",),
-            served_models=("digits_lenet",),
-            batches=(1,),
-            warmup=2,
-            repeat=5,
-            rounds=2,
-            concurrencies=(1, 8),
-            batching=("on",),
-            served_requests=16,
-            peer_requests=16,
-            peer_rounds=1,
-            cpp=False,
-            opsets=(),
-            time_budget_s=10.0,
-            tune=False,
-            footprint=False,
-            pt2_sweep=False,
-        )
-        return cls(**{**base, **kw})
-
-
-@dataclass
-class BenchResult:
-    json_path: Path
-    markdown_path: Path
-    charts: list[Path]
-    data: dict[str, Any] = field(default_factory=dict)
-    fastest_path: Path | None = None  # None when the config writes no fastest.json
 
 
 def _threads(config: BenchConfig) -> int:
@@ -278,9 +177,12 @@ def run_bench(config: BenchConfig) -> BenchResult:
             if "skipped" not in r.settings
         }
         rounds = inprocess.measure_interleaved(
-            twins, warmup=config.warmup, repeat=config.repeat, rounds=config.rounds,
+            twins,
+            warmup=config.warmup,
+            repeat=config.repeat,
+            rounds=config.rounds,
             time_budget_s=config.time_budget_s,
-        )  # fmt: skip
+        )
         settings = {n: {**r.settings, "intra_op_threads": 1} for n, r in twins.items()}
         for c in inprocess.cells(model, 1, 1, rounds, None, None, settings):
             # Latency only, against the served workers; never ranked for fastest.json.
@@ -313,10 +215,14 @@ def run_bench(config: BenchConfig) -> BenchResult:
     for model in (m for m in config.peer_models if m in config.served_models):
         log.info("%s: peers (yardstick, LitServe) beside our runtime, one ONNX file", model)
         run = bench_peers(
-            model, exported_of(model), runtimes=config.runtimes, requests=config.peer_requests,
-            level_budget_s=config.served_level_budget_s, rounds=config.peer_rounds,
+            model,
+            exported_of(model),
+            runtimes=config.runtimes,
+            requests=config.peer_requests,
+            level_budget_s=config.served_level_budget_s,
+            rounds=config.peer_rounds,
             tuned_in=out_dir if config.tune else None,
-        )  # fmt: skip
+        )
         peers += [p.to_json() for p in run.points]
         skipped += run.skipped
         peer_settings.update(run.settings)
@@ -327,9 +233,14 @@ def run_bench(config: BenchConfig) -> BenchResult:
         pt2settings.phase(out_dir, config.models, exported_of, phase_done)
     peer_models = [m for m in config.peer_models if m in config.served_models and config.footprint]
     measured = footprint.phase(
-        tuple(peer_models), exported_of, requests=config.peer_requests, skipped=skipped,
-        budget_s=config.served_level_budget_s, rounds=config.peer_rounds, done=phase_done,
-    )  # fmt: skip
+        tuple(peer_models),
+        exported_of,
+        requests=config.peer_requests,
+        skipped=skipped,
+        budget_s=config.served_level_budget_s,
+        rounds=config.peer_rounds,
+        done=phase_done,
+    )
     pareto_rows = [r for m in config.models for r in pareto.rows(m, exported_of(m), all_cells)]
 
     # Measured again at the end; the better of the two is the machine's peak (a

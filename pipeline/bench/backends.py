@@ -207,9 +207,14 @@ def _cpp_measure(
         from pipeline.formats.cpp import run as run_cpp
 
         stats = run_cpp(
-            model, [args], binary=binary, threads=threads, warmup=max(warmup, 1), repeat=repeat,
+            model,
+            [args],
+            binary=binary,
+            threads=threads,
+            warmup=max(warmup, 1),
+            repeat=repeat,
             op_libraries=op_libraries,
-        ).stats  # fmt: skip
+        ).stats
         return {k: float(stats[k]) for k in ("p50_ms", "p90_ms", "p99_ms")} | {"runs": repeat}
 
     return measure

@@ -68,13 +68,23 @@ def footprints(model: str, exported: ExportedModel) -> tuple[list[dict], list[di
                 log.warning("%s: no footprint for %s: %s", model, backend, why)
                 skipped.append({"model": model, "batch": 1, "backend": backend, "why": why})
                 continue
-            rows.append({
-                "model": model, "backend": backend, "cold_start_s": round(cold_s, 2),
-                "workers": len(pids), "worker_rss_mb": round(max(rss, default=0.0), 1),
-                "torch_loaded": torch,
-            })  # fmt: skip
-            log.info("%s %s: ready in %.1f s, worker RSS %.0f MB", model, backend, cold_s,
-                     max(rss, default=0.0))  # fmt: skip
+            rows.append(
+                {
+                    "model": model,
+                    "backend": backend,
+                    "cold_start_s": round(cold_s, 2),
+                    "workers": len(pids),
+                    "worker_rss_mb": round(max(rss, default=0.0), 1),
+                    "torch_loaded": torch,
+                }
+            )
+            log.info(
+                "%s %s: ready in %.1f s, worker RSS %.0f MB",
+                model,
+                backend,
+                cold_s,
+                max(rss, default=0.0),
+            )
     return rows, skipped
 
 
@@ -100,8 +110,11 @@ def tracing_cost(
                 with inherited(env | TRACING[label]), rt.private(exported, TRACED_FORMAT) as srv:
                     got = measure_levels(srv, srv.models[0], body, expected, requests, budget_s)
                 for p in got:
-                    row = p.to_json() | {"model": model, "tracing": label,
-                                         "backend": f"{rt.name}/{TRACED_FORMAT}"}  # fmt: skip
+                    row = p.to_json() | {
+                        "model": model,
+                        "tracing": label,
+                        "backend": f"{rt.name}/{TRACED_FORMAT}",
+                    }
                     key = (label, p.concurrency)
                     if key not in best or _better(row, best[key]):
                         best[key] = row
@@ -134,9 +147,16 @@ def shadow_cost(
             for rate in (0.0, SHADOW_RATE) if r % 2 == 0 else (SHADOW_RATE, 0.0):
                 with rt.private(exported, TRACED_FORMAT, PrivateSettings(shadow_rate=rate)) as srv:
                     got = measure_levels(srv, srv.models[0], body, expected, requests, budget_s)
-                rows += [p.to_json() | {"model": model, "shadow": rate, "round": r,
-                                        "backend": f"{rt.name}/{TRACED_FORMAT}"}
-                         for p in got]  # fmt: skip
+                rows += [
+                    p.to_json()
+                    | {
+                        "model": model,
+                        "shadow": rate,
+                        "round": r,
+                        "backend": f"{rt.name}/{TRACED_FORMAT}",
+                    }
+                    for p in got
+                ]
     return rows
 
 
@@ -164,12 +184,16 @@ def _shadow_targets(rows: list[dict], backend: str) -> list[dict[str, Any]]:
         cost = mine / base - 1 if level == 1 else base / mine - 1
         spread = off[-1] / off[0] - 1
         bound = max(0.05, spread)
-        out.append(target(
-            f"{backend}: --shadow {SHADOW_RATE:g} costs ≤ 5% (or the run's own spread) of "
-            f"{what} at concurrency {level}", cost,
-            f"{mine:.3f} vs {base:.3f} without (medians of {len(on)} and {len(off)} rounds); "
-            f"spread without {spread:.1%}, bound {bound:.1%}", cost <= bound,
-        ))  # fmt: skip
+        out.append(
+            target(
+                f"{backend}: --shadow {SHADOW_RATE:g} costs ≤ 5% (or the run's own spread) of "
+                f"{what} at concurrency {level}",
+                cost,
+                f"{mine:.3f} vs {base:.3f} without (medians of {len(on)} and {len(off)} rounds); "
+                f"spread without {spread:.1%}, bound {bound:.1%}",
+                cost <= bound,
+            )
+        )
     return out
 
 
@@ -210,13 +234,17 @@ def tracing_targets(rows: list[dict], hooks_us: float | None = None) -> list[dic
         request_us = base["median_ms"] * 1e3 if level == 1 else 1e6 / base["throughput"]
         others = "; ".join(
             f"{t} {r['median_ms']:.3f} ms, {r['throughput']:.0f} req/s"
-            for t in TRACING if (r := at.get((t, level)))
-        )  # fmt: skip
-        out.append(target(
-            f"tracing unset costs ≤ 2% of {what} at concurrency {level}", hooks_us / request_us,
-            f"{UNSET_HOOKS} hooks {hooks_us:.3f} µs of {request_us:.1f} µs a request; {others}",
-            hooks_us / request_us <= 0.02,
-        ))  # fmt: skip
+            for t in TRACING
+            if (r := at.get((t, level)))
+        )
+        out.append(
+            target(
+                f"tracing unset costs ≤ 2% of {what} at concurrency {level}",
+                hooks_us / request_us,
+                f"{UNSET_HOOKS} hooks {hooks_us:.3f} µs of {request_us:.1f} µs a request; {others}",
+                hooks_us / request_us <= 0.02,
+            )
+        )
     return out
 
 
@@ -269,9 +297,12 @@ def phase(
         if done is not None:
             done(f"{model} footprint and tracing")
     return {
-        "footprint": rows, "tracing": traced, "tracing_targets": tracing_targets(traced),
-        "shadow": shadowed, "shadow_targets": shadow_targets(shadowed),
-    }  # fmt: skip
+        "footprint": rows,
+        "tracing": traced,
+        "tracing_targets": tracing_targets(traced),
+        "shadow": shadowed,
+        "shadow_targets": shadow_targets(shadowed),
+    }
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -279,36 +310,71 @@ def markdown(data: dict[str, Any]) -> str:
 
     parts = []
     if data.get("footprint"):
-        parts.append(_table(
-            "Footprint (each format served alone; cold start: launch to ready)",
-            ["model", "backend", "cold start s", "workers", "worker RSS MB", "torch loaded"],
-            "llrrrl",
-            [[r["model"], r["backend"], f"{r['cold_start_s']:.1f}", r["workers"],
-              f"{r['worker_rss_mb']:.0f}", "yes" if r["torch_loaded"] else "no"]
-             for r in data["footprint"]],
-        ))  # fmt: skip
+        parts.append(
+            _table(
+                "Footprint (each format served alone; cold start: launch to ready)",
+                ["model", "backend", "cold start s", "workers", "worker RSS MB", "torch loaded"],
+                "llrrrl",
+                [
+                    [
+                        r["model"],
+                        r["backend"],
+                        f"{r['cold_start_s']:.1f}",
+                        r["workers"],
+                        f"{r['worker_rss_mb']:.0f}",
+                        "yes" if r["torch_loaded"] else "no",
+                    ]
+                    for r in data["footprint"]
+                ],
+            )
+        )
     if data.get("tracing"):
-        parts.append(_table(
-            "Tracing's cost (the KServe runtime, the peers' ONNX body; better of 2 rounds)",
-            ["tracing", "concurrency", "median ms", "p99 ms", "req/s"],
-            "lrrrr",
-            [[r["tracing"], r["concurrency"], f"{r['median_ms']:.3f}", f"{r['p99_ms']:.3f}",
-              f"{r['throughput']:.0f}"] for r in data["tracing"]],
-        ))  # fmt: skip
+        parts.append(
+            _table(
+                "Tracing's cost (the KServe runtime, the peers' ONNX body; better of 2 rounds)",
+                ["tracing", "concurrency", "median ms", "p99 ms", "req/s"],
+                "lrrrr",
+                [
+                    [
+                        r["tracing"],
+                        r["concurrency"],
+                        f"{r['median_ms']:.3f}",
+                        f"{r['p99_ms']:.3f}",
+                        f"{r['throughput']:.0f}",
+                    ]
+                    for r in data["tracing"]
+                ],
+            )
+        )
     if data.get("shadow"):
-        parts.append(_table(
-            f"The shadow check's cost (each runtime, --shadow {SHADOW_RATE:g} or off, "
-            f"{SHADOW_ROUNDS} alternating rounds)",
-            ["backend", "shadow", "round", "concurrency", "median ms", "p99 ms", "req/s"],
-            "lrrrrrr",
-            [[r.get("backend", ""), f"{r['shadow']:g}", r["round"], r["concurrency"],
-              f"{r['median_ms']:.3f}",
-              f"{r['p99_ms']:.3f}", f"{r['throughput']:.0f}"] for r in data["shadow"]],
-        ))  # fmt: skip
+        parts.append(
+            _table(
+                f"The shadow check's cost (each runtime, --shadow {SHADOW_RATE:g} or off, "
+                f"{SHADOW_ROUNDS} alternating rounds)",
+                ["backend", "shadow", "round", "concurrency", "median ms", "p99 ms", "req/s"],
+                "lrrrrrr",
+                [
+                    [
+                        r.get("backend", ""),
+                        f"{r['shadow']:g}",
+                        r["round"],
+                        r["concurrency"],
+                        f"{r['median_ms']:.3f}",
+                        f"{r['p99_ms']:.3f}",
+                        f"{r['throughput']:.0f}",
+                    ]
+                    for r in data["shadow"]
+                ],
+            )
+        )
     targets = [*data.get("tracing_targets", []), *data.get("shadow_targets", [])]
     if targets:
-        parts.append("```\n" + "\n".join(
-            f"{'PASS' if t['met'] else 'MISS'} {t['target']}: {t['value']:.4%} ({t['detail']})"
-            for t in targets
-        ) + "\n```")  # fmt: skip
+        parts.append(
+            "```\n"
+            + "\n".join(
+                f"{'PASS' if t['met'] else 'MISS'} {t['target']}: {t['value']:.4%} ({t['detail']})"
+                for t in targets
+            )
+            + "\n```"
+        )
     return "\n\n".join(parts)

@@ -285,11 +285,18 @@ def every_level(
         else:
             got = [
                 measure(
-                    server, names[fmt], body, level, settings.requests_per_level, timeout,
-                    settings.level_budget_s, backend=backend(fmt), **point,
+                    server,
+                    names[fmt],
+                    body,
+                    level,
+                    settings.requests_per_level,
+                    timeout,
+                    settings.level_budget_s,
+                    backend=backend(fmt),
+                    **point,
                 )
                 for fmt in order
-            ]  # fmt: skip
+            ]
         if probe is not None:
             after = probe()
             for p in got:  # TorchServe's own-port rows share their format's model

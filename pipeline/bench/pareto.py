@@ -149,11 +149,19 @@ def chart(table: list[dict[str, Any]], path: Path) -> Path | None:
                 continue
             filled = r["within_budget"]
             ax.scatter(
-                r["size_bytes"] / 1e6, r["ms_1"], s=60,
-                facecolors="C0" if filled else "none", edgecolors="C0" if filled else "C3",
-            )  # fmt: skip
-            ax.annotate(r["format"], (r["size_bytes"] / 1e6, r["ms_1"]), fontsize=8,
-                        xytext=(4, 4), textcoords="offset points")  # fmt: skip
+                r["size_bytes"] / 1e6,
+                r["ms_1"],
+                s=60,
+                facecolors="C0" if filled else "none",
+                edgecolors="C0" if filled else "C3",
+            )
+            ax.annotate(
+                r["format"],
+                (r["size_bytes"] / 1e6, r["ms_1"]),
+                fontsize=8,
+                xytext=(4, 4),
+                textcoords="offset points",
+            )
         ax.set_title(f"{model}: batch 1 (hollow red: outside the budget)", fontsize=9)
         ax.set_xlabel("size on disk, MB")
         ax.set_ylabel("median latency, ms")

@@ -68,22 +68,35 @@ def sweep(exported: ExportedModel, *, repeat: int = 300) -> dict[str, Any]:
             path = Path(folder) / f"{len(calls)}.pt2"
             log.info("%s: compiling .pt2 with %s settings", exported.name, name)
             try:
-                result = to_pt2(exported.model, example, exported.probes(), exported.entry,
-                                path, atol=tol.atol, rtol=tol.rtol, configs=change)  # fmt: skip
+                result = to_pt2(
+                    exported.model,
+                    example,
+                    exported.probes(),
+                    exported.entry,
+                    path,
+                    atol=tol.atol,
+                    rtol=tol.rtol,
+                    configs=change,
+                )
             except Exception as err:  # noqa: BLE001 - a candidate that fails is left out, said
                 failed[name] = " ".join(str(err).split())[:200]
                 log.warning("%s: %s settings left out: %s", exported.name, name, failed[name])
                 continue
             compile_s[name] = round(result.compile_seconds, 1)
             calls[name] = runners.load(
-                "pt2", path, inputs=exported.manifest.input_names,
-                outputs=exported.manifest.output_names, threads=1,
-            )  # fmt: skip
+                "pt2",
+                path,
+                inputs=exported.manifest.input_names,
+                outputs=exported.manifest.output_names,
+                threads=1,
+            )
         points = []
         for batch in BATCHES:
             args = exported.sample(batch, seed=0)
-            timers = {n: Runner(n, timed(lambda r=r, a=args: r(a), threads=1), {})
-                      for n, r in calls.items()}  # fmt: skip
+            timers = {
+                n: Runner(n, timed(lambda r=r, a=args: r(a), threads=1), {})
+                for n, r in calls.items()
+            }
             rounds = measure_interleaved(timers, warmup=20, repeat=repeat, rounds=ROUNDS)
             for name, per_round in rounds.items():
                 median = statistics.median(r["p50_ms"] for r in per_round)

@@ -198,13 +198,23 @@ def pt2_targets(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 peer = cell(cells, model, backend, batch)
                 if peer is not None:
                     speed = peer["median_ms"] / pt2["median_ms"]
-                    judged.append((f"≥ {bound}× {title}'s speed", speed,
-                                   f"{pt2['median_ms']:.3f} vs {peer['median_ms']:.3f} ms",
-                                   speed >= bound))  # fmt: skip
+                    judged.append(
+                        (
+                            f"≥ {bound}× {title}'s speed",
+                            speed,
+                            f"{pt2['median_ms']:.3f} vs {peer['median_ms']:.3f} ms",
+                            speed >= bound,
+                        )
+                    )
             tail = pt2["p99_ms"] / pt2["median_ms"]
-            judged.append((f"p99 ≤ {TAIL:g}× p50", tail,
-                           f"p99 {pt2['p99_ms']:.3f} vs p50 {pt2['median_ms']:.3f} ms",
-                           tail <= TAIL))  # fmt: skip
+            judged.append(
+                (
+                    f"p99 ≤ {TAIL:g}× p50",
+                    tail,
+                    f"p99 {pt2['p99_ms']:.3f} vs p50 {pt2['median_ms']:.3f} ms",
+                    tail <= TAIL,
+                )
+            )
             for what, value, detail, met in judged:
                 name = f"{model} batch {batch}: Python .pt2 {what}"
                 out.append(target(name, value, detail if met else f"{detail}; {where}", met))

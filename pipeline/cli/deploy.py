@@ -193,8 +193,9 @@ class _RuntimeGroup(argparse._ArgumentGroup):
     runtime in --help, and each runtime's own). Declared otherwise, it is a bug."""
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
-        taken = next((self._option_string_actions[a] for a in args
-                      if a in self._option_string_actions), None)  # fmt: skip
+        taken = next(
+            (self._option_string_actions[a] for a in args if a in self._option_string_actions), None
+        )
         if taken is None:
             return super().add_argument(*args, **kwargs)
         same = (

@@ -207,16 +207,27 @@ def _cmd_latency(args: argparse.Namespace) -> int:
         exported = open_export(paths.export_dir(model, args.artifacts_dir))
         golden, _ = exported.golden()
         result = compare_latency(
-            exported.path(fmt.key), _first_sample(exported, golden), threads=args.threads,
-            warmup=args.warmup, repeat=args.repeat, rounds=args.rounds,
+            exported.path(fmt.key),
+            _first_sample(exported, golden),
+            threads=args.threads,
+            warmup=args.warmup,
+            repeat=args.repeat,
+            rounds=args.rounds,
             op_libraries=exported.manifest.artifact(fmt.key).get("op_libraries") or (),
-        )  # fmt: skip
+        )
         result["model"] = model
         result["format"] = fmt.key
         results.append(result)
         c, p = result["cpp"], result["python"]
-        table.add_row(model, str(args.threads), f"{c['p50_ms']:.3f}", f"{c['p90_ms']:.3f}",
-                      f"{p['p50_ms']:.3f}", f"{p['p90_ms']:.3f}", f"{result['cpp_over_python_p50']:.2f}×")  # fmt: skip
+        table.add_row(
+            model,
+            str(args.threads),
+            f"{c['p50_ms']:.3f}",
+            f"{c['p90_ms']:.3f}",
+            f"{p['p50_ms']:.3f}",
+            f"{p['p90_ms']:.3f}",
+            f"{result['cpp_over_python_p50']:.2f}×",
+        )
     Console(width=150).print(table)
     if args.json:
         from pipeline.core.fileio import write_json

@@ -121,8 +121,18 @@ def _write_artifacts(
 
     scratch = Path(tempfile.mkdtemp(prefix=".export-scratch-", dir=staging.parent))
     try:
-        return each_format(config, model, entry, golden_inputs, probes, output_shapes, staging,
-                            calibrate, scratch, per_sample or ())  # fmt: skip
+        return each_format(
+            config,
+            model,
+            entry,
+            golden_inputs,
+            probes,
+            output_shapes,
+            staging,
+            calibrate,
+            scratch,
+            per_sample or (),
+        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -234,9 +244,16 @@ def _export(
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
     try:
         artifacts, failed = _write_artifacts(
-            config, model, entry, golden_inputs, probes, output_shapes, staging, calibration,
+            config,
+            model,
+            entry,
+            golden_inputs,
+            probes,
+            output_shapes,
+            staging,
+            calibration,
             per_sample,
-        )  # fmt: skip
+        )
         save_tensors(
             staging / GOLDEN_FILE,
             {

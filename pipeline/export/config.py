@@ -134,9 +134,10 @@ class ExportConfig:
         # Said here, once per process, because every export passes here: what this torch's
         # refusal of torch.jit changes (the defaults and --format all, chosen at import).
         jitgate.say_once(
-            log, "TorchScript is left out of the defaults and of --format all, and .pt2 takes "
-            "its place among the defaults"
-        )  # fmt: skip
+            log,
+            "TorchScript is left out of the defaults and of --format all, and .pt2 takes "
+            "its place among the defaults",
+        )
         if self.pt2_device not in ("cpu", "cuda"):
             raise ExportError(f"--pt2-device must be cpu or cuda, got {self.pt2_device!r}.")
         if self.method not in METHODS:

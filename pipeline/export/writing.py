@@ -85,8 +85,16 @@ def each_format(
             # int8/float16: judged by what the model still gets right, as verify will.
             if fmt.precision != registry.FLOAT32 and ctx.check:
                 cases = [("golden", golden_inputs), *probes, *quality.random_cases(entry)]
-                found = quality.measure(model, entry, fmt.key, staging / record.file,
-                                        fmt.precision, config.budget, cases, details)  # fmt: skip
+                found = quality.measure(
+                    model,
+                    entry,
+                    fmt.key,
+                    staging / record.file,
+                    fmt.precision,
+                    config.budget,
+                    cases,
+                    details,
+                )
                 if found is not None:
                     details["quality"] = found
                     if not found["within_budget"]:

@@ -256,8 +256,15 @@ def run(
         inputs, outputs = Path(tmp) / "inputs.pt", Path(tmp) / "outputs.pt"
         # clone(): a tensor torch.export touched carries Python attributes LibTorch cannot unpickle.
         torch.save([[t.detach().cpu().clone() for t in case] for case in cases], inputs)
-        cmd = [str(binary), "--model", str(model), "--inputs", str(inputs), "--outputs", str(outputs),
-               "--device", device, "--warmup", str(warmup), "--repeat", str(repeat)]  # fmt: skip
+        flags = {
+            "--model": model,
+            "--inputs": inputs,
+            "--outputs": outputs,
+            "--device": device,
+            "--warmup": warmup,
+            "--repeat": repeat,
+        }
+        cmd = [str(binary), *(str(part) for flag in flags.items() for part in flag)]
         if threads:
             cmd += ["--threads", str(threads)]
         for library in libraries:
@@ -284,8 +291,10 @@ def is_pt2(model: Path) -> bool:
         return True
     try:
         with zipfile.ZipFile(model) as archive:
-            return any(name.split("/", 1)[-1].startswith("data/aotinductor/model/")
-                       for name in archive.namelist())  # fmt: skip
+            return any(
+                name.split("/", 1)[-1].startswith("data/aotinductor/model/")
+                for name in archive.namelist()
+            )
     except (OSError, zipfile.BadZipFile):
         return False
 
@@ -341,9 +350,15 @@ def python_latency(
     def pct(q: float) -> float:  # nearest rank, as the C++ client computes it
         return times[min(len(times), max(1, -(-int(q * 100) * len(times) // 100))) - 1]
 
-    return {"runs": repeat, "threads": threads, "format": "pt2" if is_pt2(model) else "torchscript",
-            "p50_ms": pct(0.50), "p90_ms": pct(0.90), "p99_ms": pct(0.99),
-            "mean_ms": statistics.fmean(times)}  # fmt: skip
+    return {
+        "runs": repeat,
+        "threads": threads,
+        "format": "pt2" if is_pt2(model) else "torchscript",
+        "p50_ms": pct(0.50),
+        "p90_ms": pct(0.90),
+        "p99_ms": pct(0.99),
+        "mean_ms": statistics.fmean(times),
+    }
 
 
 def compare_latency(

@@ -191,10 +191,12 @@ def _what_fixed(
     if site is not None and site.layer is not None:
         named = [k for k in kept if k.kind == site.layer] or list(kept)
         which = (
-            "; ".join(f"{k.path or '(the model)'}: {k.described} was kept as it is ({k.refused})"
-                      for k in named)
+            "; ".join(
+                f"{k.path or '(the model)'}: {k.described} was kept as it is ({k.refused})"
+                for k in named
+            )
             or f"a {site.layer}"
-        )  # fmt: skip
+        )
         at = f", called at {site.line}" if site.line else ""
         return (
             f"torch's own {site.layer} fixed `{axes}`{at}: {which}, and torch.export unrolls "

@@ -110,9 +110,15 @@ class OpenInference(Protocol):
         body = self.encode(inputs, binary=wants_binary(inputs) and self.reads_binary())
         extra = {k: v for k, v in body.headers.items() if k != "Content-Type"}
         resp = client.post(
-            server, name, body.content, body.content_type, timeout=timeout, retries=0,
-            headers=extra, version=version,
-        )  # fmt: skip
+            server,
+            name,
+            body.content,
+            body.content_type,
+            timeout=timeout,
+            retries=0,
+            headers=extra,
+            version=version,
+        )
         if resp.status_code != 200:
             raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
         return wire.answer_outputs(resp)

@@ -313,8 +313,10 @@ def _watch(
             )
         if time.monotonic() >= deadline:
             say(f"watched {config.watch_s:g} s: {summary}")
-            say(f"promote with `pipeline rollout --model {config.model} --promote`, or undo with "
-                f"`pipeline rollback --model {config.model}`")  # fmt: skip
+            say(
+                f"promote with `pipeline rollout --model {config.model} --promote`, or undo with "
+                f"`pipeline rollback --model {config.model}`"
+            )
             return state
         time.sleep(0.25)
 
@@ -344,8 +346,13 @@ def _promote(
     return final
 
 
-def rollback(model: str, run_dir: Path, store: Path = paths.DEFAULT_STORE, say: Say = print,
-             timeout_s: float = 180.0) -> int:  # fmt: skip
+def rollback(
+    model: str,
+    run_dir: Path,
+    store: Path = paths.DEFAULT_STORE,
+    say: Say = print,
+    timeout_s: float = 180.0,
+) -> int:
     """Undo the last step: a canary is taken out; else the previous default comes back
     (loaded beside, then all traffic, then the current one unloaded) and the store's
     pointer moves back. With no server running, only the pointer moves. Returns the
@@ -355,8 +362,10 @@ def rollback(model: str, run_dir: Path, store: Path = paths.DEFAULT_STORE, say: 
             server, rt, state = running(Path(run_dir))
         except ServeError:
             pointer = versions.roll_back_pointer(model, store)
-            say(f"no server is running: the store's default for {model} is now version "
-                f"{pointer.default} (served from the next `pipeline serve`)")  # fmt: skip
+            say(
+                f"no server is running: the store's default for {model} is now version "
+                f"{pointer.default} (served from the next `pipeline serve`)"
+            )
             return int(pointer.default or 0)
         names = served_names(server, state, model)
         canary = state.models[names[0]].canary

@@ -64,8 +64,14 @@ class RuntimeNameError(PipelineError):
 # The options every runtime takes (`pipeline serve`'s shared group). A runtime honours each
 # or names it in `Runtime.refuses`, and the CLI refuses it then: none is silently dropped.
 SHARED_OPTIONS = (
-    "host", "port", "tls_cert", "tls_key", "max_request_size", "threads_per_worker", "store"
-)  # fmt: skip
+    "host",
+    "port",
+    "tls_cert",
+    "tls_key",
+    "max_request_size",
+    "threads_per_worker",
+    "store",
+)
 DEFAULT_MAX_REQUEST_SIZE = 4 * 1024 * 1024
 
 

@@ -167,8 +167,12 @@ def within_budget(
                 f"backends whose artifact is within the budget ({words})"
                 + (f"; passed over: {'; '.join(left_out)}" if left_out else "")
             )
-            return {**fastest, **{k: c[k] for k in ("backend", "format") if k in c},
-                    "median_ms": c.get("median_ms", fastest.get("median_ms")), "why": why}  # fmt: skip
+            return {
+                **fastest,
+                **{k: c[k] for k in ("backend", "format") if k in c},
+                "median_ms": c.get("median_ms", fastest.get("median_ms")),
+                "why": why,
+            }
         left_out.append(f"{c.get('backend')} ({fmt}): {words}")
     return None
 

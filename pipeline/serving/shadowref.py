@@ -91,8 +91,14 @@ def run(
             verdict = check(sample, references, Path(run_dir))
         except Exception as err:  # one bad sample must not stop the checks (logged with it)
             log.exception("shadow check of %s failed", sample.model)
-            verdict = Verdict(sample.model, sample.version, sample.format, False, 0.0,
-                              error=f"{type(err).__name__}: {err}")  # fmt: skip
+            verdict = Verdict(
+                sample.model,
+                sample.version,
+                sample.format,
+                False,
+                0.0,
+                error=f"{type(err).__name__}: {err}",
+            )
         verdicts.put(verdict)
 
 
@@ -119,9 +125,14 @@ def check(sample: Sample, references: dict[str, Any], run_dir: Path) -> Verdict:
         log.warning(
             "shadow check: %s version %s (%s) diverged from eager: %s; request id %s, "
             "trace id %s; kept in %s",
-            sample.model, sample.version, sample.format, what, sample.request_id or "-",
-            sample.trace_id or "-", verdict.kept or "(not kept: the folder is full)",
-        )  # fmt: skip
+            sample.model,
+            sample.version,
+            sample.format,
+            what,
+            sample.request_id or "-",
+            sample.trace_id or "-",
+            verdict.kept or "(not kept: the folder is full)",
+        )
     return verdict
 
 
@@ -145,8 +156,10 @@ def _elementwise(
         at = int(np.argmax(used)) if used.size else 0
         if used.size and float(used.flat[at]) > worst:
             worst = float(used.flat[at])
-            said = (f"output {name!r}: max |error| {float(err.max()):.3g} at element {at} uses "
-                    f"{worst:.2f}× its allowance (atol {atol:g} + rtol {rtol:g}·|eager|)")  # fmt: skip
+            said = (
+                f"output {name!r}: max |error| {float(err.max()):.3g} at element {at} uses "
+                f"{worst:.2f}× its allowance (atol {atol:g} + rtol {rtol:g}·|eager|)"
+            )
     return worst, said
 
 
@@ -172,8 +185,10 @@ def _task_level(
         if classifier and ref.ndim == 2:
             agree = ref.argmax(axis=1) == got.argmax(axis=1)
             if not agree.all():
-                return math.inf, (f"output {name!r}: top-1 differs from eager's on "
-                                  f"{int((~agree).sum())} of {agree.size} samples")  # fmt: skip
+                return math.inf, (
+                    f"output {name!r}: top-1 differs from eager's on "
+                    f"{int((~agree).sum())} of {agree.size} samples"
+                )
         sqnr = sqnr_db(torch.from_numpy(ref.astype(np.float64)), torch.from_numpy(got))
         share = 0.0 if sqnr == math.inf else 10 ** ((floor - sqnr) / 10)
         if share > worst:
@@ -201,8 +216,11 @@ def keep(run_dir: Path, sample: Sample, eager: list[np.ndarray], what: str) -> s
     with stem.with_suffix(".npz").open("wb") as fh:  # the inputs alone: verify --inputs reads it
         np.savez(fh, **sample.inputs)
     with Path(f"{stem}.answers.npz").open("wb") as fh:
-        np.savez(fh, **{f"served_{i}": o for i, o in enumerate(sample.outputs)},
-                 **{f"eager_{i}": o for i, o in enumerate(eager)})  # fmt: skip
+        np.savez(
+            fh,
+            **{f"served_{i}": o for i, o in enumerate(sample.outputs)},
+            **{f"eager_{i}": o for i, o in enumerate(eager)},
+        )
     about = asdict(sample) | {"inputs": sorted(sample.inputs), "outputs": len(sample.outputs)}
     about |= {"what": what, "replay": replay_command(sample, stem.with_suffix(".npz"))}
     stem.with_suffix(".json").write_text(json.dumps(about, indent=2) + "\n")
@@ -214,8 +232,10 @@ def replay_command(sample: Sample, npz: Path) -> str:
 
     backend = registry.get(sample.format).backend
     model = _manifest_model(Path(sample.export_dir))
-    return (f"pipeline verify --model {model} --export-dir {sample.export_dir} "
-            f"--backend {backend} --inputs {npz}")  # fmt: skip
+    return (
+        f"pipeline verify --model {model} --export-dir {sample.export_dir} "
+        f"--backend {backend} --inputs {npz}"
+    )
 
 
 def _manifest_model(export_dir: Path) -> str:

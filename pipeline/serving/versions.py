@@ -117,9 +117,12 @@ def get(model: str, number: int, store: Path = paths.DEFAULT_STORE) -> Version:
     held = [v.number for v in versions(model, store)]
     raise VersionError(
         f"{model} has no version {number} in {store}"
-        + (f"; it has {', '.join(map(str, held))}." if held else "; publish one with "
-           f"`pipeline publish --model {model}`.")
-    )  # fmt: skip
+        + (
+            f"; it has {', '.join(map(str, held))}."
+            if held
+            else f"; publish one with `pipeline publish --model {model}`."
+        )
+    )
 
 
 def read_pointer(model: str, store: Path = paths.DEFAULT_STORE) -> Pointer:

@@ -38,9 +38,14 @@ def capture_rng(loader_generator: torch.Generator) -> dict[str, Any]:
         "torch": torch.get_rng_state(),
         "loader": loader_generator.get_state(),
         "python": dict(zip(("version", "state", "gauss"), _python_rng(), strict=True)),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
-    }  # fmt: skip
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        },
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state

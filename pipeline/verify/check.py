@@ -233,9 +233,13 @@ def _detection_row(
     else:
         kind = Kind.PASS
     c = Comparison(
-        v.box_err, v.score_err, kind is Kind.PASS, "" if kind is Kind.PASS else v.problem(), kind,
+        v.box_err,
+        v.score_err,
+        kind is Kind.PASS,
+        "" if kind is Kind.PASS else v.problem(),
+        kind,
         vacuous=kind is Kind.VACUOUS,
-    )  # fmt: skip
+    )
     return Row.of(who, label, "detections", c, detect.BOX_ATOL, 0.0)
 
 

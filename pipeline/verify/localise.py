@@ -346,16 +346,27 @@ def _onnx(
         if fused:
             detail += f", which also computes {fused}: the exporter fused them"
     div = Divergence(
-        call.path, type(call.module).__name__, value, c.max_abs, c.max_rel,
-        problem=problem(c), detail=detail,
-    )  # fmt: skip
+        call.path,
+        type(call.module).__name__,
+        value,
+        c.max_abs,
+        c.max_rel,
+        problem=problem(c),
+        detail=detail,
+    )
     subgraph = None
     if bisect_dir is not None:
         known = {**feed, **{k: a for k, a in eager.items() if k != value}}
         found = isolate(
-            model, value, known, eager[value], atol, rtol, Path(bisect_dir),
+            model,
+            value,
+            known,
+            eager[value],
+            atol,
+            rtol,
+            Path(bisect_dir),
             f"{model_slug(exported.name)}_{call.path or 'model'}",
-        )  # fmt: skip
+        )
         subgraph = found.path
         notes.append(f"bisect: {found.note}")
     return Localisation(name, True, div, len(pairs), "; ".join(notes), subgraph)

@@ -127,6 +127,22 @@ def test_modules_are_small(module: str) -> None:
     assert lines <= MAX_LINES, f"{MODULES[module]} has {lines} lines (at most {MAX_LINES})"
 
 
+# A module is split by responsibility, not squeezed under MAX_LINES by hand-packed lines
+# the formatter is told to leave alone (issue 50: there were 94).
+MAX_FMT_SKIPS = 20
+
+
+def test_modules_are_not_squeezed_to_fit() -> None:
+    skips = {
+        str(path): text.count("# fmt: skip")
+        for path in MODULES.values()
+        if "# fmt: skip" in (text := path.read_text(encoding="utf-8"))
+    }
+    offs = [str(p) for p in MODULES.values() if "# fmt: off" in p.read_text(encoding="utf-8")]
+    assert sum(skips.values()) < MAX_FMT_SKIPS, skips
+    assert not offs, offs
+
+
 def _runtime_literals() -> tuple[str, ...]:
     from pipeline.serving import runtime
 

@@ -71,9 +71,12 @@ def main() -> None:
     parser.add_argument("--fast-queue", action="store_true")
     args = parser.parse_args()
     api = OnnxAPI(
-        args.onnx, args.name, args.threads,
-        max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout,
-    )  # fmt: skip
+        args.onnx,
+        args.name,
+        args.threads,
+        max_batch_size=args.max_batch_size,
+        batch_timeout=args.batch_timeout,
+    )
     server = ls.LitServer(
         api, accelerator="cpu", workers_per_device=args.workers, fast_queue=args.fast_queue
     )

@@ -94,8 +94,12 @@ def peer_targets(
 
 
 def _c8_where(a: dict, b: dict, peer: str, model_ms: float | None, in_process: str) -> str:
-    parts = (f"a request at concurrency 8 (1000 / req/s): {_own(_per_request_ms(a), model_ms, 'ours')}",
-             _own(_per_request_ms(b), model_ms, peer), in_process, _split(a))  # fmt: skip
+    parts = (
+        f"a request at concurrency 8 (1000 / req/s): {_own(_per_request_ms(a), model_ms, 'ours')}",
+        _own(_per_request_ms(b), model_ms, peer),
+        in_process,
+        _split(a),
+    )
     return "; ".join(p for p in parts if p)
 
 

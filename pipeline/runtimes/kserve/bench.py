@@ -66,9 +66,12 @@ def bench_kserve(
     workers = 1
     if settings.tune:  # how many processes serve this model best here, then serve with that
         found = sweep.sweep(
-            model, exported, requests=settings.requests_per_level,
-            budget_s=settings.level_budget_s, timeout=timeout,
-        )  # fmt: skip
+            model,
+            exported,
+            requests=settings.requests_per_level,
+            budget_s=settings.level_budget_s,
+            timeout=timeout,
+        )
         if found is not None:
             workers = found["best"]
             if settings.out_dir is not None:
@@ -94,17 +97,30 @@ def bench_kserve(
             )
             return [
                 load.sequential_point(
-                    lat, failed, backend=_backend(fmt), first_request_ms=first[fmt],
-                    model=model, batching=BATCHING,
+                    lat,
+                    failed,
+                    backend=_backend(fmt),
+                    first_request_ms=first[fmt],
+                    model=model,
+                    batching=BATCHING,
                 )
                 for fmt, (lat, failed) in got.items()
-            ]  # fmt: skip
+            ]
 
         live = [f for f in names if f in first]
         points = load.every_level(
-            server, names, live, body, settings, at_one=at_one, backend=_backend,
-            timeout=timeout, model=model, batching=BATCHING, probe=split.scraper(server),
-        )  # fmt: skip
+            server,
+            names,
+            live,
+            body,
+            settings,
+            at_one=at_one,
+            backend=_backend,
+            timeout=timeout,
+            model=model,
+            batching=BATCHING,
+            probe=split.scraper(server),
+        )
         return points, skipped
 
 
@@ -184,13 +200,21 @@ def targets(cells: list[dict], served: list[dict]) -> list[dict[str, Any]]:
             for other, title in others.items():
                 out += versus(
                     f"{model} kserve/{fmt.key}: throughput at concurrency 8 ≥ 3× {title}'s (archive defaults)",
-                    k8, served_at(served, model, fmt.key, 8, "on", other), "throughput", 3.0,
-                    at_least=True, shown="{a:.0f} vs {b:.0f} requests/s",
-                )  # fmt: skip
+                    k8,
+                    served_at(served, model, fmt.key, 8, "on", other),
+                    "throughput",
+                    3.0,
+                    at_least=True,
+                    shown="{a:.0f} vs {b:.0f} requests/s",
+                )
             if model == RESNET:
                 out += versus(
                     f"{model} kserve/{fmt.key}: throughput at concurrency 8 ≥ 0.9× in-process {fmt.backend} (batch 1)",
-                    k8, cell(cells, model, fmt.backend, 1), "throughput", 0.9,
-                    at_least=True, shown="{a:.1f} vs {b:.1f} samples/s",
-                )  # fmt: skip
+                    k8,
+                    cell(cells, model, fmt.backend, 1),
+                    "throughput",
+                    0.9,
+                    at_least=True,
+                    shown="{a:.1f} vs {b:.1f} samples/s",
+                )
     return out

@@ -152,8 +152,10 @@ def encode(
     for name in asked or arrays:
         array = np.ascontiguousarray(arrays[name])
         item: dict[str, Any] = {
-            "name": name, "datatype": oip.datatype_of(array.dtype), "shape": list(array.shape)
-        }  # fmt: skip
+            "name": name,
+            "datatype": oip.datatype_of(array.dtype),
+            "shape": list(array.shape),
+        }
         if asked.get(name, {}).get("binary_data", default_binary):
             raw = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
             item["parameters"] = {"binary_data_size": len(raw)}

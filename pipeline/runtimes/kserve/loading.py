@@ -59,8 +59,11 @@ def load(export_dir: Path, fmt: str, threads: int) -> Loaded:
     if _descriptor(fmt, manifest).torch_free:
         log.warning(
             "%s has no %s (exported before it existed): serving %s through torch; "
-            "re-export to serve it torch-free", export_dir, WARMUP_KEY, fmt,
-        )  # fmt: skip
+            "re-export to serve it torch-free",
+            export_dir,
+            WARMUP_KEY,
+            fmt,
+        )
     return _load_torch(export_dir, fmt, threads)
 
 

@@ -35,8 +35,23 @@ BATCH_SIZE = Histogram(
 # The server's own split of a request's time, per model and format (Triton's
 # perf_analyzer splits the same way): decode (body to checked arrays), queue (waiting
 # for the model), compute (the forward pass it was part of) and encode (the answer).
-_STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                  0.25, 0.5, 1.0, 2.5, 5.0)  # fmt: skip
+_STAGE_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
 STAGES = {
     stage: Histogram(
         f"pipeline_kserve_{stage}_seconds", what, ["model_name", "format"], buckets=_STAGE_BUCKETS
@@ -101,8 +116,9 @@ class ExportModel(kserve.Model):
             histogram.observe(size)
             passes.inc()
 
-        self.stages = {k: h.labels(model_name=served.name, format=served.format)
-                       for k, h in STAGES.items()}  # fmt: skip
+        self.stages = {
+            k: h.labels(model_name=served.name, format=served.format) for k, h in STAGES.items()
+        }
         queue, compute = self.stages["queue"], self.stages["compute"]
 
         def timed(waited_s: float, took_s: float) -> None:
@@ -123,9 +139,12 @@ class ExportModel(kserve.Model):
         WARMED.labels(model_name=served.name).set(1)
         log.info(
             "%s (%s, %s, version %s) loaded and warmed up%s",
-            served.name, served.format, served.export_dir, self.version,
+            served.name,
+            served.format,
+            served.export_dir,
+            self.version,
             " (torch-free)" if self.torch_free else "",
-        )  # fmt: skip
+        )
         self.ready = True
 
     def get_input_types(self) -> list[dict[str, Any]]:
@@ -208,10 +227,17 @@ class ExportModel(kserve.Model):
         if tracer is None or not done.size:
             return
         tracer.record("queue", done.queued, done.began)
-        tracer.record("forward", done.began, done.began + done.took, {
-            "model.name": self.name, "model.version": self.version,
-            "model.format": self.format, "batch.size": done.size,
-        })  # fmt: skip
+        tracer.record(
+            "forward",
+            done.began,
+            done.began + done.took,
+            {
+                "model.name": self.name,
+                "model.version": self.version,
+                "model.format": self.format,
+                "batch.size": done.size,
+            },
+        )
 
     def observe(self, stage: str, seconds: float) -> None:
         """A request's time in `stage` ("decode" or "encode"; the batcher times the rest),

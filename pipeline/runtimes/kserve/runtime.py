@@ -85,11 +85,15 @@ log = logging.getLogger("pipeline.runtimes.kserve")
 MULTIPROCESS = bool(os.environ.get(MULTIPROC_ENV))
 # One line per live runtime process: its slot and pid (multiprocess mode adds the pid).
 WORKER = (
-    Gauge("pipeline_kserve_worker", "1 per live runtime process", ["slot"],
-          multiprocess_mode="liveall")
+    Gauge(
+        "pipeline_kserve_worker",
+        "1 per live runtime process",
+        ["slot"],
+        multiprocess_mode="liveall",
+    )
     if MULTIPROCESS
     else Gauge("pipeline_kserve_worker", "1 per runtime process: its slot and pid", ["slot", "pid"])
-)  # fmt: skip
+)
 GRACE_S = 5  # seconds the servers get to finish requests on SIGTERM
 
 

@@ -81,8 +81,12 @@ class Shadow:
             self.process.kill()
             raise RuntimeError(f"the shadow check's reference process did not start ({said!r})")
         self.draining: asyncio.Task[None] | None = None
-        log.info("shadow check: %.3g of requests, at most %g a second (pid %d)",
-                 rate, max_rate, self.process.pid)  # fmt: skip
+        log.info(
+            "shadow check: %.3g of requests, at most %g a second (pid %d)",
+            rate,
+            max_rate,
+            self.process.pid,
+        )
 
     def offer(
         self,
@@ -97,8 +101,16 @@ class Shadow:
             return
         if self.draining is None:  # started lazily: there is no loop before the server runs
             self.draining = asyncio.get_running_loop().create_task(self._drain())
-        sample = Sample(model.name, model.version, model.format, model.export_dir,
-                        arrays, outputs, request_id, trace_id)  # fmt: skip
+        sample = Sample(
+            model.name,
+            model.version,
+            model.format,
+            model.export_dir,
+            arrays,
+            outputs,
+            request_id,
+            trace_id,
+        )
         try:
             self.samples.put_nowait(sample)
         except queue.Full:

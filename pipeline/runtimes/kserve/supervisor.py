@@ -160,8 +160,11 @@ class Supervisor:
             new = self._spawn(slot)
             log.warning(
                 "worker %d (pid %d) exited with %s; started pid %d in its place",
-                slot, proc.pid, _status(code), new.pid,
-            )  # fmt: skip
+                slot,
+                proc.pid,
+                _status(code),
+                new.pid,
+            )
         return None
 
     def _stop_workers(self) -> None:

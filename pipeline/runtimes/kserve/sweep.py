@@ -102,9 +102,17 @@ def sweep(
                 load.check_answer(server, "sweep", body, expected)
                 for level in LEVELS:
                     point = load.measure(
-                        server, "sweep", body, level, requests, timeout, budget_s,
-                        model=model, backend=f"kserve/{fmt}", batching="on",
-                    )  # fmt: skip
+                        server,
+                        "sweep",
+                        body,
+                        level,
+                        requests,
+                        timeout,
+                        budget_s,
+                        model=model,
+                        backend=f"kserve/{fmt}",
+                        batching="on",
+                    )
                     points.append({"workers": workers, "threads": threads} | point.to_json())
         except ServeError as err:
             log.warning("%d worker(s) did not start for %s: %s", workers, model, err)

@@ -80,8 +80,11 @@ class TracingInterceptor(grpc.aio.ServerInterceptor):
         inner, tracer = handler.unary_unary, self.tracer
 
         async def traced(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            attributes = {"rpc.system": "grpc", "rpc.method": "ModelInfer",
-                          "model.name": getattr(request, "model_name", "")}  # fmt: skip
+            attributes = {
+                "rpc.system": "grpc",
+                "rpc.method": "ModelInfer",
+                "model.name": getattr(request, "model_name", ""),
+            }
             with tracer.server_span(
                 "grpc ModelInfer", carrier, attributes, start_time=began_ns
             ) as span:

@@ -161,10 +161,15 @@ def settings_of(mar: Path) -> dict[str, object]:
             found = yaml.safe_load(zf.read("model-config.yaml")) or {}
     except (OSError, KeyError, ValueError, zipfile.BadZipFile, yaml.YAMLError):
         return {}
-    names = {"minWorkers": "min_workers", "maxWorkers": "max_workers",
-             "batchSize": "batch_size", "maxBatchDelay": "max_batch_delay_ms",
-             "responseTimeout": "response_timeout_s", "startupTimeout": "startup_timeout_s",
-             "deviceType": "device"}  # fmt: skip
+    names = {
+        "minWorkers": "min_workers",
+        "maxWorkers": "max_workers",
+        "batchSize": "batch_size",
+        "maxBatchDelay": "max_batch_delay_ms",
+        "responseTimeout": "response_timeout_s",
+        "startupTimeout": "startup_timeout_s",
+        "deviceType": "device",
+    }
     return {field: found[key] for key, field in names.items() if key in found}
 
 

@@ -155,9 +155,14 @@ def _measure_server(
     """One private server's formats (format → archive name in `names`): first answers
     checked, then every level."""
     first = first_answers(
-        server, names, body, expected, skipped, model=model,
+        server,
+        names,
+        body,
+        expected,
+        skipped,
+        model=model,
         backend=lambda fmt: f"{NAME}/{fmt} (batching {mode})",
-    )  # fmt: skip
+    )
 
     def at_one(order: list[str]) -> list[ServedPoint]:
         # the gateway and TorchServe's own port, alternately, format by format
@@ -165,17 +170,32 @@ def _measure_server(
             point
             for fmt in order
             for point in _sequential_pair(
-                server, names[fmt], body, settings.requests_per_level, settings.level_budget_s,
-                fmt=fmt, first_ms=first[fmt], model=model, batching=mode,
+                server,
+                names[fmt],
+                body,
+                settings.requests_per_level,
+                settings.level_budget_s,
+                fmt=fmt,
+                first_ms=first[fmt],
+                model=model,
+                batching=mode,
             )
-        ]  # fmt: skip
+        ]
 
     live = [f for f in names if f in first]
     return every_level(
-        server, names, live, body, settings, at_one=at_one,
-        backend=lambda fmt: f"{NAME}/{fmt}", timeout=timeout, model=model, batching=mode,
+        server,
+        names,
+        live,
+        body,
+        settings,
+        at_one=at_one,
+        backend=lambda fmt: f"{NAME}/{fmt}",
+        timeout=timeout,
+        model=model,
+        batching=mode,
         probe=split.scraper(server, split.parse_torchserve),
-    )  # fmt: skip
+    )
 
 
 def targets(cells: list[dict], served: list[dict]) -> list[dict[str, Any]]:
@@ -190,9 +210,13 @@ def _serving_cost(cells: list[dict], served: list[dict]) -> list[dict[str, Any]]
     for fmt in formats:
         out += versus(
             f"TorchServe/{fmt.key} at concurrency 8, resnet18: ≥ 85% of in-process {fmt.backend} throughput (batch 1)",
-            served_at(served, RESNET, fmt.key, 8, "on", NAME), cell(cells, RESNET, fmt.backend, 1),
-            "throughput", 0.85, at_least=True, shown="{a:.1f} vs {b:.1f} samples/s",
-        )  # fmt: skip
+            served_at(served, RESNET, fmt.key, 8, "on", NAME),
+            cell(cells, RESNET, fmt.backend, 1),
+            "throughput",
+            0.85,
+            at_least=True,
+            shown="{a:.1f} vs {b:.1f} samples/s",
+        )
     for model in dict.fromkeys(s["model"] for s in served):
         for fmt in formats:
             # The single-threaded twin where there is one: the workers run one thread.
@@ -202,9 +226,13 @@ def _serving_cost(cells: list[dict], served: list[dict]) -> list[dict[str, Any]]
             threads = inproc["threads"] if inproc else 0
             out += versus(
                 f"{model} TorchServe/{fmt.key} added p50 latency at concurrency 1 ≤ 5 ms (vs in-process, {threads} thread(s) like the worker)",
-                served_at(served, model, fmt.key, 1, "off", NAME), inproc, "median_ms", 5.0,
-                difference=True, shown="{a:.2f} vs {b:.2f} ms in-process",
-            )  # fmt: skip
+                served_at(served, model, fmt.key, 1, "off", NAME),
+                inproc,
+                "median_ms",
+                5.0,
+                difference=True,
+                shown="{a:.2f} vs {b:.2f} ms in-process",
+            )
     return out
 
 
@@ -223,20 +251,34 @@ def _edges(served: list[dict]) -> list[dict[str, Any]]:
             p50 = "p50 at concurrency 1"
             out += versus(
                 f"{model} {fmt.key}: served {p50} (archive defaults, through the gateway) ≤ 1.1× TorchServe's own port with batching off",
-                on1, direct_off, "median_ms", 1.1,
-            )  # fmt: skip
+                on1,
+                direct_off,
+                "median_ms",
+                1.1,
+            )
             out += versus(
                 f"{model} {fmt.key}: a lone request waits ≤ 1 ms for a batch ({p50}, archive defaults − batching off, both through the gateway)",
-                on1, off1, "median_ms", 1.0, difference=True,
-            )  # fmt: skip
+                on1,
+                off1,
+                "median_ms",
+                1.0,
+                difference=True,
+            )
             out += versus(
                 f"{model} {fmt.key}: gateway cost ≤ 0.5 ms ({p50}, gateway − TorchServe's own port, batching off)",
-                off1, direct_off, "median_ms", 0.5, difference=True,
-            )  # fmt: skip
+                off1,
+                direct_off,
+                "median_ms",
+                0.5,
+                difference=True,
+            )
             out += versus(
                 f"{model} {fmt.key}: throughput at concurrency 8 with the archive defaults ≥ the old defaults (batch 8, 10 ms)",
                 served_at(served, model, fmt.key, 8, "on", NAME),
                 served_at(served, model, fmt.key, 8, "old", NAME),
-                "throughput", 1.0, at_least=True, shown="{a:.0f} vs {b:.0f} requests/s",
-            )  # fmt: skip
+                "throughput",
+                1.0,
+                at_least=True,
+                shown="{a:.0f} vs {b:.0f} requests/s",
+            )
     return out

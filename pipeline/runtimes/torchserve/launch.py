@@ -356,8 +356,14 @@ def describe(server: Server) -> list[str]:
         lines.append(f"NOT serving (failed to load, see the log): {', '.join(server.failed)}")
     workers, worker_mb, total_mb = footprint(server)
     said = server.extras.get("shadow")
-    shadow = [f"  shadow:     {said}; pipeline_shadow_* on the metrics, divergences in "
-              f"{run_dir / 'shadow'}"] if said else []  # fmt: skip
+    shadow = (
+        [
+            f"  shadow:     {said}; pipeline_shadow_* on the metrics, divergences in "
+            f"{run_dir / 'shadow'}"
+        ]
+        if said
+        else []
+    )
     return [
         *lines,
         f"TorchServe is up (pid {server.pid}), serving: {', '.join(server.models)}",

@@ -92,10 +92,16 @@ def apply_live(server: Server, state: live.LiveState, timeout_s: float) -> None:
                 continue
             mar = _archive(name, where, store)
             answer = management(
-                server, "POST", "/models", timeout=REGISTER_TIMEOUT_S,
-                params={"url": f"file://{mar.resolve()}", "initial_workers": workers,
-                        "synchronous": "true"},
-            )  # fmt: skip
+                server,
+                "POST",
+                "/models",
+                timeout=REGISTER_TIMEOUT_S,
+                params={
+                    "url": f"file://{mar.resolve()}",
+                    "initial_workers": workers,
+                    "synchronous": "true",
+                },
+            )
             if not answer.is_success:
                 raise live.LiveError(
                     f"TorchServe did not register {name} version {number}: "

@@ -65,9 +65,14 @@ class TorchServeProtocol(Protocol):
 
         body = self.encode(inputs, binary=wants_binary(inputs))
         resp = post(
-            server, name, body.content, body.content_type, timeout=timeout, retries=0,
+            server,
+            name,
+            body.content,
+            body.content_type,
+            timeout=timeout,
+            retries=0,
             version=version,
-        )  # fmt: skip
+        )
         if resp.status_code != 200:
             raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
         # numpy keeps JSON's numbers whole (float64, int64, bool) until the caller casts.
