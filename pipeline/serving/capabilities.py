@@ -1,8 +1,8 @@
 """What a runtime may offer beyond the core (pipeline.serving.runtime.Runtime).
 
 The core is what every runtime must do. Each capability here is an object a runtime
-holds or does not: `Runtime.versions`, `.shadow`, `.bench_report`, `.deploy` and
-`.packaging` are None when the runtime does not offer it, which is the one way a
+holds or does not: `Runtime.versions`, `.shadow`, `.bench_report`, `.deploy`,
+`.packaging` and `.commands` are None when the runtime does not offer it, which is the one way a
 runtime says "not supported" (the commands that need one refuse, naming the runtime).
 A runtime implements only what it offers, as KServe's Python server leaves a model's
 `explain` out, and LitServe's `LitSpec` adds routes to a `LitAPI` only where one asks.
@@ -92,6 +92,15 @@ class Deploy(abc.ABC):
     @abc.abstractmethod
     def add_command(self, sub: argparse._SubParsersAction) -> None:
         """Add the `pipeline deploy` subcommand."""
+
+
+class Commands(abc.ABC):
+    """Top-level `pipeline` subcommands only this runtime has (TorchServe's `archive`)."""
+
+    @abc.abstractmethod
+    def add(self, sub: argparse._SubParsersAction, formats: list[str]) -> None:
+        """Add the subcommands; `formats`: the format registry's keys (--format choices).
+        Light: the CLI builds its help from them without importing torch."""
 
 
 class Packaging(abc.ABC):

@@ -43,6 +43,7 @@ from pipeline.core.paths import DEFAULT_STORE
 from pipeline.serving.capabilities import (
     DEFAULT_PRIVATE,
     BenchReport,
+    Commands,
     Deploy,
     Packaging,
     PrivateSettings,
@@ -208,6 +209,7 @@ class Runtime(abc.ABC):
     bench_report: ClassVar[BenchReport | None] = None  # bench.md notes and targets
     deploy: ClassVar[Deploy | None] = None  # `pipeline deploy <name>`
     packaging: ClassVar[Packaging | None] = None  # a package another system serves
+    commands: ClassVar[Commands | None] = None  # its own `pipeline` subcommands
 
     # -- the core -------------------------------------------------------------------
     @abc.abstractmethod

@@ -18,6 +18,7 @@ CAPABILITIES = {
     "bench_report": capabilities.BenchReport,
     "deploy": capabilities.Deploy,
     "packaging": capabilities.Packaging,
+    "commands": capabilities.Commands,
 }
 
 
@@ -60,4 +61,5 @@ def test_each_capability_a_runtime_offers_is_of_its_type() -> None:
         "bench_report": ["torchserve", "kserve"],
         "deploy": ["kserve"],
         "packaging": ["torchserve"],
+        "commands": ["torchserve"],
     }

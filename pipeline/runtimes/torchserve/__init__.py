@@ -26,6 +26,7 @@ from pipeline.serving import runtime, shadowopts
 from pipeline.serving.capabilities import (
     DEFAULT_PRIVATE,
     BenchReport,
+    Commands,
     Packaging,
     PrivateSettings,
     Shadow,
@@ -83,6 +84,13 @@ class _Packaging(Packaging):
         return mar
 
 
+class _Commands(Commands):
+    def add(self, sub: argparse._SubParsersAction, formats: list[str]) -> None:
+        from pipeline.runtimes.torchserve.cli import add_archive_command
+
+        add_archive_command(sub, formats)
+
+
 class TorchServe(runtime.Runtime):
     name = NAME
     title = "TorchServe"
@@ -96,6 +104,7 @@ class TorchServe(runtime.Runtime):
     shadow = Shadow()
     bench_report = _BenchReport()
     packaging = _Packaging()  # KServe's kserve-torchserve ServingRuntime runs its .mar
+    commands = _Commands()  # `pipeline archive`
 
     def add_serve_options(self, group: argparse._ArgumentGroup, formats: list[str]) -> None:
         group.add_argument(
