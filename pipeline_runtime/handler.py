@@ -21,7 +21,9 @@ records `HandlerTime`); this class fills in the steps:
 * `describe_handle`: the model's I/O contract, for TorchServe's
   `GET /models/<name>?customized=true`.
 
-A format's handler file (handlers/) only names its format key.
+A format's handler, `<key>_handler.py`, only names its format key: `pipeline archive`
+writes it into each archive (pipeline.runtimes.torchserve.archive.handler_source), and
+the format's descriptor (pipeline_runtime.formats) picks the loader.
 """
 
 from __future__ import annotations

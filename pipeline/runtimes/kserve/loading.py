@@ -38,7 +38,10 @@ class Loaded:
 
 
 def _descriptor(fmt: str, manifest: Manifest) -> formats.Descriptor:
-    return formats.of(fmt, manifest.artifact(fmt).details)
+    try:
+        return formats.of(fmt, manifest.artifact(fmt).details)
+    except formats.UnknownFormatError as err:  # a format this worker cannot know how to run
+        raise ArtifactError(str(err.args[0])) from None
 
 
 def lean(fmt: str, manifest: Manifest) -> bool:
