@@ -67,9 +67,10 @@ def served_backends(
     model; StaleServerError, saying which is older and what to run, when what it loaded at
     start (its record, not the export folder as it is now) came from another export."""
     rt = runtime.of(server)
+    title = rt.title[:1].upper() + rt.title[1:]  # "the KServe runtime" opens a sentence
     if not server.alive():
         raise ServeError(
-            f"{rt.title[0].upper()}{rt.title[1:]} recorded in {server.run_dir} is not running; "
+            f"{title} recorded in {server.run_dir} is not running; "
             f"start it with `pipeline serve --runtime {rt.name}`."
         )
     mine = server.archives_of(manifest.model.name)
@@ -79,7 +80,7 @@ def served_backends(
         raise served.StaleServerError(stale)
     if not mine:
         raise ServeError(
-            f"{rt.title[0].upper()}{rt.title[1:]} in {server.run_dir} does not serve {model}; "
+            f"{title} in {server.run_dir} does not serve {model}; "
             f"serve it with `{rt.fix_command(model)}`."
         )
     return [
