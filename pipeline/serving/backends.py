@@ -73,7 +73,7 @@ def served_backends(
             f"{title} recorded in {server.run_dir} is not running; "
             f"start it with `pipeline serve --runtime {rt.name}`."
         )
-    mine = server.archives_of(manifest.model.name)
+    mine = server.served_of(manifest.model.name)
     where = Path(export_dir) if export_dir else Path(f"the export of {model}")
     stale = served.stale_of(mine, manifest, where, runtime=server.runtime)
     if stale:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 import httpx
@@ -75,9 +75,7 @@ def _context(ca_file: str) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=ca_file)
 
 
-def _headers(
-    server: Server, api: Literal["inference", "management"], token: str | None = None
-) -> dict[str, str]:
+def _headers(server: Server, api: str, token: str | None = None) -> dict[str, str]:
     token = token if token is not None else server.keys()[api]
     return {"Authorization": f"Bearer {token}"} if token else {}
 
@@ -288,8 +286,9 @@ def post(
     return answer.response
 
 
-def auth_headers(server: Server, api: Literal["inference", "management"]) -> dict[str, str]:
-    """The Authorization header for `server`'s `api` (its recorded key), or none."""
+def auth_headers(server: Server, api: str) -> dict[str, str]:
+    """The Authorization header for `server`'s `api` (its recorded key: "inference", or
+    one of the runtime's own, `Server.key_files`), or none."""
     return _headers(server, api)
 
 
@@ -332,22 +331,22 @@ def read_request_file(path: Path) -> tuple[bytes, str]:
 
 
 def resolve_model(server: Server, model: str, fmt: str | None = None) -> str:
-    """The served archive for `model`: an archive name as given, or the archive of a model
+    """The served name for `model`: a served name as given, or that of a model
     (as its export names it, or by its folder name: my_model_MyModel for
     models/my_model.py:MyModel, as `pipeline serve --models` takes it) that serve recorded,
     in format `fmt` or, when the model is served in several, the first in registry order
     (TorchScript, the reference)."""
     if model in server.models and fmt is None:
         return model
-    found = server.archives_of(model)
+    found = server.served_of(model)
     if not found:
-        by_slug = {paths.model_slug(info.model): info.model for info in server.archives.values()}
+        by_slug = {paths.model_slug(info.model): info.model for info in server.served.values()}
         if model in by_slug:
-            found = server.archives_of(by_slug[model])
+            found = server.served_of(by_slug[model])
     if fmt is not None:
         found = {name: info for name, info in found.items() if info.format == fmt}
     if found:
-        return next(iter(found))  # archives_of lists them in registry order
+        return next(iter(found))  # served_of lists them in registry order
     what = f"{model} as {fmt}" if fmt else model
     raise ClientError(f"The server does not serve {what}; it serves {', '.join(server.models)}.")
 

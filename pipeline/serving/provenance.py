@@ -1,18 +1,18 @@
 """What a server serves of a model, and where it came from (runtime-neutral).
 
-`ArchiveInfo` is one served model's provenance: which model and format, the
+`ServedInfo` is one served model's provenance: which model and format, the
 artifact's and the checkpoint's sha256, when it was exported and, when
-`pipeline bench` measured the model, its fastest verified backend. TorchServe's
-archives carry it as `archive.json`; every runtime records it per served name
-in `server.json`, so clients find a model's served name by model and format and
-`served.stale` can tell a stale server from a wrong one.
+`pipeline bench` measured the model, its fastest verified backend. Every runtime
+records it per served name in `server.json` (TorchServe's archives also carry it
+inside, pipeline.runtimes.torchserve.store.read_info), so clients find a model's
+served name by model and format and `served.stale` can tell a stale server from a
+wrong one.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,12 +22,10 @@ from pipeline_runtime.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
-ARCHIVE_INFO = "archive.json"
-
 
 @dataclass(frozen=True)
-class ArchiveInfo:
-    """`archive.json`: what an archive holds, for serve and the client."""
+class ServedInfo:
+    """What a served name holds and where it came from, for serve and the client."""
 
     model: str  # as the export names it: "digits_lenet", "torchvision:resnet18"
     format: str  # registry key
@@ -45,9 +43,9 @@ class ArchiveInfo:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: Any) -> ArchiveInfo:
+    def from_json(cls, data: Any) -> ServedInfo:
         if not isinstance(data, dict) or not {"model", "format"} <= set(data):
-            raise ValueError(f"not an {ARCHIVE_INFO} record: {data!r}")
+            raise ValueError(f"not a served model's record: {data!r}")
         fastest = data.get("fastest")
         return cls(
             model=str(data["model"]),
@@ -62,7 +60,7 @@ class ArchiveInfo:
     @classmethod
     def of(
         cls, manifest: Manifest, fmt: str, fastest: dict[str, Any] | None = None, why: str = ""
-    ) -> ArchiveInfo:
+    ) -> ServedInfo:
         """The record of `manifest`'s `fmt` artifact."""
         return cls(
             model=manifest.model.name,
@@ -73,15 +71,6 @@ class ArchiveInfo:
             exported=manifest.created,
             why=why,
         )
-
-    @classmethod
-    def read(cls, mar: Path) -> ArchiveInfo | None:
-        """The `archive.json` inside `mar`; None for an archive without one (another tool's)."""
-        try:
-            with zipfile.ZipFile(mar) as zf:
-                return cls.from_json(json.loads(zf.read(ARCHIVE_INFO)))
-        except (OSError, KeyError, ValueError, zipfile.BadZipFile):
-            return None
 
 
 def default_bench_results(artifacts_dir: Path | None = None) -> Path | None:

@@ -132,7 +132,7 @@ def served_names(server: Server, state: live.LiveState, model: str) -> list[str]
     names = [
         n
         for n in state.models
-        if (info := server.archives.get(n)) is not None and info.model == model
+        if (info := server.served.get(n)) is not None and info.model == model
     ]
     if not names:
         raise PipelineError(

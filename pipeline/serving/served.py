@@ -3,7 +3,7 @@
 One rule picks the format everywhere: `pipeline serve` (which archive of a model
 to start), `loadtest --serve` (which format its private server archives) and the
 clients (`infer`, `loadtest`, `verify --backend torchserve`, through
-`Server.archives_of` and `client.resolve_model`): the fastest verified backend
+`Server.served_of` and `client.resolve_model`): the fastest verified backend
 `pipeline bench` measured when it was archived, else the first format in
 registry order (TorchScript, the reference serialisation).
 
@@ -26,7 +26,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.manifest import MANIFEST_NAME, read_manifest
 from pipeline.formats import base as registry
 from pipeline.serving import runtime as runtimes
-from pipeline.serving.provenance import ArchiveInfo, fastest_entry
+from pipeline.serving.provenance import ServedInfo, fastest_entry
 from pipeline.serving.server import ServeError, Server
 from pipeline_runtime import jitgate
 from pipeline_runtime.manifest import ArtifactRecord, Manifest
@@ -190,7 +190,7 @@ def _origin(when: str, checkpoint: str) -> str:
 
 def stale(
     archive: str,
-    info: ArchiveInfo,
+    info: ServedInfo,
     manifest: Manifest,
     export_dir: Path,
     *,
@@ -220,7 +220,7 @@ def stale(
 
 
 def stale_of(
-    archives: dict[str, ArchiveInfo],
+    archives: dict[str, ServedInfo],
     manifest: Manifest,
     export_dir: Path,
     *,
@@ -240,15 +240,15 @@ def served_freshness(
 ) -> tuple[bool | None, str]:
     """`freshness` of served `archive` against its model's export under `artifacts_dir`
     (the default artifacts folder when None); (None, "") for one that records no model."""
-    info = server.archives.get(archive)
+    info = server.served.get(archive)
     if info is None:
         return None, ""
     export_dir = paths.export_dir(info.model, artifacts_dir)
-    return freshness(server.archives, archive, export_dir, server.runtime)
+    return freshness(server.served, archive, export_dir, server.runtime)
 
 
 def freshness(
-    archives: dict[str, ArchiveInfo],
+    archives: dict[str, ServedInfo],
     archive: str,
     export_dir: Path,
     runtime: str | None = None,
@@ -282,8 +282,8 @@ def choice_lines(server: Server, artifacts_dir: Path | None = None) -> list[str]
     fastest within the accuracy budget, or the registry's first). Models served in
     every format, or by archive name, say so."""
     lines = []
-    for model in sorted({info.model for info in server.archives.values()}):
-        mine = server.archives_of(model)
+    for model in sorted({info.model for info in server.served.values()}):
+        mine = server.served_of(model)
         if len(mine) != 1:
             lines.append(f"{model}: {len(mine)} formats served ({', '.join(mine)}), as asked")
             continue
@@ -300,7 +300,7 @@ def why_served(manifest: Manifest, fmt: str, fastest: dict[str, Any] | None) -> 
     return why if default == fmt else f"chosen by name ({default} would be the default: {why})"
 
 
-def _why_served(info: ArchiveInfo, artifacts_dir: Path | None) -> str:
+def _why_served(info: ServedInfo, artifacts_dir: Path | None) -> str:
     if info.why:  # said when it was chosen, the manifest at hand
         return info.why
     fastest = info.fastest or fastest_entry(info.model, None)

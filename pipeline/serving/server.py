@@ -3,14 +3,12 @@
 The record is what every client of the server starts from (infer, verify's
 served backends, loadtest, bench, stop): its URLs, the processes to
 recognise and signal, the token files, and which model and format each
-served archive holds (from the archives' `archive.json`).
+served name holds (`ServedInfo`, pipeline.serving.provenance).
 
-Two token files, because TorchServe 0.12 writes all its keys into one
-(`key_file.json`: inference, management and the API key that mints new
-ones) and `enable_model_api=false` still lets the management key scale
-workers (`PUT /models/<name>` answers 202). Inference clients get
-`inference_key.json`, which holds the inference key only; `key_file.json`
-stays mode 0600 for `pipeline serve` and the owner's tools.
+Every runtime writes the inference token to `inference_key.json` in its run folder,
+the file inference clients read; a runtime with other keys (TorchServe's management
+key) records their files by API in `key_files`, so `keys()` finds them without
+knowing the runtime.
 """
 
 from __future__ import annotations
@@ -27,16 +25,15 @@ from pipeline.core import paths
 from pipeline.core.errors import PipelineError
 from pipeline.formats import base as registry
 from pipeline.serving.names import BUILTIN
-from pipeline.serving.provenance import ArchiveInfo
+from pipeline.serving.provenance import ServedInfo
 
 SERVER_FILE = "server.json"
-KEY_FILE = "key_file.json"  # TorchServe's own: every key, owner-only
 INFERENCE_KEY_FILE = "inference_key.json"  # the inference key alone, for clients
 log = logging.getLogger(__name__)
 
 
 class ServeError(PipelineError):
-    """TorchServe could not be started, reached or stopped."""
+    """A server could not be started, reached or stopped."""
 
 
 def default_run_dir() -> Path:
@@ -54,7 +51,7 @@ class Server:
     run_dir: str
     inference_url: str
     metrics_url: str
-    models: list[str]  # the served names (TorchServe's archive names, OIP model names)
+    models: list[str]  # the served names (the names requests address)
     started: float = 0.0  # the main process's creation time (psutil)
     # Other process groups the runtime started, by role ({"gateway": pid}).
     pids: dict[str, int] = field(default_factory=dict)
@@ -65,7 +62,10 @@ class Server:
     ca_file: str | None = None
     failed: list[str] = field(default_factory=list)  # models that did not load (keep_going)
     # served name → what it holds and where it came from (pipeline.serving.provenance)
-    archives: dict[str, ArchiveInfo] = field(default_factory=dict)
+    served: dict[str, ServedInfo] = field(default_factory=dict)
+    # API → the file in run_dir holding its key, beyond inference_key.json (TorchServe's
+    # management key); each file is a JSON object {api: {"key": ...}}.
+    key_files: dict[str, str] = field(default_factory=dict)
     # Per runtime: TorchServe's management_url and backend_url (its own inference API
     # behind the gateway), the KServe runtime's grpc_url.
     extras: dict[str, str] = field(default_factory=dict)
@@ -87,9 +87,9 @@ class Server:
             {k: v for k, v in legacy.items() if k.endswith("_url") and v}
         )
         data.setdefault("runtime", BUILTIN[0])  # records without one predate the second runtime
-        data["archives"] = {
-            name: ArchiveInfo.from_json(info) for name, info in data.get("archives", {}).items()
-        }
+        if "served" not in data:  # written before the runtime-neutral name ("archives")
+            data["served"] = legacy.get("archives", {})
+        data["served"] = {name: ServedInfo.from_json(info) for name, info in data["served"].items()}
         return cls(**data)
 
     def record(self) -> None:
@@ -97,20 +97,21 @@ class Server:
         (Path(self.run_dir) / SERVER_FILE).write_text(json.dumps(asdict(self), indent=2))
 
     def keys(self) -> Mapping[str, str]:
-        """The tokens: 'inference' from inference_key.json, 'management' from key_file.json.
+        """The tokens by API: 'inference' from inference_key.json, the others from
+        `key_files`.
 
         Each file is read only when its key is asked for, so an inference
-        client that cannot read the private key_file.json still gets its key.
+        client that cannot read a private key file still gets its key.
         """
-        return _Keys(Path(self.run_dir))
+        return _Keys(Path(self.run_dir), {"inference": INFERENCE_KEY_FILE, **self.key_files})
 
-    def archives_of(self, model: str) -> dict[str, ArchiveInfo]:
-        """The served archives of `model` (as the export names it), by archive name, in
+    def served_of(self, model: str) -> dict[str, ServedInfo]:
+        """What is served of `model` (as the export names it), by served name, in
         registry order (TorchScript, the reference serialisation, first)."""
         order = registry.keys()
         mine = [
             (name, info)
-            for name, info in self.archives.items()
+            for name, info in self.served.items()
             if info.model == model and name in self.models and name not in self.failed
         ]
         mine.sort(
@@ -127,28 +128,30 @@ class Server:
         return [p for p in self.pids.values() if _ours(p, Path(self.run_dir), self.markers)]
 
 
-_KEY_FILES = {"inference": INFERENCE_KEY_FILE, "management": KEY_FILE}
-
-
 class _Keys(Mapping[str, str]):
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, files: dict[str, str]) -> None:
         self._run_dir = run_dir
+        self._files = files
 
     def __getitem__(self, api: str) -> str:
-        path = self._run_dir / _KEY_FILES[api]
+        if api not in self._files:
+            raise ServeError(f"This server has no {api} key (its keys: {', '.join(self._files)}).")
+        path = self._run_dir / self._files[api]
         try:
             return str(json.loads(path.read_text())[api]["key"])
         except (OSError, ValueError, KeyError, TypeError) as err:
-            hint = " (the management key is readable by the user who ran `pipeline serve` only)"
-            raise ServeError(
-                f"Cannot read the {api} token from {path}: {err}{hint if api == 'management' else ''}"
-            ) from None
+            hint = (
+                ""
+                if api == "inference"
+                else f" (the {api} key is readable by the user who ran `pipeline serve` only)"
+            )
+            raise ServeError(f"Cannot read the {api} token from {path}: {err}{hint}") from None
 
     def __iter__(self) -> Iterator[str]:
-        return iter(_KEY_FILES)
+        return iter(self._files)
 
     def __len__(self) -> int:
-        return len(_KEY_FILES)
+        return len(self._files)
 
 
 def is_process(pid: int, marker: Path) -> bool:

@@ -33,7 +33,7 @@ def status(run_dir: Path, store: Path) -> dict[str, Any]:
         stats = rt.versions.live_stats(server) if rt.versions else {}
         served = {}
         for name in server.models:
-            info = server.archives.get(name)
+            info = server.served.get(name)
             entry: dict[str, Any] = {"model": info.model if info else None}
             if info:
                 models.add(info.model)

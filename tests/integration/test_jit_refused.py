@@ -73,7 +73,7 @@ def test_export_verify_serve_without_torchscript(
         started = _ok(run_cli("serve", "--runtime", runtime, "--port", free_port(),
                               "--run-dir", run_dir, *where, env=refused))  # fmt: skip
         try:
-            served = json.loads((run_dir / "server.json").read_text())["archives"]
+            served = json.loads((run_dir / "server.json").read_text())["served"]
             assert [a["format"] for a in served.values()] == ["onnx"], started
             _ok(run_cli("verify", "--export-dir", export_dir, "--backend", runtime,
                         "--run-dir", run_dir, "--report", tmp_path / f"{runtime}.json",

@@ -22,10 +22,11 @@ import pytest
 
 from pipeline.export import ExportResult
 from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive, archive_name
+from pipeline.runtimes.torchserve.constants import KEY_FILE
 from pipeline.runtimes.torchserve.management import management
 from pipeline.serving.client import post, tensors_body
 from pipeline.serving.launcher import free_port, stop
-from pipeline.serving.server import INFERENCE_KEY_FILE, KEY_FILE, ServeError, Server
+from pipeline.serving.server import INFERENCE_KEY_FILE, ServeError, Server
 from pipeline.zoo.data import digits_sample
 from tests.conftest import run_cli
 

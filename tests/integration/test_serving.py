@@ -184,7 +184,7 @@ def test_describe_answers_the_io_contract_and_serve_records_each_archive(server:
     assert [i["name"] for i in contract["inputs"]] == ["x", "h"]
     assert contract["inputs"][0]["shape"] == ["batch", 4]
     assert contract["stack_requests"] is False
-    recorded = Server.load(Path(server.run_dir)).archives
+    recorded = Server.load(Path(server.run_dir)).served
     assert set(recorded) == set(server.models)
     assert (recorded["my_cell_pt2"].model, recorded["my_cell_pt2"].format) == ("my_cell", "pt2")
     assert resolve_model(server, "digits_lenet") == "digits_lenet_ts"  # the reference format

@@ -38,7 +38,7 @@ from pipeline.serving.capabilities import (
 )
 from pipeline.serving.openinference import OpenInference
 from pipeline.serving.protocol import Protocol
-from pipeline.serving.provenance import ArchiveInfo
+from pipeline.serving.provenance import ServedInfo
 from pipeline.serving.runtime import BenchSettings, ServeOptions
 from pipeline.serving.server import INFERENCE_KEY_FILE, Server
 from pipeline_runtime.manifest import Manifest
@@ -77,7 +77,7 @@ def start(
         models.append({"name": name, "export_dir": str(Path(export_dir).resolve()),
                        "format": fmt, "version": versions.number_of(export_dir)})  # fmt: skip
         why = served.why_served(manifest, fmt, served.fastest_entry(manifest.model.name, None))
-        archives[name] = ArchiveInfo.of(manifest, fmt, why=why)
+        archives[name] = ServedInfo.of(manifest, fmt, why=why)
     conf = run_dir / f"{runtime_name}.json"
     live.clear(run_dir)  # a new start serves what it was given, not the last run's rollout
     conf.write_text(
@@ -93,7 +93,7 @@ def start(
     server = Server(
         runtime=runtime_name, pid=proc.pid, run_dir=str(run_dir), inference_url=url, metrics_url=url,
         models=[m["name"] for m in models], started=launcher.created(proc.pid),
-        markers=[conf.name], archives=archives,
+        markers=[conf.name], served=archives,
     )  # fmt: skip
     server.record()
 

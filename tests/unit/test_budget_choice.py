@@ -8,7 +8,7 @@ from typing import Any
 
 from pipeline.bench.fastest import fastest_of
 from pipeline.core import paths
-from pipeline.serving.provenance import ArchiveInfo
+from pipeline.serving.provenance import ServedInfo
 from pipeline.serving.served import choice_lines, choose, quality_holds, within_budget
 from pipeline.serving.server import Server
 from pipeline_runtime.manifest import (
@@ -123,7 +123,7 @@ def test_serve_prints_which_format_each_model_is_served_in_and_why(tmp_path: Pat
         inference_url="http://127.0.0.1:1",
         metrics_url="",
         models=[name],
-        archives={name: ArchiveInfo.of(manifest, "onnx_int8_static", fastest)},
+        served={name: ServedInfo.of(manifest, "onnx_int8_static", fastest)},
     )
     (line,) = choice_lines(server, tmp_path)
     assert line.startswith(

@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
-from pipeline.serving.provenance import ARCHIVE_INFO, ArchiveInfo
+from pipeline.runtimes.torchserve.constants import ARCHIVE_INFO
+from pipeline.runtimes.torchserve.store import read_info
 from pipeline_runtime.files import IntegrityError, sha256_file
 from pipeline_runtime.manifest import (
     ArtifactRecord,
@@ -162,7 +163,7 @@ def test_archive_json_carries_the_fastest_backend_bench_measured(tmp_path: Path)
             bench_results=results,
         )
     )
-    info = ArchiveInfo.read(mar)
+    info = read_info(mar)
     assert info is not None and info.fastest == entry
     assert info.sha256 == sha256_file(export_dir / "model.torchscript.pt")
     # The export itself is never written to after export.

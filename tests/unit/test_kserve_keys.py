@@ -22,9 +22,10 @@ from pipeline.core import fileio
 from pipeline.runtimes.kserve.launch import write_tokens
 from pipeline.runtimes.kserve.security import Guard, is_loopback
 from pipeline.runtimes.kserve.tokens import KeyFileError, ensure_key, new_key, read_key
+from pipeline.runtimes.torchserve.constants import KEY_FILE
 from pipeline.serving.guard import WWW_AUTHENTICATE, Keys
 from pipeline.serving.launcher import stop
-from pipeline.serving.server import INFERENCE_KEY_FILE, KEY_FILE, Server
+from pipeline.serving.server import INFERENCE_KEY_FILE, Server
 
 INFER = "/v2/models/digits/infer"
 TOKEN = "i" * 43

@@ -14,17 +14,18 @@ from typing import Any
 import pytest
 
 from pipeline.formats import base as registry
+from pipeline.runtimes.torchserve.constants import ARCHIVE_INFO
 from pipeline.runtimes.torchserve.launch import Server
 from pipeline.runtimes.torchserve.store import aliases, expand, preferred_archives
 from pipeline.serving.client import ClientError, resolve_model
-from pipeline.serving.provenance import ARCHIVE_INFO, ArchiveInfo
+from pipeline.serving.provenance import ServedInfo
 
 
 def _mar(store: Path, name: str, model: str, fastest: dict[str, Any] | None = None) -> None:
     store.mkdir(exist_ok=True)
     fmt = registry.by_suffix(name.rpartition("_")[2]).key  # as `pipeline archive` names it
     with zipfile.ZipFile(store / f"{name}.mar", "w") as zf:
-        zf.writestr(ARCHIVE_INFO, json.dumps(ArchiveInfo(model, fmt, "", fastest).to_json()))
+        zf.writestr(ARCHIVE_INFO, json.dumps(ServedInfo(model, fmt, "", fastest).to_json()))
 
 
 ONNX_FASTEST = {"backend": "onnxruntime", "format": "onnx"}
@@ -91,7 +92,7 @@ def _server(archives: dict[str, tuple[str, str]]) -> Server:
         "http://y",
         "http://z",
         list(archives),
-        archives={name: ArchiveInfo(model, fmt) for name, (model, fmt) in archives.items()},
+        served={name: ServedInfo(model, fmt) for name, (model, fmt) in archives.items()},
     )
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.serving.provenance import ArchiveInfo
+from pipeline.serving.provenance import ServedInfo
 from pipeline.serving.served import export_format, freshness, stale
 from pipeline.serving.server import ServeError
 from pipeline_runtime.manifest import (
@@ -40,8 +40,8 @@ def _manifest(artifact_sha: str, checkpoint_sha: str, created: str, *formats: st
     )
 
 
-def _served(artifact_sha: str, checkpoint_sha: str, created: str) -> ArchiveInfo:
-    return ArchiveInfo.of(_manifest(artifact_sha, checkpoint_sha, created), "torchscript")
+def _served(artifact_sha: str, checkpoint_sha: str, created: str) -> ServedInfo:
+    return ServedInfo.of(_manifest(artifact_sha, checkpoint_sha, created), "torchscript")
 
 
 EXPORT = Path("artifacts/digits_lenet/export")
@@ -84,11 +84,11 @@ def test_a_re_export_of_the_same_checkpoint_is_still_another_export() -> None:
 
 
 def test_archives_from_before_the_record_compare_by_artifact_only() -> None:
-    legacy = ArchiveInfo("digits_lenet", "torchscript", "a1")  # no checkpoint, no time
+    legacy = ServedInfo("digits_lenet", "torchscript", "a1")  # no checkpoint, no time
     sentence = stale("digits_lenet_ts", legacy, _manifest("b2", "c1", NEW), EXPORT)
     assert sentence is not None and "which is older is not recorded" in sentence
     assert (
-        stale("x", ArchiveInfo("digits_lenet", "torchscript"), _manifest("b2", "c1", NEW), EXPORT)
+        stale("x", ServedInfo("digits_lenet", "torchscript"), _manifest("b2", "c1", NEW), EXPORT)
         is None
     )
 
@@ -111,7 +111,7 @@ def test_freshness_reads_the_export_on_disk(tmp_path: Path) -> None:
     archives = {"digits_lenet_ts": _served("a1", "c1", OLD)}
     fresh, why = freshness(archives, "digits_lenet_ts", tmp_path)
     assert fresh is False and "the served archive is the older" in why
-    same = {"digits_lenet_ts": ArchiveInfo.of(manifest, "torchscript")}
+    same = {"digits_lenet_ts": ServedInfo.of(manifest, "torchscript")}
     fresh, why = freshness(same, "digits_lenet_ts", tmp_path)
     assert fresh is True and "serves the export in" in why
     fresh, why = freshness(archives, "digits_lenet_ts", tmp_path / "nowhere")
@@ -125,7 +125,7 @@ def test_freshness_with_the_callers_manifest_reads_nothing(tmp_path: Path) -> No
 
     manifest = _manifest("b2", "c2", NEW)
     (tmp_path / "manifest.json").write_text(json.dumps(manifest.to_json()))
-    same = {"digits_lenet_ts": ArchiveInfo.of(manifest, "torchscript")}
+    same = {"digits_lenet_ts": ServedInfo.of(manifest, "torchscript")}
     with counted() as reads:
         fresh, _ = freshness(same, "digits_lenet_ts", tmp_path, manifest=manifest)
     assert fresh is True and not reads
@@ -152,6 +152,6 @@ def test_the_served_format_of_an_export_follows_bench_then_the_registry(
 
 def test_a_served_format_the_export_no_longer_holds_is_stale() -> None:
     """Served as .pt2, then exported again without --format pt2."""
-    pt2 = ArchiveInfo.of(_manifest("a1", "c1", OLD, "pt2"), "pt2")
+    pt2 = ServedInfo.of(_manifest("a1", "c1", OLD, "pt2"), "pt2")
     sentence = stale("digits_lenet_pt2", pt2, _manifest("b2", "c2", NEW, "torchscript"), EXPORT)
     assert sentence is not None and "the served archive is the older" in sentence

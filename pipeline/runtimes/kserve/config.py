@@ -15,7 +15,7 @@ import psutil
 
 from pipeline.core.cpu import cores
 from pipeline.runtimes.kserve.constants import CONFIG_FILE  # noqa: F401 - the runtime's marker
-from pipeline.serving.provenance import ArchiveInfo
+from pipeline.serving.provenance import ServedInfo
 
 # `pipeline serve --runtime kserve`'s workers when not told: one per core it may use but
 # one (left to the clients and the supervisor), at most this many (each worker holds its
@@ -51,7 +51,7 @@ class ServedExport:
     version: int | None = None
     # Its provenance, from the manifest read when it was chosen (launch.served_export), so
     # starting the runtime need not read it again. Not written to the runtime's config.
-    info: ArchiveInfo | None = field(default=None, compare=False, repr=False)
+    info: ServedInfo | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass

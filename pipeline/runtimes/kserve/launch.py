@@ -47,7 +47,7 @@ from pipeline.serving.launcher import (
     stopped_on_failure,
     wait_until,
 )
-from pipeline.serving.provenance import ArchiveInfo
+from pipeline.serving.provenance import ServedInfo
 from pipeline.serving.server import (
     INFERENCE_KEY_FILE,
     ServeError,
@@ -85,7 +85,7 @@ def served_export(
         )
     name = name or served_name(manifest.model.name)
     why = served.why_served(manifest, fmt, served.fastest_entry(manifest.model.name, None))
-    info = ArchiveInfo.of(manifest, fmt, why=why)
+    info = ServedInfo.of(manifest, fmt, why=why)
     version = versions.number_of(export_dir)
     return ServedExport(
         name=name, export_dir=str(export_dir), format=fmt, version=version, info=info
@@ -151,7 +151,7 @@ def start(
     host = f"[{config.host}]" if ":" in config.host else config.host
     url = f"{scheme}://{host}:{config.http_port}"
     server = Server(
-        archives=_archives(config),
+        served=_archives(config),
         pid=proc.pid,
         run_dir=str(run_dir),
         inference_url=url,
@@ -194,11 +194,11 @@ def private(exports: list[ServedExport], **settings: Any) -> Iterator[Server]:
             stop(run_dir)
 
 
-def _archives(config: RuntimeConfig) -> dict[str, ArchiveInfo]:
+def _archives(config: RuntimeConfig) -> dict[str, ServedInfo]:
     """What each served name holds, as TorchServe's archives record it (`archive.json`), so
     infer, loadtest and bench find a model's served name by model and format."""
     return {
-        m.name: m.info or ArchiveInfo.of(read_manifest(Path(m.export_dir)), m.format)
+        m.name: m.info or ServedInfo.of(read_manifest(Path(m.export_dir)), m.format)
         for m in config.models
     }
 

@@ -97,7 +97,7 @@ class TorchServe(runtime.Runtime):
     markers = (CONFIG_PROPERTIES, GATEWAY_CONFIG)
     replaces_workers = True
     # TorchServe mints its keys at every start (they expire after token_expiration_min), so
-    # they end with the server: server.KEY_FILE and server.INFERENCE_KEY_FILE.
+    # they end with the server: constants.KEY_FILE and server.INFERENCE_KEY_FILE.
     removed_on_stop = ("key_file.json", "inference_key.json")
     description = "the .mar archives in --store, behind the authenticating gateway"
     versions = _Versions()  # --live-versions: register and drop archives while serving

@@ -33,7 +33,8 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.manifest import GOLDEN_KEY, MANIFEST_NAME, artifact_path, read_manifest
 from pipeline.core.paths import DEFAULT_STORE
 from pipeline.formats import base as registry
-from pipeline.serving.provenance import ARCHIVE_INFO, ArchiveInfo, fastest_entry
+from pipeline.runtimes.torchserve.constants import ARCHIVE_INFO
+from pipeline.serving.provenance import ServedInfo, fastest_entry
 from pipeline.serving.served import within_budget
 from pipeline.zoo import DEFAULT_MODEL
 from pipeline_runtime.manifest import Manifest
@@ -201,7 +202,7 @@ def archive(config: ArchiveConfig, manifest: Manifest | None = None) -> list[Pat
         registry.get(key)  # an unknown key is an error before anything is written
         artifact = artifact_path(export_dir, manifest, key)  # checks its sha256
         name = archive_name(config.model, key)
-        info = ArchiveInfo.of(manifest, key, fastest)
+        info = ServedInfo.of(manifest, key, fastest)
         with tempfile.TemporaryDirectory(prefix=f".{name}.", dir=store) as tmp:
             staging = Path(tmp)
             (staging / "model-config.yaml").write_text(

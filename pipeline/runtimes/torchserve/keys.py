@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from pipeline.core import fileio
-from pipeline.serving.server import INFERENCE_KEY_FILE, KEY_FILE, ServeError
+from pipeline.runtimes.torchserve.constants import KEY_FILE
+from pipeline.serving.server import INFERENCE_KEY_FILE, ServeError
 
 
 def publish_inference_key(run_dir: Path) -> Path:

@@ -38,20 +38,14 @@ from typing import Any
 from pipeline.core.paths import DEFAULT_STORE
 from pipeline.runtimes.torchserve import shadow as shadow_
 from pipeline.runtimes.torchserve import store as store_
-from pipeline.runtimes.torchserve.constants import CONFIG_PROPERTIES, NAME
+from pipeline.runtimes.torchserve.constants import CONFIG_PROPERTIES, KEY_FILE, NAME
 from pipeline.runtimes.torchserve.gateway import CONFIG_FILE as GATEWAY_CONFIG
 from pipeline.runtimes.torchserve.gateway import GatewayConfig
 from pipeline.runtimes.torchserve.keys import publish_inference_key
 from pipeline.runtimes.torchserve.workers import scale, status, wait_ready, warm_up, worker_plan
 from pipeline.serving import launcher, live
 from pipeline.serving.launcher import Launch, free_port, port_free, stop
-from pipeline.serving.server import (
-    INFERENCE_KEY_FILE,
-    KEY_FILE,
-    ServeError,
-    Server,
-    default_run_dir,
-)
+from pipeline.serving.server import INFERENCE_KEY_FILE, ServeError, Server, default_run_dir
 
 __all__ = [
     "ServeConfig",
@@ -284,7 +278,8 @@ def start(config: ServeConfig) -> Server:
             **({"shadow": shadow_.summary(config.shadow)} if config.shadow else {}),
         },
         ca_file=str(Path(config.tls_cert).resolve()) if config.tls_cert else None,
-        archives=store_.archive_infos(store, models),
+        served=store_.archive_infos(store, models),
+        key_files={"management": KEY_FILE},
     )
     server.record()
     with launcher.stopped_on_failure(run_dir):

@@ -35,7 +35,7 @@ def live_state(server: Server) -> live.LiveState | None:
     store = Path(server.extras["store"])
     models = {}
     for name in server.models:
-        info = server.archives.get(name)
+        info = server.served.get(name)
         described = management(server, "GET", f"/models/{name}")
         number = str(described.json()[0].get("modelVersion", "")) if described.is_success else ""
         # An archive of a published version carries its number; any other is no version

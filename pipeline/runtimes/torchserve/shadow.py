@@ -19,8 +19,9 @@ from pathlib import Path
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.manifest import read_manifest
+from pipeline.runtimes.torchserve.store import read_info
 from pipeline.serving import versions
-from pipeline.serving.provenance import ArchiveInfo
+from pipeline.serving.provenance import ServedInfo
 from pipeline.serving.server import ServeError
 from pipeline.serving.shadowref import run as reference
 from pipeline_runtime.handlershadow import (
@@ -51,7 +52,7 @@ def exports_of(config: ShadowConfig, store: Path, archives: list[str]) -> dict[s
     out = {}
     for name in archives:
         mar = Path(store) / f"{name}.mar"
-        info = ArchiveInfo.read(mar)
+        info = read_info(mar)
         if info is None or not info.sha256:
             raise ServeError(
                 f"--shadow: {mar} does not say which artifact it holds (no archive.json with "
@@ -67,7 +68,7 @@ def exports_of(config: ShadowConfig, store: Path, archives: list[str]) -> dict[s
     return out
 
 
-def _unfit(export_dir: Path, info: ArchiveInfo) -> str:
+def _unfit(export_dir: Path, info: ServedInfo) -> str:
     """Why `export_dir` cannot be the reference of an archive of `info`, or ""."""
     try:
         manifest = read_manifest(export_dir)

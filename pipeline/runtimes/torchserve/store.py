@@ -1,7 +1,7 @@
 """TorchServe's model store: which `.mar` archives `pipeline serve` starts, and the
 names clients may use for them.
 
-Each archive carries `archive.json` (pipeline.serving.provenance.ArchiveInfo): its
+Each archive carries `archive.json` (pipeline.serving.provenance.ServedInfo, `read_info`): its
 model, format and provenance. One archive per model is served by default, the
 format `served.preferred_format` picks (bench's fastest within the budget, else the
 registry's first).
@@ -16,21 +16,31 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from pipeline.core import paths
+from pipeline.runtimes.torchserve.constants import ARCHIVE_INFO
 from pipeline.serving import versions
-from pipeline.serving.provenance import ArchiveInfo
+from pipeline.serving.provenance import ServedInfo
 from pipeline.serving.served import preferred_format
 from pipeline.serving.server import Server
 
 log = logging.getLogger(__name__)
 
 
-def archive_infos(store: Path, archives: Iterable[str]) -> dict[str, ArchiveInfo]:
+def read_info(mar: Path) -> ServedInfo | None:
+    """The `archive.json` inside `mar`; None for an archive without one (another tool's)."""
+    try:
+        with zipfile.ZipFile(mar) as zf:
+            return ServedInfo.from_json(json.loads(zf.read(ARCHIVE_INFO)))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return None
+
+
+def archive_infos(store: Path, archives: Iterable[str]) -> dict[str, ServedInfo]:
     """Each archive's archive.json (archives without one are left out)."""
-    found = {name: ArchiveInfo.read(Path(store) / f"{name}.mar") for name in archives}
+    found = {name: read_info(Path(store) / f"{name}.mar") for name in archives}
     return {name: info for name, info in found.items() if info is not None}
 
 
-def by_model(infos: dict[str, ArchiveInfo]) -> dict[str, dict[str, str]]:
+def by_model(infos: dict[str, ServedInfo]) -> dict[str, dict[str, str]]:
     """model → {format: archive name}, from the archives' own records."""
     out: dict[str, dict[str, str]] = {}
     for name, info in sorted(infos.items()):
@@ -38,7 +48,7 @@ def by_model(infos: dict[str, ArchiveInfo]) -> dict[str, dict[str, str]]:
     return out
 
 
-def _preferred(formats: dict[str, str], infos: dict[str, ArchiveInfo]) -> str:
+def _preferred(formats: dict[str, str], infos: dict[str, ServedInfo]) -> str:
     """The archive to serve of one model's archives ({format: archive name})."""
     fastest = next((infos[n].fastest for n in formats.values() if infos[n].fastest), None)
     return formats[preferred_format(formats, fastest)]
@@ -84,11 +94,11 @@ def aliases(server: Server) -> dict[str, str]:
     server serves in one format, so clients can ask for the model whatever its format.
     A name that is itself an archive's is never an alias."""
     out: dict[str, str] = {}
-    for model in {info.model for info in server.archives.values()}:
-        mine = server.archives_of(model)
+    for model in {info.model for info in server.served.values()}:
+        mine = server.served_of(model)
         if len(mine) == 1:
             for name in (model, paths.model_slug(model)):
-                if name not in server.archives and name not in server.models:
+                if name not in server.served and name not in server.models:
                     out[name] = next(iter(mine))
     return dict(sorted(out.items()))
 

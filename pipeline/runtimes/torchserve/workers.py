@@ -19,8 +19,9 @@ import httpx
 import psutil
 
 from pipeline.runtimes.torchserve import management
+from pipeline.runtimes.torchserve.constants import KEY_FILE
 from pipeline.serving import client
-from pipeline.serving.server import KEY_FILE, ServeError, Server, default_run_dir
+from pipeline.serving.server import ServeError, Server, default_run_dir
 
 log = logging.getLogger(__name__)
 
