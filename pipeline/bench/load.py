@@ -136,7 +136,7 @@ def check_answer(
         elapsed_ms = (time.perf_counter() - t0) * 1e3
     if not answer.ok:
         raise PipelineError(f"{name}: {answer.problem}")
-    got = wire.answer_outputs(answer.response)
+    got = runtime.of(server).protocol.answer(answer.response)
     mismatch = compare_outputs(
         list(expected.values()),
         [got[n].reshape(e.shape).to(e.dtype) for n, e in expected.items()],

@@ -1,8 +1,9 @@
 """The server's own split of a served row's time (issue 40, point 3).
 
-Around each served level, bench reads the server's stage totals (the KServe
-runtime's `pipeline_kserve_{decode,queue,compute,encode}_seconds`, summed over its
-workers; TorchServe's frontend queue and inference counters) before and after; the difference per request is where the server spent the
+Around each served level, bench reads the server's stage totals before and after,
+each runtime's /metrics read by its own `BenchReport.split` (the KServe runtime's
+stage histograms, summed over its workers; TorchServe's frontend queue and inference
+counters); the difference per request is where the server spent the
 row's time, and what the client measured beyond it is the rest: the HTTP framing, the
 kernel's loopback and the client itself. The window includes the level's warm-up
 requests, so the split is a mean over slightly more requests than the row's.
@@ -15,61 +16,24 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.serving.server import Server
 
 log = logging.getLogger(__name__)
 
-STAGES = ("decode", "queue", "compute", "encode")  # the KServe runtime's histograms
-# TorchServe's frontend counters (RestJob): both start when the frontend takes the
-# request, so "backend" is inference less queue: the worker's round trip, handler included.
-TS_QUEUE, TS_INFERENCE = "ts_queue_latency_microseconds", "ts_inference_latency_microseconds"
-TS_REQUESTS = "ts_inference_requests"  # its samples: ..._total
+# The stages a server may report, in the order a split is printed: the KServe runtime's
+# histograms, and TorchServe's "backend" (the worker's round trip, handler included).
+STAGES = ("decode", "queue", "compute", "encode")
 ORDER = (*STAGES, "backend")
-PREFIX = "pipeline_kserve_"
 
 # (served name, stage) → (seconds summed, requests counted)
 Totals = dict[tuple[str, str], tuple[float, float]]
 Probe = Callable[[], Totals]
 
 
-def parse(text: str) -> Totals:
-    """The stage histograms' sums and counts in a Prometheus text scrape."""
-    sums: dict[tuple[str, str], float] = {}
-    counts: dict[tuple[str, str], float] = {}
-    for family in text_string_to_metric_families(text):
-        stage = family.name.removeprefix(PREFIX).removesuffix("_seconds")
-        if not family.name.startswith(PREFIX) or stage not in STAGES:
-            continue
-        for sample in family.samples:
-            key = (sample.labels.get("model_name", ""), stage)
-            if sample.name.endswith("_sum"):
-                sums[key] = sums.get(key, 0.0) + sample.value
-            elif sample.name.endswith("_count"):
-                counts[key] = counts.get(key, 0.0) + sample.value
-    return {k: (sums.get(k, 0.0), counts.get(k, 0.0)) for k in sums.keys() | counts.keys()}
-
-
-def parse_torchserve(text: str) -> Totals:
-    """TorchServe's per-model queue and backend time, from its frontend counters (µs)."""
-    by: dict[str, dict[str, float]] = {}
-    for family in text_string_to_metric_families(text):  # counters: by family name
-        if family.name not in (TS_QUEUE, TS_INFERENCE, TS_REQUESTS):
-            continue
-        for sample in family.samples:
-            model = by.setdefault(sample.labels.get("model_name", ""), {})
-            model[family.name] = model.get(family.name, 0.0) + sample.value
-    out: Totals = {}
-    for name, got in by.items():
-        n, queue = got.get(TS_REQUESTS, 0.0), got.get(TS_QUEUE, 0.0) / 1e6
-        out[(name, "queue")] = (queue, n)
-        out[(name, "backend")] = (got.get(TS_INFERENCE, 0.0) / 1e6 - queue, n)
-    return out
-
-
-def scraper(server: Server, read: Callable[[str], Totals] = parse) -> Probe:
-    """A probe of `server`'s /metrics, read by `read` (empty when it cannot be read)."""
+def scraper(server: Server, read: Callable[[str], Totals]) -> Probe:
+    """A probe of `server`'s /metrics, read by `read` (its runtime's `BenchReport.split`;
+    empty when it cannot be read)."""
 
     def probe() -> Totals:
         url = f"{server.metrics_url}/metrics"

@@ -27,7 +27,7 @@ def add_client_commands(sub: argparse._SubParsersAction, formats: list[str]) -> 
     p.add_argument(
         "--model",
         required=True,
-        help="a served archive (digits_lenet_ts) or a model as exported (digits_lenet, "
+        help="a served name (digits_lenet_ts) or a model as exported (digits_lenet, "
         "torchvision:resnet18): the format it is served in, TorchScript when several",
     )
     p.add_argument("input", type=Path, help="the file to send")
@@ -65,7 +65,7 @@ def add_client_commands(sub: argparse._SubParsersAction, formats: list[str]) -> 
     p.add_argument(
         "--serve",
         action="store_true",
-        help="archive the export into a private store and start a private server on free "
+        help="serve the export from a private server of the runtime, on free "
         "loopback ports for this run (stopped afterwards); default: use the running server",
     )
     from pipeline.serving import runtime
@@ -135,12 +135,12 @@ def _cmd_infer(args: argparse.Namespace) -> int:
 
     run_dir = serve_run_dir(args)
     server = Server.load(run_dir)
-    archive = resolve_model(server, args.model)
+    name = resolve_model(server, args.model)
     # An answer from another export than the one on disk looks like a wrong model.
-    fresh, why = served_freshness(server, archive, args.artifacts_dir)
+    fresh, why = served_freshness(server, name, args.artifacts_dir)
     if fresh is False:
         print(f"warning: {why}", file=sys.stderr)
     elif args.verbose and why:
         print(why, file=sys.stderr)
-    print(json.dumps(infer(archive, args.input, run_dir), indent=2))
+    print(json.dumps(infer(name, args.input, run_dir), indent=2))
     return 0

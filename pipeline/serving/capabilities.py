@@ -85,6 +85,12 @@ class BenchReport(abc.ABC):
     def targets(self, cells: list[dict], served: list[dict]) -> list[dict[str, Any]]:
         """Its performance targets over one bench run."""
 
+    def split(self, metrics: str) -> dict[tuple[str, str], tuple[float, float]]:
+        """Its /metrics text → (served name, stage) → (seconds summed, requests counted),
+        the stages pipeline.bench.split.ORDER names, for each served row's server split;
+        a runtime whose metrics have no stage totals reads none."""
+        return {}
+
 
 class Deploy(abc.ABC):
     """`pipeline deploy <runtime name>`: what a cluster needs to run this runtime."""

@@ -12,7 +12,7 @@ from pipeline.core.fileio import write_json
 
 @dataclass
 class LoadReport:
-    archive: str
+    served: str  # the served name the requests went to
     requests: int
     concurrency: int
     answered: int = 0
@@ -46,7 +46,7 @@ class LoadReport:
 
     def summary(self) -> str:
         lines = [
-            f"{self.archive}: {self.requests} requests at concurrency {self.concurrency} in "
+            f"{self.served}: {self.requests} requests at concurrency {self.concurrency} in "
             f"{self.duration_s:.1f} s ({self.throughput_rps:.0f} req/s)",
             f"  answered {self.answered}, failed {self.failed} ({self.server_errors} with a 5xx), "
             f"wrong {self.wrong}, not sent {self.not_sent}, retries {self.retried}",
@@ -73,7 +73,7 @@ def write_reports(reports: list[LoadReport], path: Path) -> None:
 
 def to_markdown(reports: list[LoadReport]) -> str:
     rows = [
-        "| archive | requests | concurrency | failed | 5xx | wrong | retries | req/s | p50 ms "
+        "| served | requests | concurrency | failed | 5xx | wrong | retries | req/s | p50 ms "
         "| p99 ms | worker RSS MiB (warm → end) | recovery after SIGKILL |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
@@ -84,7 +84,7 @@ def to_markdown(reports: list[LoadReport]) -> str:
             else (f"{r.recovery_s:.1f} s" if r.recovery_s is not None else "never")
         )
         rows.append(
-            f"| {r.archive} | {r.requests} | {r.concurrency} | {r.failed + r.not_sent} "
+            f"| {r.served} | {r.requests} | {r.concurrency} | {r.failed + r.not_sent} "
             f"| {r.server_errors} | {r.wrong} "
             f"| {r.retried} | {r.throughput_rps:.0f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} "
             f"| {r.worker_rss_mb_before:.0f} → {r.worker_rss_mb_after:.0f} | {recovery} |"

@@ -9,15 +9,14 @@ worker costs time, not answers. Any answer of 500 or more that is left after
 the retries is counted apart (`server_errors`) and fails the run: no request
 may earn a 5xx. `encodings` sends the inputs as JSON or `.npy`/`.npz`, with
 their own Content-Type, none, or curl's default form type, in turn. Optionally it SIGKILLs the model's worker
-part-way through and measures how long TorchServe takes to bring a new one
+part-way through and measures how long the runtime takes to bring a new one
 up. Worker memory (RSS of the model's worker processes) is read once after
 warm-up and once at the end.
 
 `run_served()` is the whole `pipeline loadtest` workflow: against the running
-server, or against a private one (archive into a temporary store, start on
-free loopback ports, run, stop). Against the KServe runtime the same run
-sends Open Inference Protocol bodies (`pipeline.serving.wire`) and reads the
-runtime's one process for memory; a private one is `pipeline.runtimes.kserve.launch.private`.
+server, or against a private one (the runtime's `private`: the export served on free
+loopback ports from a temporary folder, run, stop). Each runtime's protocol builds the
+request bodies and its `worker_pids` says which processes to read memory from and kill.
 """
 
 from __future__ import annotations
@@ -68,9 +67,9 @@ ENCODINGS = {
 @dataclass
 class LoadConfig:
     export_dir: Path
-    # The served archive (e.g. digits_lenet_ts); None: the export's model in
+    # The served name (e.g. digits_lenet_ts); None: the export's model in
     # `format`, found in what serve recorded.
-    archive: str | None = None
+    served: str | None = None
     run_dir: Path | None = None  # the running server's; None: <artifacts>/serve
     # None: whichever format the server serves (client.resolve_model); a private
     # server serves the one `pipeline serve` would (served.export_format).
@@ -104,9 +103,9 @@ class LoadConfig:
             )
 
 
-def worker_pids(server: Server, archive: str) -> list[int]:
-    """The pids of the processes that answer `archive` (its runtime says which)."""
-    return runtime.of(server).worker_pids(server, archive)
+def worker_pids(server: Server, name: str) -> list[int]:
+    """The pids of the processes that answer served `name` (its runtime says which)."""
+    return runtime.of(server).worker_pids(server, name)
 
 
 def _rss_mb(pids: list[int]) -> float:
@@ -152,13 +151,13 @@ def _inputs_pool(
 
 
 async def _watch_recovery(
-    server: Server, archive: str, killed: int, count: int, started: float
+    server: Server, name: str, killed: int, count: int, started: float
 ) -> float | None:
     """Seconds from the kill until `count` READY workers again, none of them the killed one."""
     deadline = started + 120
     while time.monotonic() < deadline:
         try:
-            pids = await asyncio.to_thread(worker_pids, server, archive)
+            pids = await asyncio.to_thread(worker_pids, server, name)
         except (httpx.HTTPError, LoadTestError):
             pids = []
         if len(pids) >= count and killed not in pids:
@@ -168,7 +167,7 @@ async def _watch_recovery(
 
 
 async def _run(
-    config: LoadConfig, server: Server, archive: str, report: LoadReport, exported: ExportedModel
+    config: LoadConfig, server: Server, name: str, report: LoadReport, exported: ExportedModel
 ) -> None:
     bodies, expected = _inputs_pool(config, exported, runtime.of(server))
     tolerance, outputs = exported.manifest.tolerance, exported.manifest.outputs
@@ -181,7 +180,7 @@ async def _run(
         k = i % len(bodies)
         t0 = time.perf_counter()
         body = bodies[k]
-        answer = await http.send(archive, body.content, body.content_type, body.headers)
+        answer = await http.send(name, body.content, body.content_type, body.headers)
         latencies.append((time.perf_counter() - t0) * 1e3)
         report.retried += answer.retries
         if not answer.ok:
@@ -199,7 +198,7 @@ async def _run(
                 named = None
             if named not in expected:
                 raise KeyError(f"version {named}, which {config.store} does not hold, answered")
-            got = wire.answer_outputs(answer.response)
+            got = runtime.of(server).protocol.answer(answer.response)
             ok = all(
                 compare_tensor(
                     expected[named][k][o.name],
@@ -221,12 +220,12 @@ async def _run(
             and report.killed_pid is None
             and report.answered >= config.kill_worker_after
         ):
-            pids = worker_pids(server, archive)
+            pids = worker_pids(server, name)
             report.killed_pid = pids[0]
             os.kill(pids[0], signal.SIGKILL)
-            log.info("SIGKILLed worker %d of %s", pids[0], archive)
+            log.info("SIGKILLed worker %d of %s", pids[0], name)
             recovery = asyncio.create_task(
-                _watch_recovery(server, archive, pids[0], len(pids), time.monotonic())
+                _watch_recovery(server, name, pids[0], len(pids), time.monotonic())
             )
 
     async def lane(http: client.AsyncClient, deadline: float) -> None:
@@ -248,7 +247,7 @@ async def _run(
         if warm_failed:
             report.errors.append(f"{warm_failed} warm-up request(s) failed")
         latencies.clear()
-        report.worker_pids_before = worker_pids(server, archive)
+        report.worker_pids_before = worker_pids(server, name)
         report.worker_rss_mb_before = _rss_mb(report.worker_pids_before)
         began = time.monotonic()
         await asyncio.gather(
@@ -262,7 +261,7 @@ async def _run(
     report.p50_ms = _percentile(latencies, 50)
     report.p90_ms = _percentile(latencies, 90)
     report.p99_ms = _percentile(latencies, 99)
-    report.worker_pids_after = worker_pids(server, archive)
+    report.worker_pids_after = worker_pids(server, name)
     report.worker_rss_mb_after = _rss_mb(report.worker_pids_after)
 
 
@@ -273,9 +272,9 @@ def run(config: LoadConfig, exported: ExportedModel | None = None) -> LoadReport
     server = Server.load(Path(config.run_dir or default_run_dir()))
     if not server.alive():
         raise LoadTestError(f"The server recorded in {server.run_dir} is not running.")
-    if config.archive is not None and config.archive not in server.models:
+    if config.served is not None and config.served not in server.models:
         raise LoadTestError(
-            f"The server does not serve {config.archive}; it serves {', '.join(server.models)}."
+            f"The server does not serve {config.served}; it serves {', '.join(server.models)}."
         )
     rt = runtime.of(server)
     if config.kill_worker_after is not None and not rt.replaces_workers:
@@ -290,7 +289,7 @@ def run(config: LoadConfig, exported: ExportedModel | None = None) -> LoadReport
             f"{rt.title} reads the encodings {', '.join(readable or ())}, not {', '.join(unread)}."
         )
     exported = exported or open_export(config.export_dir)
-    name = config.archive or client.resolve_model(server, exported.name, config.format)
+    name = config.served or client.resolve_model(server, exported.name, config.format)
     # Every answer would be checked against another model's outputs: say why, not "wrong".
     # By version, each answer is checked against the version it names, whatever was served
     # at start (a rollout since changes what the server's record says).
@@ -308,9 +307,8 @@ def run_served(
     config: LoadConfig, *, private: bool = False, say: Callable[[str], Any] = log.info
 ) -> LoadReport:
     """`pipeline loadtest`: `run()` against the running server or, with `private`, against a
-    server of its own (the export archived in `config.format`, by default the format
-    `pipeline serve` would serve, into a temporary store, served
-    on free loopback ports, stopped afterwards)."""
+    server of its own (the export in `config.format`, by default the format `pipeline
+    serve` would serve, served on free loopback ports, stopped afterwards)."""
     if not private:
         say(f"{config.requests} requests at concurrency {config.concurrency} ...")
         return run(config)

@@ -98,7 +98,7 @@ class OpenInference(Protocol):
     ) -> dict[str, torch.Tensor]:
         """Over REST: OIP JSON tensors, or the binary extension when they are big
         (wants_binary) and the server reads it. Over gRPC: `infer_grpc`."""
-        from pipeline.serving import client, wire
+        from pipeline.serving import client
         from pipeline.serving.protocol import wants_binary
 
         if transport not in self.transports:
@@ -121,7 +121,14 @@ class OpenInference(Protocol):
         )
         if resp.status_code != 200:
             raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
-        return wire.answer_outputs(resp)
+        return self.answer(resp)
+
+    def decode(
+        self, content: bytes, headers: Mapping[str, str] | None = None
+    ) -> dict[str, torch.Tensor]:
+        from pipeline.serving.wire import decode_oip
+
+        return decode_oip(content, headers)
 
     def infer_grpc(
         self,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -67,6 +67,18 @@ class Protocol(abc.ABC):
         """`body` sent with another Content-Type (loadtest's untyped and form encodings);
         a protocol that fixes the type keeps `body`."""
         return body
+
+    @abc.abstractmethod
+    def decode(
+        self, content: bytes, headers: Mapping[str, str] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """An answer of this protocol's servers → its outputs by name; WireError for any
+        other body (another protocol's answer included: a protocol reads its own answers
+        and never guesses which protocol a body speaks)."""
+
+    def answer(self, response: Any) -> dict[str, torch.Tensor]:
+        """`decode` on an httpx response."""
+        return self.decode(response.content, response.headers)
 
     @abc.abstractmethod
     def request_file(self, server: Server, name: str, path: Path) -> Body:

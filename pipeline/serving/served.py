@@ -1,14 +1,14 @@
 """What a server serves of a model: which format, and whether it is the export on disk.
 
-One rule picks the format everywhere: `pipeline serve` (which archive of a model
-to start), `loadtest --serve` (which format its private server archives) and the
-clients (`infer`, `loadtest`, `verify --backend torchserve`, through
+One rule picks the format everywhere: `pipeline serve` (which format of a model
+to serve), `loadtest --serve` (which format its private server serves) and the
+clients (`infer`, `loadtest`, `verify --backend <runtime>`, through
 `Server.served_of` and `client.resolve_model`): the fastest verified backend
-`pipeline bench` measured when it was archived, else the first format in
-registry order (TorchScript, the reference serialisation).
+`pipeline bench` measured, else the first format in registry order (TorchScript,
+the reference serialisation).
 
-`stale(...)` compares what an archive records about the export it was built
-from (`archive.json`: the artifact's and the checkpoint's sha256, the export's
+`stale(...)` compares what a served name records about the export it was made
+from (its `ServedInfo`: the artifact's and the checkpoint's sha256, the export's
 time) with an export folder, and says in one sentence which is older and what
 to run. A served model that answers from another export than the one a check
 compares with fails every check; this says why before the failures do.
@@ -189,90 +189,90 @@ def _origin(when: str, checkpoint: str) -> str:
 
 
 def stale(
-    archive: str,
+    name: str,
     info: ServedInfo,
     manifest: Manifest,
     export_dir: Path,
     *,
     runtime: str | None = None,
 ) -> str | None:
-    """None when `archive` was built from the export in `export_dir` (its artifact's
-    sha256 is the manifest's, or the archive recorded nothing to compare); else one sentence
+    """None when `name` was built from the export in `export_dir` (its artifact's
+    sha256 is the manifest's, or its record holds nothing to compare); else one sentence
     saying which is older and what to run."""
     artifact = manifest.artifacts.get(info.format)  # None: this export lacks the format
     if not info.sha256 or (artifact is not None and info.sha256 == artifact.sha256):
         return None
     served_at, export_at = _when(info.exported), _when(manifest.created)
     if served_at and export_at and served_at < export_at:
-        older = "the served archive is the older"
+        older = "the served model is the older"
     elif served_at and export_at and served_at > export_at:
         older = "the export is the older"
     else:
         older = "which is older is not recorded"
-    served = _origin(info.exported, info.checkpoint_sha256)
+    origin = _origin(info.exported, info.checkpoint_sha256)
     this = _origin(manifest.created, manifest.checkpoint.sha256)
     model = manifest.model.name
     fix = f"`{runtimes.get(runtime or runtimes.default()).fix_command(model)}`"
     return (
-        f"The server answers {model} from another export than {export_dir} ({archive}), and "
-        f"{older} (served: {served}; this export: {this}): run {fix} to serve this export."
+        f"The server answers {model} from another export than {export_dir} ({name}), and "
+        f"{older} (served: {origin}; this export: {this}): run {fix} to serve this export."
     )
 
 
 def stale_of(
-    archives: dict[str, ServedInfo],
+    served: dict[str, ServedInfo],
     manifest: Manifest,
     export_dir: Path,
     *,
     runtime: str | None = None,
 ) -> str | None:
-    """`stale` for several served archives of one model: None when every one was built
-    from this export, else one sentence naming all that were not (archived together, they
+    """`stale` for several served names of one model: None when every one was built
+    from this export, else one sentence naming all that were not (made together, they
     share their origin)."""
-    old = [name for name, info in archives.items() if stale(name, info, manifest, export_dir)]
+    old = [n for n, info in served.items() if stale(n, info, manifest, export_dir)]
     if not old:
         return None
-    return stale(", ".join(old), archives[old[0]], manifest, export_dir, runtime=runtime)
+    return stale(", ".join(old), served[old[0]], manifest, export_dir, runtime=runtime)
 
 
 def served_freshness(
-    server: Server, archive: str, artifacts_dir: Path | None = None
+    server: Server, name: str, artifacts_dir: Path | None = None
 ) -> tuple[bool | None, str]:
-    """`freshness` of served `archive` against its model's export under `artifacts_dir`
+    """`freshness` of served `name` against its model's export under `artifacts_dir`
     (the default artifacts folder when None); (None, "") for one that records no model."""
-    info = server.served.get(archive)
+    info = server.served.get(name)
     if info is None:
         return None, ""
     export_dir = paths.export_dir(info.model, artifacts_dir)
-    return freshness(server.served, archive, export_dir, server.runtime)
+    return freshness(server.served, name, export_dir, server.runtime)
 
 
 def freshness(
-    archives: dict[str, ServedInfo],
-    archive: str,
+    served: dict[str, ServedInfo],
+    name: str,
     export_dir: Path,
     runtime: str | None = None,
     manifest: Manifest | None = None,
 ) -> tuple[bool | None, str]:
-    """Whether served `archive` (its record in `archives`, as server.json keeps them) was
+    """Whether served `name` (its record in `served`, as server.json keeps them) was
     built from the export in `export_dir`: (True, what matched), (False, the one-sentence
     diagnosis of `stale`), or (None, why they cannot be compared). `manifest`: the
     export's, when the caller has read it."""
-    info = archives.get(archive)
+    info = served.get(name)
     if info is None or not info.sha256:
-        return None, f"{archive} records no export to compare with (archived by another tool)"
+        return None, f"{name} records no export to compare with (made by another tool)"
     if manifest is None:
         if not (Path(export_dir) / MANIFEST_NAME).is_file():
-            return None, f"no export of {info.model} in {export_dir} to compare {archive} with"
+            return None, f"no export of {info.model} in {export_dir} to compare {name} with"
         try:
             manifest = read_manifest(Path(export_dir))
         except PipelineError as err:  # an unreadable export is reported, not raised
             return None, str(err)
-    sentence = stale(archive, info, manifest, Path(export_dir), runtime=runtime)
+    sentence = stale(name, info, manifest, Path(export_dir), runtime=runtime)
     if sentence:
         return False, sentence
     return True, (
-        f"{archive} serves the export in {export_dir} "
+        f"{name} serves the export in {export_dir} "
         f"({_origin(manifest.created, manifest.checkpoint.sha256)})"
     )
 
@@ -280,7 +280,7 @@ def freshness(
 def choice_lines(server: Server, artifacts_dir: Path | None = None) -> list[str]:
     """One line per model served in one format: which format, and why that one (bench's
     fastest within the accuracy budget, or the registry's first). Models served in
-    every format, or by archive name, say so."""
+    every format, or by served name, say so."""
     lines = []
     for model in sorted({info.model for info in server.served.values()}):
         mine = server.served_of(model)

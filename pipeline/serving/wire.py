@@ -9,11 +9,12 @@ JSON, or its binary extension — a JSON header giving each tensor's
 `binary_data_size`, then the raw little-endian bytes, the header's length in
 `Inference-Header-Content-Length` — and answers OIP JSON.
 
-Each runtime builds its request bodies from these (`Runtime.encode`), and
-`decode()` reads either kind of answer back into named tensors, so `pipeline
-infer`, loadtest, bench and verify share one definition of each protocol. The
-Open Inference Protocol itself (JSON, binary extension, datatypes) is written
-once, in `pipeline_runtime.oip`; the functions here are thin wrappers over it.
+Each runtime's protocol (`Runtime.protocol`, pipeline.serving.protocol) builds its
+request bodies from these and reads its own answers (`Protocol.decode`: OIP's with
+`decode_oip`, TorchServe's in its package), so `pipeline infer`, loadtest, bench and
+verify share one definition of each protocol and no reader guesses which one a body
+speaks. The Open Inference Protocol itself (JSON, binary extension, datatypes) is
+written once, in `pipeline_runtime.oip`; the functions here are thin wrappers over it.
 """
 
 from __future__ import annotations
@@ -93,37 +94,20 @@ def oip_binary(inputs: Mapping[str, torch.Tensor | np.ndarray]) -> Body:
     return Body(content, {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(length)})
 
 
-def decode(content: bytes, headers: Mapping[str, str] | None = None) -> dict[str, torch.Tensor]:
-    """An answer of either runtime → named output tensors.
-
-    TorchServe's handler format (`{"outputs": {name: list}}`) carries no
-    dtypes: floats come back float32, integers int64; cast to the manifest's.
-    Open Inference Protocol answers carry shape and datatype, in JSON or in
-    the binary extension.
-    """
+def decode_oip(content: bytes, headers: Mapping[str, str] | None = None) -> dict[str, torch.Tensor]:
+    """An Open Inference Protocol answer (JSON, or its binary extension: the JSON header's
+    length in `headers`) → named output tensors with the answer's datatypes. WireError for
+    any other body (TorchServe's handler answer, `{"outputs": {...}}`, included)."""
     length = next(
         (v for k, v in (headers or {}).items() if k.lower() == HEADER_LENGTH.lower()), None
     )
     try:
         split = int(length) if length is not None else len(content)
         body = json.loads(content[:split])
-        outputs = body["outputs"]
-    except (ValueError, KeyError, TypeError) as err:
-        raise WireError(f"Not an inference answer: {type(err).__name__}: {err}") from None
-    if isinstance(outputs, dict):
-        try:
-            return {str(k): torch.tensor(v) for k, v in outputs.items()}
-        except (ValueError, TypeError, RuntimeError) as err:
-            raise WireError(f"Unreadable outputs: {type(err).__name__}: {err}") from None
-    if not isinstance(outputs, list):
-        raise WireError(
-            f"'outputs' must be a dict or an Open Inference Protocol list, got {outputs!r:.80}."
-        )
-    try:
         response = oip.Response.from_json(body, content[split:])
-        return {t.name: torch.from_numpy(t.as_numpy().copy()) for t in response.outputs}
-    except oip.OipError as err:
-        raise WireError(f"Unreadable Open Inference Protocol answer: {err}") from None
+    except (ValueError, TypeError) as err:  # oip.OipError is a ValueError
+        raise WireError(f"Not an Open Inference Protocol answer: {err}") from None
+    return {t.name: torch.from_numpy(t.as_numpy().copy()) for t in response.outputs}
 
 
 def oip_from_file(content: bytes, kind: str, inputs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
@@ -169,19 +153,13 @@ def answer_version(response: Any) -> str | None:
     return str(version) if version is not None else None
 
 
-def answer_outputs(response: Any) -> dict[str, torch.Tensor]:
-    """`decode()` on an httpx response."""
-    return decode(response.content, response.headers)
-
-
 __all__ = [
     "HEADER_LENGTH",
     "VERSION_HEADER",
     "Body",
     "WireError",
-    "answer_outputs",
     "answer_version",
-    "decode",
+    "decode_oip",
     "numpy_body",
     "oip_binary",
     "oip_from_file",

@@ -537,7 +537,7 @@ def test_loadtest_checks_every_answer_against_eager(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     (report,) = json.loads(report_path.read_text())["runs"]
-    assert report["archive"] == DIGITS  # the ONNX model, found by model and format
+    assert report["served"] == DIGITS  # the ONNX model, found by model and format
     assert report["passed"] and report["answered"] == 300 and report["wrong"] == 0
     # The one worker under the supervisor (server.pid); test_kserve_workers.py has two.
     assert report["worker_pids_before"] == [p.pid for p in psutil.Process(server.pid).children()]

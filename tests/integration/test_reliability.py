@@ -73,7 +73,7 @@ def _expected(exported: ExportResult, n: int) -> torch.Tensor:
 def test_short_load_run_every_answer_right(run_dir: Path, exported: ExportResult) -> None:
     report = run(
         LoadConfig(
-            export_dir=exported.out_dir, archive=TS, run_dir=run_dir, requests=1500,
+            export_dir=exported.out_dir, served=TS, run_dir=run_dir, requests=1500,
             concurrency=32, time_limit_s=240,
         )
     )  # fmt: skip
@@ -88,7 +88,7 @@ def test_short_load_run_every_answer_right(run_dir: Path, exported: ExportResult
 def test_worker_sigkill_mid_run_loses_nothing(run_dir: Path, exported: ExportResult) -> None:
     report = run(
         LoadConfig(
-            export_dir=exported.out_dir, archive=ONNX, run_dir=run_dir, requests=800,
+            export_dir=exported.out_dir, served=ONNX, run_dir=run_dir, requests=800,
             concurrency=32, time_limit_s=240, kill_worker_after=300,
         )
     )  # fmt: skip

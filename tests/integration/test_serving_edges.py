@@ -293,7 +293,7 @@ def test_a_load_run_in_every_encoding_gets_no_5xx(
 ) -> None:
     report = load_run(
         LoadConfig(
-            export_dir=exported.out_dir, archive=MODEL, run_dir=Path(edge_server.run_dir),
+            export_dir=exported.out_dir, served=MODEL, run_dir=Path(edge_server.run_dir),
             requests=360, concurrency=8, pool=12, encodings=tuple(ENCODINGS),
         )
     )  # fmt: skip

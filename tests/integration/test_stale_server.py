@@ -3,7 +3,7 @@
 As a user runs it, through the CLI: export, archive, serve, then export again
 (another checkpoint) while the old archive is still served. `infer -v`,
 `loadtest` and `verify --backend torchserve` each say once, in one sentence,
-that the served archive is the older and what to run; running exactly that
+that the served model is the older and what to run; running exactly that
 makes all three agree with the export again.
 """
 

@@ -7,6 +7,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from pipeline.bench import split
+from pipeline.runtimes.kserve.bench import read_split
+from pipeline.runtimes.torchserve import bench as ts_bench
 
 
 def _scrape(observed: dict[str, list[float]], model: str = "m") -> split.Totals:
@@ -16,7 +18,7 @@ def _scrape(observed: dict[str, list[float]], model: str = "m") -> split.Totals:
                       registry=registry)  # fmt: skip
         for seconds in observed.get(stage, []):
             h.labels(model_name=model, format="onnx").observe(seconds)
-    return split.parse(generate_latest(registry).decode())
+    return read_split(generate_latest(registry).decode())
 
 
 def test_the_split_is_each_stages_mean_over_the_window_and_the_rest_is_the_clients() -> None:
@@ -42,8 +44,8 @@ ts_inference_requests_total{{model_name="a_onnx",model_version="default",hostnam
 def test_torchserves_counters_split_into_queue_and_the_workers_round_trip() -> None:
     """TorchServe's inference latency starts when the frontend takes the request, as the
     queue's does (its RestJob): the backend is the difference."""
-    before = split.parse_torchserve(TS_TEXT.format(inference=1000.0, queue=100.0, n=1))
-    after = split.parse_torchserve(TS_TEXT.format(inference=5000.0, queue=500.0, n=3))
+    before = ts_bench.read_split(TS_TEXT.format(inference=1000.0, queue=100.0, n=1))
+    after = ts_bench.read_split(TS_TEXT.format(inference=5000.0, queue=500.0, n=3))
     got = split.between(before, after, "a_onnx", mean_ms=3.0)
     assert got == {"queue": 0.2, "backend": 1.8, "requests": 2, "server": 2.0,
                    "client_and_http": 1.0}  # fmt: skip

@@ -60,7 +60,7 @@ def test_an_older_served_archive_is_named_with_both_checkpoints_and_the_fix() ->
         "digits_lenet_ts", info, _manifest("b2" * 32, "d2bc9911" + "0" * 56, NEW), EXPORT
     )
     assert sentence is not None
-    assert "the served archive is the older" in sentence
+    assert "the served model is the older" in sentence
     assert "d3e7f13a" in sentence and "d2bc9911" in sentence
     assert OLD in sentence and NEW in sentence
     assert "`pipeline archive --model digits_lenet && pipeline stop && pipeline serve`" in sentence
@@ -80,7 +80,7 @@ def test_a_re_export_of_the_same_checkpoint_is_still_another_export() -> None:
     sentence = stale(
         "digits_lenet_ts", _served("a1", "c1", OLD), _manifest("b2", "c1", NEW), EXPORT
     )
-    assert sentence is not None and "the served archive is the older" in sentence
+    assert sentence is not None and "the served model is the older" in sentence
 
 
 def test_archives_from_before_the_record_compare_by_artifact_only() -> None:
@@ -110,7 +110,7 @@ def test_freshness_reads_the_export_on_disk(tmp_path: Path) -> None:
     (tmp_path / "manifest.json").write_text(json.dumps(manifest.to_json()))
     archives = {"digits_lenet_ts": _served("a1", "c1", OLD)}
     fresh, why = freshness(archives, "digits_lenet_ts", tmp_path)
-    assert fresh is False and "the served archive is the older" in why
+    assert fresh is False and "the served model is the older" in why
     same = {"digits_lenet_ts": ServedInfo.of(manifest, "torchscript")}
     fresh, why = freshness(same, "digits_lenet_ts", tmp_path)
     assert fresh is True and "serves the export in" in why
@@ -154,4 +154,4 @@ def test_a_served_format_the_export_no_longer_holds_is_stale() -> None:
     """Served as .pt2, then exported again without --format pt2."""
     pt2 = ServedInfo.of(_manifest("a1", "c1", OLD, "pt2"), "pt2")
     sentence = stale("digits_lenet_pt2", pt2, _manifest("b2", "c2", NEW, "torchscript"), EXPORT)
-    assert sentence is not None and "the served archive is the older" in sentence
+    assert sentence is not None and "the served model is the older" in sentence

@@ -76,18 +76,26 @@ def test_decode_reads_kservers_answers(kserve_types, binary: bool) -> None:
     content, json_size = response.to_rest()
     headers = {wire.HEADER_LENGTH.lower(): str(json_size)} if json_size is not None else {}
     raw = content if isinstance(content, bytes) else json.dumps(content).encode()
-    got = wire.decode(raw, headers)
+    got = runtime.get("kserve").protocol.decode(raw, headers)
     for name, t in INPUTS.items():
         assert got[name].dtype == t.dtype
         torch.testing.assert_close(got[name], t, rtol=0, atol=0)
+    # TorchServe's protocol reads its handler's answers only: it does not guess this one.
+    with pytest.raises(wire.WireError, match=r"TorchServe handler answer|named lists"):
+        runtime.get("torchserve").protocol.decode(raw, headers)
 
 
-def test_decode_reads_the_handlers_answer_and_refuses_what_is_neither() -> None:
-    got = wire.decode(json.dumps({"outputs": {"logits": [[0.5, 1.5]]}}).encode())
+def test_each_protocol_reads_its_own_answers_and_refuses_what_is_not() -> None:
+    handler_answer = json.dumps({"outputs": {"logits": [[0.5, 1.5]]}}).encode()
+    ts, oip_ = runtime.get("torchserve").protocol, runtime.get("kserve").protocol
+    got = ts.decode(handler_answer)
     torch.testing.assert_close(got["logits"], torch.tensor([[0.5, 1.5]]))
+    with pytest.raises(wire.WireError, match="Open Inference Protocol"):
+        oip_.decode(handler_answer)  # the handler's shape is not an OIP answer
     for bad in (b"<html>", b'{"error": "x"}', b'{"outputs": 3}', b'{"outputs": [{"name": 1}]}'):
-        with pytest.raises(wire.WireError):
-            wire.decode(bad)
+        for protocol in (ts, oip_):
+            with pytest.raises(wire.WireError):
+                protocol.decode(bad)
 
 
 def test_request_files_take_the_models_datatypes() -> None:

@@ -104,6 +104,7 @@ def bench_peers(
         raise PipelineError("No registered runtime serves the Open Inference Protocol's JSON.")
     ours = [rt for rt in speakers if runtimes is None or rt.name in runtimes]
     run.ours = [rt.name for rt in ours]
+    by_name = {rt.name: rt for rt in ours}
     onnx = exported.path(FORMAT)
     workers = [1]  # our runtime's processes, counted once it is up
 
@@ -162,7 +163,8 @@ def bench_peers(
             backend = f"{label}/{FORMAT}"
             try:
                 with window() as (server, name):
-                    probe = split.scraper(server) if label in run.ours else None
+                    report = by_name[label].bench_report if label in by_name else None
+                    probe = split.scraper(server, report.split) if report else None
                     got = measure_levels(
                         server, name, body, expected, requests, level_budget_s, probe
                     )

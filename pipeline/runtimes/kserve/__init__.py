@@ -67,6 +67,11 @@ class _BenchReport(BenchReport):
 
         return targets(cells, served)
 
+    def split(self, metrics: str) -> dict[tuple[str, str], tuple[float, float]]:
+        from pipeline.runtimes.kserve.bench import read_split
+
+        return read_split(metrics)
+
 
 class _Deploy(Deploy):
     def add_command(self, sub: argparse._SubParsersAction) -> None:

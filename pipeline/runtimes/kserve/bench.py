@@ -21,6 +21,8 @@ import logging
 import re
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from pipeline.bench import load, split
 from pipeline.bench.targets import DIGITS, RESNET, cell, served_at, target, versus
 from pipeline.export.opened import ExportedModel
@@ -119,7 +121,7 @@ def bench_kserve(
             timeout=timeout,
             model=model,
             batching=BATCHING,
-            probe=split.scraper(server),
+            probe=split.scraper(server, read_split),
         )
         return points, skipped
 
@@ -218,3 +220,23 @@ def targets(cells: list[dict], served: list[dict]) -> list[dict[str, Any]]:
                     shown="{a:.1f} vs {b:.1f} samples/s",
                 )
     return out
+
+
+SPLIT_PREFIX = "pipeline_kserve_"  # the runtime's stage histograms: <prefix><stage>_seconds
+
+
+def read_split(text: str) -> split.Totals:
+    """The stage histograms' sums and counts in a Prometheus text scrape."""
+    sums: dict[tuple[str, str], float] = {}
+    counts: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        stage = family.name.removeprefix(SPLIT_PREFIX).removesuffix("_seconds")
+        if not family.name.startswith(SPLIT_PREFIX) or stage not in split.STAGES:
+            continue
+        for sample in family.samples:
+            key = (sample.labels.get("model_name", ""), stage)
+            if sample.name.endswith("_sum"):
+                sums[key] = sums.get(key, 0.0) + sample.value
+            elif sample.name.endswith("_count"):
+                counts[key] = counts.get(key, 0.0) + sample.value
+    return {k: (sums.get(k, 0.0), counts.get(k, 0.0)) for k in sums.keys() | counts.keys()}

@@ -62,6 +62,11 @@ class _BenchReport(BenchReport):
 
         return targets(cells, served)
 
+    def split(self, metrics: str) -> dict[tuple[str, str], tuple[float, float]]:
+        from pipeline.runtimes.torchserve.bench import read_split
+
+        return read_split(metrics)
+
 
 class _Packaging(Packaging):
     model_format = "pytorch"

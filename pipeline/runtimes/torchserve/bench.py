@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.bench import split
 from pipeline.bench.inprocess import ONE_THREAD
@@ -194,7 +195,7 @@ def _measure_server(
         timeout=timeout,
         model=model,
         batching=mode,
-        probe=split.scraper(server, split.parse_torchserve),
+        probe=split.scraper(server, read_split),
     )
 
 
@@ -281,4 +282,27 @@ def _edges(served: list[dict]) -> list[dict[str, Any]]:
                 at_least=True,
                 shown="{a:.0f} vs {b:.0f} requests/s",
             )
+    return out
+
+
+# TorchServe's frontend counters (RestJob): both start when the frontend takes the
+# request, so "backend" is inference less queue: the worker's round trip, handler included.
+TS_QUEUE, TS_INFERENCE = "ts_queue_latency_microseconds", "ts_inference_latency_microseconds"
+TS_REQUESTS = "ts_inference_requests"  # its samples: ..._total
+
+
+def read_split(text: str) -> split.Totals:
+    """TorchServe's per-model queue and backend time, from its frontend counters (µs)."""
+    by: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):  # counters: by family name
+        if family.name not in (TS_QUEUE, TS_INFERENCE, TS_REQUESTS):
+            continue
+        for sample in family.samples:
+            model = by.setdefault(sample.labels.get("model_name", ""), {})
+            model[family.name] = model.get(family.name, 0.0) + sample.value
+    out: split.Totals = {}
+    for name, got in by.items():
+        n, queue = got.get(TS_REQUESTS, 0.0), got.get(TS_QUEUE, 0.0) / 1e6
+        out[(name, "queue")] = (queue, n)
+        out[(name, "backend")] = (got.get(TS_INFERENCE, 0.0) / 1e6 - queue, n)
     return out

@@ -39,6 +39,13 @@ class TorchServeProtocol(Protocol):
         # The gateway also reads bodies sent untyped or as a form (curl's defaults).
         return Body(body.content, {"Content-Type": content_type} if content_type else {})
 
+    def decode(
+        self, content: bytes, headers: Mapping[str, str] | None = None
+    ) -> dict[str, torch.Tensor]:
+        from pipeline.runtimes.torchserve.codec import decode
+
+        return decode(content)
+
     def request_file(self, server: Server, name: str, path: Path) -> Body:
         from pipeline.runtimes.torchserve.codec import request_file
 
