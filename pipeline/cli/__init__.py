@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(TorchServe, or the KServe runtime speaking the Open Inference Protocol), run it from "
         "C++, and prove every backend computes what eager PyTorch computes.",
         epilog=_EPILOG.format(
-            suffixes=", ".join(f"_{f.archive_suffix}" for f in registry.declared())
+            suffixes=", ".join(f"_{f.served_suffix}" for f in registry.declared())
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -97,7 +97,7 @@ class Format:
     key: str  # --format choice and manifest artifact key: "onnx"
     title: str  # for people: "ONNX"
     file: str  # file name in the export folder: "model.onnx"
-    archive_suffix: str  # <model>_<suffix>.mar: "onnx"
+    served_suffix: str  # served names are <model>_<suffix> (digits_lenet_onnx)
     runner: str  # what opens the file (pipeline_runtime.formats.RUNNERS): "onnxruntime"
     backend: str  # the in-process backend's name in verify and bench: "onnxruntime"
     export: Exporter
@@ -166,7 +166,7 @@ def register(fmt: Format) -> Format:
             f"declares {names}: change both"
         )
     for other in _REGISTRY.values():
-        for attr in ("key", "archive_suffix", "file", "backend"):
+        for attr in ("key", "served_suffix", "file", "backend"):
             if getattr(other, attr) == getattr(fmt, attr):
                 raise ValueError(
                     f"format {fmt.key!r} reuses {attr} {getattr(fmt, attr)!r} of {other.key!r}"
@@ -263,7 +263,7 @@ def by_backend(name: str) -> Format | None:
 
 
 def by_suffix(suffix: str) -> Format | None:
-    return next((f for f in all_formats() if f.archive_suffix == suffix), None)
+    return next((f for f in all_formats() if f.served_suffix == suffix), None)
 
 
 @dataclass(frozen=True)
@@ -272,7 +272,7 @@ class Declared:
 
     key: str
     title: str
-    archive_suffix: str
+    served_suffix: str
     backend: str
     default: bool = True
     cpp: bool = False
@@ -284,7 +284,7 @@ class Declared:
         return cls(
             fmt.key,
             fmt.title,
-            fmt.archive_suffix,
+            fmt.served_suffix,
             fmt.backend,
             fmt.default,
             fmt.cpp,

@@ -290,10 +290,10 @@ def is_pt2(model: Path) -> bool:
     if model.suffix == ".pt2":
         return True
     try:
-        with zipfile.ZipFile(model) as archive:
+        with zipfile.ZipFile(model) as zf:
             return any(
                 name.split("/", 1)[-1].startswith("data/aotinductor/model/")
-                for name in archive.namelist()
+                for name in zf.namelist()
             )
     except (OSError, zipfile.BadZipFile):
         return False

@@ -120,6 +120,12 @@ class Packaging(abc.ABC):
         """Write `fmt` of the export in `export_dir` into the folder `dest` (batch size 1);
         return the file."""
 
+    def layout_files(self, name: str, *, envelope: bool = False) -> dict[str, str]:
+        """The files the ServingRuntime reads beside package `name` (the package's file
+        stem), by path relative to the layout's root → text; `envelope`: the server's own
+        translation of KServe's v2 requests on. None beyond the package by default."""
+        return {}
+
 
 def refuse_shadow(title: str, settings: PrivateSettings) -> None:
     """For a runtime without the shadow capability: a shadow rate is an error, not ignored."""

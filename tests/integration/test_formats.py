@@ -100,7 +100,7 @@ def server(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Se
 def test_the_registry_is_consistent() -> None:
     from pipeline_runtime import formats
 
-    seen: dict[str, set] = {"key": set(), "file": set(), "archive_suffix": set(), "backend": set()}
+    seen: dict[str, set] = {"key": set(), "file": set(), "served_suffix": set(), "backend": set()}
     for fmt in registry.all_formats():
         for attr, values in seen.items():
             assert getattr(fmt, attr) not in values, f"{fmt.key} repeats {attr}"
@@ -109,7 +109,7 @@ def test_the_registry_is_consistent() -> None:
         assert formats.of(fmt.key) == fmt.descriptor and fmt.runner in formats.RUNNERS
         assert registry.get(fmt.key) is fmt
         assert registry.by_backend(fmt.backend) is fmt
-        assert registry.by_suffix(fmt.archive_suffix) is fmt
+        assert registry.by_suffix(fmt.served_suffix) is fmt
     with pytest.raises(ValueError, match="reuses"):
         registry.register(registry.all_formats()[0])
 
@@ -173,7 +173,7 @@ def test_verify_passes_for_the_format(
 def test_archive_carries_the_handler_and_the_runtime(store: Path, key: str) -> None:
     fmt = registry.get(key)
     mar = store / f"{archive_name(MODEL, key)}.mar"
-    assert mar.name.endswith(f"_{fmt.archive_suffix}.mar")
+    assert mar.name.endswith(f"_{fmt.served_suffix}.mar")
     with zipfile.ZipFile(mar) as zf:
         names = set(zf.namelist())
         handler = zf.read(f"{key}_handler.py").decode()  # written by archive, from the key

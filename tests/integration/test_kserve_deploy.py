@@ -20,8 +20,9 @@ import torch
 from pipeline.export import ExportConfig, ExportResult, export
 from pipeline.export.opened import open_export
 from pipeline.runtimes.kserve.deploy import DeployError, deploy_kserve
-from pipeline.runtimes.kserve.manifests import TORCHSERVE_ARGS, DeployConfig, parse_properties
+from pipeline.runtimes.kserve.manifests import TORCHSERVE_ARGS, DeployConfig
 from pipeline.runtimes.kserve.validate import check, iter_documents
+from pipeline.runtimes.torchserve.properties import parse as parse_properties
 from pipeline.serving import runtime
 from pipeline.serving.launcher import free_port
 from pipeline.train import TrainResult

@@ -18,6 +18,8 @@ from pipeline.runtimes.kserve.validate import (
     errors,
     schema_errors,
 )
+from pipeline.runtimes.torchserve import properties
+from pipeline.serving import runtime
 
 
 @pytest.fixture
@@ -147,8 +149,17 @@ def test_dockerfile_runs_the_runtime(config: m.DeployConfig) -> None:
     assert "USER 1000" in text
 
 
+def _packaged_properties(envelope: bool = False) -> dict[str, str]:
+    """config.properties as `deploy kserve` writes it: asked of the runtime that packages
+    KServe's `pytorch` format (TorchServe), through the Packaging capability."""
+    (packaging,) = [r.packaging for r in runtime.all_runtimes() if r.packaging]
+    files = packaging.layout_files("digits_lenet_ts", envelope=envelope)
+    assert list(files) == ["config/config.properties"]
+    return properties.parse(files["config/config.properties"])
+
+
 def test_torchserve_properties() -> None:
-    props = m.parse_properties(m.properties_text(m.torchserve_properties("digits_lenet_ts")))
+    props = _packaged_properties()
     # what the KServe wrapper in the torchserve-kfs image reads
     assert {"inference_address", "management_address", "model_store", "model_snapshot"} <= set(
         props
@@ -157,7 +168,7 @@ def test_torchserve_properties() -> None:
     entry = snapshot["models"]["digits_lenet_ts"]["1.0"]
     assert entry["batchSize"] == 1 and entry["marName"] == "digits_lenet_ts.mar"
     assert props["enable_envvars_config"] == "false" and "service_envelope" not in props
-    on = m.torchserve_properties("digits_lenet_ts", envelope=True)
+    on = _packaged_properties(envelope=True)
     assert on["service_envelope"] == "kservev2" and on["enable_envvars_config"] == "true"
 
 

@@ -10,6 +10,7 @@ Every import counts, the ones inside functions too.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -288,3 +289,51 @@ def test_no_runtime_module_imports_its_package_face(module: str) -> None:
     test_no_import_cycles leaves out for a package's own face)."""
     face = ".".join(module.split(".")[:3])
     assert face not in GRAPH[module], f"{module} imports names from {face} (its package's face)"
+
+
+# TorchServe's notions (issue 50): a served model is not an archive. Outside a runtime's
+# package no name (variable, attribute, function, class, argument, keyword, import) says
+# archive, mar, management or torchserve; strings may (messages, the registry's names).
+TORCHSERVE_WORDS = re.compile(r"archive|(?:^|_)mars?(?:_|$)|management|torchserve", re.I)
+
+
+def _torchserve_names(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Name):
+            names = [node.id]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names = [node.name]
+        elif isinstance(node, ast.arg) or (isinstance(node, ast.keyword) and node.arg):
+            names = [node.arg]
+        elif isinstance(node, ast.alias):
+            names = [node.asname or node.name]
+        else:
+            continue
+        line = getattr(node, "lineno", 0)
+        found += [f"{path.name}:{line}: {n}" for n in names if TORCHSERVE_WORDS.search(n)]
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if not _runtime_package(m)))
+def test_shared_modules_use_runtime_neutral_names(module: str) -> None:
+    found = _torchserve_names(MODULES[module])
+    assert not found, "TorchServe's words in a shared module:\n" + "\n".join(found)
+
+
+def test_the_torchserve_names_check_can_fail(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from x import ArchiveInfo\n"
+        "def archives_of(server, mar_path, *, management=None):\n"
+        "    return server.archives, f(archive=1), TORCHSERVE_KEY\n"
+        "marker = 'an archive, the management API, TorchServe'  # strings are free\n"
+        "primary, summary = 1, 2  # words that merely contain the letters\n"
+    )
+    got = [f.split(": ")[1] for f in _torchserve_names(bad)]
+    assert sorted(got) == sorted(
+        ["ArchiveInfo", "archives_of", "mar_path", "management", "archives", "archive",
+         "TORCHSERVE_KEY"]
+    )  # fmt: skip

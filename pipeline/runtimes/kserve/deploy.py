@@ -114,13 +114,10 @@ def deploy_kserve(config: m.DeployConfig, *, force: bool = False) -> DeployResul
         if packager is not None:  # KServe's layout for its kserve-torchserve ServingRuntime
             mar = packager.package(config.model, export_dir, config.format, staging / STORE)
             ts_name = mar.stem
-            conf = staging / LAYOUT / "config" / "config.properties"
-            conf.parent.mkdir(parents=True, exist_ok=True)
-            conf.write_text(
-                m.properties_text(
-                    m.torchserve_properties(ts_name, envelope=config.torchserve_envelope)
-                )
-            )
+            beside = packager.layout_files(ts_name, envelope=config.torchserve_envelope)
+            for rel, text in beside.items():
+                (staging / LAYOUT / rel).parent.mkdir(parents=True, exist_ok=True)
+                (staging / LAYOUT / rel).write_text(text)
         (staging / "README.md").write_text(_readme(config, ts_name))
         if out.exists():
             shutil.rmtree(out)

@@ -151,7 +151,7 @@ def start(
     host = f"[{config.host}]" if ":" in config.host else config.host
     url = f"{scheme}://{host}:{config.http_port}"
     server = Server(
-        served=_archives(config),
+        served=_served(config),
         pid=proc.pid,
         run_dir=str(run_dir),
         inference_url=url,
@@ -194,8 +194,8 @@ def private(exports: list[ServedExport], **settings: Any) -> Iterator[Server]:
             stop(run_dir)
 
 
-def _archives(config: RuntimeConfig) -> dict[str, ServedInfo]:
-    """What each served name holds, as TorchServe's archives record it (`archive.json`), so
+def _served(config: RuntimeConfig) -> dict[str, ServedInfo]:
+    """What each served name holds (its ServedInfo), so
     infer, loadtest and bench find a model's served name by model and format."""
     return {
         m.name: m.info or ServedInfo.of(read_manifest(Path(m.export_dir)), m.format)

@@ -13,7 +13,6 @@ Two ways to run an export on KServe:
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,10 +36,6 @@ CONFIG_IN_IMAGE = f"{SRV}/kserve.json"
 # the image to the TorchServe release the archives were built and tested with.
 DEFAULT_TORCHSERVE_IMAGE_TAG = "0.12.0"
 # TorchServe's ports in KServe's layout (kserve docs/samples/v1beta1/torchserve/v2/config.properties).
-TS_INFERENCE_PORT = 8085
-TS_METRICS_PORT = 8082
-TS_GRPC_INFERENCE_PORT = 7070
-TS_GRPC_MANAGEMENT_PORT = 7071
 # TorchServe >= 0.11 turns on token auth and turns off the model API by default; the
 # KServe wrapper registers models through the (pod-local) management API, so both
 # must be relaxed there (kserve docs/samples/v1beta1/torchserve/v2/mnist.yaml).
@@ -263,79 +258,6 @@ RUN pip install --no-deps /opt/pipeline \\
 """
         + _IMAGE_TAIL
     )
-
-
-def model_snapshot(mar_name: str) -> dict[str, Any]:
-    """TorchServe's startup snapshot: one model, batch size 1.
-
-    Batch size 1 because TorchServe 0.12's kservev2 envelope answers only the first
-    request of a batch (pytorch/serve#2158), should a user turn the envelope on."""
-    return {
-        "name": "startup.cfg",
-        "modelCount": 1,
-        "models": {
-            mar_name: {
-                "1.0": {
-                    "defaultVersion": True,
-                    "marName": f"{mar_name}.mar",
-                    "minWorkers": 1,
-                    "maxWorkers": 1,
-                    "batchSize": 1,
-                    "maxBatchDelay": 1,
-                    "responseTimeout": 60,
-                }
-            }
-        },
-    }
-
-
-def torchserve_properties(
-    mar_name: str, *, host: str = POD_HOST, envelope: bool = False
-) -> dict[str, str]:
-    """config.properties for KServe's TorchServe runtime (its keys, its ports).
-
-    The KServe wrapper in the torchserve-kfs image reads inference_address,
-    management_address, model_store and model_snapshot (one line of JSON).
-
-    No kservev2 envelope by default (`envelope=False`), and env config off so the
-    runtime's TS_SERVICE_ENVELOPE=kservev2 cannot switch it on: the envelope hands a
-    handler the bare list of input tensors instead of the request body, which the
-    project's handler refuses (400 "The JSON body must be an object with an
-    'inputs' field", checked with TorchServe 0.12.0). Without it TorchServe's own
-    /v2/models/<name>/infer route passes the Open Inference Protocol body through,
-    and the handler decodes and answers it in OIP v2 itself."""
-    return {
-        "inference_address": f"http://{host}:{TS_INFERENCE_PORT}",
-        "management_address": f"http://{host}:{TS_INFERENCE_PORT}",
-        "metrics_address": f"http://{host}:{TS_METRICS_PORT}",
-        "grpc_inference_port": str(TS_GRPC_INFERENCE_PORT),
-        "grpc_management_port": str(TS_GRPC_MANAGEMENT_PORT),
-        "enable_metrics_api": "true",
-        "metrics_mode": "prometheus",
-        "number_of_netty_threads": "4",
-        "job_queue_size": "10",
-        **(
-            {"service_envelope": "kservev2", "enable_envvars_config": "true"}
-            if envelope
-            else {"enable_envvars_config": "false"}
-        ),
-        "install_py_dep_per_model": "false",
-        "model_store": "/mnt/models/model-store",
-        "model_snapshot": json.dumps(model_snapshot(mar_name), separators=(",", ":")),
-    }
-
-
-def properties_text(props: dict[str, str]) -> str:
-    return "".join(f"{k}={v}\n" for k, v in props.items())
-
-
-def parse_properties(text: str) -> dict[str, str]:
-    out = {}
-    for line in text.splitlines():
-        if line.strip() and not line.lstrip().startswith("#") and "=" in line:
-            key, _, value = line.partition("=")
-            out[key.strip()] = value.strip()
-    return out
 
 
 def torchserve_isvc(config: DeployConfig) -> dict[str, Any]:

@@ -71,6 +71,12 @@ class _BenchReport(BenchReport):
 class _Packaging(Packaging):
     model_format = "pytorch"
 
+    def layout_files(self, name: str, *, envelope: bool = False) -> dict[str, str]:
+        from pipeline.runtimes.torchserve import properties
+
+        conf = properties.text(properties.on_kserve(name, envelope=envelope))
+        return {"config/config.properties": conf}
+
     def package(self, model: str, export_dir: Path, fmt: str, dest: Path) -> Path:
         from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
 

@@ -139,7 +139,7 @@ class ArchiveConfig:
 
 def archive_name(model: str, fmt: str) -> str:
     """TorchServe model name: 'digits_lenet' + torchscript → 'digits_lenet_ts'."""
-    return f"{paths.model_slug(model)}_{registry.get(fmt).archive_suffix}"
+    return f"{paths.model_slug(model)}_{registry.get(fmt).served_suffix}"
 
 
 def model_config(config: ArchiveConfig) -> dict[str, object]:

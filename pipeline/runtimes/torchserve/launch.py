@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.paths import DEFAULT_STORE
+from pipeline.runtimes.torchserve import properties
 from pipeline.runtimes.torchserve import shadow as shadow_
 from pipeline.runtimes.torchserve import store as store_
 from pipeline.runtimes.torchserve.constants import CONFIG_PROPERTIES, KEY_FILE, NAME
@@ -149,7 +150,7 @@ def _properties(config: ServeConfig, store: Path, models: list[str], backend_por
         **({"model_metrics_auto_detect": "true"} if config.shadow else {}),
         **config.extra_properties,
     }
-    return "".join(f"{k}={v}\n" for k, v in props.items())
+    return properties.text(props)
 
 
 def _launch(config: ServeConfig) -> Launch:
