@@ -53,6 +53,7 @@ __all__ = [
     "decode_image",
     "decode_request",
     "encode_outputs",
+    "oip_arrays",
     "parse_body",
 ]
 
@@ -183,36 +184,81 @@ def _to_array(value: Any, spec: InputSpec) -> np.ndarray:
     return array
 
 
-def _v2_array(item: Mapping[str, Any], spec: InputSpec) -> np.ndarray:
-    shape, datatype, data = item.get("shape"), item.get("datatype"), item.get("data")
-    if not isinstance(shape, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) for d in shape
-    ):
+@dataclass(frozen=True)
+class _JsonTensor:
+    """An OIP JSON tensor as sent, unchecked (oip_arrays checks each field)."""
+
+    name: Any
+    datatype: Any
+    shape: Any
+    data: Any
+
+
+def oip_arrays(
+    tensors: Sequence[Any], specs: Sequence[InputSpec], limits: Limits | None = None
+) -> tuple[dict[str, np.ndarray], bool]:
+    """Open Inference Protocol input tensors → checked arrays with their batch axis, and
+    whether they had none (`check_arrays`). RequestError (400, or 413 past `limits`).
+
+    The one server-side reader of OIP inputs: the KServe runtime's (REST and gRPC, as
+    `oip.Tensor` or kserve's `InferInput`: name, datatype, shape, data or as_numpy) and
+    the TorchServe handler's OIP JSON. JSON values go through the same range checks as
+    the handlers' JSON (`_to_array`): 1.5 or 1e300 for an INT64 input is refused, not
+    truncated or wrapped as numpy's cast would."""
+    names = [s.name for s in specs]
+    got = [getattr(t, "name", None) for t in tensors]
+    if sorted(map(str, got)) != sorted(names):
         raise RequestError(
-            f"V2 input {spec.name!r}: 'shape' must be a list of integers.", expected=spec.describe()
+            f"Inputs must be named {names}, got {got}.", expected=[s.describe() for s in specs]
         )
-    # Found by fuzzing: with a zero dimension math.prod no longer bounds the others,
-    # and numpy's reshape raised ValueError (a 500) for [0, 10**30] or for more than
-    # 64 dimensions. Zero-size tensors and extra dimensions are refused by
-    # check_arrays anyway, so refuse them here, before reshaping.
-    if any(d < 1 for d in shape) or len(shape) > len(spec.shape) or math.prod(shape) > MAX_ELEMENTS:
-        raise RequestError(
-            f"V2 input {spec.name!r}: shape {shape} has too many dimensions or is empty, negative or too large.",
-            expected=spec.describe(),
-        )
-    wanted = oip.NAMES.get(spec.dtype)
-    if datatype != wanted:
-        raise RequestError(
-            f"V2 input {spec.name!r}: datatype must be {wanted}, got {datatype!r}.",
-            expected=spec.describe(),
-        )
-    flat = _to_array(data, spec).reshape(-1) if isinstance(data, list) else None
-    if flat is None or flat.size != math.prod(shape):
-        raise RequestError(
-            f"V2 input {spec.name!r}: 'data' must hold {math.prod(shape)} values for shape {shape}.",
-            expected=spec.describe(),
-        )
-    return flat.reshape(shape)
+    by_name = {s.name: s for s in specs}
+    arrays = {}
+    for item in tensors:
+        spec = by_name[str(item.name)]
+        wanted = oip.NAMES.get(spec.dtype)
+        if item.datatype != wanted:
+            raise RequestError(
+                f"Input {spec.name!r}: datatype must be {wanted}, got {item.datatype!r}.",
+                expected=spec.describe(),
+            )
+        shape = item.shape
+        # Found by fuzzing: with a zero dimension math.prod no longer bounds the others,
+        # and numpy's reshape raised ValueError (a 500) for [0, 10**30] or for more than
+        # 64 dimensions: refuse them before reshaping.
+        if (
+            not isinstance(shape, list | tuple)
+            or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape)
+            or any(d < 1 for d in shape)
+            or len(shape) > len(spec.shape)
+            or math.prod(shape) > MAX_ELEMENTS
+        ):
+            raise RequestError(
+                f"Input {spec.name!r}: shape {shape} has too many dimensions or is empty, "
+                f"negative or too large; expected {list(spec.shape)}.",
+                expected=spec.describe(),
+            )
+        data = getattr(item, "data", None)
+        size = math.prod(shape)
+        # JSON values (a list; or, for a JSON tensor, whatever 'data' holds) are range-checked
+        # as the handlers' JSON are; raw bytes (binary extension, gRPC) are read by as_numpy.
+        if not hasattr(item, "as_numpy") or (isinstance(data, list) and spec.dtype in _JSON_DTYPES):
+            flat = _to_array(data, spec).reshape(-1) if isinstance(data, list) else None
+            if flat is None or flat.size != size:
+                raise RequestError(
+                    f"Input {spec.name!r}: 'data' must hold {size} values for shape {shape}.",
+                    expected=spec.describe(),
+                )
+            arrays[spec.name] = flat.reshape(shape)
+            continue
+        try:  # raw bytes: a copy, as binary tensors are read-only views of the body
+            arrays[spec.name] = np.array(item.as_numpy()).reshape(shape)
+        except Exception as err:  # noqa: BLE001 - a bad tensor is this request's 400
+            raise RequestError(
+                f"Input {spec.name!r}: data does not match shape {list(shape)} and datatype "
+                f"{item.datatype} ({type(err).__name__}: {err}).",
+                expected=spec.describe(),
+            ) from None
+    return check_arrays(arrays, specs, limits)
 
 
 def _collect(body: Any, specs: Sequence[InputSpec]) -> tuple[dict[str, np.ndarray], str]:
@@ -230,14 +276,8 @@ def _collect(body: Any, specs: Sequence[InputSpec]) -> tuple[dict[str, np.ndarra
         and all(isinstance(i, dict) for i in inputs)
         and any("datatype" in i for i in inputs)
     )
-    if is_v2:  # Open Inference Protocol
-        got = [i.get("name") for i in inputs]
-        if sorted(map(str, got)) != sorted(names):
-            raise RequestError(
-                f"V2 inputs must be named {names}, got {got}.",
-                expected=[s.describe() for s in specs],
-            )
-        return {str(i["name"]): _v2_array(i, by_name[str(i["name"])]) for i in inputs}, "v2"
+    if is_v2:  # Open Inference Protocol: its one reader, oip_arrays (decode_request)
+        return {}, "v2"
     if isinstance(inputs, dict):
         if sorted(inputs) != sorted(names):
             raise RequestError(
@@ -312,7 +352,14 @@ def decode_request(
             )
         return Decoded({specs[0].name: decode_image(value)}, "image", unbatched=False)
     arrays, protocol = _collect(value, specs)
-    arrays, unbatched = check_arrays(arrays, specs, limits)
+    if protocol == "v2":  # OIP JSON, data inline: each tensor as its JSON object says
+        tensors = [
+            _JsonTensor(i.get("name"), i.get("datatype"), i.get("shape"), i.get("data"))
+            for i in value["inputs"]
+        ]
+        arrays, unbatched = oip_arrays(tensors, specs, limits)
+    else:
+        arrays, unbatched = check_arrays(arrays, specs, limits)
     return Decoded(arrays, protocol, unbatched)
 
 

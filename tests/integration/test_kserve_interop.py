@@ -444,6 +444,23 @@ def test_recurrent_pt2_answers_tritonclient_at_other_sequence_lengths(
         client.close()
 
 
+@pytest.mark.parametrize("data", [[1.5, 2, 3], [1e300, 2, 3]], ids=["fraction", "too-big"])
+def test_int64_tokens_it_cannot_hold_are_a_400_not_a_cast(server: Server, data: list) -> None:
+    """OIP JSON values an INT64 input cannot hold are refused (codec.oip_arrays, the reader
+    TorchServe's handler shares), where numpy's cast served 1.5 as 1; then a good request."""
+    url = f"{server.inference_url}/v2/models/lstm_tagger_pt2/infer"
+    headers = {**_auth(server), "Content-Type": "application/json"}
+
+    def body(values: list) -> bytes:
+        item = {"name": "tokens", "shape": [1, 3], "datatype": "INT64", "data": values}
+        return json.dumps({"inputs": [item]}).encode()
+
+    r = httpx.post(url, content=body(data), headers=headers, timeout=60)
+    assert r.status_code == 400, r.text
+    assert "int64" in r.json()["error"]
+    assert httpx.post(url, content=body([1, 2, 3]), headers=headers, timeout=60).status_code == 200
+
+
 @pytest.mark.parametrize("made", ["detector", "two_stage"])
 def test_served_detections_pass_the_detection_rule_over_rest_grpc_and_tritonclient(
     server: Server, made: str, tmp_path: Path, request: pytest.FixtureRequest

@@ -6,7 +6,6 @@ Import after kserve (runtime.py hides sys.argv from kserve's import).
 from __future__ import annotations
 
 import logging
-import math
 import time
 import uuid
 from pathlib import Path
@@ -22,7 +21,7 @@ from pipeline.runtimes.kserve.batching import Batcher
 from pipeline.runtimes.kserve.config import RuntimeConfig, ServedExport
 from pipeline.runtimes.kserve.fastpath import ClientError
 from pipeline_runtime import codec, oip, tracing
-from pipeline_runtime.request import MAX_ELEMENTS, SAMPLES_PER_BATCH
+from pipeline_runtime.request import SAMPLES_PER_BATCH
 
 log = logging.getLogger("pipeline.runtimes.kserve")
 
@@ -161,44 +160,11 @@ class ExportModel(kserve.Model):
 
     def check(self, tensors: Any) -> tuple[dict[str, np.ndarray], bool]:
         """Input tensors (kserve's InferInput or oip.Tensor: name, datatype, shape,
-        as_numpy) → checked arrays with their batch axis, and whether they had none."""
-        names = [s.name for s in self.specs]
-        got = [i.name for i in tensors]
-        if sorted(map(str, got)) != sorted(names):
-            raise Refused(f"Inputs must be named {names}, got {got}.")
-        by_name = {s.name: s for s in self.specs}
-        arrays = {}
-        for item in tensors:
-            spec = by_name[item.name]
-            wanted = oip.NAMES.get(spec.dtype)
-            if item.datatype != wanted:
-                raise Refused(
-                    f"Input {spec.name!r}: datatype must be {wanted}, got {item.datatype!r}."
-                )
-            shape = item.shape
-            if (
-                not isinstance(shape, list | tuple)
-                or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape)
-                or any(d < 1 for d in shape)
-                or len(shape) > len(spec.shape)
-                or math.prod(shape) > MAX_ELEMENTS
-            ):
-                raise Refused(
-                    f"Input {spec.name!r}: shape {shape} is empty, negative, too large or has "
-                    f"too many dimensions; expected {list(spec.shape)}."
-                )
-            try:
-                # A copy: binary tensors are read-only views of the request body.
-                arrays[spec.name] = np.array(item.as_numpy())
-            except (InvalidInput, ClientError):
-                raise
-            except Exception as err:  # noqa: BLE001 - a bad tensor is this request's 400
-                raise Refused(
-                    f"Input {spec.name!r}: data does not match shape {list(shape)} and datatype "
-                    f"{item.datatype} ({type(err).__name__}: {err})."
-                ) from None
+        as_numpy) → checked arrays with their batch axis, and whether they had none: read
+        by the Open Inference Protocol's one server-side reader (codec.oip_arrays), which
+        the TorchServe handler's OIP requests go through too."""
         try:
-            return codec.check_arrays(arrays, self.specs, self.limits)
+            return codec.oip_arrays(tensors, self.specs, self.limits)
         except codec.RequestError as err:
             raise Refused(str(err), 413 if err.status == 413 else 400) from None
 
