@@ -27,6 +27,7 @@ from pipeline.runtimes.kserve.leanimage import (
     closure,
     requirements,
 )
+from pipeline.runtimes.kserve.leanimage import lean as image_is_lean
 from pipeline_runtime.manifest import WARMUP_KEY
 from tests.conftest import run_cli
 from tests.tamper import _write, copy_export
@@ -109,6 +110,11 @@ def test_an_export_without_warmup_serves_through_torch(
     assert answer["torch"] is True and answer["torch_free"] is False
     assert "re-export to serve it torch-free" in stderr
     np.testing.assert_allclose(np.asarray(answer["outputs"][0]), eager[0].numpy(), atol=1e-4)
+    # ... so `deploy kserve` keeps torch in its image: the image is lean exactly when the
+    # worker in it will load without torch (it was lean by the format alone, and its
+    # worker then failed to import torch).
+    assert image_is_lean("onnx", read_manifest(exported.out_dir)) is True
+    assert image_is_lean("onnx", read_manifest(old)) is False
 
 
 def test_deploy_of_onnx_builds_the_torch_free_image(exported: ExportResult, tmp_path: Path) -> None:

@@ -86,6 +86,7 @@ def deploy_kserve(config: m.DeployConfig, *, force: bool = False) -> DeployResul
     if out.exists() and any(out.iterdir()) and not force:
         raise DeployError(f"{out} exists and is not empty; choose another --out or pass --force.")
 
+    torch_free = leanimage.lean(config.format, manifest)  # as its worker will load it
     packager = _pytorch_runtime()
     docs = {
         "inferenceservice.yaml": m.runtime_isvc(config),
@@ -103,10 +104,10 @@ def deploy_kserve(config: m.DeployConfig, *, force: bool = False) -> DeployResul
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             (staging / rel).write_text(_dump(doc))
         (staging / "kserve.json").write_text(json.dumps(m.runtime_config(config), indent=2) + "\n")
-        (staging / "Dockerfile").write_text(m.dockerfile(config))
+        (staging / "Dockerfile").write_text(m.dockerfile(config, torch_free=torch_free))
         shutil.copytree(export_dir, staging / "export", ignore=_ignored)
         _copy_source(staging / "src")
-        if leanimage.lean(config.format):  # the torch-free image's one list (leanimage)
+        if torch_free:  # the torch-free image's one list (leanimage)
             (staging / "src" / leanimage.REQUIREMENTS_FILE).write_text(
                 "\n".join(leanimage.requirements(PROJECT_ROOT / "pyproject.toml")) + "\n"
             )
@@ -134,7 +135,7 @@ def deploy_kserve(config: m.DeployConfig, *, force: bool = False) -> DeployResul
         mar=out / STORE / mar.name if mar else None,
         served_name=m.served_name(config.model),
         torchserve_name=ts_name,
-        torch_free=leanimage.lean(config.format),
+        torch_free=torch_free,
     )
 
 

@@ -20,15 +20,22 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 from pipeline_runtime import formats
+from pipeline_runtime.manifest import Manifest
 
 EXTRA = "serve-onnx"
 REQUIREMENTS_FILE = "requirements-serve-onnx.txt"
 
 
-def lean(fmt: str) -> bool:
-    """Whether `fmt`'s image can leave torch out (its descriptor's runner needs none)."""
+def lean(fmt: str, manifest: Manifest) -> bool:
+    """Whether the image for `fmt` of this export can leave torch out: exactly when the
+    runtime's worker loads it without torch (loading.lean: its descriptor's runner needs
+    none, the manifest's record carrying it for a format this process does not know, and
+    the export holds the torch-free warm-up inputs). An older export without them is
+    served through torch, so its image keeps torch."""
+    from pipeline.runtimes.kserve.loading import lean as served_lean
+
     try:
-        return formats.of(fmt).torch_free
+        return served_lean(fmt, manifest)
     except formats.UnknownFormatError:
         return False
 

@@ -215,10 +215,11 @@ CMD ["python", "-m", "pipeline.runtimes.kserve.runtime", "{CONFIG_IN_IMAGE}"]
 """
 
 
-def dockerfile(config: DeployConfig) -> str:
+def dockerfile(config: DeployConfig, *, torch_free: bool = False) -> str:
+    """The image's Dockerfile; `torch_free`: the lean one (leanimage.lean said so)."""
     from pipeline.runtimes.kserve import leanimage
 
-    if leanimage.lean(config.format):
+    if torch_free:
         return _lean_dockerfile(config, leanimage.REQUIREMENTS_FILE, leanimage.EXTRA)
     return (
         f"""\
