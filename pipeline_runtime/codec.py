@@ -240,8 +240,10 @@ def oip_arrays(
         data = getattr(item, "data", None)
         size = math.prod(shape)
         # JSON values (a list; or, for a JSON tensor, whatever 'data' holds) are range-checked
-        # as the handlers' JSON are; raw bytes (binary extension, gRPC) are read by as_numpy.
-        if not hasattr(item, "as_numpy") or (isinstance(data, list) and spec.dtype in _JSON_DTYPES):
+        # as the handlers' JSON are; raw bytes (binary extension, gRPC) are read by as_numpy
+        # (kserve's gRPC InferInput holds them beside an empty `data` list).
+        values = isinstance(data, list) and bool(data) and spec.dtype in _JSON_DTYPES
+        if not hasattr(item, "as_numpy") or values:
             flat = _to_array(data, spec).reshape(-1) if isinstance(data, list) else None
             if flat is None or flat.size != size:
                 raise RequestError(

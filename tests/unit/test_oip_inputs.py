@@ -71,8 +71,12 @@ def test_the_same_tensors_read_the_same_on_every_route() -> None:
     binary, _ = codec.oip_arrays(
         oip.Request.from_json(json.loads(content[:length]), content[length:]).inputs, CELL
     )
+    # kserve's own gRPC decoding: raw contents beside an empty `data` list
+    infer_type = oip.kserve_module("kserve.protocol.infer_type")
+    message = oip.Request((oip.Tensor.from_array("x", x), oip.Tensor.from_array("h", h))).to_grpc()
+    from_grpc, _ = codec.oip_arrays(infer_type.InferRequest.from_grpc(message).inputs, CELL)
     grpc, _ = codec.oip_arrays([_kserve_input("x", "FP32", [1, 2], x), _kserve_input("h", "FP32", [1, 2], h)], CELL)  # fmt: skip
-    for got in (handler.arrays, rest, binary, grpc):
+    for got in (handler.arrays, rest, binary, grpc, from_grpc):
         np.testing.assert_array_equal(got["x"], x)
         np.testing.assert_array_equal(got["h"], h)
         got["x"][0, 0] = 9  # each a writable copy, not a view of the request body
