@@ -168,6 +168,9 @@ def test_archive_json_carries_the_fastest_backend_bench_measured(tmp_path: Path)
     assert info.sha256 == sha256_file(export_dir / "model.torchscript.pt")
     # The export itself is never written to after export.
     assert "fastest" not in json.loads((export_dir / "manifest.json").read_text())
+    # Stored, not deflated (archive.py: weights barely compress, deflating cost seconds).
+    with zipfile.ZipFile(mar) as zf:
+        assert {i.compress_type for i in zf.infolist()} == {zipfile.ZIP_STORED}
 
 
 def test_requests_are_batched_on_their_batch_axis_and_fail_alone(

@@ -284,6 +284,10 @@ def _package(
         export_path=str(staging),
         force=True,
         config_file=str(staging / "model-config.yaml"),
+        # Stored, not deflated: weights barely compress. Faster R-CNN's two 74 MB files
+        # took 7.2 CPU-s to deflate (and 1.1 s to inflate at every TorchServe start)
+        # for an archive 9% smaller; stored, 0.26 s and 0.16 s.
+        archive_format="zip-store",
     )
     scratch = staging / "scratch"
     scratch.mkdir()
