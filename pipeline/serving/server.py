@@ -128,6 +128,14 @@ class Server:
         return [p for p in self.pids.values() if _ours(p, Path(self.run_dir), self.markers)]
 
 
+class NoSuchKeyError(ServeError, KeyError):
+    """A key the server has no file for: a ServeError that is also the KeyError a
+    Mapping raises, so `in` and `.get` on `Server.keys()` work."""
+
+    def __str__(self) -> str:  # the message, not KeyError's repr of it
+        return str(self.args[0]) if self.args else ""
+
+
 class _Keys(Mapping[str, str]):
     def __init__(self, run_dir: Path, files: dict[str, str]) -> None:
         self._run_dir = run_dir
@@ -135,7 +143,9 @@ class _Keys(Mapping[str, str]):
 
     def __getitem__(self, api: str) -> str:
         if api not in self._files:
-            raise ServeError(f"This server has no {api} key (its keys: {', '.join(self._files)}).")
+            raise NoSuchKeyError(
+                f"This server has no {api} key (its keys: {', '.join(self._files)})."
+            )
         path = self._run_dir / self._files[api]
         try:
             return str(json.loads(path.read_text())[api]["key"])
@@ -146,6 +156,9 @@ class _Keys(Mapping[str, str]):
                 else f" (the {api} key is readable by the user who ran `pipeline serve` only)"
             )
             raise ServeError(f"Cannot read the {api} token from {path}: {err}{hint}") from None
+
+    def __contains__(self, api: object) -> bool:  # which keys it has, without reading them
+        return api in self._files
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._files)

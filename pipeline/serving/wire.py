@@ -105,9 +105,9 @@ def decode_oip(content: bytes, headers: Mapping[str, str] | None = None) -> dict
         split = int(length) if length is not None else len(content)
         body = json.loads(content[:split])
         response = oip.Response.from_json(body, content[split:])
+        return {t.name: torch.from_numpy(t.as_numpy().copy()) for t in response.outputs}
     except (ValueError, TypeError) as err:  # oip.OipError is a ValueError
         raise WireError(f"Not an Open Inference Protocol answer: {err}") from None
-    return {t.name: torch.from_numpy(t.as_numpy().copy()) for t in response.outputs}
 
 
 def oip_from_file(content: bytes, kind: str, inputs: list[dict[str, Any]]) -> dict[str, np.ndarray]:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from pipeline_runtime import formats
 from pipeline_runtime.manifest import Manifest
 
 EXTRA = "serve-onnx"
@@ -31,13 +30,11 @@ def lean(fmt: str, manifest: Manifest) -> bool:
     runtime's worker loads it without torch (loading.lean: its descriptor's runner needs
     none, the manifest's record carrying it for a format this process does not know, and
     the export holds the torch-free warm-up inputs). An older export without them is
-    served through torch, so its image keeps torch."""
+    served through torch, so its image keeps torch. ArtifactError for a format without a
+    descriptor (deploy checks the format against the registry first)."""
     from pipeline.runtimes.kserve.loading import lean as served_lean
 
-    try:
-        return served_lean(fmt, manifest)
-    except formats.UnknownFormatError:
-        return False
+    return served_lean(fmt, manifest)
 
 
 def requirements(pyproject: Path, extra: str | None = EXTRA) -> list[str]:

@@ -35,7 +35,6 @@ CONFIG_IN_IMAGE = f"{SRV}/kserve.json"
 # v0.20.0), built on a torch far older than the one the archives are made with; pin
 # the image to the TorchServe release the archives were built and tested with.
 DEFAULT_TORCHSERVE_IMAGE_TAG = "0.12.0"
-# TorchServe's ports in KServe's layout (kserve docs/samples/v1beta1/torchserve/v2/config.properties).
 # TorchServe >= 0.11 turns on token auth and turns off the model API by default; the
 # KServe wrapper registers models through the (pod-local) management API, so both
 # must be relaxed there (kserve docs/samples/v1beta1/torchserve/v2/mnist.yaml).
@@ -65,7 +64,7 @@ class DeployConfig:
         ""  # TorchServe layout's location in the cluster; default pvc://models/<name>
     )
     torchserve_image_tag: str = DEFAULT_TORCHSERVE_IMAGE_TAG
-    torchserve_envelope: bool = False  # see torchserve_properties
+    torchserve_envelope: bool = False  # see pipeline.runtimes.torchserve.properties.on_kserve
     threads: int = 1
     max_batch_size: int = 8
     extra_labels: dict[str, str] = field(default_factory=dict)

@@ -43,6 +43,7 @@ from pipeline.runtimes.torchserve.constants import CONFIG_PROPERTIES, KEY_FILE, 
 from pipeline.runtimes.torchserve.gateway import CONFIG_FILE as GATEWAY_CONFIG
 from pipeline.runtimes.torchserve.gateway import GatewayConfig
 from pipeline.runtimes.torchserve.keys import publish_inference_key
+from pipeline.runtimes.torchserve.management import MANAGEMENT
 from pipeline.runtimes.torchserve.workers import scale, status, wait_ready, warm_up, worker_plan
 from pipeline.serving import launcher, live
 from pipeline.serving.launcher import Launch, free_port, port_free, stop
@@ -280,7 +281,7 @@ def start(config: ServeConfig) -> Server:
         },
         ca_file=str(Path(config.tls_cert).resolve()) if config.tls_cert else None,
         served=store_.archive_infos(store, models),
-        key_files={"management": KEY_FILE},
+        key_files={MANAGEMENT: KEY_FILE},
     )
     server.record()
     with launcher.stopped_on_failure(run_dir):

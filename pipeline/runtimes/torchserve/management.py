@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import httpx
 
+from pipeline.runtimes.torchserve.constants import KEY_FILE
 from pipeline.serving.client import auth_headers
 from pipeline.serving.server import Server
+
+MANAGEMENT = "management"  # the key's API name in TorchServe's key file
+
+
+def management_headers(server: Server) -> dict[str, str]:
+    """The management key's Authorization header. A server.json written before servers
+    recorded their key files (`Server.key_files`) names none: TorchServe's own file then,
+    as it was."""
+    if MANAGEMENT not in server.key_files:
+        server = replace(server, key_files={**server.key_files, MANAGEMENT: KEY_FILE})
+    return auth_headers(server, MANAGEMENT)
 
 
 def management(
@@ -26,7 +39,7 @@ def management(
         method,
         f"{server.extras['management_url']}{path}",
         params=params,
-        headers=auth_headers(server, "management"),
+        headers=management_headers(server),
         timeout=timeout,
     )
 
