@@ -13,11 +13,13 @@ cannot look fast.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import http.client
 import logging
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -163,6 +165,40 @@ def _one_connection(server: Server, timeout: float) -> http.client.HTTPConnectio
     return http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=timeout)
 
 
+# Called with the served names whose measured requests begin (their warm-up done):
+# every_level reads the server's stage totals then, so a row's server split is over its
+# measured requests only (warm-up requests, slower, once made the server's mean exceed
+# the client's).
+_WARMED: contextvars.ContextVar[Callable[[list[str]], None] | None] = contextvars.ContextVar(
+    "warmed", default=None
+)
+
+
+def _warmed(names: list[str]) -> None:
+    hook = _WARMED.get()
+    if hook is not None:
+        hook(names)
+
+
+@contextlib.contextmanager
+def windows(probe: split.Probe | None) -> Iterator[dict[str, split.Totals]]:
+    """The server's stage totals (`probe`) read when each served name's measured requests
+    begin, after its warm-up (`sequential` and `measure` say when), by served name: the
+    start of that name's server-split window for what runs inside."""
+    starts: dict[str, split.Totals] = {}
+
+    def warmed(names: list[str]) -> None:
+        if probe is not None and any(n not in starts for n in names):
+            now = probe()
+            starts.update({n: now for n in names if n not in starts})
+
+    token = _WARMED.set(warmed)
+    try:
+        yield starts
+    finally:
+        _WARMED.reset(token)
+
+
 def sequential(
     paths: dict[str, tuple[Server, str]],
     body: wire.Body,
@@ -193,6 +229,7 @@ def sequential(
     try:
         while True:
             if not measured and rounds >= 10 and time.perf_counter() > warm_until:
+                _warmed([name for _, name in paths.values()])
                 measured, rounds, deadline = True, 0, time.perf_counter() + budget_s
             if measured and (rounds >= requests or time.perf_counter() > deadline):
                 break
@@ -228,6 +265,7 @@ def measure(
 ) -> ServedPoint:
     """Warm up at this level (connections open, the batch path hot), then measure."""
     asyncio.run(_load(server, name, body, level, level, timeout, WARMUP_BUDGET_S))
+    _warmed([name])
     lat, failed, elapsed = asyncio.run(
         _load(server, name, body, level, requests, timeout, budget_s)
     )
@@ -280,27 +318,28 @@ def every_level(
     for k, level in enumerate(settings.concurrencies):
         order = live[k % len(live) :] + live[: k % len(live)] if live else []
         before = probe() if probe is not None else {}
-        if level == 1:
-            got = at_one(order) if order else []
-        else:
-            got = [
-                measure(
-                    server,
-                    names[fmt],
-                    body,
-                    level,
-                    settings.requests_per_level,
-                    timeout,
-                    settings.level_budget_s,
-                    backend=backend(fmt),
-                    **point,
-                )
-                for fmt in order
-            ]
+        with windows(probe) as starts:
+            if level == 1:
+                got = at_one(order) if order else []
+            else:
+                got = [
+                    measure(
+                        server,
+                        names[fmt],
+                        body,
+                        level,
+                        settings.requests_per_level,
+                        timeout,
+                        settings.level_budget_s,
+                        backend=backend(fmt),
+                        **point,
+                    )
+                    for fmt in order
+                ]
         if probe is not None:
             after = probe()
             for p in got:  # TorchServe's own-port rows share their format's model
                 name = served.get(p.backend) or served.get(p.backend.rsplit("/", 1)[0], "")
-                p.server_ms = split.between(before, after, name, p.mean_ms)
+                p.server_ms = split.between(starts.get(name, before), after, name, p.mean_ms)
         points += got
     return points

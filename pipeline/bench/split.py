@@ -5,8 +5,9 @@ each runtime's /metrics read by its own `BenchReport.split` (the KServe runtime'
 stage histograms, summed over its workers; TorchServe's frontend queue and inference
 counters); the difference per request is where the server spent the
 row's time, and what the client measured beyond it is the rest: the HTTP framing, the
-kernel's loopback and the client itself. The window includes the level's warm-up
-requests, so the split is a mean over slightly more requests than the row's.
+kernel's loopback and the client itself. Each served name's window starts when its
+measured requests do, after its warm-up (bench.load's `_warmed`): the split is a mean
+over the row's own requests.
 """
 
 from __future__ import annotations

@@ -127,6 +127,8 @@ def test_quick_bench_writes_json_table_charts_and_the_fastest_backend(
         if row["backend"].startswith("kserve/"):
             assert {"decode", "queue", "compute", "encode"} <= split.keys(), row
             assert 0 < split["server"] < row["mean_ms"], row
+            # over the row's own requests: the window opens after the warm-up
+            assert split["requests"] <= row["requests"], row
         elif row["backend"].startswith("torchserve/"):
             assert {"queue", "backend"} <= split.keys() and split["backend"] > 0, row
         else:

@@ -203,20 +203,31 @@ def measure_levels(
     """First answer checked, then concurrency 1 and 8 with the served rows' clients;
     `probe`: our runtime's stage totals, for each row's server split."""
     first = load.check_answer(server, name, body, expected)
-    before = probe() if probe else {}
-    lat, failed = load.sequential({"one": (server, name)}, body, requests, budget_s)["one"]
-    point = load.sequential_point(
-        lat, failed, first_request_ms=first, model="", backend="", batching=""
-    )
-    points = [point]
-    for level in LEVELS[1:]:
-        after = probe() if probe else {}
-        point.server_ms = split.between(before, after, name, point.mean_ms) if probe else None
-        before = after
-        point = load.measure(
-            server, name, body, level, requests, 120.0, budget_s, model="", backend="", batching=""
-        )
+    points = []
+    for level in LEVELS:
+        before = probe() if probe else {}
+        with load.windows(probe) as starts:  # each level's window opens after its warm-up
+            if level == 1:
+                one = load.sequential({"one": (server, name)}, body, requests, budget_s)
+                lat, failed = one["one"]
+                point = load.sequential_point(
+                    lat, failed, first_request_ms=first, model="", backend="", batching=""
+                )
+            else:
+                point = load.measure(
+                    server,
+                    name,
+                    body,
+                    level,
+                    requests,
+                    120.0,
+                    budget_s,
+                    model="",
+                    backend="",
+                    batching="",
+                )
+        if probe:
+            start = starts.get(name, before)
+            point.server_ms = split.between(start, probe(), name, point.mean_ms)
         points.append(point)
-    if probe:
-        point.server_ms = split.between(before, probe(), name, point.mean_ms)
     return points
