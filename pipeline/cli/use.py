@@ -63,6 +63,13 @@ def add_client_commands(sub: argparse._SubParsersAction, formats: list[str]) -> 
         help="SIGKILL the model's worker once this many requests were answered",
     )
     p.add_argument(
+        "--kill-node-after",
+        type=int,
+        help="kill a worker node that serves the model (every process of it, as a lost "
+        "machine) once this many requests were answered, and report what clients saw and "
+        "how long until the surviving nodes answered (a runtime on a cluster: ray)",
+    )
+    p.add_argument(
         "--serve",
         action="store_true",
         help="serve the export from a private server of the runtime, on free "
@@ -115,6 +122,7 @@ def _cmd_loadtest(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         time_limit_s=args.time_limit,
         kill_worker_after=args.kill_worker_after,
+        kill_node_after=args.kill_node_after,
         encodings=tuple(e.strip() for e in args.encodings.split(",") if e.strip()),
         runtime=args.runtime,
         store=args.store if args.by_version else None,

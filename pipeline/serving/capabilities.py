@@ -2,7 +2,7 @@
 
 The core is what every runtime must do. Each capability here is an object a runtime
 holds or does not: `Runtime.versions`, `.shadow`, `.bench_report`, `.deploy`,
-`.packaging` and `.commands` are None when the runtime does not offer it, which is the one way a
+`.packaging`, `.commands` and `.nodes` are None when the runtime does not offer it, which is the one way a
 runtime says "not supported" (the commands that need one refuse, naming the runtime).
 A runtime implements only what it offers, as KServe's Python server leaves a model's
 `explain` out, and LitServe's `LitSpec` adds routes to a `LitAPI` only where one asks.
@@ -125,6 +125,22 @@ class Packaging(abc.ABC):
         stem), by path relative to the layout's root → text; `envelope`: the server's own
         translation of KServe's v2 requests on. None beyond the package by default."""
         return {}
+
+
+class Nodes(abc.ABC):
+    """A runtime spread over a cluster's nodes, one of which can be lost: `loadtest
+    --kill-node-after` kills a worker node that serves the model and reports how long
+    until the model answered from the survivors."""
+
+    @abc.abstractmethod
+    def serving(self, server: Server, name: str) -> list[str]:
+        """The ids of the nodes whose replicas serve `name` now."""
+
+    @abc.abstractmethod
+    def kill_node(self, server: Server, name: str) -> str:
+        """Kill one worker node (never the head) that serves `name`, as a machine is lost:
+        its processes SIGKILLed. Returns the node's id. ValueError when the server has no
+        such node (a one-node cluster, or one the runtime did not start)."""
 
 
 def refuse_shadow(title: str, settings: PrivateSettings) -> None:

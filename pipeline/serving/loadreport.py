@@ -32,6 +32,11 @@ class LoadReport:
     worker_pids_after: list[int] = field(default_factory=list)
     killed_pid: int | None = None
     recovery_s: float | None = None  # SIGKILL until a new worker was READY
+    killed_node: str | None = None  # --kill-node-after: the worker node killed
+    # From the node's kill until the first answer after the last request that failed
+    # (after the kill): how long clients saw the model not answering.
+    node_recovery_s: float | None = None
+    failed_after_kill: int = 0  # requests that failed, retries spent, after the kill
     by_version: dict[str, int] = field(default_factory=dict)  # answers per version named
     errors: list[str] = field(default_factory=list)  # the first few, for the report
 
@@ -58,6 +63,12 @@ class LoadReport:
             recovery = f"{self.recovery_s:.1f} s" if self.recovery_s is not None else "never"
             lines.append(
                 f"  worker {self.killed_pid} SIGKILLed; a new worker was READY in {recovery}"
+            )
+        if self.killed_node is not None:
+            back = f"{self.node_recovery_s:.1f} s" if self.node_recovery_s is not None else "never"
+            lines.append(
+                f"  node {self.killed_node[:12]} killed: {self.failed_after_kill} request(s) "
+                f"failed after it; answering again from the surviving nodes in {back}"
             )
         if len(self.by_version) > 1 or "None" not in self.by_version:
             answered = ", ".join(f"{v}: {n}" for v, n in sorted(self.by_version.items()))

@@ -29,7 +29,7 @@ import signal
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,9 @@ class LoadConfig:
     time_limit_s: float = 600.0
     pool: int = 64  # distinct inputs, each answer checked against its eager output
     kill_worker_after: int | None = None  # SIGKILL the worker once this many were answered
+    # Kill a worker node that serves the model once this many were answered (a runtime with
+    # the `nodes` capability: a cluster's machine lost under load).
+    kill_node_after: int | None = None
     retries: int = 8  # resends per request, with the client's backoff
     seed: int = 0
     # How bodies are sent, in turn (ENCODINGS): the default is JSON as application/json.
@@ -96,6 +99,10 @@ class LoadConfig:
             raise LoadTestError("--time-limit must be positive.")
         if self.kill_worker_after is not None and not 0 <= self.kill_worker_after < self.requests:
             raise LoadTestError("--kill-worker-after must be between 0 and --requests - 1.")
+        if self.kill_node_after is not None and not 0 <= self.kill_node_after < self.requests:
+            raise LoadTestError("--kill-node-after must be between 0 and --requests - 1.")
+        if self.kill_node_after is not None and self.kill_worker_after is not None:
+            raise LoadTestError("Kill a worker or a node in one run, not both.")
         unknown = [e for e in self.encodings if e not in ENCODINGS]
         if unknown or not self.encodings:
             raise LoadTestError(
@@ -166,6 +173,24 @@ async def _watch_recovery(
     return None
 
 
+@dataclass
+class _NodeKill:
+    """When the node was killed, the last failure after it, and the answers since."""
+
+    at: float | None = None  # time.monotonic() of the kill
+    at_perf: float = 0.0  # the same moment on the requests' clock
+    last_failure: float | None = None
+    answered_at: list[float] = field(default_factory=list)
+
+    def recovery_s(self) -> float | None:
+        """Kill → the first answer after the last failure (the kill itself when none failed)."""
+        if self.at is None:
+            return None
+        since = self.last_failure or self.at
+        after = [t for t in self.answered_at if t >= since]
+        return min(after) - self.at if after else None
+
+
 async def _run(
     config: LoadConfig, server: Server, name: str, report: LoadReport, exported: ExportedModel
 ) -> None:
@@ -174,6 +199,7 @@ async def _run(
     latencies: list[float] = []
     next_index = 0
     recovery: asyncio.Task | None = None
+    node_kill = _NodeKill()
 
     async def one(http: client.AsyncClient, i: int) -> None:
         nonlocal recovery
@@ -185,6 +211,9 @@ async def _run(
         report.retried += answer.retries
         if not answer.ok:
             report.failed += 1
+            if node_kill.at is not None:
+                report.failed_after_kill += 1
+                node_kill.last_failure = time.monotonic()
             if answer.response is not None and answer.response.status_code >= 500:
                 report.server_errors += 1
             if len(report.errors) < 5:
@@ -215,6 +244,18 @@ async def _run(
             report.wrong += 1
             if len(report.errors) < 5:
                 report.errors.append(f"request {i}: {problem}")
+        elif node_kill.at is not None and t0 >= node_kill.at_perf:
+            node_kill.answered_at.append(time.monotonic())
+        if (
+            config.kill_node_after is not None
+            and node_kill.at is None
+            and report.answered >= config.kill_node_after
+        ):
+            node_kill.at, node_kill.at_perf = time.monotonic(), time.perf_counter()
+            nodes = runtime.of(server).nodes
+            assert nodes is not None  # run() refused a runtime without
+            report.killed_node = await asyncio.to_thread(nodes.kill_node, server, name)
+            log.info("killed node %s, which served %s", report.killed_node, name)
         if (
             config.kill_worker_after is not None
             and report.killed_pid is None
@@ -256,6 +297,7 @@ async def _run(
         report.duration_s = time.monotonic() - began
     if recovery is not None:
         report.recovery_s = await recovery
+    report.node_recovery_s = node_kill.recovery_s()
     report.not_sent = config.requests - next_index
     report.throughput_rps = report.answered / report.duration_s if report.duration_s else 0.0
     report.p50_ms = _percentile(latencies, 50)
@@ -281,6 +323,11 @@ def run(config: LoadConfig, exported: ExportedModel | None = None) -> LoadReport
         raise LoadTestError(
             f"--kill-worker-after needs a runtime that replaces a killed worker itself; "
             f"{rt.title} does not (in a cluster, Kubernetes restarts its pod)."
+        )
+    if config.kill_node_after is not None and rt.nodes is None:
+        raise LoadTestError(
+            f"--kill-node-after needs a runtime spread over a cluster's nodes; {rt.title} runs "
+            "on one machine (serve with --runtime ray --ray-nodes 2 --ray-replicas 2)."
         )
     readable = rt.protocol.encodings
     unread = [e for e in config.encodings if readable is not None and e not in readable]

@@ -21,5 +21,6 @@ class Declared:
 BUILTIN_RUNTIMES = (
     Declared("torchserve", "TorchServe"),
     Declared("kserve", "the KServe runtime"),
+    Declared("ray", "the Ray Serve runtime"),
 )
 BUILTIN = tuple(d.name for d in BUILTIN_RUNTIMES)

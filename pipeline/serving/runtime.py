@@ -45,6 +45,7 @@ from pipeline.serving.capabilities import (
     BenchReport,
     Commands,
     Deploy,
+    Nodes,
     Packaging,
     PrivateSettings,
     Shadow,
@@ -210,6 +211,7 @@ class Runtime(abc.ABC):
     deploy: ClassVar[Deploy | None] = None  # `pipeline deploy <name>`
     packaging: ClassVar[Packaging | None] = None  # a package another system serves
     commands: ClassVar[Commands | None] = None  # its own `pipeline` subcommands
+    nodes: ClassVar[Nodes | None] = None  # a cluster's nodes: loadtest --kill-node-after
 
     # -- the core -------------------------------------------------------------------
     @abc.abstractmethod

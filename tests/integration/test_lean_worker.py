@@ -136,6 +136,6 @@ def test_deploy_of_onnx_builds_the_torch_free_image(exported: ExportResult, tmp_
 
 @pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
 def test_only_onnx_with_its_warmup_is_lean(exported: ExportResult, fmt: str) -> None:
-    from pipeline.runtimes.kserve.loading import lean
+    from pipeline.serving.loading import lean
 
     assert lean(fmt, read_manifest(exported.out_dir)) is (fmt == "onnx")

@@ -69,6 +69,7 @@ def _own_args(name: str, artifacts: Path) -> list[str]:
         "torchserve": ["--management-port",
                        str(free_port()), "--metrics-port", str(free_port())],
         "kserve": ["--grpc-port", str(free_port()), "--format", "onnx", "--workers", "1"],
+        "ray": ["--ray-format", "onnx", "--ray-node-cpus", "1"],  # a one-node local cluster
     }  # fmt: skip
     return ports.get(name, [])
 

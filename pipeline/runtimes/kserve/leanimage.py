@@ -32,7 +32,7 @@ def lean(fmt: str, manifest: Manifest) -> bool:
     the export holds the torch-free warm-up inputs). An older export without them is
     served through torch, so its image keeps torch. ArtifactError for a format without a
     descriptor (deploy checks the format against the registry first)."""
-    from pipeline.runtimes.kserve.loading import lean as served_lean
+    from pipeline.serving.loading import lean as served_lean
 
     return served_lean(fmt, manifest)
 

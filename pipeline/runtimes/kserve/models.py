@@ -16,10 +16,11 @@ import numpy as np
 from kserve.errors import InvalidInput
 from prometheus_client import Counter, Gauge, Histogram
 
-from pipeline.runtimes.kserve import binary, loading
+from pipeline.runtimes.kserve import binary
 from pipeline.runtimes.kserve.batching import Batcher
 from pipeline.runtimes.kserve.config import RuntimeConfig, ServedExport
 from pipeline.runtimes.kserve.fastpath import ClientError
+from pipeline.serving import loading
 from pipeline_runtime import codec, oip, tracing
 from pipeline_runtime.request import SAMPLES_PER_BATCH
 

@@ -1,4 +1,5 @@
-"""Loading one export for the KServe runtime: torch-free for ONNX, through torch otherwise.
+"""Loading one export for a runtime's worker (KServe's, Ray's replicas): torch-free for ONNX,
+through torch otherwise.
 
 A worker serving ONNX (or its int8/float16 variants) on CPU opens the file with ONNX
 Runtime on numpy arrays and warms up on the export's `warmup.npz`: it never imports
@@ -21,7 +22,7 @@ from pipeline.core.manifest import artifact_path, read_manifest
 from pipeline_runtime import formats, ortsession
 from pipeline_runtime.manifest import WARMUP_KEY, Manifest
 
-log = logging.getLogger("pipeline.runtimes.kserve")
+log = logging.getLogger("pipeline.serving.loading")
 
 Forward = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
 

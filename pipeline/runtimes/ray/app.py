@@ -1,0 +1,265 @@
+"""The Ray Serve application: one Open Inference Protocol ingress, one deployment per model.
+
+`build(config)` binds them into one Serve application. The ingress (`Ingress`) answers
+the Open Inference Protocol over REST for every served model, with the shared guard's
+token, body limit and error shapes (pipeline.serving.guard), and reads each request
+with the protocol's one server-side reader (codec.oip_arrays); it hands the checked
+arrays to the model's deployment through a deployment handle. Each model deployment
+(`Model`) loads its export the way the KServe runtime's workers do
+(pipeline.serving.loading: torch-free for ONNX) and runs requests in `serve.batch`
+batches, stacked along their batch axis when their other dimensions agree.
+
+Why one ingress application rather than one application per model: Ray Serve routes
+REST by route prefix and gRPC by an `application` metadata key that tritonclient and
+kserve's client never send; one ingress that routes by model name serves both the same
+way (docs/notes/ray-serve-research.md). The ingress is pinned to the head node of a
+cluster the runtime starts (HEAD_RESOURCE), so losing a worker node never loses it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ray import serve
+from starlette.requests import Request
+from starlette.responses import Response
+
+from pipeline.runtimes.ray.constants import LOOPBACK_ENV
+from pipeline.serving import guard
+from pipeline_runtime import codec, oip
+
+
+def _loopback_only() -> None:
+    """Ray Serve 2.60 binds every replica's inter-deployment gRPC server to `[::]:0`
+    (ray/serve/_private/replica.py, hard-coded): every interface of the machine. In a
+    cluster the runtime started on 127.0.0.1 (the host sets LOOPBACK_ENV), the replica
+    binds it to 127.0.0.1 instead, the address its node advertises. This module is
+    imported in each replica process when Ray unpickles the deployment, before the
+    replica binds the port; the name is looked up in that module at call time."""
+    if os.environ.get(LOOPBACK_ENV) != "1":
+        return
+    from ray._common.tls_utils import add_port_to_grpc_server
+    from ray.serve._private import replica
+
+    def on_loopback(server: Any, address: str) -> int:
+        return add_port_to_grpc_server(server, "127.0.0.1:0" if address == "[::]:0" else address)
+
+    replica.add_port_to_grpc_server = on_loopback
+
+
+_loopback_only()
+
+_ROUTE = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?(?:/(infer|ready))?/?$")
+JSON = "application/json"
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(json.dumps(body), status_code=status, media_type=JSON, headers=headers)
+
+
+def _refused(refusal: guard.Refusal) -> Response:
+    return Response(
+        refusal.json(guard.oip_shape),
+        status_code=refusal.status,
+        media_type=JSON,
+        headers=dict(refusal.headers),
+    )
+
+
+def _error(status: int, message: str) -> Response:
+    return _json({"error": message}, status)
+
+
+def groups(requests: list[dict[str, np.ndarray]], axes: dict[str, int | None]) -> list[list[int]]:
+    """Indices of requests that can share one forward pass: the same shape but for the
+    batch axis of every input, in arrival order."""
+    out: dict[Any, list[int]] = {}
+    for i, arrays in enumerate(requests):
+        key = tuple(
+            (name, tuple(d for ax, d in enumerate(arrays[name].shape) if ax != (axis or 0)))
+            for name, axis in axes.items()
+        )
+        out.setdefault(key, []).append(i)
+    return list(out.values())
+
+
+@serve.deployment
+class Model:
+    """One served model's replicas: its export loaded once per replica, warmed up."""
+
+    def __init__(self, served: dict[str, Any], threads: int, batch: dict[str, Any]) -> None:
+        from pipeline.serving.loading import load
+
+        loaded = load(Path(served["export_dir"]), served["format"], threads)
+        manifest = loaded.manifest
+        self.forward = loaded.forward
+        self.specs = manifest.input_specs(served["format"])
+        self.axes = {s.name: s.batch_axis for s in self.specs}
+        self.output_axes = [o.batch_axis or 0 for o in manifest.outputs]
+        self.stack = manifest.serving.stack_requests
+        self.forward(codec.warm_up_inputs(loaded.warmup, self.specs))
+        self.batched.set_max_batch_size(max(1, int(batch["max_batch_size"])))
+        self.batched.set_batch_wait_timeout_s(float(batch["wait_ms"]) / 1e3)
+
+    async def __call__(self, arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return await self.batched(arrays)
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
+    async def batched(self, requests: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
+        if not self.stack:  # a sample's outputs depend on its batch: one pass each
+            return [self.forward(r) for r in requests]
+        answers: list[list[np.ndarray]] = [[] for _ in requests]
+        for members in groups(requests, self.axes):
+            if len(members) == 1:
+                answers[members[0]] = self.forward(requests[members[0]])
+                continue
+            batch = {
+                name: np.concatenate([requests[i][name] for i in members], axis=axis or 0)
+                for name, axis in self.axes.items()
+            }
+            outputs = self.forward(batch)
+            first, axis = next(iter(self.axes.items()))
+            start = 0
+            for i in members:
+                n = requests[i][first].shape[axis or 0]
+                answers[i] = [
+                    np.take(o, range(start, start + n), axis=ax)
+                    for o, ax in zip(outputs, self.output_axes, strict=False)
+                ]
+                start += n
+        return answers
+
+
+def _describe(name: str, dtype: str, shape: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "datatype": oip.NAMES[dtype],
+        "shape": [d if isinstance(d, int) else -1 for d in shape],
+    }
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class Ingress:
+    """The Open Inference Protocol over REST, for every model the application serves."""
+
+    def __init__(self, config: dict[str, Any], **handles: Any) -> None:
+        from pipeline.core.manifest import read_manifest
+
+        self.handles = handles
+        self.keys = guard.Keys(Path(config["token_file"]))
+        self.limit = guard.BodyLimit(int(config["max_request_size"]))
+        self.models: dict[str, dict[str, Any]] = {}
+        for served in config["models"]:
+            manifest = read_manifest(Path(served["export_dir"]))
+            specs = manifest.input_specs(served["format"])
+            self.models[served["name"]] = {
+                "specs": specs,
+                "outputs": manifest.output_names,
+                "version": str(served.get("version") or 1),
+                "limits": codec.Limits(),
+                "metadata": {
+                    "name": served["name"],
+                    "versions": [str(served.get("version") or 1)],
+                    "platform": served["platform"],
+                    "inputs": [_describe(s.name, s.dtype, s.shape) for s in specs],
+                    "outputs": [_describe(o.name, o.dtype, o.shape) for o in manifest.outputs],
+                },
+            }
+
+    async def __call__(self, request: Request) -> Response:
+        path = request.url.path
+        if path in ("/v2/health/ready", "/v2/health/live"):
+            key = "ready" if path.endswith("ready") else "live"
+            return _json({key: True})
+        refusal = guard.check_token(self.keys, request.headers.get("Authorization"))
+        refusal = refusal or self.limit.check_declared(request.headers.get("Content-Length"))
+        refusal = refusal or guard.unsupported_encoding(request.headers.get("Content-Encoding"))
+        if refusal is not None:
+            return _refused(refusal)
+        if path.rstrip("/") == "/v2":
+            return _json({"name": "pipeline-ray", "version": serve.__name__, "extensions": []})
+        route = _ROUTE.match(path)
+        if route is None:
+            return _error(404, f"No route {path}; see /v2/models/<name>/infer.")
+        name, version, action = route.groups()
+        model = self.models.get(name)
+        if model is None:
+            return _error(404, f"No model {name!r}; this server serves {sorted(self.models)}.")
+        if version is not None and version != model["version"]:
+            return _error(404, f"Model {name!r} has no version {version!r}.")
+        if action is None and request.method == "GET":
+            return _json(model["metadata"])
+        if action == "ready" and request.method == "GET":
+            return _json({"name": name, "ready": True})
+        if action != "infer" or request.method != "POST":
+            return _error(405, f"{request.method} {path} is not a route; POST .../infer.")
+        return await self._infer(request, name, model)
+
+    async def _infer(self, request: Request, name: str, model: dict[str, Any]) -> Response:
+        body = await self.limit.read(request.stream())
+        if isinstance(body, guard.Refusal):
+            return _refused(body)
+        body = guard.decode_body(body, request.headers.get("Content-Encoding"), self.limit)
+        if isinstance(body, guard.Refusal):
+            return _refused(body)
+        length = request.headers.get(oip.HEADER_LENGTH)
+        try:
+            parsed = oip.Request.from_rest(body, int(length) if length is not None else None)
+            arrays, unbatched = codec.oip_arrays(parsed.inputs, model["specs"], model["limits"])
+        except codec.RequestError as err:
+            return _error(413 if err.status == 413 else 400, str(err))
+        except (oip.OipError, ValueError) as err:
+            return _error(400, f"Not an Open Inference Protocol request: {err}")
+        started = time.perf_counter()
+        outputs = await self.handles[name].remote(arrays)
+        if unbatched:
+            outputs = [o[0] if o.ndim else o for o in outputs]
+        answer = oip.Response(
+            tuple(
+                oip.Tensor.from_array(n, o) for n, o in zip(model["outputs"], outputs, strict=True)
+            ),
+            id=parsed.id,
+            model_name=name,
+            model_version=model["version"],
+        )
+        asked = {o["name"]: (o.get("parameters") or {}) for o in parsed.outputs}
+        binary = bool(parsed.parameters.get("binary_data_output")) or any(
+            p.get("binary_data") for p in asked.values()
+        )
+        content, header_length = answer.to_rest(binary=binary)
+        headers = {"x-forward-ms": f"{(time.perf_counter() - started) * 1e3:.3f}"}
+        if header_length is not None:
+            headers[oip.HEADER_LENGTH] = str(header_length)
+            return Response(content, media_type="application/octet-stream", headers=headers)
+        return Response(content, media_type=JSON, headers=headers)
+
+
+def build(config: dict[str, Any], head_resource: str | None) -> Any:
+    """The application: the ingress bound to one deployment per served model."""
+    handles = {}
+    for served in config["models"]:
+        options: dict[str, Any] = {
+            "name": f"model-{served['name']}",
+            "ray_actor_options": {"num_cpus": config["replica_cpus"]},
+            # A dead replica is noticed within seconds, not Serve's default 10 s period.
+            "health_check_period_s": 1.0,
+            "health_check_timeout_s": 5.0,
+        }
+        if config["autoscaling"]:
+            options["autoscaling_config"] = config["autoscaling"]
+        else:
+            options["num_replicas"] = config["replicas"]
+        if config.get("max_replicas_per_node"):
+            options["max_replicas_per_node"] = config["max_replicas_per_node"]
+        batch = {"max_batch_size": config["max_batch_size"], "wait_ms": config["batch_wait_ms"]}
+        handles[served["name"]] = Model.options(**options).bind(served, config["threads"], batch)
+    ingress_options: dict[str, Any] = {"num_cpus": 0}
+    if head_resource:
+        ingress_options["resources"] = {head_resource: 0.01}
+    return Ingress.options(ray_actor_options=ingress_options).bind(config, **handles)
