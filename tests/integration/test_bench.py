@@ -54,6 +54,7 @@ def test_quick_bench_writes_json_table_charts_and_the_fastest_backend(
         "digits_lenet in-process (verify + every batch size)",
         "digits_lenet served by TorchServe",
         "digits_lenet served by the KServe runtime",
+        "digits_lenet served by the Ray Serve runtime",
         "digits_lenet peers",
     } | (twins if data["threads"] > 1 else set())
     assert sum(data["phase_seconds"].values()) <= data["duration_s"] + 0.5
@@ -98,27 +99,30 @@ def test_quick_bench_writes_json_table_charts_and_the_fastest_backend(
         (f"kserve/{f}", c)
         for f in formats
         for c in (1, 8)  # the second runtime, same levels
-    }
+    } | {(f"ray/{f}", c) for f in formats for c in (1, 8)}  # the third, same inputs
     assert all(p["failed"] == 0 and p["throughput"] > 0 for p in served)
-    # Both runtimes' targets are computed from the same run: one per format each.
+    # The runtimes' targets are computed from the same run: one per format each.
     named = [t["target"] for t in data["targets"]]
     for f in formats:
         assert sum(f"digits_lenet kserve/{f}: p50 at concurrency 1" in t for t in named) == 1
-        assert sum(f"digits_lenet kserve/{f}: throughput at concurrency 8" in t for t in named) == 1
+        # against each other runtime of the run: TorchServe and the Ray runtime
+        assert sum(f"digits_lenet kserve/{f}: throughput at concurrency 8" in t for t in named) == 2
 
-    # Peers: the yardstick, LitServe (batching off and on) and the KServe runtime on the
-    # same ONNX file and bodies, concurrency 1 and 8; the issue's three digits targets.
+    # Peers: the yardstick, LitServe (batching off and on), the KServe runtime and the Ray
+    # runtime on the same ONNX file and bodies, concurrency 1 and 8; the issue's three
+    # digits targets.
     peer_rows = {(p["backend"], p["batching"], p["concurrency"]) for p in data["peers"]}
     expected = {("yardstick/onnx", "off", c) for c in (1, 8)} | {
-        ("kserve/onnx", "on", c) for c in (1, 8)
+        (f"{ours}/onnx", "on", c) for ours in ("kserve", "ray") for c in (1, 8)
     }
     if litserve:
         expected |= {("litserve/onnx", b, c) for b in ("off", "on") for c in (1, 8)}
     assert peer_rows == expected
     assert all(p["failed"] == 0 and p["throughput"] > 0 for p in data["peers"])
     peer_named = [t["target"] for t in data["peer_targets"]]
-    assert sum("the yardstick's req/s" in t for t in peer_named) == 1
-    assert sum("p50 at concurrency 1: ≤ 1.2× the yardstick's" in t for t in peer_named) == 1
+    # one of each per runtime of ours: the KServe runtime's and the Ray runtime's
+    assert sum("the yardstick's req/s" in t for t in peer_named) == 2
+    assert sum("p50 at concurrency 1: ≤ 1.2× the yardstick's" in t for t in peer_named) == 2
     # Issue 40: our rows carry the server's own split, read from its /metrics around the
     # level: the KServe runtime's four stages, TorchServe's queue and backend; the peers'
     # servers have none.
@@ -134,7 +138,7 @@ def test_quick_bench_writes_json_table_charts_and_the_fastest_backend(
         else:
             assert split is None, row
     assert "client+HTTP" in result.markdown_path.read_text()
-    assert sum("LitServe's req/s" in t for t in peer_named) == (1 if litserve else 0)
+    assert sum("LitServe's req/s" in t for t in peer_named) == (2 if litserve else 0)
     table = result.markdown_path.read_text()
     assert "| digits_lenet | yardstick/onnx | off | 8 |" in table
     for t in data["peer_targets"]:

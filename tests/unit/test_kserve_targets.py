@@ -30,7 +30,7 @@ def test_kserve_is_held_against_every_other_runtime_of_the_run() -> None:
     p50 = rows["digits_lenet kserve/onnx: p50 at concurrency 1 ≤ 2 ms"]
     assert p50["met"] and p50["detail"] == "1.50 ms; TorchServe 6.00 ms"
     thr = rows[
-        "digits_lenet kserve/onnx: throughput at concurrency 8 ≥ 3× TorchServe's (archive defaults)"
+        "digits_lenet kserve/onnx: throughput at concurrency 8 ≥ 3× TorchServe's (each with its defaults)"
     ]
     assert thr["met"] and thr["value"] == 5.0 and thr["detail"] == "2700 vs 540 requests/s"
     assert len(rows) == 2  # the direct route is no row of its own

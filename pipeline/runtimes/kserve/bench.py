@@ -201,7 +201,7 @@ def targets(cells: list[dict], served: list[dict]) -> list[dict[str, Any]]:
             k8 = served_at(served, model, fmt.key, 8, "on", NAME)
             for other, title in others.items():
                 out += versus(
-                    f"{model} kserve/{fmt.key}: throughput at concurrency 8 ≥ 3× {title}'s (archive defaults)",
+                    f"{model} kserve/{fmt.key}: throughput at concurrency 8 ≥ 3× {title}'s (each with its defaults)",
                     k8,
                     served_at(served, model, fmt.key, 8, "on", other),
                     "throughput",

@@ -268,7 +268,7 @@ class RayServe(runtime.Runtime):
             own["replicas"] = settings.workers
         if settings.threads is not None:
             own["threads"] = settings.threads
-        with private([(exported.dir, fmt)], **own) as server:
+        with private([(exported.dir, fmt)], None, exported.manifest, **own) as server:
             yield server
 
     @property

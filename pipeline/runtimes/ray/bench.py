@@ -34,7 +34,8 @@ def bench_ray(
 
     slug = core_paths.model_slug(model)
     names = {fmt: f"{slug}_{fmt}" for fmt in formats}
-    with private([(exported.dir, f) for f in formats], list(names.values())) as server:
+    exports = [(exported.dir, f) for f in formats]
+    with private(exports, list(names.values()), exported.manifest) as server:
         first = first_answers(server, names, body, expected, skipped, model=model, backend=backend)
 
         def at_one(order: list[str]) -> list[Any]:

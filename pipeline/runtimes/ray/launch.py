@@ -38,6 +38,7 @@ from pipeline.serving import launcher, served, versions
 from pipeline.serving.provenance import ServedInfo
 from pipeline.serving.server import INFERENCE_KEY_FILE, ServeError, Server
 from pipeline_runtime import formats
+from pipeline_runtime.manifest import Manifest
 
 
 @dataclass
@@ -63,11 +64,14 @@ class RayConfig:
     route_prefix: str = "/"
 
 
-def served_model(export_dir: Path, fmt: str | None) -> tuple[dict[str, Any], ServedInfo]:
+def served_model(
+    export_dir: Path, fmt: str | None, manifest: Manifest | None = None
+) -> tuple[dict[str, Any], ServedInfo]:
     """One export as a served model (its folder's model name, the format `pipeline serve`
-    would pick unless `fmt` names one) and what the record says it holds."""
+    would pick unless `fmt` names one) and what the record says it holds. `manifest`: the
+    export's, when the caller has read it."""
     export_dir = Path(export_dir).resolve()
-    manifest = read_manifest(export_dir)
+    manifest = manifest or read_manifest(export_dir)
     fmt = fmt or served.export_format(manifest)
     if fmt not in manifest.artifacts or fmt in manifest.unwritten:
         raise ServeError(
@@ -107,6 +111,7 @@ def start(
     if not token.is_file():
         fileio.write_secret(token, {"inference": {"key": secrets.token_urlsafe(24)}})
     config.token_file = str(token)
+    config.replica_cpus = replica_cpus(config)
     (run_dir / READY_FILE).unlink(missing_ok=True)
     conf = run_dir / CONFIG_FILE
     conf.write_text(json.dumps(asdict(config), indent=1))
@@ -161,6 +166,19 @@ def _url(run_dir: Path, default: str) -> str:
         return default
 
 
+def replica_cpus(config: RayConfig) -> float:
+    """The CPUs each replica reserves: one, unless the local cluster's CPUs for replicas
+    (the worker nodes', else the head's) are fewer than the replicas asked for; then an
+    even share, so that every replica is placed (bench serves three formats side by side
+    on a one-node cluster). On a joined cluster: one, its own capacity decides."""
+    if config.address:
+        return 1.0
+    per_model = max(config.replicas, int(config.autoscaling.get("max_replicas", 0)))
+    wanted = len(config.models) * max(1, per_model)
+    cpus = config.node_cpus * (config.worker_nodes or 1)
+    return min(1.0, cpus / wanted)
+
+
 def _local(config: RayConfig) -> str:
     if not config.worker_nodes:
         return f"a local one-node cluster ({config.node_cpus} CPU(s)) on 127.0.0.1"
@@ -172,15 +190,19 @@ def _local(config: RayConfig) -> str:
 
 @contextlib.contextmanager
 def private(
-    models: list[tuple[Path, str]], names: list[str] | None = None, **settings: Any
+    models: list[tuple[Path, str]],
+    names: list[str] | None = None,
+    manifest: Manifest | None = None,
+    **settings: Any,
 ) -> Iterator[Server]:
     """A runtime of its own serving each (export folder, format), on a free loopback port
     from a temporary run folder, stopped on exit. `names`: the served names (default:
-    the models' own); `settings`: RayConfig's."""
+    the models' own); `manifest`: the exports' (one export, several formats: bench);
+    `settings`: RayConfig's."""
     with tempfile.TemporaryDirectory(prefix="ray-") as tmp:
         served_models, infos = [], {}
         for i, (export_dir, fmt) in enumerate(models):
-            model, info = served_model(export_dir, fmt)
+            model, info = served_model(export_dir, fmt, manifest)
             if names:
                 model["name"] = names[i]
             served_models.append(model)
