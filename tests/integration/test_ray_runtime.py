@@ -57,6 +57,25 @@ def _ray_processes(server: Server) -> list[psutil.Process]:
     return [host, *host.children(recursive=True)]
 
 
+def test_deploy_ray_writes_a_rayservice_kuberay_would_take(
+    exported: ExportResult, tmp_path: Path
+) -> None:
+    """`pipeline deploy ray` as a user runs it: the RayService is valid against KubeRay's
+    CRD schema, and the image it names carries the export and the project."""
+    from pipeline.runtimes.ray.deploy import errors
+    from pipeline.serving.crd import iter_documents
+
+    out = tmp_path / "deploy"
+    proc = run_cli("deploy", "ray", "--export-dir", exported.out_dir, "--out", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (manifest,) = iter_documents((out / "rayservice.yaml").read_text())
+    assert errors(manifest) == []
+    assert (out / "export" / "manifest.json").is_file() and (out / "src" / "pipeline").is_dir()
+    assert "COPY export/ /opt/pipeline/export/" in (out / "Dockerfile").read_text()
+    again = run_cli("deploy", "ray", "--export-dir", exported.out_dir, "--out", out)
+    assert again.returncode == 1 and "is not empty; pass --force" in again.stderr
+
+
 def test_two_replicas_on_two_worker_nodes_and_nothing_listens_beyond_loopback(cluster) -> None:
     server, said = cluster
     assert "a head and 2 worker node(s) of 1 CPU(s)" in said, said

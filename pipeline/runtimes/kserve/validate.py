@@ -2,30 +2,24 @@
 
 The schema is KServe's own: the `openAPIV3Schema` of the `v1beta1` version of the
 InferenceService CRD, vendored in pipeline/runtimes/kserve/schema/ (SOURCE.md says where it
-came from). Validated with jsonschema's Draft 4 validator (OpenAPI 3.0 schema
-objects are draft-4-like), plus what the API server and kubectl add:
-
-* strict fields: the schema leaves `additionalProperties` open, so the API server
-  silently prunes an unknown field and `kubectl --validate=strict` refuses it. To
-  catch a typo (`minReplica`) the same way, every object node with `properties`
-  and no `additionalProperties` / `x-kubernetes-preserve-unknown-fields` is closed;
-* `format: int32/int64` ranges, which jsonschema does not check by default;
-* the rules KServe's admission webhook applies that the schema does not express
-  (the metadata.name pattern, replica bounds, the autoscaler metric for the mode).
+came from), checked as the API server and `kubectl --validate=strict` would
+(pipeline.serving.crd: unknown fields refused, int32/int64 ranges), plus
+the rules KServe's admission webhook applies that the schema does not express
+(the metadata.name pattern, replica bounds, the autoscaler metric for the mode).
 """
 
 from __future__ import annotations
 
-import copy
-import functools
-import gzip
-import json
 import re
-from collections.abc import Iterator
-from importlib import resources
 from typing import Any
 
 from pipeline.core.errors import PipelineError
+from pipeline.serving import crd
+from pipeline.serving.crd import iter_documents
+
+__all__ = ["ManifestError", "check", "crd_schema", "errors", "iter_documents", "schema_errors"]
+
+_PACKAGE = "pipeline.runtimes.kserve"
 
 SCHEMA_FILE = "inferenceservice-v1beta1.json.gz"
 API_VERSION = "serving.kserve.io/v1beta1"
@@ -41,56 +35,14 @@ class ManifestError(PipelineError):
     """A generated manifest would be refused (or silently changed) by the cluster."""
 
 
-@functools.cache
 def crd_schema() -> dict[str, Any]:
     """The vendored v1beta1 openAPIV3Schema, as KServe publishes it."""
-    data = resources.files("pipeline.runtimes.kserve").joinpath("schema", SCHEMA_FILE).read_bytes()
-    return json.loads(gzip.decompress(data))
-
-
-def _close(node: Any) -> Any:
-    """`node` with additionalProperties: false on every object that lists its properties."""
-    if isinstance(node, dict):
-        out = {k: _close(v) for k, v in node.items()}
-        if (
-            out.get("type") == "object"
-            and "properties" in out
-            and "additionalProperties" not in out
-            and not out.get("x-kubernetes-preserve-unknown-fields")
-        ):
-            out["additionalProperties"] = False
-        return out
-    if isinstance(node, list):
-        return [_close(v) for v in node]
-    return node
-
-
-@functools.cache
-def _validator(strict: bool) -> Any:
-    from jsonschema import Draft4Validator, FormatChecker
-
-    checker = FormatChecker()
-
-    @checker.checks("int32")
-    def _int32(value: object) -> bool:
-        return not isinstance(value, int) or -(2**31) <= value < 2**31
-
-    @checker.checks("int64")
-    def _int64(value: object) -> bool:
-        return not isinstance(value, int) or -(2**63) <= value < 2**63
-
-    schema = _close(copy.deepcopy(crd_schema())) if strict else crd_schema()
-    return Draft4Validator(schema, format_checker=checker)
-
-
-def _where(path: Any) -> str:
-    return "/".join(str(p) for p in path) or "(top level)"
+    return crd.load(_PACKAGE, SCHEMA_FILE)
 
 
 def schema_errors(manifest: dict[str, Any], *, strict: bool = True) -> list[str]:
     """One line per way `manifest` breaks the CRD schema: 'spec/predictor/x: why'."""
-    errors = sorted(_validator(strict).iter_errors(manifest), key=lambda e: list(e.path))
-    return [f"{_where(e.path)}: {e.message}" for e in errors]
+    return crd.schema_errors(manifest, _PACKAGE, SCHEMA_FILE, strict=strict)
 
 
 def webhook_errors(manifest: dict[str, Any]) -> list[str]:
@@ -160,15 +112,4 @@ def check(manifest: dict[str, Any], *, what: str = "manifest", strict: bool = Tr
     """Raise ManifestError listing every problem (nothing when the manifest is valid)."""
     found = errors(manifest, strict=strict)
     if found:
-        listed = "\n  ".join(found[:20]) + (
-            f"\n  … and {len(found) - 20} more" if len(found) > 20 else ""
-        )
-        raise ManifestError(f"{what} is not a valid KServe {KIND}:\n  {listed}")
-
-
-def iter_documents(text: str) -> Iterator[dict[str, Any]]:
-    import yaml
-
-    for doc in yaml.safe_load_all(text):
-        if doc is not None:
-            yield doc
+        raise ManifestError(f"{what} is not a valid KServe {KIND}:\n  {crd.listed(found)}")

@@ -27,7 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.runtimes.ray.constants import CONFIG_FILE, NAME, TITLE
 from pipeline.serving import runtime
-from pipeline.serving.capabilities import DEFAULT_PRIVATE, Nodes, PrivateSettings, refuse_shadow
+from pipeline.serving.capabilities import (
+    DEFAULT_PRIVATE,
+    Deploy,
+    Nodes,
+    PrivateSettings,
+    refuse_shadow,
+)
 
 if TYPE_CHECKING:
     from pipeline.export.opened import ExportedModel
@@ -86,11 +92,19 @@ def _protocol() -> Protocol:
     return OpenInference(transports=("rest",))
 
 
+class _Deploy(Deploy):
+    def add_command(self, sub: argparse._SubParsersAction) -> None:
+        from pipeline.runtimes.ray.cli import add_deploy_target
+
+        add_deploy_target(sub)
+
+
 class RayServe(runtime.Runtime):
     name = NAME
     title = TITLE
     markers = (CONFIG_FILE,)
     nodes = _Nodes()
+    deploy = _Deploy()  # `pipeline deploy ray`: a KubeRay RayService
     description = (
         "Ray Serve deployments on a Ray cluster (a local one on 127.0.0.1, or --ray-address), "
         "the Open Inference Protocol over REST with the same token and body limit"

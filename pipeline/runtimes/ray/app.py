@@ -263,3 +263,10 @@ def build(config: dict[str, Any], head_resource: str | None) -> Any:
     if head_resource:
         ingress_options["resources"] = {head_resource: 0.01}
     return Ingress.options(ray_actor_options=ingress_options).bind(config, **handles)
+
+
+def app_builder(args: dict[str, Any]) -> Any:
+    """Serve's application builder, named by a Serve config's `import_path` (`pipeline
+    deploy ray`'s RayService): `args` are the settings `pipeline serve --runtime ray`
+    writes to ray.json. On a cluster the runtime did not start, so no head resource."""
+    return build(args, None)

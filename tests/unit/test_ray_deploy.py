@@ -1,0 +1,77 @@
+"""`pipeline deploy ray`'s RayService and Serve config, checked against KubeRay's CRD schema
+(vendored, strict about unknown fields); the checks can fail."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.runtimes.ray import deploy as d
+
+MODEL = {
+    "name": "digits_lenet",
+    "export_dir": "/x",
+    "format": "onnx",
+    "version": None,
+    "platform": "onnxruntime_onnx",
+}
+
+
+def _config(**kw) -> d.RayDeployConfig:
+    c = d.RayDeployConfig(model="digits_lenet", export_dir=Path("/x"), out=Path("/o"), **kw)
+    c.name, c.image = c.name or d.service_name(c.model), c.image or "img:1"
+    return c
+
+
+def test_the_rayservice_is_valid_and_runs_the_runtimes_application() -> None:
+    manifest = d.rayservice(_config(), MODEL)
+    assert d.errors(manifest) == []
+    serve = yaml.safe_load(manifest["spec"]["serveConfigV2"])
+    (app,) = serve["applications"]
+    module, attr = app["import_path"].split(":")
+    assert callable(getattr(importlib.import_module(module), attr))  # what Serve imports
+    args = app["args"]
+    assert args["models"][0]["export_dir"] == d.EXPORT_IN_IMAGE  # the image's copy
+    assert args["token_file"].startswith(d.TOKEN_DIR) and args["max_replicas_per_node"] == 1
+    cluster = manifest["spec"]["rayClusterConfig"]
+    assert cluster["rayVersion"] == d.RAY_VERSION
+    (workers,) = cluster["workerGroupSpecs"]
+    assert workers["replicas"] == workers["minReplicas"] == workers["maxReplicas"] == 2
+    assert "enableInTreeAutoscaling" not in cluster
+    scaled = d.rayservice(_config(max_workers=5), MODEL)
+    assert d.errors(scaled) == [] and scaled["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"]
+
+
+@pytest.mark.parametrize(
+    ("where", "field"),
+    [
+        (("spec", "rayClusterConfig", "workerGroupSpecs", 0), "replica"),
+        (
+            ("spec", "rayClusterConfig", "headGroupSpec", "template", "spec", "containers", 0),
+            "volumeMount",
+        ),
+        (("spec",), "serveConfig"),
+    ],
+)
+def test_a_misspelt_field_is_refused(where: tuple, field: str) -> None:
+    manifest = d.rayservice(_config(), MODEL)
+    node = manifest
+    for key in where:
+        node = node[key]
+    node[field] = 1
+    found = d.errors(manifest)
+    assert len(found) == 1 and f"'{field}' was unexpected" in found[0], found
+    with pytest.raises(d.DeployError, match="not a valid KubeRay RayService"):
+        d.check(manifest)
+
+
+def test_names_and_kinds_are_checked() -> None:
+    assert d.service_name("digits_lenet") == "digits-lenet"
+    assert d.service_name("models/my_model.py:MyModel")[:1].isalpha()
+    manifest = d.rayservice(_config(name="Bad_Name"), MODEL)
+    assert any("DNS-1035" in e for e in d.errors(manifest))
+    manifest = d.rayservice(_config(), MODEL) | {"kind": "RayCluster"}
+    assert any("apiVersion/kind" in e for e in d.errors(manifest))
