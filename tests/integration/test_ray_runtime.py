@@ -85,6 +85,8 @@ def test_two_replicas_on_two_worker_nodes_and_nothing_listens_beyond_loopback(cl
     replicas = state["replicas"]["digits_lenet"]
     assert len(replicas) == 2, replicas
     assert {r["node_id"] for r in replicas} == workers  # one on each worker node
+    # The run folder names Serve's own processes beside the nodes' (what stop must end).
+    assert set(state["serve_pids"]) == {"ServeController", "ProxyActor"}, state["serve_pids"]
     listening = []
     for proc in _ray_processes(server):
         with contextlib.suppress(psutil.NoSuchProcess):  # psutil 5.9: connections()

@@ -19,6 +19,7 @@ CAPABILITIES = {
     "deploy": capabilities.Deploy,
     "packaging": capabilities.Packaging,
     "commands": capabilities.Commands,
+    "nodes": capabilities.Nodes,
 }
 
 
@@ -59,7 +60,8 @@ def test_each_capability_a_runtime_offers_is_of_its_type() -> None:
         "versions": ["torchserve", "kserve", "toy"],
         "shadow": ["torchserve", "kserve"],
         "bench_report": ["torchserve", "kserve"],
-        "deploy": ["kserve"],
+        "deploy": ["kserve", "ray"],
         "packaging": ["torchserve"],
         "commands": ["torchserve"],
+        "nodes": ["ray"],
     }

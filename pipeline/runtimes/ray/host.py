@@ -93,6 +93,21 @@ def replicas(name: str, app: str) -> list[dict[str, Any]]:
     )
 
 
+def serve_processes() -> dict[str, list[int]]:
+    """Serve's own processes (its controller, the HTTP proxy) by actor class: recorded
+    beside the nodes' so the run folder names every process the run started."""
+    from ray._private import state as ray_state
+
+    out: dict[str, list[int]] = {}
+    for actor in ray_state.actors().values():
+        if (
+            actor["ActorClassName"] in ("ServeController", "ProxyActor")
+            and actor["State"] == "ALIVE"
+        ):
+            out.setdefault(actor["ActorClassName"], []).append(actor["Pid"])
+    return out
+
+
 def _adopt_orphans() -> None:
     """Become the child subreaper (Linux): a Ray worker whose raylet dies is reparented to
     this process, which reaps it, instead of to PID 1 (which in a container may never
@@ -142,6 +157,7 @@ def write_state(run_dir: Path, config: dict[str, Any], cluster: Any, app: str, u
         "owns_cluster": cluster is not None,
         "nodes": nodes,
         "replicas": {m["name"]: replicas(m["name"], app) for m in config["models"]},
+        "serve_pids": serve_processes(),
     }
     tmp = run_dir / (STATE_FILE + ".tmp")
     tmp.write_text(json.dumps(state, indent=1))
