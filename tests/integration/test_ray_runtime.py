@@ -87,6 +87,9 @@ def test_two_replicas_on_two_worker_nodes_and_nothing_listens_beyond_loopback(cl
     assert {r["node_id"] for r in replicas} == workers  # one on each worker node
     # The run folder names Serve's own processes beside the nodes' (what stop must end).
     assert set(state["serve_pids"]) == {"ServeController", "ProxyActor"}, state["serve_pids"]
+    timings = json.loads((Path(server.run_dir) / "ray_timings.json").read_text())
+    assert set(timings) == {"cluster_s", "serve_s", "replicas_s"}
+    assert all(v > 0 for v in timings.values()), timings
     listening = []
     for proc in _ray_processes(server):
         with contextlib.suppress(psutil.NoSuchProcess):  # psutil 5.9: connections()

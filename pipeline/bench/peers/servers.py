@@ -87,6 +87,9 @@ def started(spec: PeerSpec, onnx: Path, name: str, protocol_runtime: str) -> Ite
         token = os.urandom(16).hex()
         (run_dir / INFERENCE_KEY_FILE).write_text(json.dumps({"inference": {"key": token}}))
         log_path = run_dir / "server.log"
+        # Resolved: the peer runs in its own folder (a relative --artifacts-dir left the
+        # yardstick looking for art/digits_lenet/... there and the bench without it).
+        onnx = Path(onnx).resolve()
         cmd = [sys.executable, str(HERE / spec.script), "--onnx", str(onnx), "--name", name]
         cmd += ["--port", str(port), *spec.args]
         with log_path.open("wb") as out:

@@ -200,7 +200,8 @@ def main(argv: list[str]) -> int:
     cluster = None if config["address"] else _start_cluster(config)
     address = cluster.address if cluster is not None else config["address"]
     ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
-    log.info("cluster up at %s in %.1f s", address, time.monotonic() - began)
+    cluster_s = time.monotonic() - began
+    log.info("cluster up at %s in %.1f s", address, cluster_s)
     serve.start(
         proxy_location="HeadOnly",
         http_options={"host": config["host"], "port": config["port"]},
@@ -213,7 +214,16 @@ def main(argv: list[str]) -> int:
     url = f"http://{'127.0.0.1' if http.host in ('0.0.0.0', '::') else http.host}:{http.port}"
     app = app_name(run_dir)
     head = HEAD_RESOURCE if cluster is not None else None
+    deployed = time.monotonic()
     serve.run(build(config, head), name=app, route_prefix=config["route_prefix"])
+    # Cold start, in parts (docs/ray.md): the nodes up and joined, Serve's controller and
+    # proxy, the application's replicas loaded and warmed up.
+    timings = {
+        "cluster_s": round(cluster_s, 2),
+        "serve_s": round(deployed - began - cluster_s, 2),
+        "replicas_s": round(time.monotonic() - deployed, 2),
+    }
+    (run_dir / "ray_timings.json").write_text(json.dumps(timings))
     write_state(run_dir, config, cluster, app, url)
     on_stop()  # again: ray.init installs its own SIGTERM handler, which only dies
     log.info(
