@@ -161,6 +161,56 @@ def test_verify_backend_ray_passes(cluster, exported: ExportResult, tmp_path: Pa
     assert any(r["backend"].startswith("ray") and r["passed"] for r in rows), rows
 
 
+def test_a_run_joins_the_cluster_and_its_stop_removes_only_its_application(
+    cluster, exported: ExportResult, tmp_path: Path
+) -> None:
+    """`--ray-address`: a second run deploys its own application on the running cluster,
+    under a path of its own on the cluster's proxy, and its stop deletes only that."""
+    server, _ = cluster
+    run_dir = tmp_path / "joined"
+    joined = run_cli(
+        "serve",
+        "--runtime",
+        "ray",
+        "--ray-export-dir",
+        exported.out_dir,
+        "--ray-format",
+        "onnx",
+        "--ray-address",
+        _state(server)["address"],
+        "--ray-replica-cpus",
+        "0",
+        "--port",
+        free_port(),
+        "--run-dir",
+        run_dir,
+    )
+    assert joined.returncode == 0, joined.stdout[-3000:] + joined.stderr[-3000:]
+    second = Server.load(run_dir)
+    assert second.inference_url.startswith(server.inference_url + "/pipeline-"), second
+    assert "this run answers there" in joined.stdout
+    verified = run_cli(
+        "verify",
+        "--export-dir",
+        exported.out_dir,
+        "--backend",
+        "ray",
+        "--run-dir",
+        run_dir,
+        "--report",
+        tmp_path / "parity.json",
+    )
+    assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]
+    stopped = run_cli("stop", "--run-dir", run_dir)
+    assert stopped.returncode == 0, stopped.stderr
+    auth = {"Authorization": f"Bearer {_key(server)}"}
+    gone = httpx.get(f"{second.inference_url}/v2/models/digits_lenet", headers=auth, timeout=30)
+    assert gone.status_code == 404, gone.text  # the first run's ingress: no such route
+    kept = httpx.get(f"{server.inference_url}/v2/models/digits_lenet", headers=auth, timeout=30)
+    assert kept.status_code == 200, kept.text
+    assert len(_state(server)["nodes"]) == 3  # nothing of the cluster was stopped
+
+
 def test_a_worker_node_lost_under_load_costs_no_wrong_answer(
     cluster, exported: ExportResult
 ) -> None:

@@ -171,6 +171,13 @@ class RayServe(runtime.Runtime):
             help="autoscale each model up to N replicas",
         )
         group.add_argument(
+            "--ray-replica-cpus",
+            type=float,
+            metavar="N",
+            help="CPUs each replica reserves (default: 1, shared evenly when the local "
+            "cluster has fewer; 0 reserves none, for a joined cluster whose CPUs are taken)",
+        )
+        group.add_argument(
             "--ray-max-batch-size",
             type=int,
             default=8,
@@ -214,6 +221,8 @@ class RayServe(runtime.Runtime):
             raise error(
                 "--ray-nodes must be 0 or more; --ray-replicas and --ray-max-batch-size at least 1."
             )
+        if own.ray_replica_cpus is not None and own.ray_replica_cpus < 0:
+            raise error(f"--ray-replica-cpus must be 0 or more; got {own.ray_replica_cpus}.")
         if own.ray_address and own.ray_nodes:
             raise error(
                 "--ray-nodes starts worker nodes of a local cluster; with "
@@ -247,6 +256,7 @@ class RayServe(runtime.Runtime):
             threads=threads or 1,
             max_batch_size=own.ray_max_batch_size,
             batch_wait_ms=own.ray_batch_wait_ms,
+            replica_cpus_asked=own.ray_replica_cpus,
         )
 
     def describe(self, server: Server) -> list[str]:

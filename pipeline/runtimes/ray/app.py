@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 from ray import serve
+from ray.exceptions import RayActorError
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -173,7 +174,8 @@ class Ingress:
             }
 
     async def __call__(self, request: Request) -> Response:
-        path = request.url.path
+        # Under a route prefix of its own (a shared cluster), the path after it.
+        path = request.url.path.removeprefix(request.scope.get("root_path", "")) or "/"
         if path in ("/v2/health/ready", "/v2/health/live"):
             key = "ready" if path.endswith("ready") else "live"
             return _json({key: True})
@@ -217,7 +219,16 @@ class Ingress:
         except (oip.OipError, ValueError) as err:
             return _error(400, f"Not an Open Inference Protocol request: {err}")
         started = time.perf_counter()
-        outputs = await self.handles[name].remote(arrays)
+        try:
+            outputs = await self.handles[name].remote(arrays)
+        except RayActorError as err:
+            # The replica died with this request on it (its node lost): nothing was
+            # answered, so the client may resend; Serve routes the resend to a live one.
+            return _json(
+                {"error": f"The replica serving {name!r} was lost ({type(err).__name__}); retry."},
+                503,
+                {"Retry-After": "1"},
+            )
         if unbatched:
             outputs = [o[0] if o.ndim else o for o in outputs]
         answer = oip.Response(

@@ -214,8 +214,12 @@ def main(argv: list[str]) -> int:
     url = f"http://{'127.0.0.1' if http.host in ('0.0.0.0', '::') else http.host}:{http.port}"
     app = app_name(run_dir)
     head = HEAD_RESOURCE if cluster is not None else None
+    # On a cluster shared with other runs, each run's application has a path of its own
+    # on the one proxy (Serve routes one application per prefix): /<app>/v2/...
+    route = "/" if cluster is not None else f"/{app}"
+    url = url if route == "/" else url + route
     deployed = time.monotonic()
-    serve.run(build(config, head), name=app, route_prefix=config["route_prefix"])
+    serve.run(build(config, head), name=app, route_prefix=route)
     # Cold start, in parts (docs/ray.md): the nodes up and joined, Serve's controller and
     # proxy, the application's replicas loaded and warmed up.
     timings = {

@@ -11,6 +11,7 @@ records `server.json`, which `pipeline stop` reads. Nothing here imports Ray.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
@@ -61,7 +62,7 @@ class RayConfig:
     max_batch_size: int = 8
     batch_wait_ms: float = 0.0
     object_store_mb: int = 100
-    route_prefix: str = "/"
+    replica_cpus_asked: float | None = None  # --ray-replica-cpus; None: replica_cpus()
 
 
 def served_model(
@@ -151,9 +152,11 @@ def start(
     with launcher.stopped_on_failure(run_dir):
         launcher.wait_until(ready, proc, run_dir / "logs" / "ray.out", timeout_s, "The Ray runtime")
         served_at = _url(run_dir, url)
-        if served_at != url:  # a joined cluster's Serve kept its own proxy
-            server.extras["asked"] = url
-            server.inference_url = server.metrics_url = served_at
+        if served_at != url:  # a joined cluster's proxy, under this run's own path
+            extras = {**server.extras, "asked": url}
+            server = dataclasses.replace(
+                server, inference_url=served_at, metrics_url=served_at, extras=extras
+            )
             server.record()
     return server
 
@@ -170,7 +173,10 @@ def replica_cpus(config: RayConfig) -> float:
     """The CPUs each replica reserves: one, unless the local cluster's CPUs for replicas
     (the worker nodes', else the head's) are fewer than the replicas asked for; then an
     even share, so that every replica is placed (bench serves three formats side by side
-    on a one-node cluster). On a joined cluster: one, its own capacity decides."""
+    on a one-node cluster). On a joined cluster: one, its own capacity decides.
+    --ray-replica-cpus says otherwise (0: no CPU reserved, placed wherever Ray likes)."""
+    if config.replica_cpus_asked is not None:
+        return config.replica_cpus_asked
     if config.address:
         return 1.0
     per_model = max(config.replicas, int(config.autoscaling.get("max_replicas", 0)))
