@@ -1,0 +1,106 @@
+"""The Ray runtime's options into its config, the replicas' CPU shares, the stacking of a
+batch's requests, and loadtest's node-loss arithmetic: in process, no cluster."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.runtimes.ray import RayServe
+from pipeline.runtimes.ray.launch import RayConfig, replica_cpus
+from pipeline.serving.loadtest import LoadConfig, LoadTestError, _NodeKill
+
+
+def _own(**kw: object) -> argparse.Namespace:
+    base = {
+        "ray_address": None,
+        "ray_nodes": 0,
+        "ray_node_cpus": None,
+        "ray_replicas": 1,
+        "ray_min_replicas": None,
+        "ray_max_replicas": None,
+        "ray_max_batch_size": 8,
+        "ray_batch_wait_ms": 0.0,
+        "ray_replica_cpus": None,
+    }
+    return argparse.Namespace(**(base | kw))
+
+
+def _config(**kw: object) -> RayConfig:
+    return RayServe._config(_own(**kw), None, ValueError)
+
+
+def test_options_become_the_config() -> None:
+    one = _config()
+    assert one.worker_nodes == 0 and one.node_cpus >= 1 and one.max_replicas_per_node is None
+    spread = _config(ray_nodes=2, ray_replicas=2)
+    assert spread.node_cpus == 1 and spread.max_replicas_per_node == 1  # one per worker node
+    assert _config(ray_nodes=1, ray_replicas=2).max_replicas_per_node is None  # would not fit
+    scaled = _config(ray_min_replicas=0, ray_max_replicas=4)
+    assert scaled.autoscaling == {"min_replicas": 0, "max_replicas": 4, "initial_replicas": 1}
+    assert _config(ray_max_replicas=3).autoscaling["min_replicas"] == 1
+
+
+@pytest.mark.parametrize(
+    ("kw", "says"),
+    [
+        ({"ray_nodes": -1}, "--ray-nodes must be 0 or more"),
+        ({"ray_replicas": 0}, "--ray-replicas"),
+        ({"ray_max_batch_size": 0}, "--ray-max-batch-size"),
+        ({"ray_replica_cpus": -0.5}, "--ray-replica-cpus must be 0 or more"),
+        ({"ray_address": "127.0.0.1:6379", "ray_nodes": 2}, "with --ray-address"),
+        ({"ray_min_replicas": 3, "ray_max_replicas": 2}, "Autoscaling needs"),
+    ],
+)
+def test_bad_options_are_refused_saying_which(kw: dict, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        _config(**kw)
+
+
+def test_replicas_share_the_local_clusters_cpus_when_they_outnumber_them() -> None:
+    models = [{"name": f"m{i}"} for i in range(3)]
+    assert replica_cpus(RayConfig(models=models, node_cpus=2)) == pytest.approx(2 / 3)
+    assert replica_cpus(RayConfig(models=models[:1], node_cpus=2)) == 1.0
+    two_nodes = RayConfig(models=models[:1], worker_nodes=2, node_cpus=1, replicas=2)
+    assert replica_cpus(two_nodes) == 1.0
+    assert replica_cpus(RayConfig(models=models, address="127.0.0.1:1")) == 1.0  # joined
+    assert replica_cpus(RayConfig(models=models, replica_cpus_asked=0.0)) == 0.0
+
+
+def test_requests_stack_only_when_their_other_dimensions_agree() -> None:
+    from pipeline.runtimes.ray.app import groups
+
+    axes = {"x": 0}
+    reqs = [{"x": np.zeros((1, 3))}, {"x": np.zeros((2, 3))}, {"x": np.zeros((1, 4))}]
+    assert groups(reqs, axes) == [[0, 1], [2]]
+    seq = {"tokens": 1}  # batch on axis 1: axis 0 must agree
+    reqs = [
+        {"tokens": np.zeros((5, 1))},
+        {"tokens": np.zeros((5, 2))},
+        {"tokens": np.zeros((6, 1))},
+    ]
+    assert groups(reqs, seq) == [[0, 1], [2]]
+
+
+def test_node_loss_recovery_is_the_first_answer_after_the_last_failure() -> None:
+    kill = _NodeKill()
+    assert kill.recovery_s() is None  # no kill, no figure
+    kill.at = 100.0
+    kill.answered_at = [100.5, 101.0, 104.0]
+    assert kill.recovery_s() == pytest.approx(0.5)  # nothing failed: the first answer
+    kill.last_failure = 102.0
+    assert kill.recovery_s() == pytest.approx(4.0)
+    kill.last_failure = 105.0
+    assert kill.recovery_s() is None  # never answered again
+
+
+def test_kill_node_after_is_checked_like_kill_worker_after() -> None:
+    config = LoadConfig(export_dir=Path("."), requests=10, kill_node_after=10)
+    with pytest.raises(LoadTestError, match="--kill-node-after must be between"):
+        config.validate()
+    both = LoadConfig(export_dir=Path("."), requests=10, kill_node_after=1, kill_worker_after=1)
+    with pytest.raises(LoadTestError, match="not both"):
+        both.validate()
