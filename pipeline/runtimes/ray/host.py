@@ -76,34 +76,27 @@ def _node_record(node: Any, head: bool) -> dict[str, Any]:
     }
 
 
-def replicas(name: str, app: str) -> list[dict[str, Any]]:
-    """`name`'s live replicas (pid, node) from the GCS's actor table: no dashboard needed,
-    and no request sent to a replica. Ray names a replica's actor class
+def replicas(actors: list[dict[str, Any]], name: str, app: str) -> list[dict[str, Any]]:
+    """`name`'s live replicas (pid, node) among the GCS's live `actors`: no dashboard
+    needed, and no request sent to a replica. Ray names a replica's actor class
     `ServeReplica:<app>:<deployment>`."""
-    from ray._private import state as ray_state
-
     wanted = f"ServeReplica:{app}:model-{name}"
     return sorted(
         (
             {"pid": a["Pid"], "node_id": a["Address"]["NodeID"]}
-            for a in ray_state.actors().values()
-            if a["ActorClassName"] == wanted and a["State"] == "ALIVE"
+            for a in actors
+            if a["ActorClassName"] == wanted
         ),
         key=lambda r: (r["node_id"], r["pid"]),
     )
 
 
-def serve_processes() -> dict[str, list[int]]:
+def serve_processes(actors: list[dict[str, Any]]) -> dict[str, list[int]]:
     """Serve's own processes (its controller, the HTTP proxy) by actor class: recorded
     beside the nodes' so the run folder names every process the run started."""
-    from ray._private import state as ray_state
-
     out: dict[str, list[int]] = {}
-    for actor in ray_state.actors().values():
-        if (
-            actor["ActorClassName"] in ("ServeController", "ProxyActor")
-            and actor["State"] == "ALIVE"
-        ):
+    for actor in actors:
+        if actor["ActorClassName"] in ("ServeController", "ProxyActor"):
             out.setdefault(actor["ActorClassName"], []).append(actor["Pid"])
     return out
 
@@ -145,7 +138,12 @@ def _end_descendants(timeout_s: float) -> None:
     reap()
 
 
-def write_state(run_dir: Path, config: dict[str, Any], cluster: Any, app: str, url: str) -> None:
+def write_state(run_dir: Path, config: dict[str, Any], cluster: Any, app: str, url: str) -> bool:
+    """Write ray_state.json if what it says changed; True when it was written. The GCS's
+    actor table is read once for every model and Serve's own processes."""
+    from ray._private import state as ray_state
+
+    actors = [a for a in ray_state.actors().values() if a["State"] == "ALIVE"]
     nodes = []
     if cluster is not None:
         nodes.append(_node_record(cluster.head_node, True))
@@ -156,12 +154,17 @@ def write_state(run_dir: Path, config: dict[str, Any], cluster: Any, app: str, u
         "address": cluster.address if cluster is not None else config["address"],
         "owns_cluster": cluster is not None,
         "nodes": nodes,
-        "replicas": {m["name"]: replicas(m["name"], app) for m in config["models"]},
-        "serve_pids": serve_processes(),
+        "replicas": {m["name"]: replicas(actors, m["name"], app) for m in config["models"]},
+        "serve_pids": serve_processes(actors),
     }
+    text = json.dumps(state, indent=1)
+    path = run_dir / STATE_FILE
+    if path.is_file() and path.read_text() == text:
+        return False
     tmp = run_dir / (STATE_FILE + ".tmp")
-    tmp.write_text(json.dumps(state, indent=1))
-    tmp.replace(run_dir / STATE_FILE)
+    tmp.write_text(text)
+    tmp.replace(path)
+    return True
 
 
 def _refresh(run_dir: Path, config: dict[str, Any], cluster: Any, app: str, url: str) -> None:
