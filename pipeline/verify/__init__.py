@@ -28,7 +28,8 @@ from pipeline.verify.backends import (
     load_backends,
     local_backends,
 )
-from pipeline.verify.check import Tol, check_cases, check_task, locate_failures, reduced, runs_on
+from pipeline.verify.check import Tol, check_cases, check_task, reduced, runs_on
+from pipeline.verify.locate import locate_failures
 from pipeline.verify.page import write_page
 from pipeline.verify.report import ParityReport, Row
 from pipeline.zoo import DEFAULT_MODEL

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,7 +25,7 @@ log = logging.getLogger(__name__)
 
 Case = tuple[str, Inputs, dict[str, torch.Tensor] | None]  # label, inputs, stored golden outputs
 # Failures that say something about the numbers, and so can be localised.
-_LOCALISABLE = (Kind.TOLERANCE, Kind.NON_FINITE, Kind.SHAPE)
+LOCALISABLE = (Kind.TOLERANCE, Kind.NON_FINITE, Kind.SHAPE)
 
 
 @dataclass(frozen=True)
@@ -292,80 +291,3 @@ def check_task(
             for v in verdicts
         ]
     return rows
-
-
-def locate_failures(
-    exported: ExportedModel,
-    backends: Sequence[Backend],
-    checked: Checked,
-    tol: Tol,
-    bisect_dir: Path | None,
-) -> list[dict[str, Any]]:
-    """Where each failing backend first departs from eager, one entry per backend.
-
-    In-process backends are localised on the inputs of their first failing
-    check. A backend out of process (the C++ client, a server) runs an
-    artifact of some format: it gets its in-process twin's finding when that
-    fails too, or is told that its artifact agrees in-process.
-    """
-    found: dict[str, dict[str, Any]] = {}  # format key → the in-process finding
-    out: list[dict[str, Any]] = []
-    by_name = {b.name: b for b in backends}
-    failing = list(dict.fromkeys(r.backend for r in checked.rows if not r.passed))
-    # In-process backends first, so that out-of-process ones can point at their findings.
-    failing.sort(key=lambda n: not getattr(by_name.get(n), "in_process", False))
-    for name in failing:
-        backend = by_name.get(name)
-        fmt = getattr(backend, "format_key", None)
-        # Task-level rows (int8, float16) differ from eager on purpose: nothing to localise.
-        row = next(
-            (
-                r
-                for r in checked.rows
-                if r.backend == name and r.kind in _LOCALISABLE and r.task is None
-            ),
-            None,
-        )
-        if backend is None or fmt is None or row is None:
-            continue  # the golden file, or a backend that only crashed: its error says it all
-        if getattr(backend, "in_process", False):
-            from pipeline.verify.localise import localise  # only when something failed
-
-            log.info("localising %s on the %r inputs…", name, row.inputs)
-            try:
-                result = localise(
-                    exported,
-                    fmt,
-                    checked.inputs[row.inputs],
-                    row.atol,
-                    tol.rtol,
-                    bisect_dir=bisect_dir,
-                    backend=name,
-                )
-                loc = {**result.to_json(), "describe": result.describe()}
-            except Exception as err:
-                log.warning("could not localise %s: %s", name, err, exc_info=True)
-                loc = {
-                    "backend": name,
-                    "available": False,
-                    "note": f"{name}: localisation failed: {err}",
-                }
-            loc["line"] = f"{_line(loc)} (on the {row.inputs!r} inputs)"
-            found[fmt] = loc
-        elif fmt in found:
-            loc = {**found[fmt], "backend": name}
-            loc["line"] = f"{name} runs the same {fmt} artifact: {_line(found[fmt])}"
-        else:
-            loc = {
-                "backend": name,
-                "available": False,
-                "note": f"out of process; the same {fmt} artifact agrees with eager in-process, "
-                "so the difference comes from this backend's runtime or transport",
-            }
-            loc["line"] = f"{name}: {loc['note']}"
-        out.append(loc)
-    return out
-
-
-def _line(loc: Mapping[str, Any]) -> str:
-    return str(loc.get("describe") or loc.get("note") or "no finding")
