@@ -2,7 +2,8 @@
 kserve --shadow 1.0` on 127.0.0.1 (started by a fixture, always stopped; one worker under
 the supervisor: its metrics are the multiprocess files every worker's are summed from).
 
-A good artifact: every sampled answer agrees with eager (diverged 0 after 200 requests on
+Every shadow counter has its series at 0 before the first request. A good artifact:
+every sampled answer agrees with eager (diverged 0 after 200 requests on
 /metrics). Then the served file is altered on disk (resealed, as a broken exporter would
 leave it) and the worker is killed: the supervisor restarts it onto the file and the
 check counts divergences, logs them and keeps samples that `pipeline verify --inputs`
@@ -78,6 +79,13 @@ def _counts(server: Server, sent: float, timeout_s: float = 90.0) -> dict[str, f
     """The shadow counters once every sampled request is accounted for, summed over the
     workers."""
     return shadowmetrics.counts(f"{server.inference_url}/metrics", LABEL, sent, timeout_s)
+
+
+def test_every_shadow_series_starts_at_zero(served: dict) -> None:
+    # Before any request: an alert on divergences has a series to read on a healthy server.
+    text = httpx.get(f"{served['server'].inference_url}/metrics", timeout=10).text
+    for name in ("checked", "diverged", "dropped", "failed"):
+        assert re.search(rf"^pipeline_shadow_{name}_total\{{{LABEL}\}} 0\.0$", text, re.M), text
 
 
 def test_a_good_artifact_never_diverges(served: dict) -> None:

@@ -137,6 +137,8 @@ class ExportModel(kserve.Model):
         )
         self._forward(codec.warm_up_inputs(loaded.warmup, self.specs))
         WARMED.labels(model_name=served.name).set(1)
+        if SHADOW is not None:
+            SHADOW.known(self)
         log.info(
             "%s (%s, %s, version %s) loaded and warmed up%s",
             served.name,

@@ -88,6 +88,14 @@ class Shadow:
             self.process.pid,
         )
 
+    def known(self, model: Any) -> None:
+        """Start `model`'s series at 0 (Prometheus's advice: a process initialises the label
+        sets it knows it will use), so an alert on divergences has a series to read on a
+        healthy server, as TorchServe's handler has from its start."""
+        labels = (model.name, str(model.version), model.format)
+        for counter in (CHECKED, DIVERGED, DROPPED, FAILED):
+            counter.labels(*labels)
+
     def offer(
         self,
         model: Any,
