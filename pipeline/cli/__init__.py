@@ -17,7 +17,7 @@ from pipeline.cli.deploy import add_deploy_command, add_serving_commands
 from pipeline.cli.measure import add_bench_command, add_cpp_commands
 from pipeline.cli.train import add_train_command
 from pipeline.cli.verify import add_verify_command
-from pipeline.cli.versions import add_version_commands
+from pipeline.cli.versions import add_trust_options, add_version_commands, use_trust
 from pipeline.core import paths
 from pipeline.core.errors import PipelineError
 from pipeline.core.noise import quiet_libraries
@@ -277,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cpp_commands(sub)
     add_bench_command(sub)
     add_deploy_command(sub)
+    add_trust_options(sub)
     return parser
 
 
@@ -293,6 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Libraries' messages about their environment (pipeline/core/noise.py) only with -v.
     quiet_libraries(args.verbose)
     try:
+        use_trust(args)
         return int(args.func(args))
     except PipelineError as err:
         print(f"error: {err}", file=sys.stderr)

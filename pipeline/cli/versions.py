@@ -32,8 +32,32 @@ def add_version_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--export-dir", type=Path, help="default: <artifacts>/<model>/export")
     p.add_argument("--report", type=Path, help="default: <artifacts>/<model>/parity.json")
     p.add_argument("--checkpoint", type=Path, help="default: the one the manifest names")
+    p.add_argument(
+        "--sign",
+        type=Path,
+        metavar="KEY",
+        help="sign the version with this elliptic-curve private key (PEM; `pipeline keygen`); "
+        "the signature, signature.sig, is kept in the version folder",
+    )
+    p.add_argument(
+        "--key-password-env",
+        metavar="VAR",
+        help="the environment variable holding --sign's key password (an encrypted key)",
+    )
     _store_arg(p)
     p.set_defaults(func=_cmd_publish)
+
+    p = sub.add_parser(
+        "keygen",
+        help="make an elliptic-curve key pair to sign versions with (publish --sign)",
+        description="Write a new P-256 private key to --out (readable by its owner only) and "
+        "its public key beside it as <name>.pub: sign with the first (`pipeline publish "
+        "--sign`), trust the second (--trust, or a copy in <store>/trust/). openssl makes "
+        "the same: `openssl ecparam -name prime256v1 -genkey -noout -out KEY && openssl ec "
+        "-in KEY -pubout -out KEY.pub`.",
+    )
+    p.add_argument("--out", type=Path, required=True, help="the private key's path")
+    p.set_defaults(func=_cmd_keygen)
 
     p = sub.add_parser(
         "rollout",
@@ -114,11 +138,15 @@ def _cmd_publish(args: argparse.Namespace) -> int:
             checkpoint=args.checkpoint,
             store=args.store,
             artifacts_dir=args.artifacts_dir,
+            sign=args.sign,
+            key_password=_password(args.key_password_env),
         ),
         say=print,
     )
     v = published.version
     print(f"published {v.model} version {v.number}: {v.dir}")
+    if published.signer:
+        print(f"  signed by key {published.signer[:16]} ({v.dir / 'signature.sig'})")
     if published.made_default:
         print("  the default (the first version): `pipeline serve` serves it")
     else:
@@ -163,3 +191,67 @@ def _cmd_status(args: argparse.Namespace) -> int:
         for line in status_lines(found):
             print(line)
     return 0
+
+
+def _password(var: str | None) -> str | None:
+    import os
+
+    from pipeline.core.errors import PipelineError
+
+    if var is None:
+        return None
+    if var not in os.environ:
+        raise PipelineError(f"--key-password-env: ${var} is not set.")
+    return os.environ[var]
+
+
+def _cmd_keygen(args: argparse.Namespace) -> int:
+    from pipeline.core.signing import fingerprint, keygen
+
+    public = keygen(args.out)
+    print(
+        f"private key: {args.out} (keep it secret; sign with `pipeline publish --sign {args.out}`)"
+    )
+    print(f"public key:  {public} (fingerprint {fingerprint(public.read_bytes())[:16]})")
+    print(f"  trust it with --trust {public}, or copy it into <store>/trust/")
+    return 0
+
+
+# The commands that take a version from the store (and so check its signature).
+TRUSTING = ("serve", "rollout", "rollback", "archive")
+
+
+def add_trust_options(sub: argparse._SubParsersAction) -> None:
+    """--trust on every command that takes a version from the store, deploy's targets too."""
+    parsers = [sub.choices[n] for n in TRUSTING if n in sub.choices]
+    deploy = sub.choices.get("deploy")
+    if deploy is not None:
+        for action in deploy._subparsers._group_actions if deploy._subparsers else ():
+            parsers += list(getattr(action, "choices", {}).values())
+    for p in parsers:
+        p.add_argument(
+            "--trust",
+            type=Path,
+            action="append",
+            metavar="PUBKEY",
+            help="a public key whose signed versions are trusted (repeatable; with <store>/"
+            "trust/*.pub, the trust policy): a version from the store that is unsigned, "
+            "signed by another key or changed since signed is refused",
+        )
+
+
+def use_trust(args: argparse.Namespace) -> None:
+    """--trust's keys into $PIPELINE_TRUST, where the checks and the processes a command
+    starts (a runtime's workers, torchrun) read them."""
+    import os
+
+    from pipeline.core.errors import PipelineError
+    from pipeline.core.signing import TRUST_ENV
+
+    keys = getattr(args, "trust", None)
+    if not keys:
+        return
+    missing = [str(k) for k in keys if not Path(k).is_file()]
+    if missing:
+        raise PipelineError(f"--trust: no such key file: {', '.join(missing)}.")
+    os.environ[TRUST_ENV] = os.pathsep.join(str(Path(k).resolve()) for k in keys)

@@ -22,6 +22,8 @@ class PublishConfig:
     checkpoint: Path | None = None  # default: the manifest's, beside the export
     store: Path = paths.DEFAULT_STORE
     artifacts_dir: Path | None = None
+    sign: Path | None = None  # an elliptic-curve private key: the version is signed with it
+    key_password: str | None = None
 
 
 def report_vouches(report: Path, export_dir: Path) -> str | None:
@@ -43,6 +45,8 @@ def report_vouches(report: Path, export_dir: Path) -> str | None:
 
 
 def publish_export(config: PublishConfig, say: Callable[[str], None] = print) -> versions.Published:
+    if config.sign is not None and not Path(config.sign).is_file():
+        raise PipelineError(f"--sign: there is no private key at {config.sign}.")
     export_dir = Path(config.export_dir or paths.export_dir(config.model, config.artifacts_dir))
     manifest = read_manifest(export_dir)  # a clear error when there is no export
     report = Path(config.report or paths.report_path(config.model, config.artifacts_dir))
@@ -64,4 +68,12 @@ def publish_export(config: PublishConfig, say: Callable[[str], None] = print) ->
             raise PipelineError(
                 f"Not published: verify failed ({checked.path}).\n{checked.failure_message()}"
             )
-    return versions.publish(config.model, export_dir, report, Path(checkpoint), config.store)
+    return versions.publish(
+        config.model,
+        export_dir,
+        report,
+        Path(checkpoint),
+        config.store,
+        sign=config.sign,
+        key_password=config.key_password,
+    )

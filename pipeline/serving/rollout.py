@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pipeline.core import paths
+from pipeline.core import paths, signing
 from pipeline.core.errors import PipelineError
 from pipeline.serving import backends, live, runtime, versions
 from pipeline.serving.capabilities import Versions
@@ -167,6 +167,7 @@ def rollout(config: RolloutConfig, say: Say = print) -> live.LiveState:
         if config.promote:
             return _promote(config, rt, server, state, names, say)
         version = versions.get(config.model, int(config.version or 0), config.store)
+        signing.require(version.dir)  # the trust policy, when there is one
         for n in names:
             if (
                 versions.number_of(
@@ -377,6 +378,7 @@ def rollback(
             say(f"canary version {canary} removed; version {default} serves all traffic")
             return default
         back = versions.get(model, versions.previous(model, store), store)
+        signing.require(back.dir)
 
         def beside(mv: live.ModelVersions) -> live.ModelVersions:
             old = live.Loaded(back.number, str(back.dir), mv.versions[mv.default].format)

@@ -137,11 +137,14 @@ class ServeOptions:
     def export_dir_of(self, model: str) -> Path:
         """The export `model` is served from: the store's default version once the model
         is published there (`pipeline publish`), else the export folder as export wrote it."""
-        from pipeline.core import paths
+        from pipeline.core import paths, signing
         from pipeline.serving import versions
 
         published = versions.default(model, self.store)
-        return published.dir if published else paths.export_dir(model, self.artifacts_dir)
+        if published is None:
+            return paths.export_dir(model, self.artifacts_dir)
+        signing.require(published.dir)  # the trust policy, when the store or --trust has one
+        return published.dir
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, run_dir: Path, own: list[str]) -> ServeOptions:

@@ -6,16 +6,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pipeline.core import signing
 from pipeline.serving import runtime, versions
 from pipeline.serving.server import ServeError, Server
 
 
 def _store_of(model: str, store: Path) -> dict[str, Any]:
     pointer = versions.read_pointer(model, store)
+    held = versions.versions(model, store)
+    policy = signing.Policy.load(store)
     return {
-        "versions": [v.number for v in versions.versions(model, store)],
+        "versions": [v.number for v in held],
         "default": pointer.default,
         "history": pointer.history,
+        # Each version's signature, checked against the store's policy (and --trust).
+        "signatures": {str(v.number): signing.state(v.dir, policy).to_json() for v in held},
     }
 
 
@@ -97,4 +102,6 @@ def status_lines(found: dict[str, Any]) -> list[str]:
             f"store: {model} versions {', '.join(map(str, held['versions']))}; default "
             f"{held['default']}"
         )
+        for number, signed in held.get("signatures", {}).items():
+            lines.append(f"  version {number}: {signing.describe(signed)}")
     return lines

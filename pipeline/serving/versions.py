@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.core import paths
+from pipeline.core import paths, signing
 from pipeline.core.checkpoint import sidecar_path
 from pipeline.core.errors import PipelineError
 from pipeline.core.fileio import write_json
@@ -188,6 +188,7 @@ class Published:
     version: Version
     report: Path
     made_default: bool
+    signer: str | None = None  # the signing key's fingerprint, when signed
 
 
 def publish(
@@ -196,10 +197,14 @@ def publish(
     report: Path,
     checkpoint: Path,
     store: Path = paths.DEFAULT_STORE,
+    *,
+    sign: Path | None = None,
+    key_password: str | None = None,
 ) -> Published:
     """Copy the export in `export_dir` into the store as the model's next version, with the
     passing verify `report` and the `checkpoint` behind it. The first version becomes the
-    default; later ones wait for `pipeline rollout`."""
+    default; later ones wait for `pipeline rollout`. `sign`: an elliptic-curve private key
+    the version is signed with before it appears (pipeline/serving/signing.py)."""
     manifest = read_manifest(export_dir)  # PipelineError when missing or unreadable
     if manifest.model.name != model:
         raise VersionError(f"{export_dir} holds {manifest.model.name!r}, not {model!r}.")
@@ -213,7 +218,11 @@ def publish(
     staging = Path(tempfile.mkdtemp(prefix=f".{number}.", dir=folder))
     try:
         target = staging / "v"
-        shutil.copytree(export_dir, target, ignore=shutil.ignore_patterns("__pycache__"))
+        # Not a signature the folder may carry (published from another version): it
+        # would not match this version's files, and --sign writes this version's own.
+        shutil.copytree(
+            export_dir, target, ignore=shutil.ignore_patterns("__pycache__", signing.SIGNATURE)
+        )
         shutil.copy2(report, target / REPORT)
         shutil.copy2(checkpoint, target / CHECKPOINT)
         shutil.copy2(sidecar_path(Path(checkpoint)), sidecar_path(target / CHECKPOINT))
@@ -234,11 +243,12 @@ def publish(
                 },
             },
         )
-        target.rename(folder / str(number))
+        signer = signing.sign(target, sign, key_password) if sign is not None else None
+        target.rename(folder / str(number))  # signed before it appears: never seen unsigned
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     version = Version(model, number, folder / str(number))
     first = read_pointer(model, store).default is None
     if first:
         set_default(model, number, store)
-    return Published(version, folder / str(number) / REPORT, first)
+    return Published(version, folder / str(number) / REPORT, first, signer)

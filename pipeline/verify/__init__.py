@@ -285,6 +285,12 @@ def verify(
             for key, why in exported.manifest.unwritten.items()
         ],
     )
+    if (export_dir / "publish.json").is_file():  # a store's version: who signed it
+        from pipeline.core import signing
+
+        signed = signing.state(export_dir)
+        report.signature = signed.to_json()
+        report.notes.append(f"this version of the store is {signed.describe()}")
     if not report.passed:
         bisect_dir = report_path.with_name(report_path.stem + "_bisect") if config.bisect else None
         report.localisations = locate_failures(exported, backends, checked, tol, bisect_dir)

@@ -177,6 +177,8 @@ class ParityReport:
     notes: list[str] = field(default_factory=list)  # warnings that do not fail a check
     path: Path | None = field(default=None)
     page: Path | None = field(default=None)  # the human report (Markdown + histograms)
+    # A store version's signature state and signer (pipeline/serving/signing.py State).
+    signature: dict[str, Any] | None = None
 
     @property
     def failures(self) -> list[Row]:
@@ -216,6 +218,7 @@ class ParityReport:
             "localisation": self.localisations,
             "notes": self.notes,
             "page": str(self.page) if self.page else None,
+            **({"signature": self.signature} if self.signature is not None else {}),
             "rows": [r.to_json() for r in self.rows],
         }
 

@@ -27,6 +27,7 @@ import torch
 import tritonclient.http as thttp
 
 from pipeline.cli import main
+from pipeline.core import signing
 from pipeline.serving import live, runtime, versions
 from pipeline.serving.client import auth_headers
 from pipeline.serving.launcher import free_port, stop
@@ -39,10 +40,23 @@ MODEL = "digits_lenet"
 
 
 @pytest.fixture(scope="module")
-def store(two_versions: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Versions 1 and 2 (seeds 0 and 1), this module's own copy."""
+def key(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The publisher's private key (its public key is the store's trust policy)."""
+    private = tmp_path_factory.mktemp("publisher") / "publisher.key"
+    signing.keygen(private)
+    return private
+
+
+@pytest.fixture(scope="module")
+def store(two_versions: Path, key: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Versions 1 and 2 (seeds 0 and 1), this module's own copy, signed by the publisher,
+    whose public key is in the store's trust/: every version served here is checked."""
     mine = tmp_path_factory.mktemp("rollout") / "store"
     shutil.copytree(two_versions, mine)
+    for v in versions.versions(MODEL, mine):
+        signing.sign(v.dir, key)
+    (mine / signing.TRUST_FOLDER).mkdir()
+    shutil.copy2(key.with_suffix(".pub"), mine / signing.TRUST_FOLDER / "publisher.pub")
     return mine
 
 
@@ -121,14 +135,20 @@ def test_a_canary_past_its_bound_rolls_back_by_itself(served: Server, store: Pat
 
 
 def test_a_wrong_version_is_refused_by_the_live_check(
-    served: Server, store: Path, capsys: pytest.CaptureFixture[str]
+    served: Server, store: Path, key: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _reset(served, store)
     rollout(RolloutConfig(MODEL, Path(served.run_dir), version=2, store=store), say=lambda _: None)
     v2 = versions.get(MODEL, 2, store)
-    published = versions.publish(MODEL, v2.dir, v2.dir / versions.REPORT, v2.checkpoint, store)
+    # A broken exporter's output (one weight ×1.5, the manifest resealed), signed by the
+    # publisher who did not know: the signature holds, the numbers do not.
+    broken = tmp_path / "broken"
+    shutil.copytree(v2.dir, broken)
+    alter_onnx_initializer(broken, "classifier.8.weight", lambda w: w * np.float32(1.5))
+    published = versions.publish(
+        MODEL, broken, broken / versions.REPORT, broken / versions.CHECKPOINT, store, sign=key
+    )
     bad = published.version
-    alter_onnx_initializer(bad.dir, "classifier.8.weight", lambda w: w * np.float32(1.5))
     argv = ["rollout", "--model", MODEL, "--version", str(bad.number), "--store", str(store),
             "--run-dir", served.run_dir]  # fmt: skip
     with LoadSpan(served, store) as load:
@@ -143,9 +163,53 @@ def test_a_wrong_version_is_refused_by_the_live_check(
     # run in process, and the report blames it, not the runtime or the transport.
     assert f"the onnx artifact itself differs from eager: {bad.dir / 'model.onnx'}" in err, err
     assert "classifier.8" in err and "runtime or transport" not in err, err
+    # The live check's report says who signed what it checked.
+    report = Path(served.run_dir) / live.FOLDER / f"check-{MODEL}-{bad.number}.json"
+    signed = json.loads(report.read_text())["signature"]
+    assert signed["state"] == signing.SIGNED and signed["signer"].startswith("publisher ("), signed
     mv = runtime.get("kserve").versions.live_state(served).models[MODEL]
     assert (mv.default, sorted(mv.versions)) == (2, [2])
     shutil.rmtree(bad.dir)  # the other tests know versions 1 and 2
+
+
+def _refused(served: Server, store: Path, number: int, capsys: pytest.CaptureFixture[str]) -> str:
+    """`pipeline rollout --version NUMBER` refused before anything is loaded; its stderr."""
+    argv = ["rollout", "--model", MODEL, "--version", str(number), "--store", str(store),
+            "--run-dir", served.run_dir]  # fmt: skip
+    assert main(argv) == 1
+    mv = runtime.get("kserve").versions.live_state(served).models[MODEL]
+    assert (mv.default, sorted(mv.versions)) == (1, [1])  # nothing was loaded
+    return capsys.readouterr().err
+
+
+def test_a_signed_version_changed_after_signing_is_refused_naming_the_file(
+    served: Server, store: Path, key: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _reset(served, store)
+    v2 = versions.get(MODEL, 2, store)
+    bad = versions.publish(
+        MODEL, v2.dir, v2.dir / versions.REPORT, v2.checkpoint, store, sign=key
+    ).version
+    alter_onnx_initializer(bad.dir, "classifier.8.weight", lambda w: w * np.float32(1.5))
+    err = _refused(served, store, bad.number, capsys)
+    assert f"the version in {bad.dir} changed since it was signed" in err, err
+    assert "model.onnx differs from the signed bytes" in err, err
+    shutil.rmtree(bad.dir)
+
+
+def test_a_version_signed_by_an_untrusted_key_is_refused(
+    served: Server, store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _reset(served, store)
+    other = tmp_path / "someone-else.key"
+    signing.keygen(other)
+    v2 = versions.get(MODEL, 2, store)
+    bad = versions.publish(
+        MODEL, v2.dir, v2.dir / versions.REPORT, v2.checkpoint, store, sign=other
+    ).version
+    err = _refused(served, store, bad.number, capsys)
+    assert "is signed by key" in err and "not in the trust policy (" in err, err
+    shutil.rmtree(bad.dir)
 
 
 def _triton_grpc(server: Server, *args: str | Path) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.core import signing
 from pipeline.core.errors import PipelineError
 from pipeline.core.manifest import read_manifest
 from pipeline.runtimes.kserve import leanimage
@@ -64,6 +65,7 @@ def deploy_kserve(config: m.DeployConfig, *, force: bool = False) -> DeployResul
     from pipeline.formats import base as registry
 
     export_dir = Path(config.export_dir)
+    signing.require(export_dir)  # a store's version: the trust policy, when there is one
     manifest = read_manifest(export_dir)  # raises a PipelineError when missing or unreadable
     if manifest.model.name != config.model:
         raise DeployError(f"{export_dir} holds {manifest.model.name!r}, not {config.model!r}.")

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from pipeline.core import signing
 from pipeline.core.errors import PipelineError
 from pipeline.runtimes.ray.launch import RayConfig, served_model
 from pipeline.serving import crd
@@ -204,6 +205,7 @@ speak to it as to `pipeline serve --runtime ray`. {config.replicas} replica(s) o
 def deploy_ray(config: RayDeployConfig, *, force: bool = False) -> list[Path]:
     """Write the folder; return the files written (outside export/)."""
     export_dir = Path(config.export_dir)
+    signing.require(export_dir)  # a store's version: the trust policy, when there is one
     model, _ = served_model(export_dir, config.format)
     config.name = config.name or service_name(config.model)
     config.image = config.image or f"pipeline-ray-{config.name}:latest"

@@ -62,6 +62,7 @@ def add_archive_command(sub: argparse._SubParsersAction, formats: list[str]) -> 
 
 
 def _cmd_archive(args: argparse.Namespace) -> int:
+    from pipeline.core import signing
     from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
     from pipeline.serving import versions
     from pipeline.serving.provenance import default_bench_results
@@ -70,6 +71,7 @@ def _cmd_archive(args: argparse.Namespace) -> int:
     version = "1.0"  # model-archiver's default, for an export never published
     published = None if args.export_dir else versions.default(args.model, args.store)
     if published is not None:  # a published model: its default version, numbered as such
+        signing.require(published.dir)  # the trust policy, when there is one
         export_dir, version = published.dir, str(published.number)
         print(f"archiving {args.model} version {version} (the store's default)")
     config = ArchiveConfig(

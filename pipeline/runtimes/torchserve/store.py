@@ -15,7 +15,7 @@ import zipfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from pipeline.core import paths
+from pipeline.core import paths, signing
 from pipeline.runtimes.torchserve.constants import ARCHIVE_INFO
 from pipeline.serving import versions
 from pipeline.serving.provenance import ServedInfo
@@ -122,6 +122,8 @@ def follow_defaults(store: Path, archives: Iterable[str]) -> list[str]:
     rewritten = []
     for name, info in archive_infos(store, archives).items():
         published = versions.default(info.model, store)
+        if published is not None:
+            signing.require(published.dir)  # the trust policy, when there is one
         mar = Path(store) / f"{name}.mar"
         if published is None or archive_version(mar) == str(published.number):
             continue

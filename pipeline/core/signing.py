@@ -1,0 +1,271 @@
+"""Signed versions: who published each version of the store, and whether its bytes changed.
+
+`pipeline publish --sign KEY` signs the version folder with OpenSSF's model-signing
+library (an elliptic-curve key, offline: no Sigstore, no network). The signature bundle,
+`signature.sig`, is kept in the version folder and left out of what it signs; it holds
+the sha256 of every other file and the signer's key fingerprint (the sha256 of its PEM
+public key, the library's own key hint).
+
+A trust policy is the set of public keys whose signatures count: `--trust PUBKEY` (on
+serve, rollout, rollback, archive and deploy; kept in $PIPELINE_TRUST for the processes a
+command starts) and the store's own `<store>/trust/*.pub`. With a policy, every command
+that takes a version from the store checks it first (`require`) and refuses a version that
+is unsigned, signed by a key the policy does not hold, or whose bytes changed since it was
+signed, naming the file. Without one, they warn once and go on, so an existing store keeps
+working. `pipeline status` and verify's report show each version's state (`state`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.errors import PipelineError
+
+log = logging.getLogger(__name__)
+
+SIGNATURE = "signature.sig"  # in the version folder, beside what it signs
+TRUST_FOLDER = "trust"  # <store>/trust/*.pub: the store's own trust policy
+TRUST_ENV = "PIPELINE_TRUST"  # --trust's keys, os.pathsep-separated, for child processes
+PUBLIC_SUFFIXES = (".pub", ".pem")
+PROVENANCE = "publish.json"  # versions.PROVENANCE (not imported: versions imports this module)
+
+SIGNED, UNSIGNED, CHANGED, UNTRUSTED, UNCHECKED = (
+    "signed",
+    "unsigned",
+    "changed since signed",
+    "signed by an untrusted key",
+    "signed, not checked",
+)
+
+
+class SignatureError(PipelineError):
+    """A version the trust policy refuses, or a key that cannot sign or verify."""
+
+
+@dataclass(frozen=True)
+class State:
+    """A version's signature as checked against a policy."""
+
+    state: str  # one of SIGNED, UNSIGNED, CHANGED, UNTRUSTED, UNCHECKED
+    signer: str | None  # the signing key's fingerprint (and its name in the policy)
+    detail: str = ""
+
+    @property
+    def trusted(self) -> bool:
+        return self.state == SIGNED
+
+    def to_json(self) -> dict[str, str | None]:
+        return {"state": self.state, "signer": self.signer, "detail": self.detail}
+
+    def describe(self) -> str:
+        return describe(self.to_json())
+
+
+def describe(found: dict[str, str | None]) -> str:
+    """One line for a State's JSON: "signed by alice (562f1df701ed320b)", "unsigned", …"""
+    by = f" by {found['signer']}" if found.get("signer") else ""
+    if found["state"] == UNCHECKED:
+        return f"signed{by} (not checked: no trust policy)"
+    if found["state"] == UNTRUSTED:
+        return f"signed{by}, a key {found['detail']}"
+    return f"{found['state']}{by}" + (f": {found['detail']}" if found.get("detail") else "")
+
+
+def fingerprint(public_pem: bytes) -> str:
+    """A public key's fingerprint as model-signing writes it into a bundle (its key hint)."""
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_public_key(public_pem)
+    canonical = key.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return hashlib.sha256(canonical).hexdigest()
+
+
+def keygen(private_key: Path) -> Path:
+    """A new P-256 key pair: the private key at `private_key` (owner-only), the public key
+    beside it as `<name>.pub`. Returns the public key's path."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    private_key = Path(private_key)
+    public = private_key.with_suffix(".pub")
+    for path in (private_key, public):
+        if path.exists():
+            raise SignatureError(f"{path} exists; choose another name (keys are not replaced).")
+    key = ec.generate_private_key(ec.SECP256R1())
+    private_key.parent.mkdir(parents=True, exist_ok=True)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    fd = os.open(private_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(pem)
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return public
+
+
+def _hashing() -> Any:  # model_signing's hashing.Config
+    # Imported here, not at the top: model-signing imports sigstore, slow to import.
+    from model_signing import hashing
+
+    return hashing.Config().set_ignored_paths(paths=[SIGNATURE])
+
+
+def sign(folder: Path, private_key: Path, password: str | None = None) -> str:
+    """Sign every file in `folder` (but the signature) into `folder/signature.sig`; returns
+    the signer's fingerprint."""
+    from model_signing import signing
+
+    folder, private_key = Path(folder), Path(private_key)
+    if not private_key.is_file():
+        raise SignatureError(f"--sign: there is no private key at {private_key}.")
+    try:
+        config = signing.Config().use_elliptic_key_signer(
+            private_key=private_key, password=password
+        )
+        config.set_hashing_config(_hashing()).sign(folder, folder / SIGNATURE)
+    except (ValueError, TypeError) as err:
+        raise SignatureError(
+            f"--sign: {private_key} is not an elliptic-curve private key model-signing takes "
+            f"(P-256, P-384 or P-521, PEM; `pipeline keygen` makes one): {err}"
+        ) from None
+    return signer_of(folder) or "?"
+
+
+def signer_of(folder: Path) -> str | None:
+    """The fingerprint a version's signature names (None: unsigned or unreadable)."""
+    try:
+        bundle = json.loads((Path(folder) / SIGNATURE).read_text())
+        return str(bundle["verificationMaterial"]["publicKey"]["hint"]) or None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The trusted public keys: fingerprint → (name, path)."""
+
+    keys: dict[str, tuple[str, Path]]
+    sources: tuple[str, ...]  # where the keys came from, for messages
+
+    @classmethod
+    def load(cls, store: Path | None) -> Policy:
+        paths: list[Path] = []
+        sources: list[str] = []
+        given = [p for p in os.environ.get(TRUST_ENV, "").split(os.pathsep) if p]
+        if given:
+            paths += map(Path, given)
+            sources.append("--trust")
+        folder = Path(store) / TRUST_FOLDER if store is not None else None
+        if folder is not None and folder.is_dir():
+            found = sorted(p for p in folder.iterdir() if p.suffix in PUBLIC_SUFFIXES)
+            paths += found
+            if found:
+                sources.append(str(folder))
+        keys: dict[str, tuple[str, Path]] = {}
+        for path in paths:
+            try:
+                keys[fingerprint(path.read_bytes())] = (path.stem, path)
+            except (OSError, ValueError, TypeError) as err:
+                raise SignatureError(
+                    f"The trusted key {path} is not a PEM public key ({err})."
+                ) from None
+        return cls(keys, tuple(sources))
+
+    def name(self, fp: str | None) -> str | None:
+        if fp is None:
+            return None
+        return f"{self.keys[fp][0]} ({fp[:16]})" if fp in self.keys else fp[:16]
+
+
+def store_of(version_dir: Path) -> Path:
+    """The store a version folder is in: `<store>/<model>/<number>/`."""
+    return Path(version_dir).resolve().parent.parent
+
+
+def state(version_dir: Path, policy: Policy | None = None) -> State:
+    """`version_dir`'s signature checked against `policy` (default: its store's and --trust)."""
+    from model_signing import verifying
+
+    version_dir = Path(version_dir)
+    policy = policy if policy is not None else Policy.load(store_of(version_dir))
+    fp = signer_of(version_dir)
+    if fp is None:
+        return State(UNSIGNED, None)
+    if not policy.keys:
+        return State(UNCHECKED, fp[:16])
+    if fp not in policy.keys:
+        return State(UNTRUSTED, fp[:16], f"not in the trust policy ({', '.join(policy.sources)})")
+    config = verifying.Config().use_elliptic_key_verifier(public_key=policy.keys[fp][1])
+    try:
+        config.set_hashing_config(_hashing()).verify(version_dir, version_dir / SIGNATURE)
+    except ValueError as err:  # the library names the files: "Hash mismatch for 'model.onnx'…"
+        return State(CHANGED, policy.name(fp), _changed(str(err)))
+    except Exception as err:  # noqa: BLE001 - a bundle that does not verify is not trusted
+        return State(CHANGED, policy.name(fp), f"the signature does not verify: {err}")
+    return State(SIGNED, policy.name(fp))
+
+
+def _changed(message: str) -> str:
+    """model-signing's mismatch message (a list's repr, with digests) as the files it names."""
+    text = message.replace("\\'", "'")
+    changed = re.findall(r"Hash mismatch for '([^']+)'", text)
+    extra = re.findall(r"Extra files found in model '[^']*': ([^\"\]]+)", text)
+    missing = re.findall(r"Missing files in model '[^']*': ([^\"\]]+)", text)
+    parts = [f"{name} differs from the signed bytes" for name in changed]
+    parts += [f"files not signed: {', '.join(x.strip(chr(39)) for x in extra)}"] if extra else []
+    parts += (
+        [f"signed files missing: {', '.join(x.strip(chr(39)) for x in missing)}"] if missing else []
+    )
+    return "; ".join(parts) or message
+
+
+_warned: set[str] = set()
+
+
+def require(version_dir: Path) -> State | None:
+    """Check a version the store hands to serve, rollout, rollback, archive or deploy: raise
+    SignatureError when the trust policy refuses it; without a policy, warn once per store
+    and go on. A folder that is not a published version (an export folder) is not checked:
+    None."""
+    version_dir = Path(version_dir)
+    if not (version_dir / PROVENANCE).is_file():
+        return None
+    store = store_of(version_dir)
+    policy = Policy.load(store)
+    if not policy.keys:
+        if str(store) not in _warned:
+            _warned.add(str(store))
+            print(
+                f"warning: {store} has no trust policy, so its versions are used without "
+                f"checking who published them (sign with `pipeline publish --sign KEY`, trust "
+                f"with --trust PUBKEY or {store / TRUST_FOLDER}/*.pub; docs/serving.md, Signed versions)",
+                file=sys.stderr,
+            )
+        return None
+    found = state(version_dir, policy)
+    if found.trusted:
+        log.info("%s: %s", version_dir, found.describe())
+        return found
+    why = {
+        UNSIGNED: "is not signed, and the trust policy accepts only signed versions (publish "
+        "it again with --sign KEY)",
+        CHANGED: f"changed since it was signed ({found.detail})",
+        UNTRUSTED: f"is signed by key {found.signer}, {found.detail}",
+    }[found.state]
+    raise SignatureError(f"Refused: the version in {version_dir} {why}.")

@@ -1,0 +1,181 @@
+"""Signed versions (pipeline/serving/signing.py) on a small version folder, with OpenSSF's
+model-signing library for real: signed and trusted, one byte changed, another key, unsigned
+with and without a policy; `pipeline serve`, `archive` and `deploy` refusing before they
+start anything, and `status` showing each version's state. Serving a signed version and a
+rollout refusing one are in tests/integration/test_rollout.py."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.core import signing
+from pipeline.serving import versions
+from pipeline.serving.status import status, status_lines
+
+MODEL = "digits_lenet"
+
+
+@pytest.fixture(autouse=True)
+def _no_trust_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(signing.TRUST_ENV, raising=False)
+    signing._warned.clear()
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("keys")
+    found = {}
+    for name in ("alice", "mallory"):
+        signing.keygen(root / f"{name}.key")
+        found[name] = root / f"{name}.key"
+    return found
+
+
+def _version(store: Path, number: int = 1) -> Path:
+    """A published version's folder as the store holds one (its files' contents do not
+    matter to the signature), and the pointer naming it the default."""
+    folder = store / MODEL / str(number)
+    folder.mkdir(parents=True)
+    (folder / "publish.json").write_text(json.dumps({"model": MODEL, "version": number}))
+    (folder / "manifest.json").write_text("{}")
+    (folder / "model.onnx").write_bytes(bytes(range(256)) * 4)
+    versions.write_pointer(MODEL, versions.Pointer(number, []), store)
+    return folder
+
+
+def _trust(store: Path, public: Path) -> None:
+    (store / "trust").mkdir(exist_ok=True)
+    (store / "trust" / public.name).write_bytes(public.read_bytes())
+
+
+def test_keygen_writes_an_owner_only_private_key_and_refuses_to_replace_one(
+    keys: dict[str, Path],
+) -> None:
+    alice = keys["alice"]
+    assert alice.stat().st_mode & 0o777 == 0o600
+    assert alice.with_suffix(".pub").read_text().startswith("-----BEGIN PUBLIC KEY-----")
+    with pytest.raises(signing.SignatureError, match="exists"):
+        signing.keygen(alice)
+
+
+def test_a_signed_version_is_trusted_and_names_its_signer(
+    keys: dict[str, Path], tmp_path: Path
+) -> None:
+    folder = _version(tmp_path)
+    fp = signing.sign(folder, keys["alice"])
+    assert (folder / signing.SIGNATURE).is_file()
+    assert fp == signing.fingerprint(keys["alice"].with_suffix(".pub").read_bytes())
+    _trust(tmp_path, keys["alice"].with_suffix(".pub"))
+    found = signing.require(folder)
+    assert found is not None and found.trusted
+    assert found.signer == f"alice ({fp[:16]})"
+
+
+def test_one_byte_changed_is_refused_naming_the_file(keys: dict[str, Path], tmp_path: Path) -> None:
+    folder = _version(tmp_path)
+    signing.sign(folder, keys["alice"])
+    _trust(tmp_path, keys["alice"].with_suffix(".pub"))
+    data = bytearray((folder / "model.onnx").read_bytes())
+    data[100] ^= 1
+    (folder / "model.onnx").write_bytes(bytes(data))
+    with pytest.raises(
+        signing.SignatureError, match=r"changed since it was signed \(model\.onnx differs"
+    ):
+        signing.require(folder)
+    assert signing.state(folder).state == signing.CHANGED
+
+
+def test_a_file_added_after_signing_is_refused(keys: dict[str, Path], tmp_path: Path) -> None:
+    folder = _version(tmp_path)
+    signing.sign(folder, keys["alice"])
+    _trust(tmp_path, keys["alice"].with_suffix(".pub"))
+    (folder / "extra.py").write_text("print('hello')")
+    with pytest.raises(signing.SignatureError, match=r"extra\.py"):
+        signing.require(folder)
+
+
+def test_another_key_is_refused(keys: dict[str, Path], tmp_path: Path) -> None:
+    folder = _version(tmp_path)
+    signing.sign(folder, keys["mallory"])
+    _trust(tmp_path, keys["alice"].with_suffix(".pub"))
+    with pytest.raises(signing.SignatureError, match="not in the trust policy"):
+        signing.require(folder)
+
+
+def test_trust_from_the_environment_counts_as_a_policy(
+    keys: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = _version(tmp_path)
+    signing.sign(folder, keys["mallory"])
+    monkeypatch.setenv(signing.TRUST_ENV, str(keys["alice"].with_suffix(".pub")))
+    with pytest.raises(signing.SignatureError, match=r"\(--trust\)"):
+        signing.require(folder)
+    monkeypatch.setenv(signing.TRUST_ENV, str(keys["mallory"].with_suffix(".pub")))
+    assert signing.require(folder).trusted
+
+
+def test_unsigned_is_refused_under_a_policy(keys: dict[str, Path], tmp_path: Path) -> None:
+    folder = _version(tmp_path)
+    _trust(tmp_path, keys["alice"].with_suffix(".pub"))
+    with pytest.raises(signing.SignatureError, match="is not signed"):
+        signing.require(folder)
+
+
+def test_without_a_policy_a_version_is_used_with_one_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = _version(tmp_path)
+    assert signing.require(folder) is None
+    assert signing.require(folder) is None
+    err = capsys.readouterr().err
+    assert err.count("has no trust policy") == 1, err
+    # An export folder (no publish.json) is not a version: nothing to check, nothing said.
+    assert signing.require(tmp_path) is None and capsys.readouterr().err == ""
+
+
+def test_serve_archive_and_deploy_refuse_a_changed_version_before_starting_anything(
+    keys: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = tmp_path / "store"
+    folder = _version(store)
+    signing.sign(folder, keys["alice"])
+    (folder / "model.onnx").write_bytes(b"changed")
+    trust = str(keys["alice"].with_suffix(".pub"))
+    commands = [
+        ["serve", "--runtime", "kserve", "--model", MODEL, "--store", str(store),
+         "--run-dir", str(tmp_path / "run"), "--trust", trust],
+        ["archive", "--model", MODEL, "--store", str(store), "--trust", trust],
+        ["deploy", "kserve", "--model", MODEL, "--export-dir", str(folder),
+         "--out", str(tmp_path / "deploy"), "--trust", trust],
+        ["deploy", "ray", "--model", MODEL, "--export-dir", str(folder),
+         "--out", str(tmp_path / "deploy-ray"), "--trust", trust],
+    ]  # fmt: skip
+    for argv in commands:
+        assert main(argv) == 1, argv
+        err = capsys.readouterr().err
+        assert (
+            "changed since it was signed" in err
+            and "model.onnx differs from the signed bytes" in err
+        ), err
+    assert not (tmp_path / "run" / "server.json").exists()
+    assert not (tmp_path / "deploy").exists() and not (tmp_path / "deploy-ray").exists()
+    assert os.environ.get(signing.TRUST_ENV)  # what the processes a command starts read
+
+
+def test_status_shows_each_versions_signature(keys: dict[str, Path], tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    one = _version(store, 1)
+    signing.sign(one, keys["alice"])
+    _version(store, 2)
+    _trust(store, keys["alice"].with_suffix(".pub"))
+    found = status(tmp_path / "run", store)
+    signed = found["store"][MODEL]["signatures"]
+    assert signed["1"]["state"] == signing.SIGNED and signed["2"]["state"] == signing.UNSIGNED
+    lines = status_lines(found)
+    assert any(line.strip().startswith("version 1: signed by alice (") for line in lines), lines
+    assert "  version 2: unsigned" in lines, lines
