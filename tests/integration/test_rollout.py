@@ -172,6 +172,32 @@ def test_a_wrong_version_is_refused_by_the_live_check(
     shutil.rmtree(bad.dir)  # the other tests know versions 1 and 2
 
 
+def test_a_version_published_signed_rolls_out_and_serves(
+    served: Server, store: Path, key: Path
+) -> None:
+    _reset(served, store)
+    v2 = versions.get(MODEL, 2, store)
+    signed = versions.publish(
+        MODEL, v2.dir, v2.dir / versions.REPORT, v2.checkpoint, store, sign=key
+    )
+    assert signed.signer == signing.signer_of(signed.version.dir)
+    new = signed.version.number
+    rollout(
+        RolloutConfig(MODEL, Path(served.run_dir), version=new, store=store), say=lambda _: None
+    )
+    x = signed.version.open().sample(1, seed=2)
+    want = signed.version.open().eager(x)["logits"]
+    url = f"{served.inference_url}/v2/models/{MODEL}/infer"
+    body = {"inputs": [{"name": "image", "datatype": "FP32", "shape": list(x["image"].shape),
+                        "data": x["image"].flatten().tolist()}]}  # fmt: skip
+    got = httpx.post(url, json=body, headers=auth_headers(served, "inference"), timeout=30)
+    assert got.status_code == 200 and got.json()["model_version"] == str(new), got.text
+    answer = np.array(got.json()["outputs"][0]["data"], dtype=np.float32)
+    np.testing.assert_allclose(answer, want.flatten().numpy(), atol=1e-4)
+    _reset(served, store)
+    shutil.rmtree(signed.version.dir)
+
+
 def _refused(served: Server, store: Path, number: int, capsys: pytest.CaptureFixture[str]) -> str:
     """`pipeline rollout --version NUMBER` refused before anything is loaded; its stderr."""
     argv = ["rollout", "--model", MODEL, "--version", str(number), "--store", str(store),

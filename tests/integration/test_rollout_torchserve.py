@@ -1,9 +1,12 @@
 """Versions on a running TorchServe: a real TorchServe started with --live-versions takes
 a published version through its management API, the gateway moves traffic, and a load
-run across canary, promote and rollback loses nothing."""
+run across canary, promote and rollback loses nothing. The store is unsigned and has no
+trust policy: archive and serve use it as before, with one warning."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +30,7 @@ from tests.load_span import LoadSpan, as_canary
 
 MODEL = "digits_lenet"
 ARCHIVE = "digits_lenet_onnx"
+SAID: list[str] = []  # what the fixtures' archive and serve printed on stderr
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +38,10 @@ def store(two_versions: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     mine = tmp_path_factory.mktemp("ts-rollout") / "store"
     shutil.copytree(two_versions, mine)
     # A published model is archived at its default version, numbered as such.
-    assert main(["archive", "--model", MODEL, "--store", str(mine), "--format", "onnx"]) == 0
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["archive", "--model", MODEL, "--store", str(mine), "--format", "onnx"]) == 0
+    SAID.append(err.getvalue())
     return mine
 
 
@@ -46,11 +53,21 @@ def served(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Se
         "--live-versions", "--port", str(free_port()), "--management-port", str(free_port()),
         "--metrics-port", str(free_port()), "--workers-per-model", "1",
     ]  # fmt: skip
-    assert main(argv) == 0
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(argv) == 0
+    SAID.append(err.getvalue())
     try:
         yield Server.load(run_dir)
     finally:
         stop(run_dir)
+
+
+def test_an_unsigned_store_without_a_policy_serves_with_one_warning(served: Server) -> None:
+    said = "".join(SAID)
+    assert said.count("has no trust policy") == 1, said  # archive and serve: one warning
+    health = httpx.get(f"{served.inference_url}/ping", timeout=10)
+    assert health.status_code == 200
 
 
 def _registered(server: Server) -> list[str]:
