@@ -22,7 +22,11 @@ MODEL = "digits_lenet"
 
 @pytest.fixture(autouse=True)
 def _no_trust_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(signing.TRUST_ENV, raising=False)
+    # setenv first, so that teardown restores the variable's absence even after `main`
+    # set it (--trust writes it into this process's environment): a policy left behind
+    # would refuse every unsigned store the worker's later tests serve.
+    monkeypatch.setenv(signing.TRUST_ENV, "")
+    monkeypatch.delenv(signing.TRUST_ENV)
     signing._warned.clear()
 
 
