@@ -70,7 +70,7 @@ train-ddp: | $(STAMP)  ## train MODEL with DistributedDataParallel over NPROC pr
 
 export: $(MANIFEST)  ## export MODEL's checkpoint to TorchScript + ONNX (EXPORT_FLAGS="--format all" adds .pt2)
 
-verify: $(MANIFEST)  ## compare TorchScript and ONNX Runtime with eager; fails on any mismatch
+verify: $(MANIFEST)  ## compare every format the export holds with eager; fails on any mismatch
 	$(PIPELINE) verify --model $(MODEL)
 
 verify-example: | $(STAMP)  ## regenerate docs/verify-example/: a real failing parity report (altered ONNX weights)

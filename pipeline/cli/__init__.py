@@ -32,8 +32,9 @@ stages run left to right, each reading what the one before wrote:
   pipeline verify  → artifacts/<model>/parity.json + parity.md (histograms, where it diverges);
                      exit 1 on any failed check
   pipeline archive → model_store/<model>_<format>.mar, one per exported format ({suffixes})
-  pipeline serve   → one format per model by default (bench's fastest, else TorchScript;
-                     --all-formats for every one); then infer / loadtest / stop
+  pipeline serve   → one format per model by default (bench's fastest, else the first
+                     held in registry order, TorchScript first unless torch refuses
+                     torch.jit; --all-formats for every one); then infer / loadtest / stop
   pipeline build-cpp → cpp_client/build/run_torchscript; verify --backend cpp uses it
 
 example:  pipeline train && pipeline export && pipeline verify

@@ -77,7 +77,8 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
         "lines and each of our rows' own server split (decode, queue, compute, encode), then "
         "each runtime's cold start and worker memory per format and what tracing costs. Writes <artifacts>/bench/bench.json, bench.md, "
         "latency.png and throughput.png, and fastest.json: each model's fastest verified backend "
-        "and its format, which `pipeline archive` reads. Exports are never modified.",
+        "and its format, which `pipeline archive`, `pipeline serve` (every runtime) and "
+        "`deploy kserve` read to pick the format they serve. Exports are never modified.",
     )
     p.add_argument(
         "--model",

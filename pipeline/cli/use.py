@@ -52,7 +52,8 @@ def add_client_commands(sub: argparse._SubParsersAction, formats: list[str]) -> 
         "--format",
         choices=formats,
         help="default: the format the server serves the model in (with --serve: the one "
-        "`pipeline serve` would serve, bench's fastest or else TorchScript)",
+        "`pipeline serve` would serve: bench's fastest, else the first held in registry "
+        "order, TorchScript first unless this torch refuses torch.jit)",
     )
     p.add_argument("--requests", type=int, default=20_000, help="default: 20000")
     p.add_argument("--concurrency", type=int, default=32, help="default: 32")

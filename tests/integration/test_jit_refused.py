@@ -81,6 +81,14 @@ def test_export_verify_serve_without_torchscript(
         finally:
             run_cli("stop", "--run-dir", run_dir)
 
+    # deploy kserve without --format deploys what serve served (ONNX), not TorchScript,
+    # which this export does not hold.
+    deployed = _ok(run_cli("deploy", "kserve", "--model", "digits_lenet", "--export-dir",
+                           export_dir, "--out", tmp_path / "deploy", env=refused))  # fmt: skip
+    assert "deploying digits_lenet as onnx" in deployed, deployed
+    (model,) = json.loads((tmp_path / "deploy" / "kserve.json").read_text())["models"]
+    assert model["format"] == "onnx", model
+
     # The CLI and TorchServe's worker ran under the refusal; the KServe worker serving ONNX
     # never imports torch (issue 40's lean worker), so there was nothing to refuse there.
     reached = {p.name.split("-", 1)[1] for p in Path(refused["JIT_REFUSED_MARKS"]).iterdir()}

@@ -129,7 +129,8 @@ class TorchServe(runtime.Runtime):
             "--all-formats",
             action="store_true",
             help="serve every archived format of every model (default: one per model, the "
-            "fastest verified backend `pipeline bench` measured, else TorchScript; each format "
+            "fastest verified backend `pipeline bench` measured, else the first held in "
+            "registry order, TorchScript first unless this torch refuses torch.jit; each format "
             "costs workers and memory)",
         )
         group.add_argument(

@@ -46,7 +46,8 @@ def add_archive_command(sub: argparse._SubParsersAction, formats: list[str]) -> 
         type=int,
         default=1,
         help="how long TorchServe waits for a batch to fill; a lone request waits all of it "
-        "(default: 1, its smallest; 0 means TorchServe's 100 ms)",
+        "(default: 1, its smallest; 0 means TorchServe's own 100 ms, and is taken only with "
+        "--batch-size 1)",
     )
     p.add_argument("--min-workers", type=int, default=1, help="default: 1")
     p.add_argument("--max-workers", type=int, default=1, help="default: 1")
