@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=/path/to/python3.11" >&2; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(BIN)/python -m pip install --quiet -e '.[dev,ray]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,ray,docs]'
 	touch $@
 
 STORE ?= model_store
@@ -47,7 +47,7 @@ ifeq ($(JIT),refused)
 export PYTHONPATH := $(CURDIR)/tests/jit_refused$(if $(PYTHONPATH),:$(PYTHONPATH))
 endif
 
-.PHONY: help venv train train-ddp export verify verify-example demo test test-unit test-fast test-times lint format clean archive serve stop infer cpp latency loadtest bench bench-export
+.PHONY: help venv train train-ddp export verify verify-example demo test test-unit test-fast test-times docs lint format clean archive serve stop infer cpp latency loadtest bench bench-export
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
 
@@ -177,6 +177,9 @@ test-fast: | $(STAMP)  ## unit tests + the runtime contract test, in parallel (u
 test-times: | $(STAMP)  ## worker time per test module and the slowest fixtures, of the last run
 	$(BIN)/python -m tests.timing
 
+docs: | $(STAMP)  ## build the docs site into site/ (MkDocs, strict: a broken link or an unlisted page fails)
+	$(BIN)/mkdocs build --strict --site-dir site
+
 lint: | $(STAMP)  ## ruff lint and format check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -187,6 +190,6 @@ format: | $(STAMP)  ## apply ruff's fixes and formatting
 
 clean:  ## remove generated artifacts and archives (keeps .venv); stops a running server first
 	-test -x $(BIN)/pipeline && $(PIPELINE) stop --run-dir $(RUN_DIR)
-	rm -rf $(ARTIFACTS) build .pytest_cache .ruff_cache
+	rm -rf $(ARTIFACTS) build site .pytest_cache .ruff_cache
 	rm -f $(STORE)/*.mar
 	rm -rf $(CPP_BUILD)
