@@ -35,7 +35,8 @@ SIGNATURE = "signature.sig"  # in the version folder, beside what it signs
 TRUST_FOLDER = "trust"  # <store>/trust/*.pub: the store's own trust policy
 TRUST_ENV = "PIPELINE_TRUST"  # --trust's keys, os.pathsep-separated, for child processes
 PUBLIC_SUFFIXES = (".pub", ".pem")
-PROVENANCE = "publish.json"  # versions.PROVENANCE (not imported: versions imports this module)
+# A store version's provenance file (versions.PROVENANCE is this): what marks a folder as one.
+PROVENANCE = "publish.json"
 
 SIGNED, UNSIGNED, CHANGED, UNTRUSTED, UNCHECKED = (
     "signed",
@@ -193,6 +194,11 @@ class Policy:
         return f"{self.keys[fp][0]} ({fp[:16]})" if fp in self.keys else fp[:16]
 
 
+def is_version(folder: Path) -> bool:
+    """Whether `folder` is a published version of a store (not an export folder)."""
+    return (Path(folder) / PROVENANCE).is_file()
+
+
 def store_of(version_dir: Path) -> Path:
     """The store a version folder is in: `<store>/<model>/<number>/`."""
     return Path(version_dir).resolve().parent.parent
@@ -244,7 +250,7 @@ def require(version_dir: Path) -> State | None:
     and go on. A folder that is not a published version (an export folder) is not checked:
     None."""
     version_dir = Path(version_dir)
-    if not (version_dir / PROVENANCE).is_file():
+    if not is_version(version_dir):
         return None
     store = store_of(version_dir)
     policy = Policy.load(store)

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from pipeline.export.opened import ExportedModel
 
 POINTER = "versions.json"
-PROVENANCE = "publish.json"
+PROVENANCE = signing.PROVENANCE  # publish.json
 REPORT = "parity.json"
 CHECKPOINT = "checkpoint.pt"  # export.opened.OWN_CHECKPOINT: open_export finds it there
 

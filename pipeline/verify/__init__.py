@@ -285,9 +285,9 @@ def verify(
             for key, why in exported.manifest.unwritten.items()
         ],
     )
-    if (export_dir / "publish.json").is_file():  # a store's version: who signed it
-        from pipeline.core import signing
+    from pipeline.core import signing
 
+    if signing.is_version(export_dir):  # a store's version: who signed it
         signed = signing.state(export_dir)
         report.signature = signed.to_json()
         report.notes.append(f"this version of the store is {signed.describe()}")

@@ -73,8 +73,7 @@ def locate_failures(
             if fmt not in found and fmt not in agreed:
                 twins = [b for b in backends if b.in_process and b.format_key == fmt]
                 if twins:
-                    failed = {r.backend for r in checked.rows if not r.passed}
-                    if any(t.name in failed for t in twins):
+                    if any(t.name in failing for t in twins):
                         agreed[fmt] = ""  # it failed without a finding: its rows say how
                     else:
                         agreed[fmt] = f"{twins[0].name} agrees with eager in this check"

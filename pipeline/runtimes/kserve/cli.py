@@ -102,12 +102,11 @@ def _cmd_deploy_kserve(args: argparse.Namespace) -> int:
     from pipeline.runtimes.kserve.manifests import DeployConfig
 
     export_dir = args.export_dir or paths.export_dir(args.model, args.artifacts_dir)
-    fmt = args.format or _served_format(Path(export_dir))
     config = DeployConfig(
         model=args.model,
         export_dir=export_dir,
         out=args.out,
-        format=fmt,
+        format=args.format or "",  # "": what `pipeline serve` serves (deploy_kserve says which)
         name=args.name or "",
         namespace=args.namespace,
         image=args.image or "",
@@ -138,16 +137,3 @@ def _cmd_deploy_kserve(args: argparse.Namespace) -> int:
         f"{result.out / 'inferenceservice.yaml'}  (see {result.out / 'README.md'})"
     )
     return 0
-
-
-def _served_format(export_dir: Path) -> str:
-    """The format `pipeline serve` would serve of this export, said with its reason."""
-    from pipeline.core import signing
-    from pipeline.core.manifest import read_manifest
-    from pipeline.serving import served
-
-    signing.require(export_dir)  # an untrusted version is refused before anything is read
-    manifest = read_manifest(export_dir)  # a clear error when there is no export
-    fmt, why = served.choose(manifest, served.fastest_entry(manifest.model.name, None))
-    print(f"deploying {manifest.model.name} as {fmt}: {why}")
-    return fmt

@@ -32,7 +32,7 @@ from pipeline.core.manifest import read_manifest
 from pipeline.runtimes.kserve import leanimage
 from pipeline.runtimes.kserve import manifests as m
 from pipeline.runtimes.kserve.validate import check
-from pipeline.serving import runtime
+from pipeline.serving import runtime, served
 from pipeline.serving.capabilities import Packaging
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,9 @@ def deploy_kserve(config: m.DeployConfig, *, force: bool = False) -> DeployResul
     export_dir = Path(config.export_dir)
     signing.require(export_dir)  # a store's version: the trust policy, when there is one
     manifest = read_manifest(export_dir)  # raises a PipelineError when missing or unreadable
+    if not config.format:  # what `pipeline serve` serves of this export, and why
+        config.format, why = served.choose(manifest, served.fastest_entry(config.model, None))
+        log.info("deploying %s as %s: %s", config.model, config.format, why)
     if manifest.model.name != config.model:
         raise DeployError(f"{export_dir} holds {manifest.model.name!r}, not {config.model!r}.")
     known = tuple(registry.keys())
