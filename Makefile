@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=/path/to/python3.11" >&2; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(BIN)/python -m pip install --quiet -e '.[dev,ray,docs]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,ray,docs,pte]'
 	touch $@
 
 STORE ?= model_store

@@ -23,7 +23,8 @@ from typing import Any
 
 # How a file is opened: runners.LOADERS has one loader per kind.
 TORCHSCRIPT, AOTI, ONNXRUNTIME = "torchscript", "aoti", "onnxruntime"
-RUNNERS = (TORCHSCRIPT, AOTI, ONNXRUNTIME)
+EXECUTORCH = "executorch"  # ExecuTorch's runtime: an on-device program, never served
+RUNNERS = (TORCHSCRIPT, AOTI, ONNXRUNTIME, EXECUTORCH)
 FLOAT32 = "float32"
 RECORD_KEY = "descriptor"  # the artifact record's field that carries a descriptor
 
@@ -36,6 +37,9 @@ class Descriptor:
     precision: str = FLOAT32  # "float32", or "int8"/"float16" (judged by accuracy)
     cpp: bool = False  # the LibTorch C++ client runs it
     platform: str = ""  # the OIP metadata's platform ("onnxruntime_onnx")
+    # False for an on-device format (ExecuTorch's .pte): verified and benchmarked here,
+    # but no runtime archives, deploys or serves it.
+    served: bool = True
 
     def __post_init__(self) -> None:
         if self.runner not in RUNNERS:
@@ -88,6 +92,8 @@ BUILTIN: dict[str, Descriptor] = {
         ),
         # torchao's int8 Linear layers compiled into a .pt2: plain AOTInductor C++.
         Descriptor("pt2_int8", "model.int8.pt2", AOTI, "int8", cpp=True, platform="pytorch_aoti"),
+        # On device: an ExecuTorch program (XNNPACK-delegated), run by its own runtime.
+        Descriptor("pte", "model.pte", EXECUTORCH, served=False),
     )
 }
 _ADDED: dict[str, Descriptor] = {}
@@ -126,6 +132,15 @@ def of(key: str, record: Mapping[str, Any] | None = None) -> Descriptor:
         f"No descriptor for format {key!r}: not built in ({', '.join(BUILTIN)}) and its "
         "manifest record carries none; re-export it with a pipeline that knows the format."
     )
+
+
+def served(key: str, record: Mapping[str, Any] | None = None) -> bool:
+    """Whether a server may serve format `key` (False for an on-device format, or one no
+    descriptor describes)."""
+    try:
+        return of(key, record).served
+    except UnknownFormatError:
+        return False
 
 
 def onnxruntime_keys() -> tuple[str, ...]:

@@ -182,6 +182,25 @@ def aoti_load(path: Path, device_index: int = -1) -> Any:
         return torch._inductor.aoti_load_package(str(path), device_index=device_index)
 
 
+def load_executorch(
+    path: Path, device: torch.device, threads: int | None, record: Mapping[str, Any]
+) -> tuple[Callable[[list[torch.Tensor]], Any], torch.device, dict[str, Any]]:
+    from pipeline_runtime import etprogram
+
+    if device.type != "cpu":
+        log.info("%s is an on-device (CPU) program: running it on CPU", Path(path).name)
+    try:
+        call = etprogram.open_method(path, record)
+    except etprogram.ProgramError as err:
+        raise LoadError(str(err)) from None
+    # ExecuTorch's XNNPACK delegate sizes its own thread pool (the machine's cores).
+    return (
+        call,
+        torch.device("cpu"),
+        {"runtime": f"executorch {etprogram.version()}", "backend": record.get("backend")},
+    )
+
+
 # One loader per runner kind (pipeline_runtime.formats.RUNNERS); a format's descriptor
 # names its kind, so a new format of a known kind needs no loader of its own.
 LOADERS: dict[
@@ -192,6 +211,7 @@ LOADERS: dict[
     # ONNX graphs like any other, int8 QDQ/integer ops or float16 inside, float32 at their
     # edges (the reduced-precision variants).
     formats.ONNXRUNTIME: load_onnx,
+    formats.EXECUTORCH: load_executorch,
 }
 
 

@@ -38,6 +38,20 @@ if _JIT_REFUSED:
     DEFAULT_FORMATS = registry.without_jit(DEFAULT_FORMATS, defaults=True)
 
 
+def _unavailable(keys: set[str]) -> set[str]:
+    """The formats among `keys` (asked for through a group such as `all`) that need what is
+    not installed here, each left out with one line; a format named on its own is tried and
+    fails saying what to install."""
+    left_out = set()
+    for key in sorted(keys):
+        fmt = registry.get(key)
+        why = fmt.missing() if fmt.missing else None
+        if why:
+            log.info("--format all leaves %s out: %s", fmt.title, why)
+            left_out.add(key)
+    return left_out
+
+
 @dataclass
 class ExportConfig:
     model: str = DEFAULT_MODEL
@@ -88,6 +102,7 @@ class ExportConfig:
             formats = DEFAULT_FORMATS
         else:  # in registry order, once each; a group stands for its formats
             asked = {k for c in chosen for k in groups.get(c, (c,))}
+            asked -= _unavailable(asked - set(chosen))  # a group leaves out what cannot run
             known = registry.keys()  # now: a format registered after import counts
             formats = tuple(k for k in known if k in asked) + tuple(
                 k for k in dict.fromkeys(chosen) if k not in known and k not in groups

@@ -119,12 +119,27 @@ class Format:
     # `not_localised` saying why not (or a generic sentence).
     localiser: str = ""
     not_localised: str = ""
+    # False for an on-device format (.pte): export, verify and bench take it; no runtime
+    # archives, deploys or serves it (pipeline_runtime.formats.Descriptor.served).
+    served: bool = True
+    # A C++ program of its own that runs it without LibTorch (the .pte runner): the module
+    # that builds and runs it (`ensure_built()`, `run(model, cases)`), or "" for none.
+    native: str = ""
+    # What it needs that the core install may lack: None when it can be written here, else
+    # one sentence saying what to install (--format all then leaves it out, saying so).
+    missing: Callable[[], str | None] | None = None
 
     @property
     def descriptor(self) -> formats.Descriptor:
         """Its torch-free part, what a serving process knows of it."""
         return formats.Descriptor(
-            self.key, self.file, self.runner, self.precision, self.cpp, self.platform
+            self.key,
+            self.file,
+            self.runner,
+            self.precision,
+            self.cpp,
+            self.platform,
+            self.served,
         )
 
     def load(
@@ -229,6 +244,11 @@ def without_jit(keys: tuple[str, ...], *, defaults: bool = False) -> tuple[str, 
     return tuple(f.key for f in declared() if f in kept)
 
 
+def served_keys() -> tuple[str, ...]:
+    """The formats a runtime may serve (every one but the on-device ones)."""
+    return tuple(f.key for f in declared() if f.served)
+
+
 def full_precision_keys() -> tuple[str, ...]:
     """What `--format all` writes: every float32 format. Reduced-precision formats change
     the numbers on purpose and need calibration data, so they are asked for by name or
@@ -278,6 +298,7 @@ class Declared:
     cpp: bool = False
     precision: str = FLOAT32
     needs_jit: bool = False
+    served: bool = True
 
     @classmethod
     def of(cls, fmt: Format) -> Declared:
@@ -290,6 +311,7 @@ class Declared:
             fmt.cpp,
             fmt.precision,
             fmt.needs_jit,
+            fmt.served,
         )
 
 
@@ -335,6 +357,9 @@ BUILTIN_FORMATS = (
         cpp=True,
         precision="int8",
     ),
+    # On device (issue 53): ExecuTorch's program, XNNPACK-delegated; verified in ExecuTorch's
+    # Python runtime and its C++ runner, never served. Opt-in: lowering takes seconds.
+    Declared("pte", "ExecuTorch .pte", "pte", "executorch", default=False, served=False),
 )
 BUILTIN = tuple(d.key for d in BUILTIN_FORMATS)  # the modules of the built-in formats
 _loaded = False

@@ -217,7 +217,9 @@ def ensure_built(build_dir: Path | None = None) -> Path:
     sources = [
         p
         for p in SOURCE_DIR.rglob("*")
-        if p.suffix in (".cpp", ".h", ".txt") and "build" not in p.relative_to(SOURCE_DIR).parts
+        if p.suffix in (".cpp", ".h", ".txt")
+        # pte_runner/: the ExecuTorch runner, a program of its own (pipeline/formats/pte_runner.py)
+        and not {"build", "pte_runner"} & set(p.relative_to(SOURCE_DIR).parts)
     ]
     if binary.is_file() and all(p.stat().st_mtime <= binary.stat().st_mtime for p in sources):
         return binary

@@ -20,7 +20,7 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -42,12 +42,14 @@ class Program:
 
 
 def dynamic_shapes(
-    entry: ZooEntry, fixed: Collection[str] = ()
+    entry: ZooEntry, fixed: Collection[str] = (), bounds: Mapping[str, int] | None = None
 ) -> tuple[dict[int, torch.export.Dim], ...]:
     """torch.export's dynamic_shapes for the entry's named dynamic axes, but `fixed` ones.
 
-    One `Dim` per axis name, so inputs sharing "batch" share its size.
+    One `Dim` per axis name, so inputs sharing "batch" share its size. `bounds`: the
+    largest size of an axis (ExecuTorch plans its memory for it), else unbounded.
     """
+    bounds = bounds or {}
     dims: dict[str, torch.export.Dim] = {}
     shapes = []
     for spec in entry.inputs:
@@ -55,7 +57,12 @@ def dynamic_shapes(
         for axis, name in spec.dynamic_axes().items():
             if name in fixed:
                 continue
-            dims.setdefault(name, torch.export.Dim(name))
+            dims.setdefault(
+                name,
+                torch.export.Dim(name, max=bounds[name])
+                if name in bounds
+                else torch.export.Dim(name),
+            )
             axes[axis] = dims[name]
         shapes.append(axes)
     return tuple(shapes)
@@ -73,8 +80,15 @@ def _flush_c_streams() -> None:
         ctypes.CDLL(None).fflush(None)
 
 
+@dataclass
+class Captured:
+    """What a `captured_output` block printed, once it has ended."""
+
+    text: str = ""
+
+
 @contextlib.contextmanager
-def captured_output(what: str) -> Iterator[None]:
+def captured_output(what: str) -> Iterator[Captured]:
     """Run with everything printed captured, then logged at DEBUG (`pipeline -v` shows it).
 
     Both levels are captured: Python's sys.stdout/sys.stderr, and file
@@ -87,6 +101,7 @@ def captured_output(what: str) -> Iterator[None]:
     sys.stdout.flush()
     sys.stderr.flush()
     _flush_c_streams()
+    captured = Captured()
     py_out, py_err = io.StringIO(), io.StringIO()
     with tempfile.TemporaryFile() as sink:
         try:
@@ -98,7 +113,7 @@ def captured_output(what: str) -> Iterator[None]:
                 os.dup2(sink.fileno(), 1)
                 os.dup2(sink.fileno(), 2)
             with contextlib.redirect_stdout(py_out), contextlib.redirect_stderr(py_err):
-                yield
+                yield captured
         finally:
             if saved is not None:
                 _flush_c_streams()
@@ -106,11 +121,11 @@ def captured_output(what: str) -> Iterator[None]:
                 os.dup2(saved[1], 2)
                 os.close(saved[0])
                 os.close(saved[1])
-            if log.isEnabledFor(logging.DEBUG):
-                sink.seek(0)
-                text = sink.read().decode(errors="replace") + py_out.getvalue() + py_err.getvalue()
-                if text.strip():
-                    log.debug("%s printed:\n%s", what, text.rstrip())
+            sink.seek(0)
+            text = sink.read().decode(errors="replace") + py_out.getvalue() + py_err.getvalue()
+            captured.text = text
+            if text.strip() and log.isEnabledFor(logging.DEBUG):
+                log.debug("%s printed:\n%s", what, text.rstrip())
 
 
 @contextlib.contextmanager
@@ -132,13 +147,17 @@ def quiet(what: str = "torch.export") -> Iterator[None]:
 
 
 def _export(
-    model: nn.Module, example: Inputs, entry: ZooEntry, fixed: Collection[str] = ()
+    model: nn.Module,
+    example: Inputs,
+    entry: ZooEntry,
+    fixed: Collection[str] = (),
+    bounds: Mapping[str, int] | None = None,
 ) -> torch.export.ExportedProgram:
     with quiet():
         return torch.export.export(
             model,
             tuple(example.values()),
-            dynamic_shapes=dynamic_shapes(entry, fixed),
+            dynamic_shapes=dynamic_shapes(entry, fixed, bounds),
             strict=False,
         )
 
@@ -164,10 +183,15 @@ def op_lines(model: nn.Module, example: Inputs, entry: ZooEntry, ops: set[str]) 
 
 
 def export_program(
-    model: nn.Module, example: Inputs, entry: ZooEntry, fixed: Collection[str] = ()
+    model: nn.Module,
+    example: Inputs,
+    entry: ZooEntry,
+    fixed: Collection[str] = (),
+    bounds: Mapping[str, int] | None = None,
 ) -> Program:
     """`torch.export` of `model` (its recurrent layers as `scan`), or of its torch.cond
-    formulation when it has one. `fixed`: dynamic axes exported at the example's size.
+    formulation when it has one. `fixed`: dynamic axes exported at the example's size;
+    `bounds`: the other axes' largest sizes (`dynamic_shapes`).
 
     Raises `ExportError` naming the failing line, or what fixed an axis, when neither works.
     """
@@ -190,14 +214,14 @@ def export_program(
         )
     with specialisations() as sites:
         try:
-            return Program(_export(target, example, entry, fixed), method, reason, swaps)
+            return Program(_export(target, example, entry, fixed, bounds), method, reason, swaps)
         except Exception as err:  # noqa: BLE001 - any failure is explained or retried below
             first = explain(err, sites, scanned.kept if scanned else ())
     if entry.cond_formulation is None:
         raise ExportError(first) from None
     twin = entry.cond_formulation(model)
     try:
-        program = _export(twin, example, entry, fixed)
+        program = _export(twin, example, entry, fixed, bounds)
     except Exception as err:  # noqa: BLE001 - the formulation itself failed: report both
         raise ExportError(
             f"{first} The model's torch.cond formulation failed too: {explain(err)}"

@@ -10,6 +10,7 @@ and are handed to verify by its caller: verify does not depend on the serving st
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -54,29 +55,28 @@ class RunnerBackend:
 
 
 class CppBackend:
-    """The LibTorch C++ client on a format it runs: "cpp" (TorchScript) or "cpp/<format>".
+    """A C++ program on a format it runs: the LibTorch client, "cpp" (TorchScript) or
+    "cpp/<format>", or a format's own runner without LibTorch (`Format.native`: "cpp/pte").
 
-    Starting the client costs LibTorch's load time, so `prepare` runs every
+    Starting the program costs its load time, so `prepare` runs every
     case in one invocation and `run` hands back the stored outputs.
     """
 
     in_process = False
 
     def __init__(self, exported: ExportedModel, fmt: registry.Format, binary: Path | None) -> None:
-        from pipeline.formats import cpp
-
+        # `binary` is the LibTorch client's (--cpp-build-dir); a native runner builds its own.
+        self.program = importlib.import_module(fmt.native or "pipeline.formats.cpp")
         self.name = cpp_backend_name(fmt)
         self.format_key = fmt.key
         self.model = exported.path(fmt.key)
-        self.binary = Path(binary) if binary else cpp.ensure_built()
+        self.binary = Path(binary) if binary and not fmt.native else self.program.ensure_built()
         # Custom-op libraries (torchvision) the client must dlopen before the model.
         self.op_libraries = list(exported.manifest.artifact(fmt.key).get("op_libraries") or [])
         self.results: dict[int, list[torch.Tensor]] = {}
 
     def prepare(self, cases: list[Inputs]) -> None:
-        from pipeline.formats import cpp
-
-        done = cpp.run(
+        done = self.program.run(
             self.model,
             [list(c.values()) for c in cases],
             binary=self.binary,
@@ -87,9 +87,7 @@ class CppBackend:
     def run(self, inputs: Inputs) -> list[torch.Tensor]:
         if id(inputs) in self.results:
             return self.results[id(inputs)]
-        from pipeline.formats import cpp
-
-        return cpp.run(
+        return self.program.run(
             self.model, [list(inputs.values())], binary=self.binary, op_libraries=self.op_libraries
         ).outputs[0]
 
@@ -116,9 +114,11 @@ def load_backends(
 ) -> list[Backend]:
     """`name`'s backends: one, or for "cpp" one per format the client runs that the export has."""
     if name == CPP:
-        found = [f for f in exported.formats() if f.cpp]
+        found = [f for f in exported.formats() if f.cpp or f.native]
         if not found:
-            runnable = " or ".join(f"--format {f.key}" for f in registry.all_formats() if f.cpp)
+            runnable = " or ".join(
+                f"--format {f.key}" for f in registry.all_formats() if f.cpp or f.native
+            )
             raise ArtifactError(
                 f"{exported.dir} has no artifact the C++ client runs; export with {runnable}."
             )

@@ -1,0 +1,193 @@
+"""Build and run the ExecuTorch C++ runner (cpp_client/pte_runner/) from Python.
+
+The runner is what a device carries instead of LibTorch: ExecuTorch's runtime,
+its optimised CPU kernels and the XNNPACK delegate, all from the executorch
+wheel (libraries, headers, CMake package), and a .npy reader (the LibTorch
+client reads `torch.save` files, which a runner without LibTorch cannot).
+`run()` writes each case's inputs as .npy, runs the program once per case and
+reads the .npy outputs back; `linked()` lists the shared libraries the binary
+loads (`ldd`), so a test proves none of them is libtorch.
+
+The wheel's imported CMake targets need CMake >= 3.28; the system's is used
+when it is new enough, else the registry's `cmake` package (the `pte` extra).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.formats.cpp import CppError, CppRun
+from pipeline_runtime import etprogram
+
+log = logging.getLogger(__name__)
+
+SOURCE_DIR = Path(__file__).resolve().parents[2] / "cpp_client" / "pte_runner"
+DEFAULT_BUILD_DIR = SOURCE_DIR / "build"
+BINARY = "pte_runner"
+CMAKE_MIN = (3, 28)
+
+
+def package_dir() -> Path:
+    """The installed executorch package (its lib/, include/ and share/cmake/)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("executorch")  # a namespace package: no __file__
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(root) / "share" / "cmake").is_dir():
+            return Path(root).resolve()
+    raise CppError(f"ExecuTorch is not installed; install {etprogram.INSTALL}.")
+
+
+def _version(cmake: str) -> tuple[int, ...]:
+    proc = subprocess.run([cmake, "--version"], capture_output=True, text=True, check=False)
+    found = re.search(r"version (\d+)\.(\d+)", proc.stdout)
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+
+
+def cmake_binary() -> str:
+    """A cmake new enough for the wheel's targets: the system's, else the registry's."""
+    system = shutil.which("cmake")
+    if system and _version(system) >= CMAKE_MIN:
+        return system
+    try:
+        import cmake
+
+        bundled = Path(cmake.CMAKE_BIN_DIR) / "cmake"
+    except ImportError:
+        bundled = None
+    if bundled is not None and bundled.is_file():
+        return str(bundled)
+    have = f"the system's is {'.'.join(map(str, _version(system)))}" if system else "none found"
+    raise CppError(
+        f"The ExecuTorch runner needs CMake {'.'.join(map(str, CMAKE_MIN))} or newer ({have}); "
+        f"install {etprogram.INSTALL}, which brings the registry's cmake."
+    )
+
+
+def binary_path(build_dir: Path | None = None) -> Path:
+    return Path(build_dir or DEFAULT_BUILD_DIR) / BINARY
+
+
+def build(build_dir: Path | None = None, jobs: int | None = None) -> Path:
+    """Configure and build the runner (incrementally); returns the executable."""
+    build_dir = Path(build_dir or DEFAULT_BUILD_DIR)
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        raise CppError("No C++ compiler found; install g++ (Debian: apt-get install g++).")
+    cmake = cmake_binary()
+    config = package_dir() / "share" / "cmake"
+    steps = [
+        [cmake, "-S", str(SOURCE_DIR), "-B", str(build_dir), f"-Dexecutorch_DIR={config}"],
+        [cmake, "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 2)],
+    ]
+    for cmd in steps:
+        log.info("%s", " ".join(cmd))
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            text = (proc.stderr or "") + (proc.stdout or "")
+            errors = [ln for ln in text.splitlines() if "rror" in ln][:15]
+            raise CppError(
+                f"Building the ExecuTorch runner failed at `{' '.join(cmd[1:3])}`:\n"
+                + "\n".join(errors or text.splitlines()[-20:])
+            )
+    binary = binary_path(build_dir)
+    if not binary.is_file():
+        raise CppError(f"The build finished but {binary} is missing.")
+    return binary
+
+
+def ensure_built(build_dir: Path | None = None) -> Path:
+    """The executable, building it first when it is missing or older than its sources."""
+    binary = binary_path(build_dir)
+    sources = [p for p in SOURCE_DIR.iterdir() if p.suffix in (".cpp", ".h", ".txt")]
+    if binary.is_file() and all(p.stat().st_mtime <= binary.stat().st_mtime for p in sources):
+        return binary
+    return build(build_dir)
+
+
+def linked(binary: Path) -> dict[str, str]:
+    """The shared libraries `binary` loads (`ldd`): name → resolved path."""
+    proc = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise CppError(f"ldd {binary} failed: {proc.stderr.strip()[:300]}")
+    found = {}
+    for line in proc.stdout.splitlines():
+        parts = line.split("=>")
+        if len(parts) == 2:
+            found[parts[0].strip()] = parts[1].split("(")[0].strip()
+    return found
+
+
+def footprint(binary: Path) -> dict[str, Any]:
+    """What a device needs to run a program: the runner and the ExecuTorch libraries it
+    loads, in bytes (the system's C and C++ libraries aside)."""
+    libs = {n: p for n, p in linked(binary).items() if "executorch" in n}
+    sizes = {n: Path(p).stat().st_size for n, p in libs.items() if Path(p).is_file()}
+    return {
+        "runner_bytes": binary.stat().st_size,
+        "libraries": sizes,
+        "total_bytes": binary.stat().st_size + sum(sizes.values()),
+        "libtorch": sorted(n for n in linked(binary) if "torch" in n and "executorch" not in n),
+    }
+
+
+def _save(folder: Path, tensors: Sequence[torch.Tensor]) -> None:
+    folder.mkdir(parents=True)
+    for k, t in enumerate(tensors):
+        np.save(folder / f"{k}.npy", np.ascontiguousarray(t.detach().cpu().numpy()))
+
+
+def run(
+    model: Path,
+    cases: list[list[torch.Tensor]],
+    *,
+    binary: Path | None = None,
+    warmup: int = 0,
+    repeat: int = 1,
+    timeout: float = 600,
+    **_: Any,  # the LibTorch client's options (device, threads, op_libraries) mean nothing here
+) -> CppRun:
+    """Run the runner on `cases` (each a list of input tensors in forward order)."""
+    binary = Path(binary or ensure_built())
+    with tempfile.TemporaryDirectory(prefix="pipeline-pte-") as tmp:
+        inputs, outputs = Path(tmp) / "inputs", Path(tmp) / "outputs"
+        for i, case in enumerate(cases):
+            _save(inputs / str(i), case)
+        cmd = [
+            str(binary),
+            "--model",
+            str(model),
+            "--inputs",
+            str(inputs),
+            "--outputs",
+            str(outputs),
+        ]
+        cmd += ["--warmup", str(warmup), "--repeat", str(repeat)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        if proc.returncode != 0:
+            how = (
+                f"was killed by {signal.Signals(-proc.returncode).name}"
+                if proc.returncode < 0
+                else f"exited {proc.returncode}"
+            )
+            # The runtime's own log names a missing operator or a failed kernel's check.
+            told = [ln for ln in proc.stderr.splitlines() if "cpuinfo" not in ln]
+            raise CppError(f"{BINARY} {how}: {' | '.join(told)[-600:]}")
+        results = []
+        for i in range(len(cases)):
+            folder = outputs / str(i)
+            files = sorted(folder.glob("*.npy"), key=lambda p: int(p.stem))
+            results.append([torch.from_numpy(np.load(f)) for f in files])
+    return CppRun(outputs=results, stats=json.loads(proc.stdout.strip().splitlines()[-1]))
