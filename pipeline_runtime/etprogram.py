@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -61,12 +62,18 @@ def runtime() -> Any:
     level = pytree_log.level
     pytree_log.setLevel(logging.ERROR)
     try:
-        from executorch.runtime import Runtime
+        # Its bindings warn on import that they are an experimental API (they are what
+        # ExecuTorch's own Python runtime is made of; pinned), and its modules use
+        # importlib.resources calls Python 3.11 deprecates.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from executorch.runtime import Runtime
+
+            return Runtime.get()
     except ImportError as err:
         raise ProgramError(f"ExecuTorch is not installed ({err}); install {INSTALL}.") from None
     finally:
         pytree_log.setLevel(level)
-    return Runtime.get()
 
 
 def version() -> str | None:

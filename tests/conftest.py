@@ -24,8 +24,13 @@ import torch
 from filelock import FileLock
 
 from pipeline.export import FORMATS, PRECISION_FORMATS, ExportConfig, ExportResult, export
+from pipeline.formats import base as registry
 from pipeline.train import TrainConfig, TrainResult, train
 from tests import cli_fork, timing
+
+# The float32 formats a server runs: FORMATS but the on-device ones (ExecuTorch's .pte, which
+# the digits CNN's `exported` holds and tests/integration/test_pte.py covers for the others).
+SERVED_FORMATS = tuple(k for k in FORMATS if k in registry.served_keys())
 
 _FOLDER_MARKS = {"unit", "integration", "e2e"}
 T = TypeVar("T")
@@ -203,7 +208,7 @@ def two_versions(trained: TrainResult, tmp_path_factory: pytest.TempPathFactory)
 
 @pytest.fixture(scope="session")
 def exported(trained: TrainResult, tmp_path_factory: pytest.TempPathFactory) -> ExportResult:
-    """The digits CNN in every format (TorchScript, ONNX, .pt2)."""
+    """The digits CNN in every float32 format (TorchScript, ONNX, .pt2, .pte)."""
 
     def make(folder: Path) -> ExportResult:
         config = ExportConfig(
@@ -282,7 +287,7 @@ FAMILY = ["my_decision_gate", "my_cell", "my_rnn_loop", "wrap_rnn"]
 
 @pytest.fixture(scope="session")
 def family(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ExportResult]:
-    """The control-flow family, trained and exported (every format) once per session."""
+    """The control-flow family, trained and exported (every served format) once per session."""
 
     def make(root: Path) -> dict[str, ExportResult]:
         results = {}
@@ -296,7 +301,7 @@ def family(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ExportResult]:
                     model=name,
                     checkpoint=ckpt.checkpoint.path,
                     out_dir=root / name / "export",
-                    formats=FORMATS,
+                    formats=SERVED_FORMATS,
                 )
             )
         return results

@@ -56,7 +56,7 @@ def _verified(exported: ExportedModel, cpp_binary: Path | None) -> set[str]:
 
     formats = exported.formats()
     # CPP runs the client on every format it can (rows "cpp", "cpp/pt2", ...).
-    runs_cpp = cpp_binary is not None and any(f.cpp for f in formats)
+    runs_cpp = cpp_binary is not None and any(f.cpp or f.native for f in formats)
     report = verify(
         VerifyConfig(
             model=exported.name,
@@ -68,7 +68,9 @@ def _verified(exported: ExportedModel, cpp_binary: Path | None) -> set[str]:
         exported=exported,
     )
     # Verify's rows that are bench backends too: verify and bench name them alike.
-    benched = {f.backend for f in formats} | {cpp_backend_name(f) for f in formats if f.cpp}
+    benched = {f.backend for f in formats} | {
+        cpp_backend_name(f) for f in formats if f.cpp or f.native
+    }
     failed = {r.backend for r in report.failures}
     ran = {r.backend for r in report.rows}
     return {EAGER} | ((ran - failed) & benched)

@@ -10,6 +10,7 @@ the C++ client on every format it runs (named as verify names it).
 
 from __future__ import annotations
 
+import importlib
 import re
 import tempfile
 import zipfile
@@ -127,6 +128,19 @@ def runners(
                 format=fmt.key,
                 verified_as=name,
             )
+    for fmt in (f for f in exported.formats() if f.native and cpp_binary is not None):
+        # the format's own runner, without LibTorch (asked for with the C++ client's rows)
+        from pipeline.verify.backends import cpp_backend_name
+
+        name = cpp_backend_name(fmt)
+        runner = importlib.import_module(fmt.native)
+        out[name] = Runner(
+            name,
+            _cpp_measure(exported.path(fmt.key), args, runner.ensure_built(), threads, (), runner),
+            {"runtime": fmt.native, "libtorch": "none"},
+            format=fmt.key,
+            verified_as=name,
+        )
     return out
 
 
@@ -197,24 +211,31 @@ def _cpp_measure(
     binary: Path,
     threads: int,
     op_libraries: Sequence[str] = (),
+    program: Any = None,
 ) -> Callable[[int, int], dict[str, float]]:
     """A measure() running the C++ client: one round is one client run, which times
     `repeat` calls itself (no process start-up in the figures). Each run is a new
     process, so it always warms up at least once: its first call is a cold start.
-    `op_libraries`: the record's custom-op libraries (torchvision), loaded first."""
+    `op_libraries`: the record's custom-op libraries (torchvision), loaded first.
+    `program`: the module that runs it (default the LibTorch client's, pipeline.formats.cpp;
+    a format's own runner, pipeline.formats.pte_runner)."""
 
     def measure(warmup: int, repeat: int) -> dict[str, float]:
-        from pipeline.formats.cpp import run as run_cpp
+        from pipeline.formats import cpp
 
-        stats = run_cpp(
-            model,
-            [args],
-            binary=binary,
-            threads=threads,
-            warmup=max(warmup, 1),
-            repeat=repeat,
-            op_libraries=op_libraries,
-        ).stats
+        stats = (
+            (program or cpp)
+            .run(
+                model,
+                [args],
+                binary=binary,
+                threads=threads,
+                warmup=max(warmup, 1),
+                repeat=repeat,
+                op_libraries=op_libraries,
+            )
+            .stats
+        )
         return {k: float(stats[k]) for k in ("p50_ms", "p90_ms", "p99_ms")} | {"runs": repeat}
 
     return measure

@@ -38,7 +38,7 @@ from typing import Any
 
 from pipeline.core import paths
 from pipeline.core.fileio import write_json
-from pipeline.formats.base import FLOAT32, precision_of
+from pipeline.formats.base import FLOAT32, precision_of, served_keys
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +48,16 @@ BATCH = 1  # ranked at batch 1: one request's latency, what a served model answe
 
 def fastest_of(cells: list[dict[str, Any]], *, exclude_suffix: str = "") -> dict[str, Any] | None:
     """The fastest verified backend at batch 1 among one model's CELLS (bench.json rows), or
-    None when none was verified. Backends ending in `exclude_suffix` are not candidates."""
+    None when none was verified. Backends ending in `exclude_suffix` are not candidates, nor
+    on-device formats (.pte), which no server runs."""
+    served = served_keys()
     ranked = sorted(
         (
             c
             for c in cells
             if c["batch"] == BATCH
             and c.get("verified")
-            and c.get("format")
+            and c.get("format") in served
             and not (exclude_suffix and c["backend"].endswith(exclude_suffix))
         ),
         key=lambda c: c["median_ms"],
@@ -72,7 +74,7 @@ def fastest_of(cells: list[dict[str, Any]], *, exclude_suffix: str = "") -> dict
         }
         for c in cells
         if c["batch"] == BATCH
-        and c.get("format")
+        and c.get("format") in served
         and not c.get("verified")
         and not (exclude_suffix and c["backend"].endswith(exclude_suffix))
     ]

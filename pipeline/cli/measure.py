@@ -23,11 +23,24 @@ def add_cpp_commands(sub: argparse._SubParsersAction) -> None:
     cpp_formats = [f for f in registry.declared() if f.cpp]  # what the C++ client runs
     p = sub.add_parser(
         "build-cpp",
-        help="build the LibTorch C++ client (cpp_client/) against the installed torch",
+        help="build the LibTorch C++ client (cpp_client/), or with --runner pte the ExecuTorch "
+        "runner (cpp_client/pte_runner/, no LibTorch)",
         description="Configure and build cpp_client/ with CMake, passing the flags the torch "
-        "wheel's LibTorch needs (prefix path, CUDA toolkit, nvrtc).",
+        "wheel's LibTorch needs (prefix path, CUDA toolkit, nvrtc); with --runner pte, build "
+        "the ExecuTorch runner from the executorch wheel alone and print what a device must "
+        "carry (its size, the libraries it loads, and that none is libtorch).",
     )
-    p.add_argument("--build-dir", type=Path, help="default: cpp_client/build")
+    p.add_argument(
+        "--runner",
+        choices=("libtorch", "pte"),
+        default="libtorch",
+        help="libtorch: the client of TorchScript and .pt2 (default); pte: ExecuTorch's runner",
+    )
+    p.add_argument(
+        "--build-dir",
+        type=Path,
+        help="default: cpp_client/build (pte: cpp_client/pte_runner/build)",
+    )
     p.add_argument("--jobs", type=int, help="parallel compile jobs (default: all cores)")
     p.set_defaults(func=_cmd_build_cpp)
 
@@ -250,6 +263,19 @@ def _first_sample(exported: ExportedModel, inputs: dict[str, torch.Tensor]) -> l
 
 
 def _cmd_build_cpp(args: argparse.Namespace) -> int:
+    if args.runner == "pte":
+        from pipeline.formats import pte_runner
+
+        binary = pte_runner.build(args.build_dir, args.jobs)
+        size = pte_runner.footprint(binary)
+        mib = size["total_bytes"] / 2**20
+        print(f"built {binary}")
+        print(
+            f"  runner {size['runner_bytes'] / 1024:.0f} KiB + ExecuTorch libraries "
+            f"({', '.join(sorted(size['libraries']))}) = {mib:.1f} MiB; "
+            f"libtorch linked: {', '.join(size['libtorch']) or 'none'}"
+        )
+        return 0
     from pipeline.formats.cpp import build
 
     print(f"built {build(args.build_dir, args.jobs)}")

@@ -162,8 +162,12 @@ def _export(
         )
 
 
-def op_lines(model: nn.Module, example: Inputs, entry: ZooEntry, ops: set[str]) -> list[str]:
+def op_lines(
+    model: nn.Module, example: Inputs, entry: ZooEntry, ops: set[str], *, prefix: bool = False
+) -> list[str]:
     """Where the model calls the ATen ops `ops` ("aten.linalg_eigvals"): its own lines.
+    `prefix`: also the ops whose names start with one of them (a decomposition's name,
+    aten.linalg_eig, finds the op the model called, aten.linalg_eigvals).
 
     Best effort, for an error message: torch.export records each node's Python
     stack; an empty list when the model cannot be exported or none matches.
@@ -175,7 +179,10 @@ def op_lines(model: nn.Module, example: Inputs, entry: ZooEntry, ops: set[str]) 
     found: list[str] = []
     for node in program.graph.nodes:
         packet = getattr(node.target, "overloadpacket", node.target)  # aten.x.default → aten.x
-        if node.op == "call_function" and str(packet) in ops:
+        name = str(packet)
+        if node.op == "call_function" and (
+            name in ops or (prefix and any(name.startswith(op) for op in ops))
+        ):
             line = node_line(node.meta.get("stack_trace"))
             if line and line not in found:
                 found.append(line)

@@ -42,7 +42,7 @@ from torch import nn
 from pipeline.core.compare import compare_outputs, flatten_outputs
 from pipeline.core.errors import ExportError, ExportRequestError
 from pipeline.formats.base import ExportContext, Format, register
-from pipeline.formats.program import captured_output, export_program, quiet
+from pipeline.formats.program import captured_output, export_program, op_lines, quiet
 from pipeline.zoo.spec import Inputs, ZooEntry
 from pipeline_runtime import etprogram, formats
 from pipeline_runtime.files import sha256_file
@@ -65,7 +65,7 @@ NOT_LOCALISED = (
 )
 # The runtime's log line naming the kernel that failed ("... in operator aten::copy_.: 0x12").
 _FAILED_OP = re.compile(r"in operator ([\w:.]+?)\.?: 0x")
-_LOG_CHECK = re.compile(r"\] Check failed \((.*?)\)")
+_LOG_CHECK = re.compile(r"\] Check failed \((.*)\):")
 
 
 def missing() -> str | None:
@@ -149,6 +149,25 @@ def _fits(
     )
 
 
+def _first_line(err: Exception) -> str:
+    return next((ln.strip() for ln in str(err).splitlines() if ln.strip()), "")
+
+
+def _not_lowered(
+    err: Exception, model: nn.Module, example: Inputs, entry: ZooEntry, method: str
+) -> ExportError:
+    """ExportError for a graph ExecuTorch cannot lower, naming the operator and, where the
+    model calls it, the model's own line."""
+    first = _first_line(err)
+    op = re.search(r"aten\.(\w+)\.\w+ is not in Core ATen", first)
+    where = op_lines(model, example, entry, {f"aten.{op.group(1)}"}, prefix=True) if op else []
+    hint = f" (called at {'; '.join(where)})" if where else ""
+    return ExportError(
+        f"ExecuTorch could not lower {entry.name!r} ({method}): {type(err).__name__}: "
+        f"{first[:300]}{hint}"
+    )
+
+
 def _why(err: Exception, printed: str) -> str:
     """The runtime's failure in one line: the kernel that failed and its check."""
     op = _FAILED_OP.search(printed)
@@ -208,16 +227,15 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
     try:
         manager, lowered = _lower(program.program, xnnpack=True)
     except Exception as err:  # noqa: BLE001 - the partitioner's refusal: lower without it
-        refused = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        if type(err).__name__ == "SpecViolationError":  # not XNNPACK's: the graph itself
+            raise _not_lowered(err, model, example, entry, program.method) from None
+        refused = f"{type(err).__name__}: {_first_line(err)[:200]}"
         log.info(".pte: XNNPACK refused the graph (%s); lowering to the CPU kernels only", refused)
         backend = "portable"
         try:
             manager, lowered = _lower(program.program, xnnpack=False)
         except Exception as again:  # noqa: BLE001 - any lowering failure is an export failure
-            raise ExportError(
-                f"ExecuTorch could not lower {entry.name!r} ({program.method}): "
-                f"{type(again).__name__}: {str(again).splitlines()[0][:300]}"
-            ) from None
+            raise _not_lowered(again, model, example, entry, program.method) from None
     seconds = time.perf_counter() - started
     path = ctx.out_dir / FILE
     path.write_bytes(manager.buffer)

@@ -58,6 +58,10 @@ def load(export_dir: Path, fmt: str, threads: int) -> Loaded:
             f"{export_dir} has no {fmt!r} artifact; serve a format it holds "
             f"({', '.join(k for k in manifest.artifacts if k not in (WARMUP_KEY,))})."
         )
+    if not _descriptor(fmt, manifest).served:
+        raise ArtifactError(
+            f"{fmt} is an on-device format: export, verify and bench take it, no runtime serves it."
+        )
     if lean(fmt, manifest):
         return _load_onnx(export_dir, fmt, manifest, threads)
     if _descriptor(fmt, manifest).torch_free:

@@ -28,7 +28,7 @@ from pipeline.formats import base as registry
 from pipeline.serving import runtime as runtimes
 from pipeline.serving.provenance import ServedInfo, fastest_entry
 from pipeline.serving.server import ServeError, Server
-from pipeline_runtime import jitgate
+from pipeline_runtime import formats, jitgate
 from pipeline_runtime.manifest import ArtifactRecord, Manifest
 
 
@@ -60,6 +60,27 @@ def export_format(manifest: Manifest, bench_results: Path | None = None) -> str:
     return choose(manifest, fastest_entry(manifest.model.name, bench_results))[0]
 
 
+def servable(manifest: Manifest) -> list[str]:
+    """The formats of this export a runtime may serve, in registry order (an on-device
+    format such as ExecuTorch's .pte is verified and benchmarked, never served)."""
+    order = registry.keys()
+    return [
+        k
+        for k in order
+        if k in manifest.artifacts and formats.served(k, manifest.artifact(k).details)
+    ]
+
+
+def refuse_unserved(manifest: Manifest, fmt: str) -> None:
+    """ServeError when `fmt` is a format no runtime serves, naming the ones that are."""
+    if fmt in manifest.artifacts and not formats.served(fmt, manifest.artifact(fmt).details):
+        held = servable(manifest)
+        raise ServeError(
+            f"{fmt} is an on-device format: export, verify and bench take it, no runtime "
+            f"serves it; serve one this export holds ({', '.join(held) or 'none: export one'})."
+        )
+
+
 def choose(
     manifest: Manifest,
     fastest: dict[str, Any] | None,
@@ -67,8 +88,7 @@ def choose(
     min_sqnr: float | None = None,
 ) -> tuple[str, str]:
     """(format, why): the format to serve of this export, and one sentence saying why."""
-    known = registry.keys()
-    held = [k for k in manifest.artifacts if k in known]
+    held = servable(manifest)
     if not held:
         raise ServeError(
             f"The export of {manifest.model.name} holds no servable artifact; re-run `pipeline export`."

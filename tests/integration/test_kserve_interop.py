@@ -25,13 +25,14 @@ import pytest
 import torch
 import tritonclient.http as thttp
 
-from pipeline.export import FORMATS, PRECISION_FORMATS, ExportResult
+from pipeline.export import PRECISION_FORMATS, ExportResult
 from pipeline.export.opened import open_export
 from pipeline.runtimes.kserve.config import RuntimeConfig
 from pipeline.runtimes.kserve.launch import served_export, start
 from pipeline.serving.launcher import free_port, stop
 from pipeline.serving.server import INFERENCE_KEY_FILE, Server
 from pipeline_runtime import oip
+from tests.conftest import SERVED_FORMATS
 from tests.integration.conftest import DETECTOR_BATCHES, RECURRENT
 
 
@@ -66,7 +67,7 @@ def server(
         for f in ("torchscript", "onnx")
     ]
     config = RuntimeConfig(
-        models=[served_export(exported.out_dir, f, name=f"digits_{f}") for f in FORMATS]
+        models=[served_export(exported.out_dir, f, name=f"digits_{f}") for f in SERVED_FORMATS]
         + reduced
         + scanned
         + detections,
@@ -130,7 +131,7 @@ HTTP_MODES = {"json": (False, False), "binary-in": (True, False), "binary-out": 
               "binary": (True, True)}  # fmt: skip
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", SERVED_FORMATS)
 @pytest.mark.parametrize("mode", HTTP_MODES)
 def test_tritonclient_http(server, exported, golden, fmt: str, mode: str) -> None:
     binary_in, binary_out = HTTP_MODES[mode]
@@ -203,7 +204,7 @@ def _triton_grpc(server: Server, *args: str | Path) -> str:
     return proc.stdout
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", SERVED_FORMATS)
 def test_tritonclient_grpc(server, exported, golden, fmt: str, tmp_path: Path) -> None:
     np.save(tmp_path / "x.npy", golden[0])
     _triton_grpc(
@@ -213,7 +214,7 @@ def test_tritonclient_grpc(server, exported, golden, fmt: str, tmp_path: Path) -
     _close(np.load(tmp_path / "y.npy"), golden)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", SERVED_FORMATS)
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
 def test_kserve_rest_client(server, exported, golden, fmt: str, binary: bool) -> None:
     kserve, rest_config = _kserve()
@@ -235,7 +236,7 @@ def test_kserve_rest_client(server, exported, golden, fmt: str, binary: bool) ->
     _close(asyncio.run(go()), golden)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", SERVED_FORMATS)
 def test_kserve_grpc_client(server, exported, golden, fmt: str) -> None:
     kserve, _ = _kserve()
     x = golden[0]
@@ -261,7 +262,7 @@ def test_health_readiness_and_metadata_over_http(server, exported) -> None:
         assert client.is_server_live() and client.is_server_ready()
         meta = client.get_server_metadata(headers=auth)
         assert meta["name"] and meta["version"] and isinstance(meta["extensions"], list)
-        for fmt in FORMATS:
+        for fmt in SERVED_FORMATS:
             name = f"digits_{fmt}"
             assert client.is_model_ready(name, headers=auth)
             model = client.get_model_metadata(name, headers=auth)
@@ -276,7 +277,7 @@ def test_health_readiness_and_metadata_over_http(server, exported) -> None:
 
 
 def test_health_readiness_and_metadata_over_grpc(server, exported) -> None:
-    names = [f"digits_{fmt}" for fmt in FORMATS]
+    names = [f"digits_{fmt}" for fmt in SERVED_FORMATS]
     described = json.loads(_triton_grpc(server, "describe", *names, "no_such_model"))
     assert described["live"] and described["ready"]
     for name in names:

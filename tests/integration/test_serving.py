@@ -69,7 +69,9 @@ def store(exports: dict[str, ExportResult], tmp_path_factory: pytest.TempPathFac
         formats = tuple(
             f.key
             for f in registry.all_formats()
-            if f.key in result.manifest.artifacts and (f.key != "pt2" or name in PT2_SERVED)
+            if f.served
+            and f.key in result.manifest.artifacts
+            and (f.key != "pt2" or name in PT2_SERVED)
         )
         # A longer batch delay makes concurrent requests land in one batch.
         archive(

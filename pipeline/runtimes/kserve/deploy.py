@@ -34,6 +34,7 @@ from pipeline.runtimes.kserve import manifests as m
 from pipeline.runtimes.kserve.validate import check
 from pipeline.serving import runtime, served
 from pipeline.serving.capabilities import Packaging
+from pipeline.serving.server import ServeError
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,10 @@ def deploy_kserve(config: m.DeployConfig, *, force: bool = False) -> DeployResul
     known = tuple(registry.keys())
     if config.format not in known:
         raise DeployError(f"Unknown format {config.format!r}; choose from {', '.join(known)}.")
+    try:
+        served.refuse_unserved(manifest, config.format)
+    except ServeError as err:
+        raise DeployError(str(err)) from None
     if config.format not in manifest.artifacts or config.format in manifest.failed:
         held = [k for k in manifest.artifacts if k in known]
         raise DeployError(

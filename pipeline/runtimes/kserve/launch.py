@@ -30,7 +30,6 @@ from typing import Any
 import httpx
 
 from pipeline.core.manifest import read_manifest
-from pipeline.formats import base as registry
 from pipeline.runtimes.kserve.config import CONFIG_FILE, RuntimeConfig, ServedExport
 from pipeline.runtimes.kserve.constants import METRICS_KEY_FILE, NAME
 from pipeline.runtimes.kserve.manifests import served_name
@@ -73,13 +72,13 @@ def served_export(
     `manifest`: its manifest, when the caller has read it."""
     export_dir = Path(export_dir).resolve()
     manifest = manifest or read_manifest(export_dir)
-    order = registry.keys()
-    held = [k for k in order if k in manifest.artifacts]
+    held = served.servable(manifest)
     if fmt is None:
         if not held:
             raise ServeError(f"{export_dir} holds no artifact to serve; re-run `pipeline export`.")
         fmt = served.export_format(manifest)
     elif fmt not in held:
+        served.refuse_unserved(manifest, fmt)
         raise ServeError(
             f"{export_dir} has no {fmt!r} artifact; it holds {', '.join(held) or 'none'}."
         )

@@ -74,6 +74,7 @@ def served_model(
     export_dir = Path(export_dir).resolve()
     manifest = manifest or read_manifest(export_dir)
     fmt = fmt or served.export_format(manifest)
+    served.refuse_unserved(manifest, fmt)
     if fmt not in manifest.artifacts or fmt in manifest.unwritten:
         raise ServeError(
             f"{export_dir} has no {fmt!r} artifact; serve one it holds "

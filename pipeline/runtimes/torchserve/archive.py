@@ -34,6 +34,7 @@ from pipeline.core.manifest import GOLDEN_KEY, MANIFEST_NAME, artifact_path, rea
 from pipeline.core.paths import DEFAULT_STORE
 from pipeline.formats import base as registry
 from pipeline.runtimes.torchserve.constants import ARCHIVE_INFO
+from pipeline.serving import served
 from pipeline.serving.provenance import ServedInfo, fastest_entry
 from pipeline.serving.served import within_budget
 from pipeline.zoo import DEFAULT_MODEL
@@ -192,9 +193,17 @@ def archive(config: ArchiveConfig, manifest: Manifest | None = None) -> list[Pat
         config.accuracy_budget,
         config.min_sqnr,
     )
-    formats = config.formats or tuple(
-        f.key for f in registry.all_formats() if f.key in manifest.artifacts
-    )
+    formats = config.formats or tuple(served.servable(manifest))
+    for key in config.formats or ():
+        served.refuse_unserved(manifest, key)
+    known = registry.keys()
+    on_device = [k for k in manifest.artifacts if k in known and k not in formats]
+    if not config.formats and on_device:
+        log.info("not archiving %s: on-device, no runtime serves it", ", ".join(on_device))
+    if not formats:
+        raise ArchiveError(
+            f"{export_dir} holds no format a server runs; export one (--format onnx)."
+        )
     _check_failed(export_dir, manifest.unwritten, asked=config.formats, held=formats)
     golden = artifact_path(export_dir, manifest, GOLDEN_KEY)  # checked once, packed in each
     written = []

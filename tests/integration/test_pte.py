@@ -1,0 +1,132 @@
+"""ExecuTorch `.pte` (issue 53): exported, verified in ExecuTorch's runtime and in a C++
+runner that links no LibTorch, partial with a reason where ExecuTorch cannot run a model,
+and never served.
+
+The digits CNN's `.pte` comes from the session's `exported` (every float32 format); the
+control-flow gate (torch.cond) and the tutorial loop are exported here, once per module.
+The registry-walking tests (test_formats.py) hold the format to the same export and
+verify contract as the others.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.export import EXIT_PARTIAL, ExportConfig, ExportResult, export
+from pipeline.export.opened import open_export
+from pipeline.formats import pte_runner
+from pipeline.runtimes.kserve.launch import served_export
+from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
+from pipeline.serving import served
+from pipeline.serving.server import ServeError
+from pipeline.verify import VerifyConfig, verify
+from tests.conftest import assert_clean_error, run_cli
+
+GATE, LOOP = "my_decision_gate", "my_rnn_loop"
+
+
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory: pytest.TempPathFactory) -> ExportResult:
+    """The data-dependent branch (exported through its torch.cond formulation) as a .pte;
+    it has no parameters, so its random initialisation is the trained model."""
+    out = tmp_path_factory.mktemp("pte_gate") / "export"
+    return export(ExportConfig(model=GATE, random_init=True, out_dir=out, formats=("pte",)))
+
+
+@pytest.fixture(scope="module")
+def runner() -> Path:
+    return pte_runner.ensure_built()
+
+
+def test_the_runner_links_no_libtorch_and_reports_its_size(runner: Path) -> None:
+    libraries = pte_runner.linked(runner)
+    assert not [n for n in libraries if "torch" in n and "executorch" not in n], libraries
+    assert "libexecutorch.so" in libraries and "libexecutorch_backend_xnnpack.so" in libraries
+    size = pte_runner.footprint(runner)
+    assert size["libtorch"] == []
+    assert size["total_bytes"] == size["runner_bytes"] + sum(size["libraries"].values())
+    assert 0 < size["runner_bytes"] < size["total_bytes"]
+
+
+def test_digits_pte_verifies_in_python_and_in_the_cpp_runner(
+    exported: ExportResult, tmp_path: Path
+) -> None:
+    record = exported.manifest.artifact("pte")
+    assert record.get("backend") == "xnnpack" and record.get("executorch") == "1.5.1"
+    assert record.get("delegates") == ["XnnpackBackend"]
+    assert record.get("delegation")["nodes_delegated"] > 0
+    assert record.get("max_sizes") == {"batch": 64}
+    report = verify(
+        VerifyConfig(
+            model="digits_lenet",
+            export_dir=exported.out_dir,
+            backends=("executorch", "cpp"),
+            report=tmp_path / "parity.json",
+        )
+    )
+    assert report.passed, report.failure_message()
+    ran = {r.backend for r in report.rows}
+    assert {"executorch", "cpp/pte"} <= ran, ran
+    # golden, its probes and the random batches, in both
+    for backend in ("executorch", "cpp/pte"):
+        cases = {r.inputs for r in report.rows if r.backend == backend}
+        assert {"golden", "random b=1", "random b=7"} <= cases, (backend, cases)
+
+
+def test_the_branch_runs_as_torch_cond_in_both_runtimes(gate: ExportResult, tmp_path: Path) -> None:
+    record = gate.manifest.artifact("pte")
+    assert record.get("method") == "torch.export (torch.cond formulation)"
+    report = verify(
+        VerifyConfig(
+            model=GATE,
+            export_dir=gate.out_dir,
+            with_cpp=True,
+            report=tmp_path / "parity.json",
+        )
+    )
+    assert report.passed, report.failure_message()
+    assert {"executorch", "cpp/pte"} <= {r.backend for r in report.rows}
+    # The probes take both branches (sum > 0 and sum ≤ 0): each was run by both.
+    probes = {r.inputs for r in report.rows if r.backend == "cpp/pte" and "probe" in r.inputs}
+    assert len(probes) >= 2, probes
+
+
+def test_a_loop_executorch_cannot_run_is_partial_with_the_failing_kernel(tmp_path: Path) -> None:
+    proc = run_cli(
+        "--artifacts-dir", tmp_path, "export", "--model", LOOP, "--random-init",
+        "--format", "pte", "--format", "torchscript", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == EXIT_PARTIAL, proc.stderr
+    assert "Traceback" not in proc.stderr
+    paragraph = next(ln for ln in proc.stderr.splitlines() if ln.startswith("partial export"))
+    assert "model.pte (pte) was not written: ExecuTorch's runtime could not run" in paragraph
+    assert "kernel failed" in paragraph and "it was not kept" in paragraph
+    assert "Written and checked in" in paragraph and "(torchscript)" in paragraph
+    opened = open_export(tmp_path / LOOP / "export")
+    assert "pte" in opened.manifest.unwritten and "torchscript" in opened.manifest.artifacts
+    assert not (tmp_path / LOOP / "export" / "model.pte").exists()
+
+
+def test_an_on_device_format_is_never_archived_deployed_or_served(
+    exported: ExportResult, tmp_path: Path
+) -> None:
+    manifest = exported.manifest
+    assert "pte" in manifest.artifacts and "pte" not in served.servable(manifest)
+    with pytest.raises(ServeError, match="pte is an on-device format"):
+        archive(
+            ArchiveConfig(
+                model="digits_lenet", export_dir=exported.out_dir, store=tmp_path, formats=("pte",)
+            )
+        )
+    with pytest.raises(ServeError, match="on-device"):
+        served_export(exported.out_dir, "pte")
+    assert served.choose(manifest, {"format": "pte", "backend": "executorch"})[0] != "pte"
+    assert not list(tmp_path.glob("*.mar"))
+    proc = run_cli(
+        "--artifacts-dir", tmp_path / "art", "deploy", "kserve", "--model", "digits_lenet",
+        "--export-dir", exported.out_dir, "--format", "pte", "--out", tmp_path / "k8s",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert_clean_error(proc, "on-device format")

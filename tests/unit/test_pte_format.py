@@ -1,0 +1,84 @@
+"""The .pte format's own logic, in process: its place in the registry, the sizes it plans
+for, what it says without ExecuTorch, and how a runtime failure is named."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.cli import build_parser
+from pipeline.core.errors import ExportRequestError
+from pipeline.export.config import ExportConfig
+from pipeline.formats import base as registry
+from pipeline.formats import pte
+from pipeline.zoo import get_entry
+from pipeline_runtime import etprogram, formats, runners
+
+NOT_INSTALLED = "ExecuTorch is not installed"
+
+
+def test_pte_is_an_opt_in_float32_format_no_runtime_serves() -> None:
+    fmt = registry.get("pte")
+    assert fmt.precision == registry.FLOAT32 and not fmt.default and not fmt.served
+    assert fmt.runner == formats.EXECUTORCH and fmt.native == "pipeline.formats.pte_runner"
+    assert "pte" in registry.full_precision_keys() and "pte" not in registry.served_keys()
+    assert not formats.served("pte") and formats.served("onnx")
+    assert not formats.served("no_such_format")
+
+
+def test_every_dynamic_axis_gets_a_largest_size() -> None:
+    digits = get_entry("digits_lenet")
+    example = digits.golden_inputs(torch.Generator().manual_seed(0))
+    assert pte.max_sizes(digits, example, {}) == {"batch": pte.MAX_BATCH}
+    loop = get_entry("my_rnn_loop")
+    example = loop.sample_inputs(loop.sizes(batch=3, seq=12), torch.Generator().manual_seed(0))
+    assert pte.max_sizes(loop, example, {}) == {"batch": 64, "seq": 12 * pte.OTHER_AXIS_FACTOR}
+    assert pte.max_sizes(loop, example, {"seq": 12}) == {"batch": 64}  # --fix-axis seq=12
+
+
+def test_a_failed_kernel_is_named_from_the_runtime_log() -> None:
+    printed = (
+        "[op_copy.cpp:83] Check failed (tensor_is_broadcastable_to(src, in)): \n"
+        "[method.cpp:1483] KernelCall failed at instruction 0:3 in operator aten::copy_.: 0x12\n"
+    )
+    why = pte._why(RuntimeError("method->execute() failed with error 0x12"), printed)
+    assert why == "ExecuTorch's aten::copy_ kernel failed (tensor_is_broadcastable_to(src, in))"
+    assert pte._why(RuntimeError("boom\nmore"), "") == "boom"
+
+
+def test_all_leaves_pte_out_with_one_line_when_executorch_is_missing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(etprogram, "version", lambda: None)
+    args = build_parser().parse_args(["export", "--format", "all"])
+    with caplog.at_level(logging.INFO, logger="pipeline.export"):
+        config = ExportConfig.from_args(args)
+    assert "pte" not in config.formats and "onnx" in config.formats
+    said = [r.getMessage() for r in caplog.records if "leaves" in r.getMessage()]
+    assert said == [f"--format all leaves ExecuTorch .pte out: {NOT_INSTALLED}; install "
+                    f"{etprogram.INSTALL}"]  # fmt: skip
+    # Asked for by name, it is kept, and its export stops saying what to install.
+    named = ExportConfig.from_args(build_parser().parse_args(["export", "--format", "pte"]))
+    assert named.formats == ("pte",)
+    with pytest.raises(ExportRequestError, match=f"--format pte needs ExecuTorch: {NOT_INSTALLED}"):
+        pte.export(torch.nn.Identity(), None)  # type: ignore[arg-type]
+
+
+def test_a_program_that_does_not_load_names_what_the_runtime_lacks(tmp_path: Path) -> None:
+    record = {
+        etprogram.OPERATORS_KEY: ["aten::add.out", "mine::fancy_op.out"],
+        etprogram.DELEGATES_KEY: ["XnnpackBackend", "NoSuchBackend"],
+    }
+    assert etprogram.missing(record) == (["mine::fancy_op.out"], ["NoSuchBackend"])
+    broken = tmp_path / "model.pte"
+    broken.write_bytes(b"not a program")
+    with pytest.raises(runners.LoadError) as err:
+        runners.load("pte", broken, inputs=["x"], outputs=["y"], record=record)
+    message = str(err.value)
+    assert "cannot load model.pte" in message
+    assert (
+        "this runtime has no kernel for mine::fancy_op.out, the NoSuchBackend delegate" in message
+    )
