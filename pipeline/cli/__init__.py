@@ -171,10 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "export",
-        help="export a checkpoint to TorchScript, ONNX and/or .pt2 (AOTInductor)",
+        help="export a checkpoint to TorchScript, ONNX, .pt2 (AOTInductor) and/or .pte (ExecuTorch)",
         description="Load a checkpoint (sha256-checked), put the model in eval mode, "
         "write TorchScript, ONNX (dynamic batch) and, with --format pt2, an AOTInductor "
-        "package, plus golden I/O and manifest.json. A format that cannot express the model "
+        "package, with --format pte an ExecuTorch program for devices, plus golden I/O "
+        "and manifest.json. A format that cannot express the model "
         "is recorded as failed while the others are written (exit status 3).",
         epilog=_EXPORT_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -188,8 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
         choices=(*export_formats, registry.ALL, registry.ALL_PRECISION),
         help=f"what to write; repeat for several (default: {' and '.join(default_formats)}). "
         "pt2 is torch.export + AOTInductor, compiled for --pt2-device (tens of seconds per "
-        f"model). {registry.ALL}: every float32 format; {registry.ALL_PRECISION}: every int8 "
-        "and float16 one (judged at task level, see --accuracy-budget)",
+        "model); pte is ExecuTorch's on-device program (XNNPACK; verified, never served). "
+        f"{registry.ALL}: every float32 format (pte when ExecuTorch is installed); "
+        f"{registry.ALL_PRECISION}: every int8 and float16 one (judged at task level, see "
+        "--accuracy-budget)",
     )
     p.add_argument(
         "--pt2-device",
@@ -201,9 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--fix-axis",
         action="append",
         metavar="AXIS=N",
-        help="compile the .pt2 formats with dynamic axis AXIS at size N only (repeatable), "
-        "for a model torch.export cannot keep dynamic along it (a custom recurrent loop); "
-        "the other formats keep it dynamic, and verify and servers hold the .pt2 to N",
+        help="compile the .pt2 formats and the .pte with dynamic axis AXIS at size N only "
+        "(repeatable), for a model torch.export cannot keep dynamic along it (a custom "
+        "recurrent loop) or ExecuTorch runs only at one size (a loop); the other formats "
+        "keep it dynamic, and verify and servers hold those to N",
     )
     p.add_argument(
         "--method",

@@ -78,8 +78,9 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
         "bench",
         help="measure every backend side by side (in-process and served); JSON, Markdown, charts",
         description="Interleaved rounds of eager, every format the export holds (TorchScript "
-        "plain and frozen, ONNX Runtime, the .pt2 package when exported) and the C++ client on "
-        "each format it runs, at each batch size, then TorchServe per format at each concurrency "
+        "plain and frozen, ONNX Runtime, the .pt2 package and the ExecuTorch .pte program when "
+        "exported) and the C++ client on each format it runs (ExecuTorch's own runner on the "
+        ".pte), at each batch size, then TorchServe per format at each concurrency "
         "with dynamic batching off, on (the archive defaults) and old (batch 8, 10 ms), "
         "TorchServe's own port beside the gateway at concurrency 1, and the KServe runtime "
         "(Open Inference Protocol) on the same exports and levels, with the worker count it "

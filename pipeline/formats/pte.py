@@ -168,6 +168,22 @@ def _not_lowered(
     )
 
 
+def _fix_hint(dynamic: Mapping[str, int], example: Inputs, entry: ZooEntry) -> str:
+    """The way out when the runtime refuses a program with dynamic axes: one size each.
+
+    ExecuTorch 1.5.1 runs a loop over planned dynamic buffers (the tutorial loop, a
+    `scan`) only at their largest sizes; compiled for one size of every axis it runs."""
+    if not dynamic:
+        return ""
+    at = {}
+    for spec in entry.inputs:
+        for axis, name in spec.dynamic_axes().items():
+            if name in dynamic:
+                at.setdefault(name, int(example[spec.name].shape[axis]))
+    flags = " ".join(f"--fix-axis {a}={n}" for a, n in at.items())
+    return f" A .pte of one size may run: export it with {flags}."
+
+
 def _why(err: Exception, printed: str) -> str:
     """The runtime's failure in one line: the kernel that failed and its check."""
     op = _FAILED_OP.search(printed)
@@ -184,8 +200,10 @@ def check(
     *,
     atol: float,
     rtol: float,
+    way_out: str = "",
 ) -> None:
-    """Run the program in ExecuTorch's runtime on every case and compare with eager."""
+    """Run the program in ExecuTorch's runtime on every case and compare with eager.
+    `way_out`: what to try when the runtime refuses a case (said after the failure)."""
     try:
         call = etprogram.open_method(path, record)
     except etprogram.ProgramError as err:
@@ -202,7 +220,7 @@ def check(
                 sizes = ", ".join(f"{k}{tuple(v.shape)}" for k, v in inputs.items())
                 raise ExportError(
                     f"ExecuTorch's runtime could not run the program on the {label!r} inputs "
-                    f"({sizes}): {_why(actual, printed.text)}; it was not kept."
+                    f"({sizes}): {_why(actual, printed.text)}; it was not kept.{way_out}"
                 )
             worst = compare_outputs(expected, flatten_outputs(actual), atol=atol, rtol=rtol)
             if worst is not None:
@@ -237,6 +255,9 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
         except Exception as again:  # noqa: BLE001 - any lowering failure is an export failure
             raise _not_lowered(again, model, example, entry, program.method) from None
     seconds = time.perf_counter() - started
+    if backend == "xnnpack" and not lowered["delegation"]["subgraphs"]:
+        backend = "portable"  # XNNPACK took nothing (the gate's sum and comparison)
+        refused = "it took none of the model's operators"
     path = ctx.out_dir / FILE
     path.write_bytes(manager.buffer)
     details: dict[str, Any] = {
@@ -248,7 +269,7 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
         **lowered,
     }
     if refused:
-        details["xnnpack_refused"] = refused
+        details["xnnpack_refused"] = refused  # refused the graph, or took nothing of it
     if ctx.fix_axes:
         details["fixed_axes"] = dict(ctx.fix_axes)
     if program.swaps:
@@ -263,9 +284,17 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
         kept = [(label, c) for label, c in cases if _fits(c, entry, sizes, ctx.fix_axes)]
         if len(kept) < len(cases):
             details["probes_not_checked"] = len(cases) - len(kept)
-        check(path, details, model, kept, atol=ctx.atol, rtol=ctx.rtol)
+        check(
+            path,
+            details,
+            model,
+            kept,
+            atol=ctx.atol,
+            rtol=ctx.rtol,
+            way_out=_fix_hint(sizes, example, entry),
+        )
     reason = program.reason + (
-        f"; XNNPACK refused the graph ({refused}), so every op runs on ExecuTorch's CPU kernels"
+        f"; not delegated to XNNPACK ({refused}): every op runs on ExecuTorch's CPU kernels"
         if refused
         else ""
     )

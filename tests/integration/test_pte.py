@@ -78,6 +78,9 @@ def test_digits_pte_verifies_in_python_and_in_the_cpp_runner(
 def test_the_branch_runs_as_torch_cond_in_both_runtimes(gate: ExportResult, tmp_path: Path) -> None:
     record = gate.manifest.artifact("pte")
     assert record.get("method") == "torch.export (torch.cond formulation)"
+    # XNNPACK takes none of a sum, a comparison and a negation: said, not called "xnnpack"
+    assert record.get("backend") == "portable" and record.get("delegates") == []
+    assert "not delegated to XNNPACK (it took none of the model's operators)" in record.reason
     report = verify(
         VerifyConfig(
             model=GATE,
@@ -103,6 +106,10 @@ def test_a_loop_executorch_cannot_run_is_partial_with_the_failing_kernel(tmp_pat
     paragraph = next(ln for ln in proc.stderr.splitlines() if ln.startswith("partial export"))
     assert "model.pte (pte) was not written: ExecuTorch's runtime could not run" in paragraph
     assert "kernel failed" in paragraph and "it was not kept" in paragraph
+    # The way out it names (ExecuTorch runs the loop at one planned size) works: below.
+    assert "A .pte of one size may run: export it with --fix-axis seq=6 --fix-axis batch=3" in (
+        paragraph
+    )
     assert "Written and checked in" in paragraph and "(torchscript)" in paragraph
     opened = open_export(tmp_path / LOOP / "export")
     assert "pte" in opened.manifest.unwritten and "torchscript" in opened.manifest.artifacts
@@ -130,3 +137,28 @@ def test_an_on_device_format_is_never_archived_deployed_or_served(
         cwd=tmp_path,
     )  # fmt: skip
     assert_clean_error(proc, "on-device format")
+
+
+def test_the_loop_at_one_size_verifies_in_both_runtimes(tmp_path: Path) -> None:
+    """The way out the partial export names: every dynamic axis fixed (--fix-axis)."""
+    fixed = export(
+        ExportConfig(
+            model=LOOP,
+            random_init=True,
+            out_dir=tmp_path / "export",
+            formats=("pte",),
+            fix_axes={"seq": 6, "batch": 3},
+        )
+    )
+    record = fixed.manifest.artifact("pte")
+    assert record.get("fixed_axes") == {"seq": 6, "batch": 3} and record.get("max_sizes") == {}
+    report = verify(
+        VerifyConfig(
+            model=LOOP, export_dir=fixed.out_dir, with_cpp=True, report=tmp_path / "p.json"
+        )
+    )
+    assert report.passed, report.failure_message()
+    ran = {(r.backend, r.inputs) for r in report.rows}
+    assert ("executorch", "golden") in ran and ("cpp/pte", "golden") in ran
+    # the other sizes are listed as not run, not failed
+    assert any("executorch was compiled for batch=3, seq=6 only" in n for n in report.notes)
