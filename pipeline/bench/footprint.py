@@ -54,7 +54,7 @@ def footprints(model: str, exported: ExportedModel) -> tuple[list[dict], list[di
     """Per runtime and format: cold start and worker memory; and the ones that failed."""
     rows, skipped = [], []
     for rt in runtime.all_runtimes():
-        for fmt in (f.key for f in exported.formats()):
+        for fmt in (f.key for f in exported.formats() if f.served):
             backend = f"{rt.name}/{fmt}"
             began = time.perf_counter()
             try:

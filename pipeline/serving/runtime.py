@@ -181,8 +181,9 @@ class BenchSettings:
     formats: tuple[str, ...] | None = None
 
     def served_formats(self, exported: ExportedModel) -> list[str]:
-        """The keys of the formats to measure, in the export's order."""
-        keys = [f.key for f in exported.formats()]
+        """The keys of the formats to measure, in the export's order (a runtime serves them:
+        not the on-device ones)."""
+        keys = [f.key for f in exported.formats() if f.served]
         return keys if self.formats is None else [k for k in keys if k in self.formats]
 
 

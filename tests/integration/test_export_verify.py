@@ -74,7 +74,8 @@ def test_verify_passes_on_every_backend_and_case(exported: ExportResult, tmp_pat
     report = verify(VerifyConfig(export_dir=exported.out_dir, report=tmp_path / "parity.json"))
     assert report.passed, report.failure_message()
     backends = {r.backend for r in report.rows}
-    assert backends == {"golden file", "torchscript", "onnxruntime", "pt2"}  # every format
+    # every format, the on-device .pte in ExecuTorch's runtime too
+    assert backends == {"golden file", "torchscript", "onnxruntime", "pt2", "executorch"}
     cases = {r.inputs for r in report.rows}
     assert {"golden", "random b=1", "random b=7"} <= cases
     assert any(c.startswith("probe") for c in cases)
