@@ -90,15 +90,32 @@ def fixed_axes(exported: ExportedModel, backend: Backend) -> dict[str, int]:
     return dict(record.get("fixed_axes") or {}) if record else {}
 
 
+def largest_sizes(exported: ExportedModel, backend: Backend) -> dict[str, int]:
+    """The largest size of each axis `backend`'s artifact takes (an ExecuTorch program plans
+    its buffers for them: `max_sizes`), else {}."""
+    record = exported.manifest.artifacts.get(backend.format_key or "")
+    return dict(record.get("max_sizes") or {}) if record else {}
+
+
 def runs_on(exported: ExportedModel, backend: Backend, inputs: Inputs) -> bool:
-    """Whether `backend` takes `inputs`: an artifact with fixed axes takes only those sizes."""
-    return exported.entry.fits(inputs, fixed_axes(exported, backend))
+    """Whether `backend` takes `inputs`: an artifact with fixed axes takes only those sizes,
+    one with largest sizes nothing larger."""
+    largest = largest_sizes(exported, backend)
+    return exported.entry.fits(inputs, fixed_axes(exported, backend)) and all(
+        int(inputs[spec.name].shape[axis]) <= largest[name]
+        for spec in exported.entry.inputs
+        for axis, name in spec.dynamic_axes().items()
+        if name in largest and spec.name in inputs
+    )
 
 
 def _skipped_note(exported: ExportedModel, backend: Backend, labels: list[str]) -> str:
-    sizes = ", ".join(f"{a}={n}" for a, n in fixed_axes(exported, backend).items())
+    sizes = ", ".join(
+        [f"{a}={n}" for a, n in fixed_axes(exported, backend).items()]
+        + [f"{a} ≤ {n}" for a, n in largest_sizes(exported, backend).items()]
+    )
     return (
-        f"{backend.name} was compiled for {sizes} only (a fixed axis: --fix-axis, or a trace that unrolled it): not run on the "
+        f"{backend.name} was compiled for {sizes} only (a fixed axis: --fix-axis, a trace that unrolled it, or the largest size ExecuTorch plans for): not run on the "
         f"{len(labels)} input set(s) of other sizes ({', '.join(labels[:4])}"
         f"{', …' if len(labels) > 4 else ''})"
     )

@@ -63,12 +63,23 @@ def test_digits_pte_verifies_in_python_and_in_the_cpp_runner(
             model="digits_lenet",
             export_dir=exported.out_dir,
             backends=("executorch", "cpp"),
+            batch_sizes=(1, 7, 100),
             report=tmp_path / "parity.json",
         )
     )
     assert report.passed, report.failure_message()
     ran = {r.backend for r in report.rows}
     assert {"executorch", "cpp/pte"} <= ran, ran
+    # A batch above the planned largest one is not run (it cannot be), and said so.
+    assert not [
+        r
+        for r in report.rows
+        if r.inputs == "random b=100" and r.backend in ("executorch", "cpp/pte")
+    ]
+    for backend in ("executorch", "cpp/pte"):
+        assert any(
+            n.startswith(f"{backend} was compiled for batch ≤ 64 only") for n in report.notes
+        )
     # golden, its probes and the random batches, in both
     for backend in ("executorch", "cpp/pte"):
         cases = {r.inputs for r in report.rows if r.backend == backend}
@@ -161,4 +172,5 @@ def test_the_loop_at_one_size_verifies_in_both_runtimes(tmp_path: Path) -> None:
     ran = {(r.backend, r.inputs) for r in report.rows}
     assert ("executorch", "golden") in ran and ("cpp/pte", "golden") in ran
     # the other sizes are listed as not run, not failed
-    assert any("executorch was compiled for batch=3, seq=6 only" in n for n in report.notes)
+    notes = [n for n in report.notes if n.startswith("executorch was compiled for")]
+    assert len(notes) == 1 and "seq=6" in notes[0] and "batch=3" in notes[0], report.notes
