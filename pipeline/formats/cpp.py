@@ -191,9 +191,20 @@ def build(build_dir: Path | None = None, jobs: int | None = None) -> Path:
         # CMake keeps the first CUDA compiler it found; another toolkit needs a fresh cache.
         (build_dir / "CMakeCache.txt").unlink()
         shutil.rmtree(build_dir / "CMakeFiles", ignore_errors=True)
+    cmake_build("cmake", SOURCE_DIR, build_dir, args, jobs, "the C++ client")
+    binary = binary_path(build_dir)
+    if not binary.is_file():
+        raise CppError(f"The build finished but {binary} is missing.")
+    return binary
+
+
+def cmake_build(
+    cmake: str, source: Path, build_dir: Path, args: list[str], jobs: int | None, what: str
+) -> None:
+    """Configure and build `source` in `build_dir`; CppError with the compiler's errors."""
     steps = [
-        ["cmake", "-S", str(SOURCE_DIR), "-B", str(build_dir), *args],
-        ["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 2)],
+        [cmake, "-S", str(source), "-B", str(build_dir), *args],
+        [cmake, "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 2)],
     ]
     for cmd in steps:
         log.info("%s", " ".join(cmd))
@@ -202,13 +213,9 @@ def build(build_dir: Path | None = None, jobs: int | None = None) -> Path:
             text = (proc.stderr or "") + (proc.stdout or "")
             errors = [ln for ln in text.splitlines() if "rror" in ln][:15]
             raise CppError(
-                f"Building the C++ client failed at `{' '.join(cmd[:3])}`:\n"
+                f"Building {what} failed at `cmake {' '.join(cmd[1:3])}`:\n"
                 + "\n".join(errors or text.splitlines()[-20:])
             )
-    binary = binary_path(build_dir)
-    if not binary.is_file():
-        raise CppError(f"The build finished but {binary} is missing.")
-    return binary
 
 
 def ensure_built(build_dir: Path | None = None) -> Path:

@@ -70,16 +70,16 @@ def _to(inputs: Inputs, device: str) -> Inputs:
     return {k: v.to(device).contiguous() for k, v in inputs.items()}
 
 
-def _tiled(inputs: Inputs, entry: ZooEntry) -> Inputs:
-    """`inputs` repeated along their batch axis to LARGE_BATCH samples."""
+def tiled(inputs: Inputs, entry: ZooEntry, batch: int = LARGE_BATCH) -> Inputs:
+    """`inputs` cut or repeated along their batch axis to `batch` samples."""
     out = {}
     for spec in entry.inputs:
         t = inputs[spec.name]
         if "batch" in spec.shape:
             axis = spec.shape.index("batch")
-            reps = -(-LARGE_BATCH // t.shape[axis])
+            reps = -(-batch // t.shape[axis])
             # contiguous: the package's input check holds strides to the exported ones
-            t = t.repeat_interleave(reps, dim=axis).narrow(axis, 0, LARGE_BATCH).contiguous()
+            t = t.repeat_interleave(reps, dim=axis).narrow(axis, 0, batch).contiguous()
         out[spec.name] = t
     return out
 
@@ -140,7 +140,7 @@ def to_pt2(
         ) from None
     seconds = time.perf_counter() - started
     runner = load_package(path, device)
-    checks = [("golden", example), (f"golden tiled to batch {LARGE_BATCH}", _tiled(example, entry))]
+    checks = [("golden", example), (f"golden tiled to batch {LARGE_BATCH}", tiled(example, entry))]
     with torch.no_grad():
         for label, inputs in [*checks, *probes] if check else []:
             inputs = _to(inputs, device)

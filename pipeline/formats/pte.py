@@ -124,19 +124,6 @@ def _lower(program: torch.export.ExportedProgram, xnnpack: bool) -> tuple[Any, d
     return manager, {"delegation": delegated, **extra}
 
 
-def _tiled(inputs: Inputs, entry: ZooEntry, batch: int) -> Inputs:
-    """`inputs` cut or repeated along their batch axis to `batch` samples."""
-    out = {}
-    for spec in entry.inputs:
-        t = inputs[spec.name]
-        if "batch" in spec.shape:
-            axis = spec.shape.index("batch")
-            reps = -(-batch // t.shape[axis])
-            t = t.repeat_interleave(reps, dim=axis).narrow(axis, 0, batch).contiguous()
-        out[spec.name] = t
-    return out
-
-
 def _fits(
     inputs: Inputs, entry: ZooEntry, sizes: Mapping[str, int], fixed: Mapping[str, int]
 ) -> bool:
@@ -233,7 +220,7 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
     why = missing()
     if why:
         raise ExportRequestError(f"--format {KEY} needs ExecuTorch: {why}.")
-    from pipeline.formats.pt2 import at_sizes
+    from pipeline.formats.pt2 import at_sizes, tiled
 
     entry = ctx.entry
     example = at_sizes(ctx.golden, entry, ctx.fix_axes) if ctx.fix_axes else ctx.golden
@@ -277,8 +264,8 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
     if ctx.check:
         cases = [
             ("golden", example),
-            ("golden at batch 1", _tiled(example, entry, 1)),
-            (f"golden tiled to batch {MAX_BATCH}", _tiled(example, entry, MAX_BATCH)),
+            ("golden at batch 1", tiled(example, entry, 1)),
+            (f"golden tiled to batch {MAX_BATCH}", tiled(example, entry, MAX_BATCH)),
             *ctx.probes,
         ]
         kept = [(label, c) for label, c in cases if _fits(c, entry, sizes, ctx.fix_axes)]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shutil
 import signal
@@ -29,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.formats.cpp import CppError, CppRun
+from pipeline.formats.cpp import CppError, CppRun, cmake_build
 from pipeline_runtime import etprogram
 
 log = logging.getLogger(__name__)
@@ -88,20 +87,8 @@ def build(build_dir: Path | None = None, jobs: int | None = None) -> Path:
         raise CppError("No C++ compiler found; install g++ (Debian: apt-get install g++).")
     cmake = cmake_binary()
     config = package_dir() / "share" / "cmake"
-    steps = [
-        [cmake, "-S", str(SOURCE_DIR), "-B", str(build_dir), f"-Dexecutorch_DIR={config}"],
-        [cmake, "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 2)],
-    ]
-    for cmd in steps:
-        log.info("%s", " ".join(cmd))
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            text = (proc.stderr or "") + (proc.stdout or "")
-            errors = [ln for ln in text.splitlines() if "rror" in ln][:15]
-            raise CppError(
-                f"Building the ExecuTorch runner failed at `{' '.join(cmd[1:3])}`:\n"
-                + "\n".join(errors or text.splitlines()[-20:])
-            )
+    args = [f"-Dexecutorch_DIR={config}"]
+    cmake_build(cmake, SOURCE_DIR, build_dir, args, jobs, "the ExecuTorch runner")
     binary = binary_path(build_dir)
     if not binary.is_file():
         raise CppError(f"The build finished but {binary} is missing.")
