@@ -260,7 +260,7 @@ def require(version_dir: Path) -> State | None:
             print(
                 f"warning: {store} has no trust policy, so its versions are used without "
                 f"checking who published them (sign with `pipeline publish --sign KEY`, trust "
-                f"with --trust PUBKEY or {store / TRUST_FOLDER}/*.pub; docs/serving.md, Signed versions)",
+                f"with --trust PUBKEY or {store / TRUST_FOLDER}/*.pub; docs/versions.md, Signed versions)",
                 file=sys.stderr,
             )
         return None
