@@ -25,6 +25,9 @@ WALKTHROUGH = "<!-- test: walkthrough -->"
 # docs/own-model.md's blocks, run in order by tests/e2e/test_own_model.py.
 OWN_MODEL = "<!-- test: own-model -->"
 OWN_MODEL_PAGE = ROOT / "docs" / "own-model.md"
+# docs/tracing.md's example, run against the tests' OTLP receiver by tests/e2e/test_doc_tracing.py.
+TRACING = "<!-- test: tracing -->"
+TRACING_PAGE = ROOT / "docs" / "tracing.md"
 NOT_RUN = re.compile(r"^<!-- not run by tests: \S.*\S -->$")
 SHELLS = {"sh", "shell", "console", "zsh", "bash"}
 # Options of `pipeline` itself, before the stage name.
@@ -99,6 +102,9 @@ def test_every_command_block_is_bash_and_marked() -> None:
         elif b.marker == OWN_MODEL:
             if b.page != OWN_MODEL_PAGE:
                 problems.append(f"{b.where}: only docs/own-model.md's example is {OWN_MODEL}")
+        elif b.marker == TRACING:
+            if b.page != TRACING_PAGE:
+                problems.append(f"{b.where}: only docs/tracing.md's example is {TRACING}")
         elif not NOT_RUN.match(b.marker):
             problems.append(
                 f"{b.where}: no `{WALKTHROUGH}`, `{OWN_MODEL}` or `<!-- not run by tests: why -->`"
