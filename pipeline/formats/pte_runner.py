@@ -130,6 +130,16 @@ def footprint(binary: Path) -> dict[str, Any]:
     }
 
 
+def describe(binary: Path) -> str:
+    """One line for reports: what the runner is and what a device carries to run it."""
+    size = footprint(binary)
+    return (
+        f"ExecuTorch's runner {binary} ({size['runner_bytes'] / 1024:.0f} KiB; with the "
+        f"ExecuTorch libraries it loads, {size['total_bytes'] / 2**20:.1f} MiB; libtorch "
+        f"linked: {', '.join(size['libtorch']) or 'none'})"
+    )
+
+
 def _save(folder: Path, tensors: Sequence[torch.Tensor]) -> None:
     folder.mkdir(parents=True)
     for k, t in enumerate(tensors):

@@ -285,6 +285,10 @@ def verify(
             for key, why in exported.manifest.unwritten.items()
         ],
     )
+    for backend in backends:  # a format's own C++ runner: what it is and what it weighs
+        describe = getattr(getattr(backend, "program", None), "describe", None)
+        if describe is not None and getattr(backend, "binary", None) is not None:
+            report.notes.append(f"{backend.name}: {describe(backend.binary)}")
     from pipeline.core import signing
 
     if signing.is_version(export_dir):  # a store's version: who signed it

@@ -70,6 +70,9 @@ def test_digits_pte_verifies_in_python_and_in_the_cpp_runner(
     assert report.passed, report.failure_message()
     ran = {r.backend for r in report.rows}
     assert {"executorch", "cpp/pte"} <= ran, ran
+    # The report says what ran it and what a device carries: no libtorch.
+    (runner_note,) = [n for n in report.notes if n.startswith("cpp/pte: ExecuTorch's runner")]
+    assert "libtorch linked: none" in runner_note and "MiB" in runner_note
     # A batch above the planned largest one is not run (it cannot be), and said so.
     assert not [
         r
