@@ -96,12 +96,18 @@ def build(build_dir: Path | None = None, jobs: int | None = None) -> Path:
 
 
 def ensure_built(build_dir: Path | None = None) -> Path:
-    """The executable, building it first when it is missing or older than its sources."""
+    """The executable, building it first when it is missing or older than its sources.
+    One build at a time per folder: verify and bench in two processes wait for each other."""
+    from filelock import FileLock  # torch's dependency: always there
+
+    build_dir = Path(build_dir or DEFAULT_BUILD_DIR)
+    build_dir.mkdir(parents=True, exist_ok=True)
     binary = binary_path(build_dir)
     sources = [p for p in SOURCE_DIR.iterdir() if p.suffix in (".cpp", ".h", ".txt")]
-    if binary.is_file() and all(p.stat().st_mtime <= binary.stat().st_mtime for p in sources):
-        return binary
-    return build(build_dir)
+    with FileLock(str(build_dir / ".build.lock")):
+        if binary.is_file() and all(p.stat().st_mtime <= binary.stat().st_mtime for p in sources):
+            return binary
+        return build(build_dir)
 
 
 def linked(binary: Path) -> dict[str, str]:
