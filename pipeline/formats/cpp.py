@@ -23,13 +23,12 @@ import subprocess
 import tempfile
 import zipfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pipeline.core.errors import PipelineError
+from pipeline.formats.native import CppError, CppRun, cmake_build
 from pipeline_runtime import oplibs
 from pipeline_runtime.runners import aoti_load
 
@@ -39,10 +38,6 @@ SOURCE_DIR = Path(__file__).resolve().parents[2] / "cpp_client"
 DEFAULT_BUILD_DIR = SOURCE_DIR / "build"
 BINARY = "run_torchscript"
 CUDA_ROOTS = ("/usr/local/cuda",)
-
-
-class CppError(PipelineError):
-    """The C++ client could not be built or failed to run."""
 
 
 def _wheel_cuda_dirs() -> list[Path]:
@@ -198,26 +193,6 @@ def build(build_dir: Path | None = None, jobs: int | None = None) -> Path:
     return binary
 
 
-def cmake_build(
-    cmake: str, source: Path, build_dir: Path, args: list[str], jobs: int | None, what: str
-) -> None:
-    """Configure and build `source` in `build_dir`; CppError with the compiler's errors."""
-    steps = [
-        [cmake, "-S", str(source), "-B", str(build_dir), *args],
-        [cmake, "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 2)],
-    ]
-    for cmd in steps:
-        log.info("%s", " ".join(cmd))
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            text = (proc.stderr or "") + (proc.stdout or "")
-            errors = [ln for ln in text.splitlines() if "rror" in ln][:15]
-            raise CppError(
-                f"Building {what} failed at `cmake {' '.join(cmd[1:3])}`:\n"
-                + "\n".join(errors or text.splitlines()[-20:])
-            )
-
-
 def ensure_built(build_dir: Path | None = None) -> Path:
     """The executable, building it first when it is missing or older than its sources."""
     binary = binary_path(build_dir)
@@ -231,12 +206,6 @@ def ensure_built(build_dir: Path | None = None) -> Path:
     if binary.is_file() and all(p.stat().st_mtime <= binary.stat().st_mtime for p in sources):
         return binary
     return build(build_dir)
-
-
-@dataclass(frozen=True)
-class CppRun:
-    outputs: list[list[torch.Tensor]]  # per case, the flattened outputs
-    stats: dict[str, Any]  # latency statistics printed by the client
 
 
 def run(

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.formats.cpp import CppError, CppRun, cmake_build
+from pipeline.formats.native import CppError, CppRun, cmake_build
 from pipeline_runtime import etprogram
 
 log = logging.getLogger(__name__)
