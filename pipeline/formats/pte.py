@@ -124,18 +124,6 @@ def _lower(program: torch.export.ExportedProgram, xnnpack: bool) -> tuple[Any, d
     return manager, {"delegation": delegated, **extra}
 
 
-def _fits(
-    inputs: Inputs, entry: ZooEntry, sizes: Mapping[str, int], fixed: Mapping[str, int]
-) -> bool:
-    """Whether `inputs` are within the program's largest sizes and at its fixed ones."""
-    return entry.fits(inputs, fixed) and all(
-        int(inputs[spec.name].shape[axis]) <= sizes[name]
-        for spec in entry.inputs
-        for axis, name in spec.dynamic_axes().items()
-        if name in sizes
-    )
-
-
 def _first_line(err: Exception) -> str:
     return next((ln.strip() for ln in str(err).splitlines() if ln.strip()), "")
 
@@ -268,7 +256,11 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
             (f"golden tiled to batch {MAX_BATCH}", tiled(example, entry, MAX_BATCH)),
             *ctx.probes,
         ]
-        kept = [(label, c) for label, c in cases if _fits(c, entry, sizes, ctx.fix_axes)]
+        kept = [
+            (label, c)
+            for label, c in cases
+            if entry.fits(c, ctx.fix_axes) and entry.within(c, sizes)
+        ]
         if len(kept) < len(cases):
             details["probes_not_checked"] = len(cases) - len(kept)
         check(

@@ -126,13 +126,17 @@ def linked(binary: Path) -> dict[str, str]:
 def footprint(binary: Path) -> dict[str, Any]:
     """What a device needs to run a program: the runner and the ExecuTorch libraries it
     loads, in bytes (the system's C and C++ libraries aside)."""
-    libs = {n: p for n, p in linked(binary).items() if "executorch" in n}
-    sizes = {n: Path(p).stat().st_size for n, p in libs.items() if Path(p).is_file()}
+    libraries = linked(binary)  # one ldd for both questions
+    sizes = {
+        n: Path(p).stat().st_size
+        for n, p in libraries.items()
+        if "executorch" in n and Path(p).is_file()
+    }
     return {
         "runner_bytes": binary.stat().st_size,
         "libraries": sizes,
         "total_bytes": binary.stat().st_size + sum(sizes.values()),
-        "libtorch": sorted(n for n in linked(binary) if "torch" in n and "executorch" not in n),
+        "libtorch": sorted(n for n in libraries if "torch" in n and "executorch" not in n),
     }
 
 

@@ -100,12 +100,9 @@ def largest_sizes(exported: ExportedModel, backend: Backend) -> dict[str, int]:
 def runs_on(exported: ExportedModel, backend: Backend, inputs: Inputs) -> bool:
     """Whether `backend` takes `inputs`: an artifact with fixed axes takes only those sizes,
     one with largest sizes nothing larger."""
-    largest = largest_sizes(exported, backend)
-    return exported.entry.fits(inputs, fixed_axes(exported, backend)) and all(
-        int(inputs[spec.name].shape[axis]) <= largest[name]
-        for spec in exported.entry.inputs
-        for axis, name in spec.dynamic_axes().items()
-        if name in largest and spec.name in inputs
+    entry = exported.entry
+    return entry.fits(inputs, fixed_axes(exported, backend)) and entry.within(
+        inputs, largest_sizes(exported, backend)
     )
 
 

@@ -170,6 +170,16 @@ class ZooEntry:
             if name in sizes and spec.name in inputs
         )
 
+    def within(self, inputs: Mapping[str, torch.Tensor], largest: Mapping[str, int]) -> bool:
+        """Whether no dynamic axis named in `largest` is longer than that in `inputs` (an
+        ExecuTorch program's planned sizes)."""
+        return all(
+            int(inputs[spec.name].shape[axis]) <= largest[name]
+            for spec in self.inputs
+            for axis, name in spec.dynamic_axes().items()
+            if name in largest and spec.name in inputs
+        )
+
     def check_inputs(self, inputs: Mapping[str, torch.Tensor]) -> None:
         expected = [s.name for s in self.inputs]
         if list(inputs) != expected:
