@@ -63,11 +63,11 @@ def served(exported: ExportResult, tmp_path_factory: pytest.TempPathFactory) -> 
         stop(state["run_dir"])
 
 
-def _requests(server: Server, n: int) -> None:
+def _requests(server: Server, n: int, first: int = 0) -> None:
     key = json.loads((Path(server.run_dir) / INFERENCE_KEY_FILE).read_text())["inference"]["key"]
     url = f"{server.inference_url}/v2/models/{DIGITS}/infer"
     with httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=30) as client:
-        for i in range(n):
+        for i in range(first, first + n):
             x = digits_sample(1, offset=i % 50)
             body = {"id": f"req-{i}", "inputs": [{"name": "image", "datatype": "FP32",
                     "shape": list(x.shape), "data": x.flatten().tolist()}]}  # fmt: skip
@@ -90,10 +90,15 @@ def test_every_shadow_series_starts_at_zero(served: dict) -> None:
 
 def test_a_good_artifact_never_diverges(served: dict) -> None:
     server = served["server"]
-    _requests(server, 200)
+    # In bursts below the reference's queue (QUEUE_SIZE, 32, in the runtime's
+    # shadow.py), each accounted for before the next: on a loaded machine the reference
+    # (nice 10) falls behind an unpaced client and the queue drops a share that depends
+    # on the load (one full run: 54 of 200), which is not what this test is about.
+    for first in range(0, 200, 20):
+        _requests(server, 20, first=first)
+        _counts(server, first + 20)
     got = _counts(server, 200)
-    assert got["checked"] >= 150, got  # the queue may drop a few, and says so
-    assert got["checked"] + got["dropped"] == 200 and got["failed"] == 0, got
+    assert got["checked"] == 200 and got["dropped"] == 0 and got["failed"] == 0, got
     assert got["diverged"] == 0, got
     text = httpx.get(f"{server.inference_url}/metrics", timeout=10).text
     assert "pipeline_shadow_error_share_bucket" in text

@@ -104,10 +104,14 @@ def _since(before: dict[str, float], got: dict[str, float]) -> dict[str, float]:
 def test_a_good_artifact_never_diverges(served: dict) -> None:
     server = served["server"]
     before = _counts(server, GOOD, 1)  # serve's warm-up request, checked like any other
-    _requests(server, GOOD, 200)
-    got = _since(before, _counts(server, GOOD, sum(before.values()) - before["diverged"] + 200))
-    assert got["checked"] >= 150, got  # the queue may drop a few, and says so
-    assert got["checked"] + got["dropped"] == 200 and got["failed"] == 0, got
+    seen = sum(before.values()) - before["diverged"]
+    # In bursts below a worker's reference queue (QUEUE_SIZE, 32, in handlershadow.py),
+    # each accounted for before the next: an unpaced client on a loaded machine fills
+    # the queue and a load-dependent share is dropped, which is not under test here.
+    for sent in range(20, 201, 20):
+        _requests(server, GOOD, 20)
+        got = _since(before, _counts(server, GOOD, seen + sent))
+    assert got["checked"] == 200 and got["dropped"] == 0 and got["failed"] == 0, got
     assert before["diverged"] == got["diverged"] == 0, (before, got)
     text = httpx.get(f"{server.metrics_url}/metrics", timeout=10).text
     assert re.search(rf'^pipeline_shadow_error_share_bucket\{{model_name="{GOOD}",', text, re.M)
