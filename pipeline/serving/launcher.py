@@ -304,6 +304,10 @@ def _kill_group(pgid: int, timeout: float) -> None:
 
 
 def _group_alive(pgid: int) -> bool:
+    """Whether a process of group `pgid` still runs. A zombie does not count: our own are
+    reaped here, and another parent's (the daemonised server's launcher has exited, so
+    its processes' parent is PID 1) wait for that parent to reap them, which in a
+    container can take seconds, while nothing of the server runs any more."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -320,4 +324,24 @@ def _group_alive(pgid: int) -> bool:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
-    return True
+    running = _running_in_group(pgid)
+    return True if running is None else running
+
+
+def _running_in_group(pgid: int) -> bool | None:
+    """Whether /proc shows a process of group `pgid` that is not a zombie (None where
+    /proc cannot tell: not Linux)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # pragma: no cover - not Linux
+        return None
+    for entry in filter(str.isdigit, entries):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:  # gone since the listing
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+        state, _, group = stat.rpartition(")")[2].split()[:3]
+        if int(group) == pgid and state not in "ZX":
+            return True
+    return False
