@@ -28,6 +28,11 @@ OWN_MODEL_PAGE = ROOT / "docs" / "own-model.md"
 # docs/tracing.md's example, run against the tests' OTLP receiver by tests/e2e/test_doc_tracing.py.
 TRACING = "<!-- test: tracing -->"
 TRACING_PAGE = ROOT / "docs" / "tracing.md"
+# docs/kserve.md's first example, run by tests/integration/test_kserve_page.py.
+KSERVE = "<!-- test: kserve -->"
+KSERVE_PAGE = ROOT / "docs" / "kserve.md"
+# The markers that one page's examples carry, and that page.
+PAGE_RUNS = {OWN_MODEL: OWN_MODEL_PAGE, TRACING: TRACING_PAGE, KSERVE: KSERVE_PAGE}
 NOT_RUN = re.compile(r"^<!-- not run by tests: \S.*\S -->$")
 SHELLS = {"sh", "shell", "console", "zsh", "bash"}
 # Options of `pipeline` itself, before the stage name.
@@ -99,16 +104,13 @@ def test_every_command_block_is_bash_and_marked() -> None:
         if b.marker == WALKTHROUGH:
             if b.page.name != "README.md" or b.page.parent != ROOT:
                 problems.append(f"{b.where}: only README's example is the walkthrough")
-        elif b.marker == OWN_MODEL:
-            if b.page != OWN_MODEL_PAGE:
-                problems.append(f"{b.where}: only docs/own-model.md's example is {OWN_MODEL}")
-        elif b.marker == TRACING:
-            if b.page != TRACING_PAGE:
-                problems.append(f"{b.where}: only docs/tracing.md's example is {TRACING}")
+        elif b.marker in PAGE_RUNS:
+            if b.page != PAGE_RUNS[b.marker]:
+                page = PAGE_RUNS[b.marker].relative_to(ROOT)
+                problems.append(f"{b.where}: only {page}'s example is {b.marker}")
         elif not NOT_RUN.match(b.marker):
-            problems.append(
-                f"{b.where}: no `{WALKTHROUGH}`, `{OWN_MODEL}` or `<!-- not run by tests: why -->`"
-            )
+            marks = ", ".join(f"`{m}`" for m in (WALKTHROUGH, *PAGE_RUNS))
+            problems.append(f"{b.where}: no {marks} or `<!-- not run by tests: why -->`")
     assert not problems, "\n".join(problems)
 
 

@@ -358,45 +358,6 @@ def test_stack_requests_false_never_mixes_clients(server: Server, gate: ExportRe
     assert count - count0 == 8 and total - sum0 == 8  # one request per forward pass
 
 
-def test_cli_serve_and_stop_leave_nothing(exported: ExportResult, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    port, grpc_port = free_port(), free_port()
-    served = run_cli(
-        "serve", "--runtime", "kserve", "--export-dir", exported.out_dir, "--format", "onnx",
-        "--port", port, "--grpc-port", grpc_port, "--run-dir", run_dir,
-    )  # fmt: skip
-    try:
-        assert served.returncode == 0, served.stderr
-        assert "KServe is up" in served.stdout
-        record = Server.load(run_dir)
-        assert record.runtime == "kserve" and record.inference_url.startswith("http://127.0.0.1:")
-        key_file = run_dir / INFERENCE_KEY_FILE
-        assert key_file.stat().st_mode & 0o777 == 0o600
-        # The supervisor (record.pid) and its workers, which hold the ports.
-        supervisor = psutil.Process(record.pid)
-        listening = {
-            c.laddr.ip.removeprefix("::ffff:")  # gRPC's dual-stack socket: still loopback
-            for proc in (supervisor, *supervisor.children())
-            for c in (getattr(proc, "net_connections", None) or proc.connections)(kind="inet")
-            if c.status == psutil.CONN_LISTEN
-        }
-        assert listening == {"127.0.0.1"}, listening
-        # It says how many workers it started and why (bench's sweep or the cores rule).
-        said = re.search(r"workers: (\d+) × \d+ thread\(s\) \((.+)\)", served.stdout)
-        assert said, served.stdout
-        assert len(supervisor.children()) == int(said[1]) and said[2]
-        r = httpx.get(f"{record.inference_url}/v2/health/ready")
-        assert r.status_code == 200
-    finally:
-        stopped = run_cli("stop", "--run-dir", run_dir)
-    assert stopped.returncode == 0 and "stopped the KServe runtime" in stopped.stdout
-    assert not psutil.pid_exists(record.pid) or psutil.Process(record.pid).status() == "zombie"
-    marker = str(run_dir.resolve() / "kserve.json")
-    assert not [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]
-    assert not (run_dir / SERVER_FILE).exists()
-    assert key_file.exists()  # the token outlives the server (test_kserve_operations.py)
-
-
 def test_https_rest_and_grpc(gate: ExportResult, tmp_path: Path) -> None:
     import ssl
 
