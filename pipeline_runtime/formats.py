@@ -94,6 +94,7 @@ BUILTIN: dict[str, Descriptor] = {
         Descriptor("pt2_int8", "model.int8.pt2", AOTI, "int8", cpp=True, platform="pytorch_aoti"),
         # On device: an ExecuTorch program (XNNPACK-delegated), run by its own runtime.
         Descriptor("pte", "model.pte", EXECUTORCH, served=False),
+        Descriptor("pte_int8", "model.int8.pte", EXECUTORCH, "int8", served=False),
     )
 }
 _ADDED: dict[str, Descriptor] = {}

@@ -31,6 +31,8 @@ from tests import cli_fork, timing
 # The float32 formats a server runs: FORMATS but the on-device ones (ExecuTorch's .pte, which
 # the digits CNN's `exported` holds and tests/integration/test_pte.py covers for the others).
 SERVED_FORMATS = tuple(k for k in FORMATS if k in registry.served_keys())
+# Likewise the reduced-precision ones (the int8 .pte is on-device too).
+SERVED_PRECISION_FORMATS = tuple(k for k in PRECISION_FORMATS if k in registry.served_keys())
 
 _FOLDER_MARKS = {"unit", "integration", "e2e"}
 T = TypeVar("T")

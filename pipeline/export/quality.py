@@ -90,6 +90,14 @@ def validation_batches(
     return out
 
 
+def validation_batch(record: Any) -> int:
+    """The validation batch an artifact takes: VALIDATION_BATCH, or less where its record
+    (a manifest record or its details) plans a smaller largest batch (an ExecuTorch
+    program's `max_sizes`)."""
+    largest = (record.get("max_sizes") or {}).get("batch")
+    return min(VALIDATION_BATCH, int(largest)) if largest else VALIDATION_BATCH
+
+
 def judge(
     entry: ZooEntry,
     classifier: bool,
@@ -100,15 +108,17 @@ def judge(
     precision: str,
     budget: Budget,
     validation: Sequence[tuple[Inputs, torch.Tensor]] | None = None,
+    batch: int = VALIDATION_BATCH,
 ) -> list[Verdict]:
     """Every task-level verdict for one backend (one per output for SQNR, else one).
 
     `validation`: the validation batches, when the caller already loaded them
-    (several backends share one load).
+    (several backends share one load); else they are loaded in batches of `batch`
+    (`validation_batch`: what the artifact takes).
     """
     rule = rule_for(entry, classifier)
     if rule == ACCURACY:
-        batches = validation if validation is not None else validation_batches(entry)
+        batches = validation if validation is not None else validation_batches(entry, batch)
         return judge_accuracy(eager, backend, batches, names, budget, precision)
     return judge_cases(rule, eager, backend, cases, names, precision, budget)
 
@@ -148,7 +158,17 @@ def measure(
             return name_outputs(model(*inputs.values()), outputs)
 
     classifier = bool(entry.serving.get("topk"))
-    verdicts = judge(entry, classifier, eager, runner, cases, outputs, precision, budget)
+    verdicts = judge(
+        entry,
+        classifier,
+        eager,
+        runner,
+        cases,
+        outputs,
+        precision,
+        budget,
+        batch=validation_batch(details or {}),
+    )
     for v in verdicts:
         if v.passed:
             log.info("%s: %s", key, v.describe())
@@ -171,5 +191,6 @@ __all__ = [
     "measure",
     "random_cases",
     "rule_for",
+    "validation_batch",
     "validation_batches",
 ]

@@ -360,6 +360,15 @@ BUILTIN_FORMATS = (
     # On device (issue 53): ExecuTorch's program, XNNPACK-delegated; verified in ExecuTorch's
     # Python runtime and its C++ runner, never served. Opt-in: lowering takes seconds.
     Declared("pte", "ExecuTorch .pte", "pte", "executorch", default=False, served=False),
+    Declared(
+        "pte_int8",
+        "ExecuTorch .pte int8",
+        "pte_int8",
+        "executorch_int8",
+        default=False,
+        precision="int8",
+        served=False,
+    ),
 )
 BUILTIN = tuple(d.key for d in BUILTIN_FORMATS)  # the modules of the built-in formats
 _loaded = False

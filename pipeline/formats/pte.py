@@ -87,7 +87,7 @@ def max_sizes(entry: ZooEntry, example: Inputs, fixed: Mapping[str, int]) -> dic
     return sizes
 
 
-def _lower(program: torch.export.ExportedProgram, xnnpack: bool) -> tuple[Any, dict[str, Any]]:
+def lower(program: torch.export.ExportedProgram, xnnpack: bool) -> tuple[Any, dict[str, Any]]:
     """(ExecuTorch program manager, what was delegated) of `program`."""
     etprogram.runtime()  # imported quietly first (its import logs a torch deprecation)
     from executorch.devtools.backend_debug import get_delegation_info
@@ -128,7 +128,7 @@ def _first_line(err: Exception) -> str:
     return next((ln.strip() for ln in str(err).splitlines() if ln.strip()), "")
 
 
-def _not_lowered(
+def not_lowered(
     err: Exception, model: nn.Module, example: Inputs, entry: ZooEntry, method: str
 ) -> ExportError:
     """ExportError for a graph ExecuTorch cannot lower, naming the operator and, where the
@@ -218,17 +218,17 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
     log.info(".pte: %s; lowering to ExecuTorch with XNNPACK…", program.method)
     backend, refused = "xnnpack", ""
     try:
-        manager, lowered = _lower(program.program, xnnpack=True)
+        manager, lowered = lower(program.program, xnnpack=True)
     except Exception as err:  # noqa: BLE001 - the partitioner's refusal: lower without it
         if type(err).__name__ == "SpecViolationError":  # not XNNPACK's: the graph itself
-            raise _not_lowered(err, model, example, entry, program.method) from None
+            raise not_lowered(err, model, example, entry, program.method) from None
         refused = f"{type(err).__name__}: {_first_line(err)[:200]}"
         log.info(".pte: XNNPACK refused the graph (%s); lowering to the CPU kernels only", refused)
         backend = "portable"
         try:
-            manager, lowered = _lower(program.program, xnnpack=False)
+            manager, lowered = lower(program.program, xnnpack=False)
         except Exception as again:  # noqa: BLE001 - any lowering failure is an export failure
-            raise _not_lowered(again, model, example, entry, program.method) from None
+            raise not_lowered(again, model, example, entry, program.method) from None
     seconds = time.perf_counter() - started
     if backend == "xnnpack" and not lowered["delegation"]["subgraphs"]:
         backend = "portable"  # XNNPACK took nothing (the gate's sum and comparison)

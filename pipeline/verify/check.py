@@ -275,7 +275,11 @@ def check_task(
     classifier = bool(exported.manifest.serving.topk)
     validation = None
     if task.rule_for(exported.entry, classifier) == task.ACCURACY:
-        validation = task.validation_batches(exported.entry)  # loaded once for every backend
+        # Loaded once for every backend, in batches each of them takes (an ExecuTorch
+        # program's planned largest batch may be below VALIDATION_BATCH).
+        planned = [{"max_sizes": largest_sizes(exported, b)} for b in backends]
+        batch = min([task.VALIDATION_BATCH, *map(task.validation_batch, planned)])
+        validation = task.validation_batches(exported.entry, batch)
     rows: list[Row] = []
     for backend in backends:
         inputs = [(label, i) for label, i, _ in cases if runs_on(exported, backend, i)]

@@ -25,14 +25,14 @@ import pytest
 import torch
 import tritonclient.http as thttp
 
-from pipeline.export import PRECISION_FORMATS, ExportResult
+from pipeline.export import ExportResult
 from pipeline.export.opened import open_export
 from pipeline.runtimes.kserve.config import RuntimeConfig
 from pipeline.runtimes.kserve.launch import served_export, start
 from pipeline.serving.launcher import free_port, stop
 from pipeline.serving.server import INFERENCE_KEY_FILE, Server
 from pipeline_runtime import oip
-from tests.conftest import SERVED_FORMATS
+from tests.conftest import SERVED_FORMATS, SERVED_PRECISION_FORMATS
 from tests.integration.conftest import DETECTOR_BATCHES, RECURRENT
 
 
@@ -53,7 +53,8 @@ def server(
     run_dir = tmp_path_factory.mktemp("interop_run")
     # The int8/float16 formats too, from their own export: served like any other format.
     reduced = [
-        served_export(precision_exported.out_dir, f, name=f"digits_{f}") for f in PRECISION_FORMATS
+        served_export(precision_exported.out_dir, f, name=f"digits_{f}")
+        for f in SERVED_PRECISION_FORMATS
     ]
     # And the recurrent models' .pt2 (nn.LSTM / nn.GRU as scan, sequence axis dynamic).
     scanned = [
@@ -392,7 +393,7 @@ def test_the_intermittent_400_is_tritonclients_left_over_length_header(
         client.close()
 
 
-@pytest.mark.parametrize("key", PRECISION_FORMATS)
+@pytest.mark.parametrize("key", SERVED_PRECISION_FORMATS)
 def test_reduced_precision_formats_serve_and_verify_holds_them_to_their_budget(
     server: Server, precision_exported: ExportResult, key: str, tmp_path: Path
 ) -> None:

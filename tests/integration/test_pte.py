@@ -90,6 +90,22 @@ def test_digits_pte_verifies_in_python_and_in_the_cpp_runner(
         assert {"golden", "random b=1", "random b=7"} <= cases, (backend, cases)
 
 
+def test_the_int8_pte_records_its_quantizer_delegation_and_verdict(
+    precision_exported: ExportResult,
+) -> None:
+    """XNNPACK's quantizer, calibrated on the training split, lowered like the float .pte.
+    Its verdicts: test_formats.py (ExecuTorch's runtime, accuracy on the validation split)
+    and test_precision.py (the C++ runner)."""
+    record = precision_exported.manifest.artifact("pte_int8")
+    assert record.get("precision") == "int8" and record.get("delegates") == ["XnnpackBackend"]
+    assert record.get("delegation")["nodes_delegated"] > 0
+    assert record.get("quantizer")["quantizer"] == "XNNPACKQuantizer"
+    assert record.get("calibration")["samples"] > 0 and record.get("max_sizes") == {"batch": 64}
+    assert record.get("quality")["within_budget"] is True
+    float_size = precision_exported.manifest.artifact("onnx_fp16").get("size_bytes")
+    assert record.get("size_bytes") < float_size  # int8 weights: smaller than float16's
+
+
 def test_the_branch_runs_as_torch_cond_in_both_runtimes(gate: ExportResult, tmp_path: Path) -> None:
     record = gate.manifest.artifact("pte")
     assert record.get("method") == "torch.export (torch.cond formulation)"

@@ -82,3 +82,13 @@ def test_a_program_that_does_not_load_names_what_the_runtime_lacks(tmp_path: Pat
     assert (
         "this runtime has no kernel for mine::fancy_op.out, the NoSuchBackend delegate" in message
     )
+
+
+def test_calibration_batches_are_cut_to_the_planned_batch() -> None:
+    from pipeline.formats.pte_int8 import _slices
+
+    entry = get_entry("digits_lenet")
+    batch = {"image": torch.arange(150.0).reshape(150, 1, 1, 1).expand(150, 1, 28, 28)}
+    pieces = _slices(batch, entry, 64)
+    assert [p["image"].shape[0] for p in pieces] == [64, 64, 22]
+    assert torch.equal(torch.cat([p["image"] for p in pieces]), batch["image"])  # all, in order
