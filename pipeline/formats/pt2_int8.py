@@ -18,8 +18,10 @@ moves an int8 value by one step and is no fault of either.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
+from collections.abc import Iterator
 
 from torch import nn
 
@@ -41,21 +43,29 @@ CONFIG = "Int8DynamicActivationInt8WeightConfig"
 _TORCHAO_IMPORT_NOISE = "torch.utils._pytree"
 
 
-def _torchao() -> tuple[str, object, object]:
-    """torchao's version, quantize_ and the config class; ExportError when it is missing."""
+@contextlib.contextmanager
+def quiet_torchao_import() -> Iterator[None]:
+    """Around a first import of torchao: without torch's pytree warning about it."""
     pytree_log = logging.getLogger(_TORCHAO_IMPORT_NOISE)
     level = pytree_log.level
     pytree_log.setLevel(logging.ERROR)
     try:
         with library_warnings("torchao"):
+            yield
+    finally:
+        pytree_log.setLevel(level)
+
+
+def _torchao() -> tuple[str, object, object]:
+    """torchao's version, quantize_ and the config class; ExportError when it is missing."""
+    try:
+        with quiet_torchao_import():
             import torchao
             from torchao import quantization
     except ImportError as err:
         raise ExportError(
             f"--format {KEY} needs torchao ({err}); `make venv` installs the pinned version."
         ) from None
-    finally:
-        pytree_log.setLevel(level)
     return torchao.__version__, quantization.quantize_, getattr(quantization, CONFIG)
 
 

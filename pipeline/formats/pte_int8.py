@@ -65,11 +65,14 @@ def _quantized(
     model: nn.Module, ctx: ExportContext, example: Inputs, sizes: dict[str, int]
 ) -> tuple[nn.Module, str, int]:
     """(the converted module, the capture's method, calibration samples seen)."""
-    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
-        XNNPACKQuantizer,
-        get_symmetric_quantization_config,
-    )
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from pipeline.formats.pt2_int8 import quiet_torchao_import
+
+    with quiet_torchao_import():
+        from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+            XNNPACKQuantizer,
+            get_symmetric_quantization_config,
+        )
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     if ctx.calibration is None:  # pragma: no cover - the export stage always sets it
         raise ExportError("int8 static quantisation needs calibration data; none was given.")
