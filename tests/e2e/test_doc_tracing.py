@@ -13,7 +13,7 @@ from pathlib import Path
 from pipeline.export import ExportResult
 from pipeline.serving.launcher import free_port, stop
 from tests import otlp
-from tests.e2e.test_readme import ROOT, TRACING, blocks, commands
+from tests.e2e.test_readme import TRACING, blocks, commands, page_folder
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"  # the page's traceparent
 SPANS = {"POST /v2/models/{model}/infer", "auth", "decode", "queue", "forward", "encode"}
@@ -23,9 +23,7 @@ def test_the_tracing_example_sends_its_spans_and_names_the_trace(
     exported: ExportResult, tmp_path: Path
 ) -> None:
     (block,) = [b for b in blocks() if b.marker == TRACING]
-    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
-    (tmp_path / "artifacts" / "digits_lenet").mkdir(parents=True)
-    (tmp_path / "artifacts" / "digits_lenet" / "export").symlink_to(exported.out_dir)
+    page_folder(tmp_path, exported.out_dir)
     receiver = otlp.start()
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PIPELINE_"))}

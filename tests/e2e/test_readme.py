@@ -63,6 +63,15 @@ def blocks() -> list[Block]:
     return out
 
 
+def page_folder(folder: Path, export_dir: Path, model: str = "digits_lenet") -> Path:
+    """`folder` set up as a page's commands expect their working folder: the project's
+    `.venv` linked in, and `export_dir` where `artifacts/<model>/export` would be."""
+    (folder / ".venv").symlink_to(ROOT / ".venv")
+    (folder / "artifacts" / model).mkdir(parents=True)
+    (folder / "artifacts" / model / "export").symlink_to(export_dir)
+    return folder
+
+
 def commands(block: Block) -> list[str]:
     """The block's command lines: continuation lines joined, comment-only and blank lines
     dropped (bash reads a trailing comment itself)."""

@@ -23,7 +23,7 @@ from pipeline.export import ExportResult
 from pipeline.serving.launcher import free_port, stop
 from pipeline.serving.server import INFERENCE_KEY_FILE, SERVER_FILE, Server
 from tests.conftest import run_cli
-from tests.e2e.test_readme import KSERVE, ROOT, blocks, commands
+from tests.e2e.test_readme import KSERVE, blocks, commands, page_folder
 
 PIPELINE = ".venv/bin/pipeline "
 
@@ -46,9 +46,7 @@ def test_the_pages_example_serves_answers_and_stops_leaving_nothing(
     exported: ExportResult, tmp_path: Path
 ) -> None:
     (block,) = [b for b in blocks() if b.marker == KSERVE]
-    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
-    (tmp_path / "artifacts" / "digits_lenet").mkdir(parents=True)
-    (tmp_path / "artifacts" / "digits_lenet" / "export").symlink_to(exported.out_dir)
+    page_folder(tmp_path, exported.out_dir)
     run_dir = tmp_path / "artifacts" / "serve"
     ports = {"8085": str(free_port()), "8086": str(free_port())}
     said: dict[str, str] = {}
