@@ -128,6 +128,7 @@ LONGEST_FILES = (
     "integration/test_serving.py",  # 120 s
     "integration/test_stale_server.py",  # 102 s
     "integration/test_jit_refused.py",  # 100 s
+    "integration/test_detection.py",  # 99 s (2026-11-28: it ran last, the run's tail)
     "integration/test_user_models.py",  # 97 s
     "integration/test_pt2.py",  # 93 s
     "integration/test_ray_runtime.py",  # ~55 s: a three-node Ray cluster, a node killed
@@ -150,6 +151,7 @@ LONGEST_FILES = (
     "integration/test_localise.py",  # 31 s
     "integration/test_rollout_torchserve.py",  # 30 s
     "integration/test_precision.py",  # 29 s
+    "integration/test_kserve_page.py",  # 26 s: the KServe page's example, its own server
     # 22 s, and first in `make test-fast` (the unit tests' files are all shorter).
     "integration/test_runtime_contract.py",
 )
