@@ -71,9 +71,11 @@ def rule_for(entry: ZooEntry, classifier: bool) -> str:
 
 
 def validation_batches(
-    entry: ZooEntry, batch: int = VALIDATION_BATCH
+    entry: ZooEntry, batch: int = VALIDATION_BATCH, whole: bool = False
 ) -> list[tuple[Inputs, torch.Tensor]]:
-    """The zoo model's validation split as (named inputs, labels) batches."""
+    """The zoo model's validation split as (named inputs, labels) batches; `whole`: each of
+    exactly `batch` samples, the remainder left out (for an artifact compiled at one batch
+    size, --fix-axis batch=N)."""
     from torch.utils.data import DataLoader
 
     from pipeline.train.tasks import get_task
@@ -84,7 +86,7 @@ def validation_batches(
     _, val = task.datasets(entry.name)
     names = [s.name for s in entry.inputs]
     out = []
-    for raw in DataLoader(val, batch_size=batch, shuffle=False):
+    for raw in DataLoader(val, batch_size=batch, shuffle=False, drop_last=whole):
         inputs, target = task.prepare(raw)
         out.append((dict(zip(names, inputs, strict=True)), target))
     return out
@@ -93,9 +95,17 @@ def validation_batches(
 def validation_batch(record: Any) -> int:
     """The validation batch an artifact takes: VALIDATION_BATCH, or less where its record
     (a manifest record or its details) plans a smaller largest batch (an ExecuTorch
-    program's `max_sizes`)."""
+    program's `max_sizes`), or the one size it was compiled for (`fixed_axes`)."""
+    fixed = (record.get("fixed_axes") or {}).get("batch")
+    if fixed:
+        return int(fixed)
     largest = (record.get("max_sizes") or {}).get("batch")
     return min(VALIDATION_BATCH, int(largest)) if largest else VALIDATION_BATCH
+
+
+def batch_fixed(record: Any) -> bool:
+    """Whether an artifact takes one batch size only (--fix-axis batch=N)."""
+    return bool((record.get("fixed_axes") or {}).get("batch"))
 
 
 def judge(
@@ -158,6 +168,14 @@ def measure(
             return name_outputs(model(*inputs.values()), outputs)
 
     classifier = bool(entry.serving.get("topk"))
+    # Only the sizes the artifact takes, as verify runs it (`runs_on`): one compiled at a
+    # fixed size (--fix-axis), or planned for largest sizes (an ExecuTorch program).
+    record = details or {}
+    fixed, largest = (dict(record.get(k) or {}) for k in ("fixed_axes", "max_sizes"))
+    cases = [(label, c) for label, c in cases if entry.fits(c, fixed) and entry.within(c, largest)]
+    validation = None
+    if batch_fixed(record) and rule_for(entry, classifier) == ACCURACY:
+        validation = validation_batches(entry, validation_batch(record), whole=True)
     verdicts = judge(
         entry,
         classifier,
@@ -167,7 +185,8 @@ def measure(
         outputs,
         precision,
         budget,
-        batch=validation_batch(details or {}),
+        validation,
+        batch=validation_batch(record),
     )
     for v in verdicts:
         if v.passed:
@@ -187,6 +206,7 @@ __all__ = [
     "AGREEMENT",
     "SQNR",
     "Verdict",
+    "batch_fixed",
     "judge",
     "measure",
     "random_cases",

@@ -82,19 +82,22 @@ def _quantized(
     quantizer = XNNPACKQuantizer().set_global(
         get_symmetric_quantization_config(is_per_channel=True)
     )
+    # Slices the program takes: its one batch size when fixed, else its largest.
+    most = fixed.get("batch") or sizes.get("batch", pte.MAX_BATCH)
     seen = 0
     with quiet("torchao"), library_warnings("torchao"), captured_output("torchao"):
         prepared = prepare_pt2e(captured.program.module(), quantizer)
         with torch.no_grad():
             for batch in calibration.batches:
-                for piece in _slices(batch, entry, sizes.get("batch", pte.MAX_BATCH)):
+                for piece in _slices(batch, entry, most):
                     if entry.fits(piece, fixed) and entry.within(piece, sizes):
                         prepared(*piece.values())
                         seen += int(next(iter(piece.values())).shape[0])
         if not seen:
             raise ExportError(
                 f"none of the calibration batches ({calibration.what}) fits the .pte's "
-                f"planned sizes {sizes}: nothing to calibrate {entry.name!r} on."
+                f"sizes (largest {sizes}, fixed {dict(fixed)}): nothing to calibrate "
+                f"{entry.name!r} on."
             )
         converted = convert_pt2e(prepared)
     if not any(_QUANTIZE in str(n.target) for n in converted.graph.nodes):
@@ -115,7 +118,15 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
     example = at_sizes(ctx.golden, entry, ctx.fix_axes) if ctx.fix_axes else ctx.golden
     sizes = pte.max_sizes(entry, example, ctx.fix_axes)
     started = time.perf_counter()
-    converted, method, samples = _quantized(copy.deepcopy(model), ctx, example, sizes)
+    try:
+        converted, method, samples = _quantized(copy.deepcopy(model), ctx, example, sizes)
+    except ExportError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the quantizer's failure is this format's
+        raise ExportError(
+            f"XNNPACK's quantizer could not quantise {entry.name!r}: {type(err).__name__}: "
+            f"{reduced.first_line(err)[:300]}. Use --format pte (float32)."
+        ) from None
     log.info(".pte int8: calibrated on %d samples; lowering to ExecuTorch with XNNPACK…", samples)
     program = export_program(converted, example, entry, fixed=tuple(ctx.fix_axes), bounds=sizes)
     try:

@@ -276,10 +276,15 @@ def check_task(
     validation = None
     if task.rule_for(exported.entry, classifier) == task.ACCURACY:
         # Loaded once for every backend, in batches each of them takes (an ExecuTorch
-        # program's planned largest batch may be below VALIDATION_BATCH).
-        planned = [{"max_sizes": largest_sizes(exported, b)} for b in backends]
+        # program's planned largest batch may be below VALIDATION_BATCH; an artifact
+        # compiled at one batch size takes only that).
+        planned = [
+            {"max_sizes": largest_sizes(exported, b), "fixed_axes": fixed_axes(exported, b)}
+            for b in backends
+        ]
         batch = min([task.VALIDATION_BATCH, *map(task.validation_batch, planned)])
-        validation = task.validation_batches(exported.entry, batch)
+        whole = any(map(task.batch_fixed, planned))
+        validation = task.validation_batches(exported.entry, batch, whole)
     rows: list[Row] = []
     for backend in backends:
         inputs = [(label, i) for label, i, _ in cases if runs_on(exported, backend, i)]

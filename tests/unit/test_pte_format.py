@@ -92,3 +92,23 @@ def test_calibration_batches_are_cut_to_the_planned_batch() -> None:
     pieces = _slices(batch, entry, 64)
     assert [p["image"].shape[0] for p in pieces] == [64, 64, 22]
     assert torch.equal(torch.cat([p["image"] for p in pieces]), batch["image"])  # all, in order
+
+
+def test_validation_batches_are_ones_each_artifact_takes() -> None:
+    from pipeline.export.quality import (
+        VALIDATION_BATCH,
+        batch_fixed,
+        validation_batch,
+        validation_batches,
+    )
+
+    assert validation_batch({}) == VALIDATION_BATCH
+    assert validation_batch({"max_sizes": {"batch": 64}}) == 64  # an ExecuTorch program
+    assert validation_batch({"max_sizes": {"batch": 512}}) == VALIDATION_BATCH
+    fixed = {"fixed_axes": {"batch": 3}, "max_sizes": {"batch": 64}}
+    assert validation_batch(fixed) == 3 and batch_fixed(fixed) and not batch_fixed({})
+    entry = get_entry("digits_lenet")
+    sizes = [x["image"].shape[0] for x, _ in validation_batches(entry, 64)]
+    assert max(sizes) == 64 and sum(sizes) == 361  # the last one shorter: dynamic batch
+    whole = [x["image"].shape[0] for x, _ in validation_batches(entry, 3, whole=True)]
+    assert set(whole) == {3} and sum(whole) == 360  # one size only: the remainder left out
