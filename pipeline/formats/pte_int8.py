@@ -18,7 +18,6 @@ many samples (a range observer's min and max do not depend on how a batch is cut
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from typing import Any
@@ -63,8 +62,9 @@ def _slices(batch: Inputs, entry: ZooEntry, most: int) -> list[Inputs]:
 
 def _quantized(
     model: nn.Module, ctx: ExportContext, example: Inputs, sizes: dict[str, int]
-) -> tuple[nn.Module, str, int]:
-    """(the converted module, the capture's method, calibration samples seen)."""
+) -> tuple[nn.Module, str, int, Any]:
+    """(the converted module, the capture's method, calibration samples seen, the
+    calibration). `model` is not changed: prepare_pt2e works on the captured graph."""
     from pipeline.formats.pt2_int8 import quiet_torchao_import
 
     with quiet_torchao_import():
@@ -105,7 +105,7 @@ def _quantized(
             f"XNNPACK's quantizer annotated nothing in {entry.name!r} (no convolution, linear "
             "or other op it quantises): there is nothing int8 about it. Use --format pte."
         )
-    return converted, captured.method, seen
+    return converted, captured.method, seen, calibration
 
 
 def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
@@ -119,7 +119,7 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
     sizes = pte.max_sizes(entry, example, ctx.fix_axes)
     started = time.perf_counter()
     try:
-        converted, method, samples = _quantized(copy.deepcopy(model), ctx, example, sizes)
+        converted, method, samples, calibration = _quantized(model, ctx, example, sizes)
     except ExportError:
         raise
     except Exception as err:  # noqa: BLE001 - the quantizer's failure is this format's
@@ -140,7 +140,6 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
         )
     path = ctx.out_dir / FILE
     path.write_bytes(manager.buffer)
-    calibration = ctx.calibration() if ctx.calibration else None
     details: dict[str, Any] = {
         "method": method,
         "backend": "xnnpack",
@@ -148,7 +147,7 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
         "max_sizes": sizes,
         "lower_seconds": round(time.perf_counter() - started, 1),
         "quantizer": SETTINGS,
-        "calibration": calibration.record() if calibration else None,
+        "calibration": calibration.record(),
         **lowered,
     }
     if ctx.fix_axes:

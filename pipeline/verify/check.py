@@ -278,10 +278,7 @@ def check_task(
         # Loaded once for every backend, in batches each of them takes (an ExecuTorch
         # program's planned largest batch may be below VALIDATION_BATCH; an artifact
         # compiled at one batch size takes only that).
-        planned = [
-            {"max_sizes": largest_sizes(exported, b), "fixed_axes": fixed_axes(exported, b)}
-            for b in backends
-        ]
+        planned = [exported.manifest.artifacts.get(b.format_key or "") or {} for b in backends]
         batch = min([task.VALIDATION_BATCH, *map(task.validation_batch, planned)])
         whole = any(map(task.batch_fixed, planned))
         validation = task.validation_batches(exported.entry, batch, whole)
