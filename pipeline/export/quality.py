@@ -118,18 +118,22 @@ def judge(
     precision: str,
     budget: Budget,
     validation: Sequence[tuple[Inputs, torch.Tensor]] | None = None,
-    batch: int = VALIDATION_BATCH,
+    record: Any = None,
 ) -> list[Verdict]:
     """Every task-level verdict for one backend (one per output for SQNR, else one).
 
     `validation`: the validation batches, when the caller already loaded them
-    (several backends share one load); else they are loaded in batches of `batch`
-    (`validation_batch`: what the artifact takes).
+    (several backends share one load); else they are loaded in batches the artifact
+    takes, read from its manifest `record` (`validation_batch`, `batch_fixed`).
     """
     rule = rule_for(entry, classifier)
     if rule == ACCURACY:
-        batches = validation if validation is not None else validation_batches(entry, batch)
-        return judge_accuracy(eager, backend, batches, names, budget, precision)
+        if validation is None:
+            record = record or {}
+            validation = validation_batches(
+                entry, validation_batch(record), whole=batch_fixed(record)
+            )
+        return judge_accuracy(eager, backend, validation, names, budget, precision)
     return judge_cases(rule, eager, backend, cases, names, precision, budget)
 
 
@@ -173,20 +177,8 @@ def measure(
     record = details or {}
     fixed, largest = (dict(record.get(k) or {}) for k in ("fixed_axes", "max_sizes"))
     cases = [(label, c) for label, c in cases if entry.fits(c, fixed) and entry.within(c, largest)]
-    validation = None
-    if batch_fixed(record) and rule_for(entry, classifier) == ACCURACY:
-        validation = validation_batches(entry, validation_batch(record), whole=True)
     verdicts = judge(
-        entry,
-        classifier,
-        eager,
-        runner,
-        cases,
-        outputs,
-        precision,
-        budget,
-        validation,
-        batch=validation_batch(record),
+        entry, classifier, eager, runner, cases, outputs, precision, budget, record=record
     )
     for v in verdicts:
         if v.passed:

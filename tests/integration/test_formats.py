@@ -22,7 +22,7 @@ import torch
 from pipeline.core.budget import Budget
 from pipeline.export import ExportResult
 from pipeline.export.opened import open_export
-from pipeline.export.quality import judge, validation_batch
+from pipeline.export.quality import judge
 from pipeline.formats import base as registry
 from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive, archive_name
 from pipeline.runtimes.torchserve.launch import ServeConfig, Server, free_port, start, stop
@@ -146,7 +146,7 @@ def test_export_holds_the_format_and_its_runner_matches_eager(
         opened.manifest.output_names,
         fmt.precision,
         Budget.from_json(record.get("budget")),
-        batch=validation_batch(record),  # an ExecuTorch program's planned batch at most
+        record=record,  # its batches: an ExecuTorch program's planned batch at most
     )
     assert verdicts and all(v.passed for v in verdicts), [v.describe() for v in verdicts]
     assert record.get("quality")["within_budget"] is True
