@@ -47,7 +47,7 @@ ifeq ($(JIT),refused)
 export PYTHONPATH := $(CURDIR)/tests/jit_refused$(if $(PYTHONPATH),:$(PYTHONPATH))
 endif
 
-.PHONY: help venv train train-ddp export verify verify-example demo test test-unit test-fast test-times docs lint format clean archive serve stop infer cpp latency loadtest bench bench-export
+.PHONY: help venv train train-ddp export verify verify-example demo test test-unit test-fast test-times test-cpu docs lint format clean archive serve stop infer cpp latency loadtest bench bench-export
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
 
@@ -176,6 +176,9 @@ test-fast: | $(STAMP)  ## unit tests + the runtime contract test, in parallel (u
 
 test-times: | $(STAMP)  ## worker time per test module and the slowest fixtures, of the last run
 	$(BIN)/python -m tests.timing
+
+test-cpu: | $(STAMP)  ## the whole suite, then its CPU by kind of process (servers, compilers, commands)
+	$(MAKE) test PYTEST_ARGS="$(PYTEST_ARGS) --cpu-profile"
 
 docs: | $(STAMP)  ## build the docs site into site/ (MkDocs, strict: a broken link or an unlisted page fails)
 	$(BIN)/mkdocs build --strict --site-dir site

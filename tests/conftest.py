@@ -26,7 +26,7 @@ from filelock import FileLock
 from pipeline.export import FORMATS, PRECISION_FORMATS, ExportConfig, ExportResult, export
 from pipeline.formats import base as registry
 from pipeline.train import TrainConfig, TrainResult, train
-from tests import cli_fork, timing
+from tests import cli_fork, cpu_profile, timing
 
 # The float32 formats a server runs: FORMATS but the on-device ones (ExecuTorch's .pte, which
 # the digits CNN's `exported` holds and tests/integration/test_pte.py covers for the others).
@@ -163,8 +163,13 @@ def _file_rank(item: pytest.Item) -> int:
     return next(ranks, len(LONGEST_FILES))
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    cpu_profile.add_option(parser)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     timing.register(config)
+    cpu_profile.register(config)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

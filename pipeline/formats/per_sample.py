@@ -15,6 +15,11 @@ from typing import Dict, Final, List  # noqa: UP035 - TorchScript reads these an
 import torch
 from torch import nn
 
+from pipeline.core.noise import library_warnings
+
+# TorchScript's reason when `auto` scripts such a model without trying a trace.
+UNTRACED = "trace not tried: per-sample outputs (a trace unrolls the per-image loop to the example's batch)"
+
 
 class PerSampleOutputs(nn.Module):
     """`model` (one tensor in, a list of per-sample dicts out) answering collated tensors."""
@@ -62,11 +67,13 @@ def script_losses_and_detections(wrapper: PerSampleOutputs) -> torch.jit.ScriptM
     answer (a user's own wrapper that returns a torchvision detector's answer as it is):
     the detections are taken from it. None when the model does not script, or scripts
     to another answer."""
-    try:
-        inner = torch.jit.script(wrapper.model)
-    except Exception:  # noqa: BLE001 - TorchScript's frontend raises many types
-        return None
-    returns = inner.forward.schema.returns
-    if len(returns) != 1 or str(returns[0].type) != _LOSSES_AND_DETECTIONS:
-        return None
-    return torch.jit.script(PerSampleOutputs(DetectionsOf(inner), tuple(wrapper.fields)))
+    # torch.jit's deprecation FutureWarning is expected (see DESIGN.md): -v only.
+    with library_warnings("torch.jit.script", FutureWarning):
+        try:
+            inner = torch.jit.script(wrapper.model)
+        except Exception:  # noqa: BLE001 - TorchScript's frontend raises many types
+            return None
+        returns = inner.forward.schema.returns
+        if len(returns) != 1 or str(returns[0].type) != _LOSSES_AND_DETECTIONS:
+            return None
+        return torch.jit.script(PerSampleOutputs(DetectionsOf(inner), tuple(wrapper.fields)))

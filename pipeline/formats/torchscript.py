@@ -27,7 +27,7 @@ from pipeline.core.compare import compare_outputs, flatten_outputs
 from pipeline.core.errors import ExportError, ExportRequestError
 from pipeline.core.noise import library_warnings, log_warnings
 from pipeline.formats.base import METHODS, ExportContext, Format, register
-from pipeline.formats.per_sample import PerSampleOutputs, script_losses_and_detections
+from pipeline.formats.per_sample import UNTRACED, PerSampleOutputs, script_losses_and_detections
 from pipeline.zoo.detection import scripting_advice
 from pipeline.zoo.spec import Inputs
 from pipeline_runtime import formats, jitgate
@@ -270,7 +270,13 @@ def to_torchscript(
             raise ExportRequestError(f"--method script failed: {why}. Try --method auto.")
         result = ScriptResult(scripted, "script", "scripted because --method script was given")
     else:
-        traced, rejected = try_trace(model, example, probes, atol, rtol)
+        if method == "auto" and isinstance(model, PerSampleOutputs):
+            # A detector's per-image loop unrolls in a trace to the example's batch: a trace
+            # that passed its checks would still be wrong at other batches (and tracing a
+            # detector is slow: NMS per class on every call). Scripting keeps the loop.
+            traced, rejected = None, UNTRACED
+        else:
+            traced, rejected = try_trace(model, example, probes, atol, rtol)
         if traced is not None:
             return ScriptResult(
                 traced,
@@ -294,7 +300,9 @@ def to_torchscript(
         scripted, script_failed = try_script(model)
         if scripted is not None:
             result = ScriptResult(scripted, "script", f"{rejected}; scripted")
-        elif isinstance(model, PerSampleOutputs) and (answered := _script_detections(model)):
+        elif isinstance(model, PerSampleOutputs) and (
+            answered := script_losses_and_detections(model)
+        ):
             result = ScriptResult(
                 answered,
                 "script",
@@ -326,11 +334,6 @@ GENERIC_ADVICE = (
     "Make the model scriptable (type-annotate forward, move Python-only code out of it) or "
     "wrap its control flow in a submodule that can be scripted."
 )
-
-
-def _script_detections(model: PerSampleOutputs) -> torch.jit.ScriptModule | None:
-    with library_warnings("torch.jit.script", FutureWarning):
-        return script_losses_and_detections(model)
 
 
 # --- the format ---------------------------------------------------------------
