@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -326,3 +327,60 @@ def test_no_network_route_changes_versions(served: Server, store: Path) -> None:
     r = httpx.get(f"{served.inference_url}/v2/models/{MODEL}/versions/2", headers=headers)
     assert r.status_code == 404 and "has no version '2'" in r.json()["error"]
     assert runtime.get("kserve").versions.live_state(served).models[MODEL].default == 1
+
+
+def test_torchserve_archives_of_a_signed_version_hold_its_bytes_and_keep_it_signed(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The signature covers the version folder; TorchServe loads a .mar built from it. Under
+    the trust policy `pipeline serve` (follow_defaults) ties the two: an archive whose
+    model, handler or runtime code is not what archiving the signed version gives is made
+    again from it, so the changed bytes never load."""
+    from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive, differences
+    from pipeline.runtimes.torchserve.store import follow_defaults
+
+    mine = tmp_path / "store"
+    shutil.copytree(store, mine)
+    default = versions.default(MODEL, mine)
+    (mar,) = archive(
+        ArchiveConfig(model=MODEL, export_dir=default.dir, store=mine, formats=("onnx",),
+                      version=str(default.number))
+    )  # fmt: skip
+    assert differences(mar, default.dir, "onnx") == []
+    # One bit of the model flipped, and a module of the attacker's beside the handler.
+    changed = tmp_path / "changed.mar"
+    with zipfile.ZipFile(mar) as src, zipfile.ZipFile(changed, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename == "model.onnx":
+                data = data[:-1] + bytes([data[-1] ^ 1])
+            dst.writestr(item, data)
+        dst.writestr("onnxruntime.py", "raise SystemExit('not yours')\n")
+    changed_bytes = changed.read_bytes()
+    changed.replace(mar)
+    assert differences(mar, default.dir, "onnx") == [
+        "model.onnx differs",
+        "onnxruntime.py is not a file archive packs",
+    ]
+    capsys.readouterr()
+    assert follow_defaults(mine, [mar.stem]) == [mar.stem]
+    err = capsys.readouterr().err
+    assert f"is not what archiving signed version {default.number}" in err, err
+    assert "model.onnx differs" in err and "archived again from it" in err, err
+    assert differences(mar, default.dir, "onnx") == []
+    assert follow_defaults(mine, [mar.stem]) == []  # as archived: left alone
+
+    # A rollout builds the version's archive outside its folder, so the signature still
+    # holds after it (it counted the archive as a file added since signing), and a kept
+    # one that changed is built again from the signed version.
+    from pipeline.runtimes.torchserve.liveops import rollout_archive
+
+    where = live.Loaded(default.number, str(default.dir), "onnx")
+    kept = rollout_archive(mar.stem, where, mine)
+    assert kept.name == f"{mar.stem}.v{default.number}.mar" and kept.parent != default.dir
+    assert signing.state(default.dir).state == signing.SIGNED
+    kept.write_bytes(changed_bytes)
+    capsys.readouterr()
+    assert rollout_archive(mar.stem, where, mine) == kept
+    assert "onnxruntime.py is not a file archive packs" in capsys.readouterr().err
+    assert differences(kept, default.dir, "onnx") == []

@@ -3,7 +3,8 @@ traffic moved by the gateway (versions.py).
 
 A server started with `--live-versions` (TorchServe's model API on, loopback only, the
 management key, archives from the store only: `allowed_urls`) can take a published
-version: its archive is built into the version's folder as `<archive>.v<N>.mar` (the
+version: its archive is built into the store's `.rollout-archives/` as
+`<archive>.v<N>.mar` (not into the version's folder, whose signature it would break; the
 archive's own model version N; TorchServe copies a registered file into its store under
 that name, which must not clash with the archive serving), registered beside the one
 serving with as many workers, and only then routed to. A version taken out of service
@@ -12,11 +13,13 @@ is unregistered once the gateway says nothing runs on it any more.
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
 
+from pipeline.core import signing
 from pipeline.core.manifest import read_manifest
-from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
+from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive, differences
 from pipeline.runtimes.torchserve.management import management
 from pipeline.serving import live, versions
 from pipeline.serving.server import Server
@@ -55,12 +58,28 @@ def _workers(server: Server, name: str, version: int) -> int:
     return max(1, len(described.json()[0].get("workers", []))) if described.is_success else 1
 
 
-def _archive(name: str, where: live.Loaded, store: Path) -> Path:
-    """The version's archive in its folder (built once), named apart from the serving one."""
-    target = Path(where.export_dir) / f"{name}.v{where.version}.mar"
+# Where a rollout builds a version's archive: in the store (allowed_urls), outside the
+# version's folder, whose signature would count it as a file added after signing.
+ARCHIVES = ".rollout-archives"
+
+
+def rollout_archive(name: str, where: live.Loaded, store: Path) -> Path:
+    """The version's archive (built once), named apart from the serving one. Under a trust
+    policy a kept one must still be what archiving the signed version gives."""
+    version_dir = Path(where.export_dir)
+    target = Path(store) / ARCHIVES / f"{name}.v{where.version}.mar"
     if target.is_file():
-        return target
-    manifest = read_manifest(Path(where.export_dir))
+        trusted = signing.require(version_dir)  # the trust policy, when there is one
+        differs = differences(target, version_dir, where.format) if trusted else []
+        if not differs:
+            return target
+        print(
+            f"warning: {target} is not what archiving signed version {where.version} gives "
+            f"({'; '.join(differs[:3])}): archived again from it",
+            file=sys.stderr,
+        )
+    target.parent.mkdir(exist_ok=True)
+    manifest = read_manifest(version_dir)
     with tempfile.TemporaryDirectory(prefix=".archive-", dir=store) as tmp:
         (built,) = archive(
             ArchiveConfig(
@@ -90,7 +109,7 @@ def apply_live(server: Server, state: live.LiveState, timeout_s: float) -> None:
         for number, where in sorted(mv.versions.items()):
             if have and number in have.versions:
                 continue
-            mar = _archive(name, where, store)
+            mar = rollout_archive(name, where, store)
             answer = management(
                 server,
                 "POST",

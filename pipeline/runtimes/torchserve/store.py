@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -117,16 +118,31 @@ def follow_defaults(store: Path, archives: Iterable[str]) -> list[str]:
     version than the store's default (`pipeline rollout` or `rollback` moved it since), so
     `pipeline serve` serves the default version, as the KServe runtime does. Returns the
     archives it rewrote."""
-    from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive, settings_of
+    from pipeline.runtimes.torchserve.archive import (
+        ArchiveConfig,
+        archive,
+        differences,
+        settings_of,
+    )
 
     rewritten = []
     for name, info in archive_infos(store, archives).items():
         published = versions.default(info.model, store)
-        if published is not None:
-            signing.require(published.dir)  # the trust policy, when there is one
-        mar = Path(store) / f"{name}.mar"
-        if published is None or archive_version(mar) == str(published.number):
+        if published is None:
             continue
+        trusted = signing.require(published.dir)  # the trust policy, when there is one
+        mar = Path(store) / f"{name}.mar"
+        if archive_version(mar) == str(published.number):
+            # Under a trust policy the archive must hold the signed bytes and this
+            # installation's code, or it is made again from the signed version.
+            differs = differences(mar, published.dir, info.format) if trusted else []
+            if not differs:
+                continue
+            print(
+                f"warning: {mar} is not what archiving signed version {published.number} of "
+                f"{info.model} gives ({'; '.join(differs[:3])}): archived again from it",
+                file=sys.stderr,
+            )
         log.info("archiving %s at version %d, the store's default", name, published.number)
         archive(
             ArchiveConfig(
