@@ -143,7 +143,8 @@ class Sampler:
 def _command(pid: str) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return " ".join(f.read().decode(errors="replace").split())[:400]
+            # Arguments are NUL-separated; a -c program's own lines are joined too.
+            return " ".join(f.read().replace(b"\0", b" ").decode(errors="replace").split())[:400]
     except OSError:
         return ""
 

@@ -49,4 +49,9 @@ def test_a_child_that_burns_cpu_is_counted_and_the_machine_total_covers_it() -> 
     other = {k["kind"]: k for k in found["kinds"]}["other Python"]
     assert other["processes"] >= 1 and other["cpu_s"] >= 0.4, found["kinds"]
     assert found["busy_cpu_s"] >= 0.4 and found["wall_s"] > 1.0
-    assert any("process_time" in command for _, _, command in found["costliest"])
+    # Its command line as a user reads it (arguments apart, not NUL-joined), so that the
+    # kinds' patterns ("-m pipeline", "-m pytest") can match.
+    (command,) = [c for _, _, c in found["costliest"] if "process_time" in c]
+    assert command.startswith(f"{sys.executable} -c import time; time.sleep(0.6) import time"), (
+        command
+    )
