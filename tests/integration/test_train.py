@@ -73,3 +73,27 @@ def test_bad_settings_are_refused(tmp_path: Path, field: str, value: object, mes
     with pytest.raises(PipelineError, match=message):
         train(config)
     assert not (tmp_path / "c.pt").exists()
+
+
+def test_the_plot_is_drawn_after_the_last_epoch_and_on_the_way_only_when_due(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Drawing costs about a quarter of a digits epoch: a fast run draws its curve once, at
+    the end; a run whose drawing is due (PLOT_EVERY_S passed) draws after every epoch."""
+    import pipeline.train as training
+    from pipeline.train import report
+
+    drawn: list[int] = []
+    real = report.plot_history
+
+    def counted(history: list, target: Path, title: str) -> Path:
+        drawn.append(len(history))
+        return real(history, target, title)
+
+    monkeypatch.setattr(report, "plot_history", counted)
+    config = TrainConfig(out=tmp_path / "a" / "c.pt", epochs=2, progress=False, device="cpu")
+    assert train(config).plot == tmp_path / "a" / "c.png" and drawn == [2]
+    drawn.clear()
+    monkeypatch.setattr(training, "PLOT_EVERY_S", 0.0)
+    config = TrainConfig(out=tmp_path / "b" / "c.pt", epochs=2, progress=False, device="cpu")
+    assert train(config).plot.is_file() and drawn == [1, 2]
