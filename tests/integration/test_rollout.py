@@ -384,3 +384,7 @@ def test_torchserve_archives_of_a_signed_version_hold_its_bytes_and_keep_it_sign
     assert rollout_archive(mar.stem, where, mine) == kept
     assert "onnxruntime.py is not a file archive packs" in capsys.readouterr().err
     assert differences(kept, default.dir, "onnx") == []
+    kept.write_bytes(b"not a zip")  # damaged on disk: built again too, not a traceback
+    assert rollout_archive(mar.stem, where, mine) == kept
+    assert "cannot be read as an archive" in capsys.readouterr().err
+    assert differences(kept, default.dir, "onnx") == []

@@ -270,13 +270,16 @@ def differences(mar: Path, export_dir: Path, key: str) -> list[str]:
                 path.read_bytes()
             )
     found: list[str] = []
-    with zipfile.ZipFile(mar) as zf:
-        held = {i.filename for i in zf.infolist() if not i.is_dir()}
-        for name in sorted(held - _SETTINGS):
-            if name not in expected:
-                found.append(f"{name} is not a file archive packs")
-            elif digest(zf.read(name)) != expected[name]:
-                found.append(f"{name} differs")
+    try:
+        with zipfile.ZipFile(mar) as zf:
+            held = {i.filename for i in zf.infolist() if not i.is_dir()}
+            for name in sorted(held - _SETTINGS):
+                if name not in expected:
+                    found.append(f"{name} is not a file archive packs")
+                elif digest(zf.read(name)) != expected[name]:
+                    found.append(f"{name} differs")
+    except (OSError, zipfile.BadZipFile) as err:
+        return [f"{mar.name} cannot be read as an archive ({err})"]
     found += [f"{name} is missing" for name in sorted(set(expected) - held)]
     return found
 
