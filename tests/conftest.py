@@ -373,6 +373,17 @@ def assert_clean_error(proc: subprocess.CompletedProcess[str], *fragments: str) 
         assert fragment in proc.stderr, proc.stderr
 
 
+def exited(pid: int) -> bool:
+    """Whether `pid` no longer runs: gone, or a zombie its parent has not reaped yet
+    (`pipeline stop` returns once nothing of a server runs, not once PID 1 has reaped it)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def assert_kill_lost_nothing(report: Any, requests: int) -> None:
     """The kill-a-worker standard every runtime meets (`loadtest --kill-worker-after`): a
     worker was killed, every request was answered and right, service came back within a

@@ -22,7 +22,7 @@ import psutil
 from pipeline.export import ExportResult
 from pipeline.serving.launcher import free_port, stop
 from pipeline.serving.server import INFERENCE_KEY_FILE, SERVER_FILE, Server
-from tests.conftest import run_cli
+from tests.conftest import exited, run_cli
 from tests.e2e.test_readme import KSERVE, blocks, commands, page_folder
 
 PIPELINE = ".venv/bin/pipeline "
@@ -97,7 +97,7 @@ def _check_served(run_dir: Path, printed: str) -> Server:
 def _check_stopped(run_dir: Path, record: Server, printed: str) -> None:
     """`stop` left nothing running, and kept the token (test_kserve_operations.py)."""
     assert "stopped the KServe runtime" in printed
-    assert not psutil.pid_exists(record.pid) or psutil.Process(record.pid).status() == "zombie"
+    assert exited(record.pid)
     marker = str(run_dir.resolve() / "kserve.json")
     assert not [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]
     assert not (run_dir / SERVER_FILE).exists()

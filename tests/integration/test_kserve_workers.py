@@ -39,7 +39,7 @@ from pipeline.serving.loadtest import LoadConfig, run
 from pipeline.serving.server import INFERENCE_KEY_FILE, Server
 from pipeline.zoo.data import digits_sample
 from tests import otlp
-from tests.conftest import assert_kill_lost_nothing, run_cli
+from tests.conftest import assert_kill_lost_nothing, exited, run_cli
 
 DIGITS = "digits_lenet"
 
@@ -351,6 +351,6 @@ def test_stop_leaves_no_process(server: Server) -> None:
             if marker in (p.info.get("cmdline") or [])
         ]
         assert left == [] and orphans(run_dir) == []
-        assert not any(psutil.pid_exists(pid) for pid in family)
+        assert all(exited(pid) for pid in family)
     finally:
         stop(run_dir)

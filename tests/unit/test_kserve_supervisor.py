@@ -18,11 +18,11 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from pipeline.runtimes.kserve import supervisor as sup
 from pipeline.runtimes.kserve.config import RuntimeConfig
+from tests.conftest import exited
 
 # argv[1]: the ready marker to write; argv[2]: seconds to live after it (then exit 3),
 # or "start-fail" to exit 4 before writing the marker.
@@ -94,8 +94,7 @@ def test_crash_loop_stops_everything_and_exits_1(
     err = capsys.readouterr().err
     assert f"worker 1 died {sup.MAX_DEATHS} times within {sup.WINDOW_S:.0f} s" in err
     assert "exit status 3" in err and "not restarting it" in err
-    assert all(not psutil.pid_exists(p) or psutil.Process(p).status() == "zombie"
-               for p in supervisor.pids())  # fmt: skip
+    assert all(exited(p) for p in supervisor.pids())
     replaced = [r for r in caplog.records if "started pid" in r.getMessage()]
     assert len(replaced) == sup.MAX_DEATHS - 1
 
@@ -112,8 +111,7 @@ def test_deaths_spread_beyond_the_window_are_replaced(
     stopper.start()
     assert _run(supervisor) == 0
     assert supervisor.starts[0] >= sup.MAX_DEATHS + 1  # more deaths than a loop allows
-    assert all(not psutil.pid_exists(p) or psutil.Process(p).status() == "zombie"
-               for p in supervisor.pids())  # fmt: skip
+    assert all(exited(p) for p in supervisor.pids())
 
 
 def test_a_worker_that_dies_while_starting_is_not_restarted(
