@@ -336,7 +336,8 @@ def test_torchserve_archives_of_a_signed_version_hold_its_bytes_and_keep_it_sign
     the trust policy `pipeline serve` (follow_defaults) ties the two: an archive whose
     model, handler or runtime code is not what archiving the signed version gives is made
     again from it, so the changed bytes never load."""
-    from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive, differences
+    from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
+    from pipeline.runtimes.torchserve.signed import differences
     from pipeline.runtimes.torchserve.store import follow_defaults
 
     mine = tmp_path / "store"

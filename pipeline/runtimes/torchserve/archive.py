@@ -241,49 +241,6 @@ def archive(config: ArchiveConfig, manifest: Manifest | None = None) -> list[Pat
     return written
 
 
-# What archive writes besides the export's files and code: settings and provenance.
-_SETTINGS = frozenset({"model-config.yaml", ARCHIVE_INFO, "MAR-INF/MANIFEST.json"})
-
-
-def differences(mar: Path, export_dir: Path, key: str) -> list[str]:
-    """How `mar` differs from what `archive` packs from `export_dir` for format `key`: the
-    artifact, manifest and golden I/O (by the manifest's sha256), the handler and the
-    runtime package this installation writes, and nothing else that could run. [] when the
-    archive is exactly that (its settings aside). For a signed version, this ties the
-    archive TorchServe loads to the signed bytes."""
-    import hashlib
-
-    def digest(data: bytes) -> str:
-        return hashlib.sha256(data).hexdigest()
-
-    manifest = read_manifest(export_dir)
-    expected = {MANIFEST_NAME: digest((Path(export_dir) / MANIFEST_NAME).read_bytes())}
-    for k in (key, GOLDEN_KEY):
-        record = manifest.artifacts.get(k)
-        if record is None:
-            return [f"archive.json names format {k!r}, which {export_dir} does not hold"]
-        expected[Path(record.file).name] = record.sha256
-    expected[f"{key}_handler.py"] = digest(handler_source(key).encode())
-    for path in RUNTIME_DIR.rglob("*"):
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-            expected[f"{RUNTIME_DIR.name}/{path.relative_to(RUNTIME_DIR).as_posix()}"] = digest(
-                path.read_bytes()
-            )
-    found: list[str] = []
-    try:
-        with zipfile.ZipFile(mar) as zf:
-            held = {i.filename for i in zf.infolist() if not i.is_dir()}
-            for name in sorted(held - _SETTINGS):
-                if name not in expected:
-                    found.append(f"{name} is not a file archive packs")
-                elif digest(zf.read(name)) != expected[name]:
-                    found.append(f"{name} differs")
-    except (OSError, zipfile.BadZipFile) as err:
-        return [f"{mar.name} cannot be read as an archive ({err})"]
-    found += [f"{name} is missing" for name in sorted(set(expected) - held)]
-    return found
-
-
 def _check_failed(
     export_dir: Path, failed: dict[str, str], *, asked: tuple[str, ...] | None, held: tuple
 ) -> None:

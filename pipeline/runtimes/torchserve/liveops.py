@@ -13,14 +13,14 @@ is unregistered once the gateway says nothing runs on it any more.
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
 
 from pipeline.core import signing
 from pipeline.core.manifest import read_manifest
-from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive, differences
+from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
 from pipeline.runtimes.torchserve.management import management
+from pipeline.runtimes.torchserve.signed import to_rebuild
 from pipeline.serving import live, versions
 from pipeline.serving.server import Server
 
@@ -69,15 +69,11 @@ def rollout_archive(name: str, where: live.Loaded, store: Path) -> Path:
     version_dir = Path(where.export_dir)
     target = Path(store) / ARCHIVES / f"{name}.v{where.version}.mar"
     if target.is_file():
-        trusted = signing.require(version_dir)  # the trust policy, when there is one
-        differs = differences(target, version_dir, where.format) if trusted else []
-        if not differs:
+        # The rollout checked the version itself (signing.require); here only whether a
+        # trust policy is in force, so the folder is not hashed twice.
+        policy = signing.Policy.load(Path(store)).keys
+        if not policy or not to_rebuild(target, version_dir, where.format, where.version):
             return target
-        print(
-            f"warning: {target} is not what archiving signed version {where.version} gives "
-            f"({'; '.join(differs[:3])}): archived again from it",
-            file=sys.stderr,
-        )
     target.parent.mkdir(exist_ok=True)
     manifest = read_manifest(version_dir)
     with tempfile.TemporaryDirectory(prefix=".archive-", dir=store) as tmp:

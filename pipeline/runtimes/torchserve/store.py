@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -116,14 +115,11 @@ def archive_version(mar: Path) -> str | None:
 def follow_defaults(store: Path, archives: Iterable[str]) -> list[str]:
     """Archive again each of `archives` whose model is published in `store` at another
     version than the store's default (`pipeline rollout` or `rollback` moved it since), so
-    `pipeline serve` serves the default version, as the KServe runtime does. Returns the
-    archives it rewrote."""
-    from pipeline.runtimes.torchserve.archive import (
-        ArchiveConfig,
-        archive,
-        differences,
-        settings_of,
-    )
+    `pipeline serve` serves the default version, as the KServe runtime does; under a trust
+    policy, also each that is not what archiving the signed version gives (signed.py).
+    Returns the archives it rewrote."""
+    from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive, settings_of
+    from pipeline.runtimes.torchserve.signed import to_rebuild
 
     rewritten = []
     for name, info in archive_infos(store, archives).items():
@@ -132,17 +128,13 @@ def follow_defaults(store: Path, archives: Iterable[str]) -> list[str]:
             continue
         trusted = signing.require(published.dir)  # the trust policy, when there is one
         mar = Path(store) / f"{name}.mar"
-        if archive_version(mar) == str(published.number):
-            # Under a trust policy the archive must hold the signed bytes and this
-            # installation's code, or it is made again from the signed version.
-            differs = differences(mar, published.dir, info.format) if trusted else []
-            if not differs:
-                continue
-            print(
-                f"warning: {mar} is not what archiving signed version {published.number} of "
-                f"{info.model} gives ({'; '.join(differs[:3])}): archived again from it",
-                file=sys.stderr,
-            )
+        # At the default version, it is kept unless a trust policy is in force and it no
+        # longer holds the signed bytes and this installation's code.
+        current = archive_version(mar) == str(published.number)
+        if current and not (
+            trusted and to_rebuild(mar, published.dir, info.format, published.number)
+        ):
+            continue
         log.info("archiving %s at version %d, the store's default", name, published.number)
         archive(
             ArchiveConfig(
