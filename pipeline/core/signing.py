@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -165,10 +166,11 @@ class Policy:
     sources: tuple[str, ...]  # where the keys came from, for messages
 
     @classmethod
-    def load(cls, store: Path | None) -> Policy:
+    def load(cls, store: Path | None, given: Sequence[str] | None = None) -> Policy:
+        """--trust's keys (`given`; default: $PIPELINE_TRUST) and `store`'s trust folder."""
         paths: list[Path] = []
         sources: list[str] = []
-        given = [p for p in os.environ.get(TRUST_ENV, "").split(os.pathsep) if p]
+        given = given_keys() if given is None else [p for p in given if p]
         if given:
             paths += map(Path, given)
             sources.append("--trust")
@@ -192,6 +194,11 @@ class Policy:
         if fp is None:
             return None
         return f"{self.keys[fp][0]} ({fp[:16]})" if fp in self.keys else fp[:16]
+
+
+def given_keys() -> list[str]:
+    """The public keys --trust gave this command or the one that started this process."""
+    return [p for p in os.environ.get(TRUST_ENV, "").split(os.pathsep) if p]
 
 
 def is_version(folder: Path) -> bool:
@@ -264,6 +271,24 @@ def require(version_dir: Path) -> State | None:
                 file=sys.stderr,
             )
         return None
+    return _refuse_untrusted(version_dir, policy)
+
+
+def recheck(version_dir: Path, trust: Sequence[str]) -> State | None:
+    """The check again, as a runtime's worker loads a version: a KServe worker restarted
+    or a Ray replica placed again (on another node, perhaps) reads the store long after
+    `serve` checked it, and whoever can write to the store may have changed it since.
+    `trust`: the keys `serve` was given (a replica on another node has not its
+    environment), beside the store's own trust folder. Raises SignatureError as `require`
+    does; without a policy it says nothing (`serve` warned) and returns None."""
+    version_dir = Path(version_dir)
+    if not is_version(version_dir):
+        return None
+    policy = Policy.load(store_of(version_dir), trust)
+    return _refuse_untrusted(version_dir, policy) if policy.keys else None
+
+
+def _refuse_untrusted(version_dir: Path, policy: Policy) -> State:
     found = state(version_dir, policy)
     if found.trusted:
         log.info("%s: %s", version_dir, found.describe())

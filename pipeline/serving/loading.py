@@ -11,12 +11,13 @@ torch, so it holds ~150 MB instead of ~650 MB (issue 40; `import torch` alone is
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.core import signing
 from pipeline.core.errors import ArtifactError
 from pipeline.core.manifest import artifact_path, read_manifest
 from pipeline_runtime import formats, ortsession
@@ -50,8 +51,12 @@ def lean(fmt: str, manifest: Manifest) -> bool:
     return _descriptor(fmt, manifest).torch_free and WARMUP_KEY in manifest.artifacts
 
 
-def load(export_dir: Path, fmt: str, threads: int) -> Loaded:
-    """Artifact `fmt` of `export_dir`, sha256 checked, on CPU with `threads` threads."""
+def load(export_dir: Path, fmt: str, threads: int, trust: Sequence[str] = ()) -> Loaded:
+    """Artifact `fmt` of `export_dir`, sha256 checked, on CPU with `threads` threads. A
+    store's version is checked against the trust policy first (`trust`: the keys `serve`
+    was given, beside the store's own; signing.recheck): a worker may load it long after
+    `serve` checked it."""
+    signing.recheck(export_dir, trust)
     manifest = read_manifest(export_dir)
     if fmt in manifest.unwritten or fmt not in manifest.artifacts:
         raise ArtifactError(

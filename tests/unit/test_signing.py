@@ -1,4 +1,4 @@
-"""Signed versions (pipeline/serving/signing.py) on a small version folder, with OpenSSF's
+"""Signed versions (pipeline/core/signing.py) on a small version folder, with OpenSSF's
 model-signing library for real: signed and trusted, one byte changed, another key, unsigned
 with and without a policy; `pipeline serve`, `archive` and `deploy` refusing before they
 start anything, and `status` showing each version's state. Serving a signed version and a
@@ -140,6 +140,29 @@ def test_without_a_policy_a_version_is_used_with_one_warning(
     assert err.count("has no trust policy") == 1, err
     # An export folder (no publish.json) is not a version: nothing to check, nothing said.
     assert signing.require(tmp_path) is None and capsys.readouterr().err == ""
+
+
+def test_a_workers_recheck_uses_the_keys_serve_was_given_and_is_silent_without_a_policy(
+    keys: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What a runtime's worker runs as it loads a version (signing.recheck): the keys come
+    from its config, not its environment (a Ray replica on another node has not serve's)."""
+    folder = _version(tmp_path)
+    signing.sign(folder, keys["alice"])
+    alice = str(keys["alice"].with_suffix(".pub"))
+    assert signing.recheck(folder, [alice]).trusted
+    with pytest.raises(signing.SignatureError, match="not in the trust policy"):
+        signing.recheck(folder, [str(keys["mallory"].with_suffix(".pub"))])
+    (folder / "model.onnx").write_bytes(b"changed")
+    with pytest.raises(signing.SignatureError, match=r"model\.onnx differs from the signed"):
+        signing.recheck(folder, [alice])
+    # No policy: serve warned already, the worker loads without a word; an export folder
+    # (no publish.json) is never a store version.
+    assert signing.recheck(folder, []) is None and signing.recheck(tmp_path, [alice]) is None
+    assert capsys.readouterr().err == ""
+    _trust(tmp_path, keys["alice"].with_suffix(".pub"))  # the store's own policy counts too
+    with pytest.raises(signing.SignatureError, match="changed since it was signed"):
+        signing.recheck(folder, [])
 
 
 def test_serve_archive_and_deploy_refuse_a_changed_version_before_starting_anything(

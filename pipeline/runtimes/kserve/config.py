@@ -81,6 +81,9 @@ class RuntimeConfig:
     shadow_max_rate: float = 20.0
     log_file: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    # The public keys --trust gave `serve` (launch.start fills them in): a worker checks a
+    # store version against them and the store's trust folder as it loads it.
+    trust: list[str] = field(default_factory=list)
 
     def write(self, path: Path) -> None:
         data = asdict(self)

@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from pipeline.core import signing
 from pipeline.core.manifest import read_manifest
 from pipeline.runtimes.kserve.config import CONFIG_FILE, RuntimeConfig, ServedExport
 from pipeline.runtimes.kserve.constants import METRICS_KEY_FILE, NAME
@@ -131,6 +132,7 @@ def start(
     config = replace(
         config,
         token_file=str(keys[INFERENCE].path),
+        trust=config.trust or signing.given_keys(),
         tls_cert=str(Path(config.tls_cert).resolve()) if config.tls_cert else None,
         tls_key=str(Path(config.tls_key).resolve()) if config.tls_key else None,
     )

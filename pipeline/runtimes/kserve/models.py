@@ -98,7 +98,7 @@ class ExportModel(kserve.Model):
         super().__init__(served.name)
         self.version = served.version or 1  # an unpublished export answers as version 1
         self.inflight = 0
-        loaded = loading.load(Path(served.export_dir), served.format, config.threads)
+        loaded = loading.load(Path(served.export_dir), served.format, config.threads, config.trust)
         manifest = loaded.manifest
         self.format = served.format
         self.export_dir = str(served.export_dir)

@@ -53,6 +53,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Gauge  # noqa: E402
 from prometheus_client.exposition import choose_encoder  # noqa: E402
 from prometheus_client.multiprocess import MultiProcessCollector  # noqa: E402
 
+from pipeline.core.errors import PipelineError  # noqa: E402
 from pipeline.runtimes.kserve import models as models_module  # noqa: E402
 from pipeline.runtimes.kserve.config import RuntimeConfig  # noqa: E402
 from pipeline.runtimes.kserve.fastpath import FastInfer  # noqa: E402
@@ -77,6 +78,7 @@ from pipeline.runtimes.kserve.versioned import (  # noqa: E402
 from pipeline.serving import live  # noqa: E402
 from pipeline.serving.guard import Keys  # noqa: E402
 from pipeline_runtime import tracing  # noqa: E402
+from pipeline_runtime.files import IntegrityError  # noqa: E402
 
 log = logging.getLogger("pipeline.runtimes.kserve")
 
@@ -339,7 +341,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     conf = Path(argv[0])
     worker = Worker(conf, int(argv[2])) if len(argv) == 3 else None
-    serve(RuntimeConfig.read(conf), conf.parent, worker)
+    try:
+        serve(RuntimeConfig.read(conf), conf.parent, worker)
+    except (PipelineError, IntegrityError) as err:  # a model it must not or cannot load
+        log.error("%s", err)  # the reason in one line, which the supervisor's exit names
+        return 1
     return 0
 
 

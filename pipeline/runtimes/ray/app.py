@@ -97,7 +97,7 @@ class Model:
     def __init__(self, served: dict[str, Any], threads: int, batch: dict[str, Any]) -> None:
         from pipeline.serving.loading import load
 
-        loaded = load(Path(served["export_dir"]), served["format"], threads)
+        loaded = load(Path(served["export_dir"]), served["format"], threads, served["trust"])
         manifest = loaded.manifest
         self.forward = loaded.forward
         self.specs = manifest.input_specs(served["format"])
@@ -273,7 +273,9 @@ def build(config: dict[str, Any], head_resource: str | None) -> Any:
         if config.get("max_replicas_per_node"):
             options["max_replicas_per_node"] = config["max_replicas_per_node"]
         batch = {"max_batch_size": config["max_batch_size"], "wait_ms": config["batch_wait_ms"]}
-        handles[served["name"]] = Model.options(**options).bind(served, config["threads"], batch)
+        handles[served["name"]] = Model.options(**options).bind(
+            served | {"trust": config.get("trust", [])}, config["threads"], batch
+        )
     ingress_options: dict[str, Any] = {"num_cpus": 0}
     if head_resource:
         ingress_options["resources"] = {head_resource: 0.01}

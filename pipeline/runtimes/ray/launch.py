@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from pipeline.core import fileio
+from pipeline.core import fileio, signing
 from pipeline.core import paths as core_paths
 from pipeline.core.manifest import read_manifest
 from pipeline.runtimes.ray.constants import (
@@ -63,6 +63,9 @@ class RayConfig:
     batch_wait_ms: float = 0.0
     object_store_mb: int = 100
     replica_cpus_asked: float | None = None  # --ray-replica-cpus; None: replica_cpus()
+    # The public keys --trust gave `serve` (start fills them in): each replica checks a
+    # store version against them and the store's trust folder as it loads it, on any node.
+    trust: list[str] = field(default_factory=list)
 
 
 def served_model(
@@ -113,6 +116,7 @@ def start(
     if not token.is_file():
         fileio.write_secret(token, {"inference": {"key": secrets.token_urlsafe(24)}})
     config.token_file = str(token)
+    config.trust = config.trust or signing.given_keys()
     config.replica_cpus = replica_cpus(config)
     (run_dir / READY_FILE).unlink(missing_ok=True)
     conf = run_dir / CONFIG_FILE
