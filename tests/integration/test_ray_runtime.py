@@ -5,12 +5,16 @@ One cluster for the module, started as a user starts it (`pipeline serve --runti
 worker nodes, each with one replica of the digits ONNX export. Its tests read it first
 (where the replicas run, what listens, Triton's client, the token, bad requests, verify),
 then lose a worker node under load, then stop it: in that order, the last two change it.
+A second run joins the cluster (`joined`), loses its replica to a changed file, and stops.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +29,9 @@ from pipeline.export.opened import open_export
 from pipeline.serving.launcher import free_port
 from pipeline.serving.loadtest import LoadConfig, run
 from pipeline.serving.server import INFERENCE_KEY_FILE, Server
+from pipeline.serving.wire import oip_json
 from tests.conftest import run_cli
+from tests.tamper import copy_export
 
 
 @pytest.fixture(scope="module")
@@ -161,47 +167,83 @@ def test_verify_backend_ray_passes(cluster, exported: ExportResult, tmp_path: Pa
     assert any(r["backend"].startswith("ray") and r["passed"] for r in rows), rows
 
 
-def test_a_run_joins_the_cluster_and_its_stop_removes_only_its_application(
-    cluster, exported: ExportResult, tmp_path: Path
-) -> None:
-    """`--ray-address`: a second run deploys its own application on the running cluster,
-    under a path of its own on the cluster's proxy, and its stop deletes only that."""
+@pytest.fixture(scope="module")
+def joined(cluster, exported: ExportResult, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """`--ray-address`: a second run on the module's cluster, serving a copy of the export
+    (a test changes it on disk): {server, run_dir, export_dir, stdout}. Stopped by its
+    last test, and here again whatever happened."""
     server, _ = cluster
-    run_dir = tmp_path / "joined"
-    joined = run_cli(
-        "serve",
-        "--runtime",
-        "ray",
-        "--ray-export-dir",
-        exported.out_dir,
-        "--ray-format",
-        "onnx",
-        "--ray-address",
-        _state(server)["address"],
-        "--ray-replica-cpus",
-        "0",
-        "--port",
-        free_port(),
-        "--run-dir",
-        run_dir,
-    )
-    assert joined.returncode == 0, joined.stdout[-3000:] + joined.stderr[-3000:]
-    second = Server.load(run_dir)
+    root = tmp_path_factory.mktemp("joined")
+    export_dir = copy_export(exported, root / "export")
+    run_dir = root / "run"
+    started = run_cli(
+        "serve", "--runtime", "ray", "--ray-export-dir", export_dir, "--ray-format", "onnx",
+        "--ray-address", _state(server)["address"], "--ray-replica-cpus", "0",
+        "--port", free_port(), "--run-dir", run_dir,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
+    try:
+        yield {"server": Server.load(run_dir), "run_dir": run_dir, "export_dir": export_dir,
+               "stdout": started.stdout}  # fmt: skip
+    finally:
+        run_cli("stop", "--run-dir", run_dir)
+
+
+def test_a_run_joins_the_cluster_under_a_path_of_its_own(
+    cluster, joined: dict[str, Any], tmp_path: Path
+) -> None:
+    """A second run deploys its own application on the running cluster, under a path of
+    its own on the cluster's proxy, with its own token."""
+    server, second = cluster[0], joined["server"]
     assert second.inference_url.startswith(server.inference_url + "/pipeline-"), second
-    assert "this run answers there" in joined.stdout
+    assert "this run answers there" in joined["stdout"]
     verified = run_cli(
-        "verify",
-        "--export-dir",
-        exported.out_dir,
-        "--backend",
-        "ray",
-        "--run-dir",
-        run_dir,
-        "--report",
-        tmp_path / "parity.json",
-    )
+        "verify", "--export-dir", joined["export_dir"], "--backend", "ray",
+        "--run-dir", joined["run_dir"], "--report", tmp_path / "parity.json",
+    )  # fmt: skip
     assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]
-    stopped = run_cli("stop", "--run-dir", run_dir)
+
+
+def test_a_model_whose_replica_cannot_load_is_not_ready_and_answers_503_with_why(
+    cluster, joined: dict[str, Any]
+) -> None:
+    """A replica that dies and cannot load its export again (here the file changed on
+    disk): Serve retries it, and requests used to wait for it until the client gave up
+    while readiness said ready. Now: not ready, and 503 with Serve's reason."""
+    server, second = cluster[0], joined["server"]
+    auth = {"Authorization": f"Bearer {_key(second)}"}  # each run has its own token
+    model = f"{second.inference_url}/v2/models/digits_lenet"
+    assert httpx.get(f"{model}/ready", headers=auth, timeout=30).status_code == 200
+    (joined["export_dir"] / "model.onnx").write_bytes(b"changed on disk")
+    os.kill(_state(second)["replicas"]["digits_lenet"][0]["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # first "health check failed", then the cause
+        ready = httpx.get(f"{model}/ready", headers=auth, timeout=30)
+        if "modified after export" in ready.text:
+            break
+        time.sleep(0.5)
+    assert ready.status_code == 503 and ready.json()["ready"] is False, ready.text
+    assert "modified after export" in ready.json()["error"], ready.text
+    body = oip_json(open_export(joined["export_dir"]).sample(1, seed=0))
+    headers = auth | {"Content-Type": "application/json"}
+    answer = httpx.post(f"{model}/infer", content=body, headers=headers, timeout=60)
+    assert answer.status_code == 503 and answer.headers["Retry-After"], answer.text
+    assert "no replica of 'digits_lenet' is running" in answer.json()["error"], answer.text
+    assert "modified after export" in answer.json()["error"], answer.text
+    health = httpx.get(f"{second.inference_url}/v2/health/ready", headers=auth, timeout=30)
+    assert health.status_code == 503, health.text
+    # The module's own run, on the same cluster, is not touched.
+    first = httpx.get(
+        f"{server.inference_url}/v2/health/ready",
+        headers={"Authorization": f"Bearer {_key(server)}"},
+        timeout=30,
+    )
+    assert first.status_code == 200, first.text
+
+
+def test_a_joined_runs_stop_removes_only_its_application(cluster, joined: dict[str, Any]) -> None:
+    server, second = cluster[0], joined["server"]
+    stopped = run_cli("stop", "--run-dir", joined["run_dir"])
     assert stopped.returncode == 0, stopped.stderr
     auth = {"Authorization": f"Bearer {_key(server)}"}
     gone = httpx.get(f"{second.inference_url}/v2/models/digits_lenet", headers=auth, timeout=30)

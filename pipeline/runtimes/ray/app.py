@@ -31,7 +31,8 @@ from ray.exceptions import RayActorError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from pipeline.runtimes.ray.constants import LOOPBACK_ENV
+from pipeline.runtimes.ray.availability import Availability
+from pipeline.runtimes.ray.constants import LOOPBACK_ENV, deployment_name
 from pipeline.serving import guard
 from pipeline_runtime import codec, oip
 
@@ -153,6 +154,10 @@ class Ingress:
         from pipeline.core.manifest import read_manifest
 
         self.handles = handles
+        # Serve's own word on which models have no replica running (availability.py).
+        self.available = Availability(
+            {m["name"]: deployment_name(m["name"]) for m in config["models"]}
+        )
         self.keys = guard.Keys(Path(config["token_file"]))
         self.limit = guard.BodyLimit(int(config["max_request_size"]))
         self.models: dict[str, dict[str, Any]] = {}
@@ -176,9 +181,13 @@ class Ingress:
     async def __call__(self, request: Request) -> Response:
         # Under a route prefix of its own (a shared cluster), the path after it.
         path = request.url.path.removeprefix(request.scope.get("root_path", "")) or "/"
-        if path in ("/v2/health/ready", "/v2/health/live"):
-            key = "ready" if path.endswith("ready") else "live"
-            return _json({key: True})
+        if path == "/v2/health/live":
+            return _json({"live": True})
+        if path == "/v2/health/ready":  # every model has a replica running
+            down = self.available.down
+            if down:
+                return _json({"ready": False, "error": _down(down)}, 503)
+            return _json({"ready": True})
         refusal = guard.check_token(self.keys, request.headers.get("Authorization"))
         refusal = refusal or self.limit.check_declared(request.headers.get("Content-Length"))
         refusal = refusal or guard.unsupported_encoding(request.headers.get("Content-Encoding"))
@@ -198,6 +207,9 @@ class Ingress:
         if action is None and request.method == "GET":
             return _json(model["metadata"])
         if action == "ready" and request.method == "GET":
+            why = self.available.down.get(name)
+            if why is not None:
+                return _json({"name": name, "ready": False, "error": _down({name: why})}, 503)
             return _json({"name": name, "ready": True})
         if action != "infer" or request.method != "POST":
             return _error(405, f"{request.method} {path} is not a route; POST .../infer.")
@@ -218,6 +230,9 @@ class Ingress:
             return _error(413 if err.status == 413 else 400, str(err))
         except (oip.OipError, ValueError) as err:
             return _error(400, f"Not an Open Inference Protocol request: {err}")
+        why = await self.available.wait(name)
+        if why is not None:  # Serve keeps retrying the replica; the client may too, later
+            return _json({"error": _down({name: why})}, 503, {"Retry-After": "5"})
         started = time.perf_counter()
         try:
             outputs = await self.handles[name].remote(arrays)
@@ -251,12 +266,16 @@ class Ingress:
         return Response(content, media_type=JSON, headers=headers)
 
 
+def _down(down: dict[str, str]) -> str:
+    return "; ".join(f"no replica of {m!r} is running ({why})" for m, why in sorted(down.items()))
+
+
 def build(config: dict[str, Any], head_resource: str | None) -> Any:
     """The application: the ingress bound to one deployment per served model."""
     handles = {}
     for served in config["models"]:
         options: dict[str, Any] = {
-            "name": f"model-{served['name']}",
+            "name": deployment_name(served["name"]),
             "ray_actor_options": {"num_cpus": config["replica_cpus"]},
             # A dead replica is noticed within seconds, not Serve's default 10 s period.
             "health_check_period_s": 1.0,

@@ -23,3 +23,9 @@ RAY_ENV = {
 # Set by the host for a cluster it starts on 127.0.0.1: each replica then binds Ray Serve's
 # inter-deployment gRPC server to 127.0.0.1 rather than [::] (app.py, _loopback_only).
 LOOPBACK_ENV = "PIPELINE_RAY_LOOPBACK"
+
+
+def deployment_name(model: str) -> str:
+    """A served model's deployment in the application (its replicas' actor class is
+    `ServeReplica:<app>:<this>`)."""
+    return f"model-{model}"

@@ -29,7 +29,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.runtimes.ray.constants import APP_PREFIX, HEAD_RESOURCE, LOOPBACK_ENV, STATE_FILE
+from pipeline.runtimes.ray.constants import (
+    APP_PREFIX,
+    HEAD_RESOURCE,
+    LOOPBACK_ENV,
+    STATE_FILE,
+    deployment_name,
+)
 
 log = logging.getLogger("pipeline.runtimes.ray")
 MiB = 2**20
@@ -80,7 +86,7 @@ def replicas(actors: list[dict[str, Any]], name: str, app: str) -> list[dict[str
     """`name`'s live replicas (pid, node) among the GCS's live `actors`: no dashboard
     needed, and no request sent to a replica. Ray names a replica's actor class
     `ServeReplica:<app>:<deployment>`."""
-    wanted = f"ServeReplica:{app}:model-{name}"
+    wanted = f"ServeReplica:{app}:{deployment_name(name)}"
     return sorted(
         (
             {"pid": a["Pid"], "node_id": a["Address"]["NodeID"]}

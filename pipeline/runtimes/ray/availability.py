@@ -1,0 +1,96 @@
+"""Which served models have no replica running, as Ray Serve itself reports it.
+
+A replica that cannot load its export (a file changed or gone, a version the trust policy
+refuses, memory) fails in its constructor, and Serve keeps retrying it. Requests sent to
+a deployment with no running replica wait in Serve's router for one that never comes: a
+client saw nothing for its whole timeout, and the ingress's readiness said ready. The
+ingress follows Serve's status instead (`serve.status()`, in a thread, every PERIOD_S):
+a model whose deployment has no RUNNING replica and that Serve calls UNHEALTHY or
+DEPLOY_FAILED is down, with Serve's reason (the constructor's exception). Readiness then
+says not ready, and a request waits at most WAIT_S for a replica to come back (a replica
+replaced after a crash starts within that) before it gets 503 with the reason.
+
+A deployment scaled to zero by autoscaling is HEALTHY with no replica: it is not down, and
+its requests wait for the scale-up as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+PERIOD_S = 1.0
+WAIT_S = 5.0
+FAILED = ("UNHEALTHY", "DEPLOY_FAILED")
+
+
+def reason(message: str) -> str:
+    """Serve's deployment message in one line: the exception's own line when it carries a
+    traceback ("A replica failed to start with exception. … Error:\\n Traceback … \\n
+    pipeline.core.signing.SignatureError: Refused: …"), else the message."""
+    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
+    if not lines:
+        return "Ray Serve gives no reason"
+    last = lines[-1]
+    return (last if len(lines) > 1 else lines[0])[:600]
+
+
+def unavailable(status: Any, app: str, deployments: dict[str, str]) -> dict[str, str]:
+    """model → why, for each model (→ its deployment's name) of application `app` in
+    `status` (a ServeStatus) that has no running replica and a failed status."""
+    found = getattr(status, "applications", {}).get(app)
+    if found is None:
+        return {}
+    down = {}
+    for model, deployment in deployments.items():
+        overview = found.deployments.get(deployment)
+        if overview is None:
+            continue
+        running = sum(
+            n for state, n in overview.replica_states.items() if _name(state) == "RUNNING"
+        )
+        if running == 0 and _name(overview.status) in FAILED:
+            down[model] = reason(overview.message)
+    return down
+
+
+def _name(member: Any) -> str:
+    """A Serve enum's value ("RUNNING"): str() of a str-mixin Enum is its qualified name."""
+    return str(getattr(member, "value", member))
+
+
+class Availability:
+    """The models of this replica's application that are down, kept current in a thread."""
+
+    def __init__(self, deployments: dict[str, str]) -> None:
+        from ray import serve
+
+        self.deployments = deployments
+        self.down: dict[str, str] = {}
+        self._app = serve.get_replica_context().app_name
+        threading.Thread(target=self._follow, name="availability", daemon=True).start()
+
+    def _follow(self) -> None:
+        from ray import serve
+
+        while True:
+            try:
+                self.down = unavailable(serve.status(), self._app, self.deployments)
+            except Exception as err:  # noqa: BLE001 - a controller being replaced: ask again
+                log.debug("Serve's status not read: %s", err)
+            time.sleep(PERIOD_S)
+
+    async def wait(self, model: str) -> str | None:
+        """None once `model` is not down (at once, almost always); else, after WAIT_S,
+        why it is."""
+        deadline = time.monotonic() + WAIT_S
+        while model in self.down:
+            if time.monotonic() >= deadline:
+                return self.down.get(model)
+            await asyncio.sleep(0.2)
+        return None
