@@ -33,11 +33,8 @@ def reason(message: str) -> str:
     """Serve's deployment message in one line: the exception's own line when it carries a
     traceback ("A replica failed to start with exception. … Error:\\n Traceback … \\n
     pipeline.core.signing.SignatureError: Refused: …"), else the message."""
-    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
-    if not lines:
-        return "Ray Serve gives no reason"
-    last = lines[-1]
-    return (last if len(lines) > 1 else lines[0])[:600]
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    return lines[-1][:600] if lines else "Ray Serve gives no reason"
 
 
 def unavailable(status: Any, app: str, deployments: dict[str, str]) -> dict[str, str]:
