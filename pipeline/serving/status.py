@@ -10,6 +10,8 @@ from pipeline.core import signing
 from pipeline.serving import runtime, versions
 from pipeline.serving.server import ServeError, Server
 
+SAID = 3  # the error lines of an exited server's log that status prints
+
 
 def _store_of(model: str, store: Path) -> dict[str, Any]:
     pointer = versions.read_pointer(model, store)
@@ -32,7 +34,9 @@ def status(run_dir: Path, store: Path) -> dict[str, Any]:
     except ServeError:
         server = None
     models: set[str] = set()
-    if server is not None and server.alive():
+    if server is not None and not server.alive():  # it exited without `pipeline stop`
+        out["exited"] = {"runtime": server.runtime, "pid": server.pid, **last_words(run_dir)}
+    elif server is not None:
         rt = runtime.of(server)
         state = rt.versions.live_state(server) if rt.versions else None
         stats = rt.versions.live_stats(server) if rt.versions else {}
@@ -77,10 +81,33 @@ def status(run_dir: Path, store: Path) -> dict[str, Any]:
     return out
 
 
+def last_words(run_dir: Path, tail_bytes: int = 65536) -> dict[str, Any]:
+    """Why a server that exited on its own did: its newest log under `run_dir`/logs and
+    the last (up to SAID) lines of it that report an error, else its last line."""
+    logs = [p for p in (Path(run_dir) / "logs").glob("*") if p.is_file()]
+    if not logs:
+        return {}
+    newest = max(logs, key=lambda p: p.stat().st_mtime)
+    with newest.open("rb") as fh:
+        fh.seek(max(0, newest.stat().st_size - tail_bytes))
+        lines = [ln.strip() for ln in fh.read().decode(errors="replace").splitlines()]
+    lines = [ln for ln in lines if ln]
+    said = [ln for ln in lines if " ERROR " in ln or ln.lower().startswith("error")]
+    return {"log": str(newest), "lines": [ln[:400] for ln in (said or lines)[-SAID:]]}
+
+
 def status_lines(found: dict[str, Any]) -> list[str]:
     lines = []
     server = found["server"]
-    if server is None:
+    exited = found.get("exited")
+    if exited is not None:
+        lines.append(
+            f"no server is running from {found['run_dir']}: the {exited['runtime']} server "
+            f"(pid {exited['pid']}) exited without `pipeline stop`"
+            + (f"; its log ({exited['log']}) ends:" if exited.get("log") else "")
+        )
+        lines += [f"  {line}" for line in exited.get("lines", [])]
+    elif server is None:
         lines.append(f"no server is running from {found['run_dir']}")
     else:
         lines.append(f"{server['runtime']} (pid {server['pid']}) at {server['url']}")

@@ -55,3 +55,20 @@ def test_a_record_names_its_runtime_even_with_no_process_left(tmp_path: Path) ->
         metrics_url="http://127.0.0.1:1", models=[], markers=[CONFIG_FILE],
     ).record()  # fmt: skip
     assert found_runtime(tmp_path) == "the KServe runtime"
+
+
+def test_stop_on_a_server_that_exited_on_its_own_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A record whose server is gone (it crashed, or stopped on a worker's crash loop) is
+    not "no record there": stop says the server had exited and where its logs are."""
+    from pipeline.serving.server import SERVER_FILE, Server
+
+    Server(
+        runtime="kserve", pid=0, run_dir=str(tmp_path), inference_url="http://127.0.0.1:1",
+        metrics_url="http://127.0.0.1:1", models=[], markers=[CONFIG_FILE],
+    ).record()  # fmt: skip
+    assert main(["stop", "--run-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "the KServe runtime recorded there had exited on its own (logs: " in out, out
+    assert "no record there" not in out and not (tmp_path / SERVER_FILE).exists()

@@ -153,6 +153,46 @@ def test_status_says_versions_default_and_canary() -> None:
     ]
 
 
+def test_status_of_a_server_that_exited_on_its_own_says_why_from_its_log(
+    tmp_path: Path,
+) -> None:
+    """A KServe runtime whose worker could not load its model again stops every worker
+    and exits (its supervisor's crash-loop rule): status names it and quotes its log."""
+    import subprocess
+    import sys
+
+    from pipeline.serving.server import Server
+    from pipeline.serving.status import status
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    Server(runtime="kserve", pid=int(gone.stdout), run_dir=str(run_dir),
+           inference_url="http://127.0.0.1:1", metrics_url="", models=["m"],
+           markers=["kserve.json"]).record()  # fmt: skip
+    (run_dir / "logs" / "kserve.out").write_text(
+        "2026-11-28 15:23:47,753 INFO supervisor started 1 worker(s): pids [24577]\n"
+        "2026-11-28 15:23:48,951 ERROR pipeline.runtimes.kserve Refused: the version in "
+        "/s/m/1 changed since it was signed (model.onnx differs from the signed bytes).\n"
+        "2026-11-28 15:23:49,366 ERROR supervisor worker 0 died 3 times within 60 s; "
+        "stopping every worker\n"
+        "error: worker 0 died 3 times within 60 s\n"
+    )
+    found = status(run_dir, tmp_path / "store")
+    assert found["server"] is None and found["exited"]["pid"] == int(gone.stdout)
+    lines = status_lines(found)
+    assert lines[0].startswith(f"no server is running from {run_dir}: the kserve server (pid ")
+    assert "exited without `pipeline stop`; its log (" in lines[0], lines
+    assert "model.onnx differs from the signed bytes" in lines[1], lines
+    assert lines[3] == "  error: worker 0 died 3 times within 60 s", lines
+    # Stopped by `pipeline stop` (no record left): nothing more to say.
+    (run_dir / "server.json").unlink()
+    assert status_lines(status(run_dir, tmp_path / "store")) == [
+        f"no server is running from {run_dir}"
+    ]
+
+
 def test_follow_applies_each_new_state_once_and_acknowledges_it(tmp_path: Path) -> None:
     import asyncio
 
