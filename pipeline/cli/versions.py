@@ -119,7 +119,9 @@ def add_version_commands(sub: argparse._SubParsersAction) -> None:
         help="the running server and the versions it serves; the store's versions",
         description="Print the server `pipeline serve` started from the run dir (runtime, "
         "URL, models), each served model's versions, default and canary share, and the "
-        "versions the store holds for each (with --json, the same as JSON).",
+        "versions the store holds for each, with each one's signature checked against the "
+        "trust policy (<store>/trust/*.pub and --trust); with --json, the same as JSON. A "
+        "server that exited without `pipeline stop` is named, with its log's last errors.",
     )
     _store_arg(p)
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -218,7 +220,7 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
 
 
 # The commands that take a version from the store (and so check its signature).
-TRUSTING = ("serve", "rollout", "rollback", "archive")
+TRUSTING = ("serve", "rollout", "rollback", "archive", "status")
 
 
 def add_trust_options(sub: argparse._SubParsersAction) -> None:

@@ -206,3 +206,17 @@ def test_status_shows_each_versions_signature(keys: dict[str, Path], tmp_path: P
     lines = status_lines(found)
     assert any(line.strip().startswith("version 1: signed by alice (") for line in lines), lines
     assert "  version 2: unsigned" in lines, lines
+
+
+def test_status_takes_trust_from_the_command_line(
+    keys: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A key given with --trust, as serve takes it, not only the store's trust folder."""
+    store = tmp_path / "store"
+    signing.sign(_version(store, 1), keys["alice"])
+    argv = ["status", "--store", str(store), "--run-dir", str(tmp_path / "run")]
+    assert main(argv) == 0
+    assert "version 1: signed by" in (out := capsys.readouterr().out) and "not checked" in out
+    assert main([*argv, "--trust", str(keys["alice"].with_suffix(".pub"))]) == 0
+    out = capsys.readouterr().out
+    assert "  version 1: signed by alice (" in out and "not checked" not in out, out
