@@ -35,7 +35,12 @@ def status(run_dir: Path, store: Path) -> dict[str, Any]:
         server = None
     models: set[str] = set()
     if server is not None and not server.alive():  # it exited without `pipeline stop`
-        out["exited"] = {"runtime": server.runtime, "pid": server.pid, **last_words(run_dir)}
+        out["exited"] = {
+            "runtime": server.runtime,
+            "pid": server.pid,
+            "left": server.alive_pids(),  # its other processes (TorchServe's gateway)
+            **last_words(run_dir),
+        }
     elif server is not None:
         rt = runtime.of(server)
         state = rt.versions.live_state(server) if rt.versions else None
@@ -83,7 +88,8 @@ def status(run_dir: Path, store: Path) -> dict[str, Any]:
 
 def last_words(run_dir: Path, tail_bytes: int = 65536) -> dict[str, Any]:
     """Why a server that exited on its own did: its newest log under `run_dir`/logs and
-    the last (up to SAID) lines of it that report an error, else its last line."""
+    the last (up to SAID) lines of it that report an error, else a warning, else its
+    last lines."""
     logs = [p for p in (Path(run_dir) / "logs").glob("*") if p.is_file()]
     if not logs:
         return {}
@@ -92,8 +98,10 @@ def last_words(run_dir: Path, tail_bytes: int = 65536) -> dict[str, Any]:
         fh.seek(max(0, newest.stat().st_size - tail_bytes))
         lines = [ln.strip() for ln in fh.read().decode(errors="replace").splitlines()]
     lines = [ln for ln in lines if ln]
-    said = [ln for ln in lines if " ERROR " in ln or ln.lower().startswith("error")]
-    return {"log": str(newest), "lines": [ln[:400] for ln in (said or lines)[-SAID:]]}
+    errors = [ln for ln in lines if " ERROR " in ln or ln.lower().startswith("error")]
+    warnings = [ln for ln in lines if " WARNING " in ln or ln.lower().startswith("warning")]
+    said = (errors or warnings or lines)[-SAID:]
+    return {"log": str(newest), "lines": [ln[:400] for ln in said]}
 
 
 def status_lines(found: dict[str, Any]) -> list[str]:
@@ -107,6 +115,9 @@ def status_lines(found: dict[str, Any]) -> list[str]:
             + (f"; its log ({exited['log']}) ends:" if exited.get("log") else "")
         )
         lines += [f"  {line}" for line in exited.get("lines", [])]
+        if exited.get("left"):
+            pids = ", ".join(map(str, exited["left"]))
+            lines.append(f"  still running from it: pid {pids} (`pipeline stop` ends them)")
     elif server is None:
         lines.append(f"no server is running from {found['run_dir']}")
     else:

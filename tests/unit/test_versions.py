@@ -186,6 +186,25 @@ def test_status_of_a_server_that_exited_on_its_own_says_why_from_its_log(
     assert "exited without `pipeline stop`; its log (" in lines[0], lines
     assert "model.onnx differs from the signed bytes" in lines[1], lines
     assert lines[3] == "  error: worker 0 died 3 times within 60 s", lines
+    # TorchServe's java killed: its gateway said only a warning, and it still runs.
+    gateway = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                                str(run_dir / "kserve.json")], start_new_session=True)  # fmt: skip
+    try:
+        server = Server.load(run_dir)
+        server.pids["gateway"] = gateway.pid
+        server.record()
+        (run_dir / "logs" / "gateway.log").write_text(
+            "2026-11-28 16:24:02,525 INFO aiohttp.access: POST /predictions/m 200\n"
+            "2026-11-28 16:24:05,767 WARNING gateway: worker process(es) [1173] died\n"
+        )
+        lines = status_lines(status(run_dir, tmp_path / "store"))
+        assert (
+            lines[1] == "  2026-11-28 16:24:05,767 WARNING gateway: worker process(es) [1173] died"
+        )
+        assert lines[2] == f"  still running from it: pid {gateway.pid} (`pipeline stop` ends them)"
+    finally:
+        gateway.kill()
+        gateway.wait()
     # Stopped by `pipeline stop` (no record left): nothing more to say.
     (run_dir / "server.json").unlink()
     assert status_lines(status(run_dir, tmp_path / "store")) == [
