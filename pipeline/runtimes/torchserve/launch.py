@@ -217,6 +217,7 @@ def start(config: ServeConfig) -> Server:
     if not archives:
         raise ServeError(
             f"No archives in {store}. Run `pipeline archive` (or `make archive`) first."
+            + store_.unarchived(store, archives, config.models)
         )
     try:
         models = (
@@ -227,7 +228,10 @@ def start(config: ServeConfig) -> Server:
             else archives
         )
     except ValueError as err:
-        raise ServeError(f"{err}. Run `pipeline archive --model MODEL` first.") from None
+        raise ServeError(
+            f"{err}. Run `pipeline archive --model MODEL` first."
+            + store_.unarchived(store, archives, config.models)
+        ) from None
     run_dir = launcher.prepare(launch)
     (run_dir / "tmp").mkdir(exist_ok=True)
     # Before anything starts: an archive without its export is refused here.

@@ -149,3 +149,30 @@ def follow_defaults(store: Path, archives: Iterable[str]) -> list[str]:
         )
         rewritten.append(name)
     return rewritten
+
+
+def unarchived(store: Path, archives: list[str], wanted: list[str] | None) -> str:
+    """What to run for the models published in `store` (those `wanted`, else every one)
+    that TorchServe cannot serve yet: it serves `archives`, and these have none."""
+    if not store.is_dir():
+        return ""
+    names = wanted or sorted(p.name for p in store.iterdir() if p.is_dir())
+    infos = archive_infos(store, archives).values()
+    held = {paths.model_slug(info.model) for info in infos}
+    found = []
+    for name in names:
+        try:
+            published = versions.default(name, store)
+        except versions.VersionError:
+            continue
+        if published is not None and paths.model_slug(published.model) not in held:
+            found.append(
+                f"`pipeline archive --model {name} --store {store}` (its default, version "
+                f"{published.number})"
+            )
+    if not found:
+        return ""
+    return (
+        f" Published in the store but not archived: {'; '.join(found)}. The KServe and Ray "
+        "runtimes serve a store's versions as they are (`--runtime kserve`)."
+    )
