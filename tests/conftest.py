@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -105,6 +106,8 @@ def shared(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[
         if done.is_file():
             return pickle.loads(done.read_bytes())
         folder = root / name
+        if folder.exists():  # another worker's build failed: fail here with its real error
+            shutil.rmtree(folder)
         folder.mkdir()
         value = make(folder)
         done.write_bytes(pickle.dumps(value))
@@ -217,11 +220,15 @@ def two_versions(trained: TrainResult, tmp_path_factory: pytest.TempPathFactory)
 
 @pytest.fixture(scope="session")
 def exported(trained: TrainResult, tmp_path_factory: pytest.TempPathFactory) -> ExportResult:
-    """The digits CNN in every float32 format (TorchScript, ONNX, .pt2, .pte)."""
+    """The digits CNN in every float32 format (TorchScript, ONNX, .pt2, .pte). Not the .pte
+    where ExecuTorch is missing: `make venv` installs it, a GPU machine's own image lacks it
+    (tests/run_gpu.sh), and tests/integration/test_pte.py fails loudly without it."""
+    from pipeline.formats import pte
 
     def make(folder: Path) -> ExportResult:
+        formats = FORMATS if pte.missing() is None else tuple(f for f in FORMATS if f != "pte")
         config = ExportConfig(
-            checkpoint=trained.checkpoint.path, out_dir=folder / "export", formats=FORMATS
+            checkpoint=trained.checkpoint.path, out_dir=folder / "export", formats=formats
         )
         return export(config)
 
@@ -328,17 +335,38 @@ def all_exports(exported: ExportResult, family: dict[str, ExportResult]) -> dict
 def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The C++ client, built for real once per session under pytest's temp dir, by
     `pipeline build-cpp` as on a machine without the CUDA toolkit: no nvcc on PATH and
-    no system toolkit visible (PIPELINE_CUDA_ROOTS=""), so the wheels' nvcc builds it."""
+    no system toolkit visible (PIPELINE_CUDA_ROOTS=""), so the wheels' nvcc builds it.
+    Where the wheels' nvcc is not installed (a GPU machine's own torch) the system's does."""
     from pipeline.formats import cpp
 
     def build(folder: Path) -> Path:
-        env = without_system_cuda()
+        env = without_system_cuda() if cpp.wheel_nvcc_dir() else dict(os.environ)
         cmd = [sys.executable, "-m", "pipeline", "build-cpp", "--build-dir", str(folder)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
         assert proc.returncode == 0, proc.stderr
         return cpp.binary_path(folder)
 
     return shared(tmp_path_factory, "cpp_build", build)
+
+
+def pinned_torch() -> str:
+    """The torch version pyproject.toml pins."""
+    import tomllib
+
+    deps = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    return next(
+        d.split("==")[1] for d in deps["project"]["dependencies"] if d.startswith("torch==")
+    )
+
+
+def written_or_skip(result: ExportResult, fmt: str) -> None:
+    """Skip unless the export wrote `fmt`, where this machine's own torch is not the pinned
+    one (a GPU machine's image: tests/run_gpu.sh): with the pinned torch a missing format
+    fails the test that needs it, as it should."""
+    if fmt in result.manifest.artifacts or torch.__version__.split("+")[0] == pinned_torch():
+        return
+    why = result.manifest.failed.get(fmt, "not asked for")
+    pytest.skip(f"torch {torch.__version__} (not the pinned one) did not write {fmt}: {why}")
 
 
 def without_system_cuda() -> dict[str, str]:

@@ -49,9 +49,10 @@ def _shipped(model_dir: Path) -> set[str]:
     }
 
 
-def load(mar: Path, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+def load(mar: Path, tmp: Path, monkeypatch: pytest.MonkeyPatch, gpu: int | None = None) -> Any:
     """Unpack `mar` under `tmp` and load it as TorchServe's worker does: a `ts.service.Service`,
-    or the exception the handler's `initialize` raised."""
+    or the exception the handler's `initialize` raised. `gpu`: the GPU id the frontend hands
+    a worker on a server started with GPUs (None: number_of_gpu=0)."""
     import ts
     from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
     from ts.model_loader import ModelLoaderFactory
@@ -76,7 +77,7 @@ def load(mar: Path, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
                 model["modelName"],
                 str(model_dir),
                 model["handler"],
-                None,  # gpu: the server has none (number_of_gpu=0)
+                gpu,
                 int(config.get("batchSize") or 1),
                 None,  # envelope: `pipeline serve` sets no service_envelope
                 True,  # limitMaxImagePixels
@@ -94,3 +95,30 @@ def load(mar: Path, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
             for name in (handler, "pipeline_runtime"):
                 where = getattr(loaded.get(name), "__file__", None)
                 assert where and Path(where).is_relative_to(model_dir), (name, where)
+
+
+def infer(
+    service: Any, bodies: list[Any], headers: dict[str, str] | None = None
+) -> list[tuple[int, Any]]:
+    """One batch through a loaded service as the worker passes it (JSON bodies; None: a form
+    field instead of a body); (status, answer) per request."""
+    from ts.service import Service
+
+    batch = [
+        {
+            "requestId": f"r{i}".encode(),
+            "parameters": [{"name": "body", "value": body, "contentType": "application/json"}]
+            if body is not None
+            else [{"name": "field", "value": b"abc", "contentType": "text/plain"}],
+            "headers": [
+                {"name": k.encode(), "value": v.encode()} for k, v in (headers or {}).items()
+            ],
+        }
+        for i, body in enumerate(bodies)
+    ]
+    processors, inputs, ids = Service.retrieve_data_for_inference(batch)
+    service.context.request_ids = ids
+    service.context.request_processor = processors
+    service.context.metrics.request_ids = ids
+    answers = service._entry_point(inputs, service.context)
+    return [(service.context.get_response_status(i)[0], a) for i, a in enumerate(answers)]

@@ -69,6 +69,13 @@ def _nvrtc() -> Path | None:
     return None
 
 
+def wheel_nvcc_dir() -> Path | None:
+    """The wheels' CUDA folder holding nvcc and nvvm (`make venv` installs them), or None: a
+    GPU machine's own torch usually comes without them and has a system toolkit instead."""
+    found = (d for d in _wheel_cuda_dirs() if (d / "bin" / "nvcc").is_file())
+    return next((d for d in found if (d / "nvvm" / "bin").is_dir()), None)
+
+
 def wheel_toolkit(dest: Path) -> Path | None:
     """A CUDA toolkit laid out at `dest` from the wheel's nvidia packages, or None.
 
@@ -78,8 +85,8 @@ def wheel_toolkit(dest: Path) -> Path | None:
     symbolic links: bin/ and lib64/ per file (a linked folder would send nvcc's
     `..` back into site-packages), unversioned names beside the versioned ones.
     """
-    source = next((d for d in _wheel_cuda_dirs() if (d / "bin" / "nvcc").is_file()), None)
-    if source is None or not (source / "nvvm" / "bin").is_dir():
+    source = wheel_nvcc_dir()
+    if source is None:
         return None
     if dest.exists():
         shutil.rmtree(dest)

@@ -10,6 +10,12 @@ sequence axis too, inside torch: they are swapped for their `scan`
 formulation first (pipeline/formats/recurrent.py). When an axis is still
 fixed, the message names what fixed it (the layer, or the model's line) and
 the way out, `--fix-axis AXIS=N`.
+
+A trace can also bound an axis without fixing it: code that branches on a size
+(`if x.shape[0] <= 1000`), or a kernel that picks its backend from one (CUDA's
+batch norm guards the batch at 65535). A caller that checks its inputs at run time
+(the `.pt2`: AOTI_RUNTIME_CHECK_INPUTS) may take torch.export's suggested range
+instead of failing (`bounded=True`); the bound is recorded and said.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Collection, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -39,6 +45,7 @@ class Program:
     method: str  # "torch.export", "torch.export (torch.cond formulation)", "… (nn.LSTM → scan …)"
     reason: str
     swaps: tuple[recurrent.Swap, ...] = ()  # the recurrent layers found, replaced or not
+    bounded: dict[str, int] = field(default_factory=dict)  # axes the trace bounded: their max
 
 
 def dynamic_shapes(
@@ -152,14 +159,48 @@ def _export(
     entry: ZooEntry,
     fixed: Collection[str] = (),
     bounds: Mapping[str, int] | None = None,
-) -> torch.export.ExportedProgram:
+    bounded: bool = False,
+) -> tuple[torch.export.ExportedProgram, dict[str, int]]:
+    """The program, and the axes it was bounded to (`bounded`: torch.export's suggested
+    ranges taken when its only complaint is that the trace bounded a dynamic axis)."""
+    shapes = dynamic_shapes(entry, fixed, bounds)
+    args = tuple(example.values())
     with quiet():
-        return torch.export.export(
-            model,
-            tuple(example.values()),
-            dynamic_shapes=dynamic_shapes(entry, fixed, bounds),
-            strict=False,
-        )
+        try:
+            return torch.export.export(model, args, dynamic_shapes=shapes, strict=False), {}
+        except torch._dynamo.exc.UserError as err:
+            refined = _ranges_only(err, shapes) if bounded else None
+            if refined is None:
+                raise
+        program = torch.export.export(model, args, dynamic_shapes=refined[0], strict=False)
+    return program, refined[1]
+
+
+def _ranges_only(
+    err: torch._dynamo.exc.UserError, shapes: tuple[dict[int, torch.export.Dim], ...]
+) -> tuple[tuple[dict[int, torch.export.Dim], ...], dict[str, int]] | None:
+    """`shapes` with torch.export's suggested fixes, and each axis's new largest size, when
+    every fix only lowers a dynamic axis's maximum; None when one fixes an axis to a
+    constant or ties it to another (explained as a fixed axis instead)."""
+    from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
+
+    if "Suggested fixes:" not in err.msg:
+        return None
+    try:
+        refined = refine_dynamic_shapes_from_suggested_fixes(err.msg, shapes)
+    except Exception:  # noqa: BLE001 - a fix the helper cannot read: not a range
+        return None
+    maxima: dict[str, int] = {}
+    for old_axes, new_axes in zip(shapes, refined, strict=True):
+        for axis, old in old_axes.items():
+            new = new_axes.get(axis)
+            if not isinstance(new, type(old)) or new.__name__ != old.__name__:
+                return None  # specialised to a constant, or derived from another axis
+            if new.min > max(old.min, 2):
+                return None  # a raised minimum: small batches would be refused
+            if new.max < old.max:
+                maxima[new.__name__] = int(new.max)
+    return (tuple(refined), maxima) if maxima else None
 
 
 def op_lines(
@@ -173,7 +214,7 @@ def op_lines(
     stack; an empty list when the model cannot be exported or none matches.
     """
     try:
-        program = _export(model, example, entry)
+        program, _ = _export(model, example, entry)
     except Exception:  # noqa: BLE001 - only an error message's detail is lost
         return []
     found: list[str] = []
@@ -195,10 +236,12 @@ def export_program(
     entry: ZooEntry,
     fixed: Collection[str] = (),
     bounds: Mapping[str, int] | None = None,
+    bounded: bool = False,
 ) -> Program:
     """`torch.export` of `model` (its recurrent layers as `scan`), or of its torch.cond
     formulation when it has one. `fixed`: dynamic axes exported at the example's size;
-    `bounds`: the other axes' largest sizes (`dynamic_shapes`).
+    `bounds`: the other axes' largest sizes (`dynamic_shapes`); `bounded`: accept the
+    largest sizes the trace needs (module docstring) and say them in the reason.
 
     Raises `ExportError` naming the failing line, or what fixed an axis, when neither works.
     """
@@ -221,14 +264,21 @@ def export_program(
         )
     with specialisations() as sites:
         try:
-            return Program(_export(target, example, entry, fixed, bounds), method, reason, swaps)
+            program, maxima = _export(target, example, entry, fixed, bounds, bounded)
+            if maxima:
+                reason += (
+                    "; compiled for "
+                    + ", ".join(f"{a} ≤ {n}" for a, n in maxima.items())
+                    + " only (the traced code branches on that size; torch.export's range)"
+                )
+            return Program(program, method, reason, swaps, maxima)
         except Exception as err:  # noqa: BLE001 - any failure is explained or retried below
             first = explain(err, sites, scanned.kept if scanned else ())
     if entry.cond_formulation is None:
         raise ExportError(first) from None
     twin = entry.cond_formulation(model)
     try:
-        program = _export(twin, example, entry, fixed, bounds)
+        program, _ = _export(twin, example, entry, fixed, bounds)
     except Exception as err:  # noqa: BLE001 - the formulation itself failed: report both
         raise ExportError(
             f"{first} The model's torch.cond formulation failed too: {explain(err)}"

@@ -29,7 +29,7 @@ from pipeline.zoo.spec import Inputs, ZooEntry
 from pipeline_runtime import formats
 from pipeline_runtime.files import sha256_file
 from pipeline_runtime.manifest import ArtifactRecord
-from pipeline_runtime.runners import aoti_load
+from pipeline_runtime.runners import aoti_load, full_float32
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +110,8 @@ def to_pt2(
             "it runs on), and none is available here. Export on a GPU machine or use "
             "--pt2-device cpu."
         )
+    if device == "cuda":  # eager and the package compared in float32, as served
+        full_float32()
     fix_axes = dict(fix_axes or {})
     skipped = 0
     if fix_axes:
@@ -118,7 +120,8 @@ def to_pt2(
         skipped, probes = len(probes) - len(kept), kept
     model = model.to(device)
     example = _to(example, device)
-    program = export_program(model, example, entry, fixed=tuple(fix_axes))
+    # bounded: the package checks its inputs' sizes, so a range the trace needed is safe.
+    program = export_program(model, example, entry, fixed=tuple(fix_axes), bounded=True)
     log.info(".pt2: %s; compiling with AOTInductor (this takes a while)…", program.method)
     started = time.perf_counter()
     try:
@@ -141,6 +144,11 @@ def to_pt2(
     seconds = time.perf_counter() - started
     runner = load_package(path, device)
     checks = [("golden", example), (f"golden tiled to batch {LARGE_BATCH}", tiled(example, entry))]
+    if program.bounded:  # inputs past a bound are refused by the package, as they should be
+        kept = [(label, p) for label, p in probes if entry.within(p, program.bounded)]
+        skipped += len(probes) - len(kept)
+        probes = kept
+        checks = [(label, p) for label, p in checks if entry.within(p, program.bounded)]
     with torch.no_grad():
         for label, inputs in [*checks, *probes] if check else []:
             inputs = _to(inputs, device)
@@ -163,8 +171,10 @@ def to_pt2(
         details["recurrent"] = [swap.to_json() for swap in program.swaps]
     if fix_axes:
         details["fixed_axes"] = fix_axes
-        if skipped:
-            details["probes_not_checked"] = skipped  # of other sizes than the fixed ones
+    if program.bounded:
+        details["bounded_axes"] = program.bounded
+    if skipped:
+        details["probes_not_checked"] = skipped  # of other sizes than the fixed or bounded ones
     return Pt2Result(program.method, program.reason, device, seconds, details)
 
 

@@ -4,8 +4,13 @@ through torch otherwise.
 A worker serving ONNX (or its int8/float16 variants) on CPU opens the file with ONNX
 Runtime on numpy arrays and warms up on the export's `warmup.npz`: it never imports
 torch, so it holds ~150 MB instead of ~650 MB (issue 40; `import torch` alone is
-~500 MB). Any other format, a GPU, or an export older than `warmup.npz` loads through
+~500 MB). Any other format, or an export older than `warmup.npz`, loads through
 `open_export(...).load(...)`, the Runner verify uses, and imports torch then.
+
+`device`: "auto" (the default: a GPU where there is one), "cpu", "cuda" or "cuda:N".
+ONNX goes to CUDA through ONNX Runtime's CUDA provider, still without torch: "auto"
+uses it where this ONNX Runtime has it. A deployment's one config thus serves on CPU
+in the CPU image and on the GPU in the GPU image (`pipeline deploy kserve`).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class Loaded:
     warmup: dict[str, np.ndarray]  # the golden inputs
     platform: str  # the OIP metadata's platform
     torch_free: bool
+    device: str = "cpu"  # where it runs: "cpu" or "cuda:N"
 
 
 def _descriptor(fmt: str, manifest: Manifest) -> formats.Descriptor:
@@ -51,11 +57,14 @@ def lean(fmt: str, manifest: Manifest) -> bool:
     return _descriptor(fmt, manifest).torch_free and WARMUP_KEY in manifest.artifacts
 
 
-def load(export_dir: Path, fmt: str, threads: int, trust: Sequence[str] = ()) -> Loaded:
-    """Artifact `fmt` of `export_dir`, sha256 checked, on CPU with `threads` threads. A
-    store's version is checked against the trust policy first (`trust`: the keys `serve`
-    was given, beside the store's own; signing.recheck): a worker may load it long after
-    `serve` checked it."""
+def load(
+    export_dir: Path, fmt: str, threads: int, trust: Sequence[str] = (), device: str = "auto"
+) -> Loaded:
+    """Artifact `fmt` of `export_dir`, sha256 checked, on `device` (module docstring) with
+    `threads` threads. A store's version is checked against the trust policy first
+    (`trust`: the keys `serve` was given, beside the store's own; signing.recheck): a
+    worker may load it long after `serve` checked it."""
+    check_device(device)
     signing.recheck(export_dir, trust)
     manifest = read_manifest(export_dir)
     if fmt in manifest.unwritten or fmt not in manifest.artifacts:
@@ -68,7 +77,7 @@ def load(export_dir: Path, fmt: str, threads: int, trust: Sequence[str] = ()) ->
             f"{fmt} is an on-device format: export, verify and bench take it, no runtime serves it."
         )
     if lean(fmt, manifest):
-        return _load_onnx(export_dir, fmt, manifest, threads)
+        return _load_onnx(export_dir, fmt, manifest, threads, device)
     if _descriptor(fmt, manifest).torch_free:
         log.warning(
             "%s has no %s (exported before it existed): serving %s through torch; "
@@ -77,12 +86,38 @@ def load(export_dir: Path, fmt: str, threads: int, trust: Sequence[str] = ()) ->
             WARMUP_KEY,
             fmt,
         )
-    return _load_torch(export_dir, fmt, threads)
+    return _load_torch(export_dir, fmt, threads, device)
 
 
-def _load_onnx(export_dir: Path, fmt: str, manifest: Manifest, threads: int) -> Loaded:
-    session, _ = ortsession.open_session(
-        artifact_path(export_dir, manifest, fmt), None, threads, manifest.artifact(fmt)
+def check_device(device: str) -> None:
+    """Raise ArtifactError unless `device` is "auto", "cpu", "cuda" or "cuda:N"."""
+    kind, _, index = device.partition(":")
+    if device in ("auto", "cpu", "cuda") or (kind == "cuda" and index.isdigit()):
+        return
+    raise ArtifactError(f"Unknown device {device!r}: use auto, cpu, cuda or cuda:N.")
+
+
+def _ort_cuda_index(device: str) -> int | None:
+    """The CUDA device ONNX Runtime is to use for `device`, or None for CPU."""
+    if device == "cpu":
+        return None
+    import onnxruntime as ort
+
+    has_cuda = "CUDAExecutionProvider" in ort.get_available_providers()
+    if device == "auto":
+        return 0 if has_cuda else None
+    if not has_cuda:
+        raise ArtifactError(
+            f"--device {device}: this ONNX Runtime ({ort.__version__}) has no "
+            "CUDAExecutionProvider; install onnxruntime-gpu, or serve with --device cpu/auto."
+        )
+    return int(device.partition(":")[2] or 0)
+
+
+def _load_onnx(export_dir: Path, fmt: str, manifest: Manifest, threads: int, device: str) -> Loaded:
+    cuda = _ort_cuda_index(device)
+    session, on_cuda = ortsession.open_session(
+        artifact_path(export_dir, manifest, fmt), cuda, threads, manifest.artifact(fmt)
     )
     # The session's own input names, in the manifest's order (the export wrote both).
     names = [i.name for i in session.get_inputs()]
@@ -99,17 +134,24 @@ def _load_onnx(export_dir: Path, fmt: str, manifest: Manifest, threads: int) -> 
 
     with np.load(artifact_path(export_dir, manifest, WARMUP_KEY), allow_pickle=False) as saved:
         warmup = {k: saved[k] for k in saved.files}
-    return Loaded(manifest, forward, warmup, _descriptor(fmt, manifest).platform, torch_free=True)
+    where = f"cuda:{cuda}" if on_cuda else "cpu"
+    platform = _descriptor(fmt, manifest).platform
+    return Loaded(manifest, forward, warmup, platform, torch_free=True, device=where)
 
 
-def _load_torch(export_dir: Path, fmt: str, threads: int) -> Loaded:
+def _load_torch(export_dir: Path, fmt: str, threads: int, device: str) -> Loaded:
     import torch
 
+    from pipeline.core.device import resolve_device
     from pipeline.export.opened import open_export
 
     torch.set_num_threads(max(1, threads))
     exported = open_export(export_dir)
-    runner = exported.load(fmt, "cpu", threads)
+    wanted = resolve_device(device)
+    if wanted.type == "cuda" and wanted.index is None:  # named as it is reported: cuda:0
+        wanted = torch.device("cuda", torch.cuda.current_device())
+    # A .pt2 compiled for the other kind of device runs where it can (runners.aoti_load).
+    runner = exported.load(fmt, str(wanted), threads)
 
     def forward(batch: dict[str, np.ndarray]) -> list[np.ndarray]:
         with torch.inference_mode():
@@ -119,4 +161,5 @@ def _load_torch(export_dir: Path, fmt: str, threads: int) -> Loaded:
     golden, _ = exported.golden()
     warmup = {k: v.numpy() for k, v in golden.items()}
     platform = _descriptor(fmt, exported.manifest).platform
-    return Loaded(exported.manifest, forward, warmup, platform, torch_free=False)
+    where = str(runner.device)
+    return Loaded(exported.manifest, forward, warmup, platform, torch_free=False, device=where)

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pipeline.core.paths import model_slug
-from tests import otlp
 from tests.conftest import SERVED_FORMATS, run_cli, shared
+
+if TYPE_CHECKING:  # imported where used: a GPU machine's own Python may lack OpenTelemetry
+    from tests import otlp
 
 # The two recurrent models of issue 30, exported as a user does from the command line:
 # the tagger as a user's class with its inputs declared (the issue's own words), the
@@ -95,6 +97,8 @@ def two_stage(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def receiver() -> Iterator[otlp.Receiver]:
     """A real OTLP/HTTP trace receiver on 127.0.0.1 for one module's server (tests/otlp.py)."""
+    from tests import otlp
+
     found = otlp.start()
     try:
         yield found

@@ -150,17 +150,6 @@ def test_command_line_prints_json(
     assert out[0][0].shape == (2, 4)
 
 
-@pytest.mark.gpu
-def test_cuda_parity(binary: Path, family_exports: dict[str, ExportResult]) -> None:
-    model = family_exports["digits_lenet"].out_dir / "model.torchscript.pt"
-    golden = torch.load(family_exports["digits_lenet"].out_dir / "golden.pt", weights_only=True)
-    done = cpp.run(model, [[golden["inputs"]["image"]]], binary=binary, device="cuda:0", repeat=5)
-    assert done.stats["device"] == "cuda:0"
-    torch.testing.assert_close(
-        done.outputs[0][0], golden["outputs"]["logits"], atol=1e-4, rtol=1e-3
-    )
-
-
 def test_reads_an_exports_golden_file(
     binary: Path, family_exports: dict[str, ExportResult], tmp_path: Path
 ) -> None:

@@ -138,6 +138,39 @@ def test_a_users_loop_over_a_dynamic_axis_is_explained(tmp_path: Path) -> None:
     assert "--fix-axis seq=N" in str(err.value)
 
 
+def test_a_size_the_code_branches_on_bounds_the_package(tmp_path: Path) -> None:
+    """torch.export can keep the batch axis only up to 64 (the model branches there, as CUDA's
+    batch norm does at 65535): the package is compiled for that range, says so, and refuses
+    a larger batch by name instead of failing the export as a "fixed" axis."""
+    from pipeline.export.opened import open_export
+    from pipeline.zoo.user import parse_input
+
+    model = f"{USER_FILE}:BatchCapped"
+    result = export(
+        ExportConfig(
+            model=model,
+            checkpoint=tmp_path / "checkpoint.pt",
+            out_dir=tmp_path / "export",
+            formats=("pt2",),
+            random_init=True,
+            inputs=[parse_input("x:float32:batch,4")],
+        )
+    )
+    art = result.manifest.to_json()["artifacts"]["pt2"]
+    assert art["bounded_axes"] == {"batch": 64}
+    assert "compiled for batch ≤ 64 only" in art["reason"]
+    runner = open_export(result.out_dir).load("pt2", "cpu", 1)
+    assert runner({"x": torch.randn(64, 4)})["output_0"].shape == (64, 4)
+    with pytest.raises(RuntimeError, match="expected to be <= 64, but got: 65"):
+        runner({"x": torch.randn(65, 4)})
+    report = verify(
+        VerifyConfig(
+            model=model, export_dir=result.out_dir, backends=("pt2",), report=tmp_path / "p.json"
+        )
+    )
+    assert report.passed, report.failure_message()
+
+
 def _seq_spec() -> dict:
     from pipeline.zoo.user import parse_input
 

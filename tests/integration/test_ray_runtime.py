@@ -241,6 +241,22 @@ def test_a_model_whose_replica_cannot_load_is_not_ready_and_answers_503_with_why
     assert first.status_code == 200, first.text
 
 
+def test_a_joined_run_asking_for_gpus_the_cluster_lacks_is_refused(
+    cluster, exported: ExportResult, tmp_path: Path
+) -> None:
+    """Serve would wait for GPUs the cluster does not have without end: the run says so and
+    ends, and the cluster's own run keeps serving."""
+    server, _ = cluster
+    proc = run_cli(
+        "serve", "--runtime", "ray", "--ray-export-dir", exported.out_dir,
+        "--ray-address", _state(server)["address"], "--ray-replica-gpus", "1",
+        "--port", free_port(), "--run-dir", tmp_path / "run",
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "--ray-replica-gpus 1: the cluster has 0 GPU(s)" in proc.stderr, proc.stderr[-3000:]
+    assert httpx.get(f"{server.inference_url}/v2/health/ready", timeout=10).status_code == 200
+
+
 def test_a_joined_runs_stop_removes_only_its_application(cluster, joined: dict[str, Any]) -> None:
     server, second = cluster[0], joined["server"]
     stopped = run_cli("stop", "--run-dir", joined["run_dir"])

@@ -34,6 +34,7 @@ from pipeline_runtime.manifest import (
     TensorRecord,
     Tolerance,
 )
+from tests import ts_worker
 
 
 class Tiny(nn.Module):
@@ -106,26 +107,7 @@ def _handle(
     service: Any, bodies: list[Any], headers: dict[str, str] | None = None
 ) -> list[tuple[int, Any]]:
     """One batch through the handler; (status, answer) per request."""
-    from ts.service import Service
-
-    batch = [
-        {
-            "requestId": f"r{i}".encode(),
-            "parameters": [{"name": "body", "value": body, "contentType": "application/json"}]
-            if body is not None
-            else [{"name": "field", "value": b"abc", "contentType": "text/plain"}],
-            "headers": [
-                {"name": k.encode(), "value": v.encode()} for k, v in (headers or {}).items()
-            ],
-        }
-        for i, body in enumerate(bodies)
-    ]
-    processors, inputs, ids = Service.retrieve_data_for_inference(batch)
-    service.context.request_ids = ids
-    service.context.request_processor = processors
-    service.context.metrics.request_ids = ids
-    answers = service._entry_point(inputs, service.context)
-    return [(service.context.get_response_status(i)[0], a) for i, a in enumerate(answers)]
+    return ts_worker.infer(service, bodies, headers)
 
 
 @pytest.fixture

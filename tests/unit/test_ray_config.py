@@ -25,6 +25,7 @@ def _own(**kw: object) -> argparse.Namespace:
         "ray_max_batch_size": 8,
         "ray_batch_wait_ms": 0.0,
         "ray_replica_cpus": None,
+        "ray_replica_gpus": 0.0,
     }
     return argparse.Namespace(**(base | kw))
 
@@ -42,6 +43,7 @@ def test_options_become_the_config() -> None:
     scaled = _config(ray_min_replicas=0, ray_max_replicas=4)
     assert scaled.autoscaling == {"min_replicas": 0, "max_replicas": 4, "initial_replicas": 1}
     assert _config(ray_max_replicas=3).autoscaling["min_replicas"] == 1
+    assert one.replica_gpus == 0.0 and _config(ray_replica_gpus=0.5).replica_gpus == 0.5
 
 
 @pytest.mark.parametrize(
@@ -51,6 +53,7 @@ def test_options_become_the_config() -> None:
         ({"ray_replicas": 0}, "--ray-replicas"),
         ({"ray_max_batch_size": 0}, "--ray-max-batch-size"),
         ({"ray_replica_cpus": -0.5}, "--ray-replica-cpus must be 0 or more"),
+        ({"ray_replica_gpus": -1.0}, "--ray-replica-gpus must be 0 or more"),
         ({"ray_address": "127.0.0.1:6379", "ray_nodes": 2}, "with --ray-address"),
         ({"ray_min_replicas": 3, "ray_max_replicas": 2}, "Autoscaling needs"),
     ],

@@ -75,3 +75,27 @@ def test_names_and_kinds_are_checked() -> None:
     assert any("DNS-1035" in e for e in d.errors(manifest))
     manifest = d.rayservice(_config(), MODEL) | {"kind": "RayCluster"}
     assert any("apiVersion/kind" in e for e in d.errors(manifest))
+
+
+def test_gpu_worker_pods_each_hold_one_gpu_their_replica_reserves() -> None:
+    manifest = d.rayservice(_config(gpu=True), MODEL)
+    assert d.errors(manifest) == []
+    cluster = manifest["spec"]["rayClusterConfig"]
+    (workers,) = cluster["workerGroupSpecs"]
+    pod = workers["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == "1"
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    head = cluster["headGroupSpec"]["template"]["spec"]
+    assert "nvidia.com/gpu" not in head["containers"][0]["resources"]["limits"]
+    (app,) = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
+    assert app["args"]["replica_gpus"] == 1.0
+    assert d.GPU_BASE_IMAGE in d.dockerfile(_config(gpu=True))
+    cpu = d.rayservice(_config(), MODEL)
+    (app,) = yaml.safe_load(cpu["spec"]["serveConfigV2"])["applications"]
+    assert app["args"]["replica_gpus"] == 0.0
+    assert (
+        "tolerations"
+        not in cpu["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]
+    )

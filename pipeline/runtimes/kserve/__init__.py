@@ -139,6 +139,13 @@ class KServe(runtime.Runtime):
             "machine, <artifacts>/bench/kserve_workers.json; without one, the cores but one, "
             "1 to 8; each gets cores // N intra-op threads unless --threads-per-worker says)",
         )
+        group.add_argument(
+            "--device",
+            default="auto",
+            metavar="{auto,cpu,cuda,cuda:N}",
+            help="where the workers run the models (default: auto, a GPU where CUDA is "
+            "present; ONNX through ONNX Runtime's CUDA provider where it has one)",
+        )
         shadowopts.add_arguments(group)  # --shadow, --shadow-max-rate
         group.add_argument(
             "--rotate-token",
@@ -151,12 +158,14 @@ class KServe(runtime.Runtime):
     def serve(self, options: ServeOptions) -> Server:
         from pipeline.core import paths
         from pipeline.core.defaults import DEFAULT_MODEL
+        from pipeline.core.device import resolve_device
         from pipeline.runtimes.kserve.config import (
             RuntimeConfig,
             default_threads,
         )
         from pipeline.runtimes.kserve.launch import served_export, start
         from pipeline.runtimes.kserve.sweep import choose
+        from pipeline.serving.loading import check_device
         from pipeline.serving.server import ServeError
 
         own = options.own
@@ -175,6 +184,9 @@ class KServe(runtime.Runtime):
         if workers < 1:
             raise ServeError(f"--workers must be at least 1, e.g. --workers 2; got {workers}.")
         shadowopts.check_rates(own.shadow, own.shadow_max_rate)
+        check_device(own.device)
+        if own.device.startswith("cuda"):  # said now, not by every worker's failed start
+            resolve_device(own.device)
         config = RuntimeConfig(
             models=models,
             host=options.host,
@@ -189,6 +201,7 @@ class KServe(runtime.Runtime):
             workers=workers,
             shadow_rate=own.shadow,
             shadow_max_rate=own.shadow_max_rate,
+            device=own.device,
         )
         server = start(config, options.run_dir, rotate_token=own.rotate_token)
         server.extras["workers"] = f"{workers} × {config.threads} thread(s) ({why})"

@@ -71,6 +71,9 @@ class RuntimeConfig:
     max_batch_size: int = 8
     max_batch_delay_ms: float = 0.0
     threads: int = 1  # intra-op threads for the model calls, per worker
+    # auto, cpu, cuda or cuda:N (serving.loading): "auto" lets one config serve on CPU in
+    # the CPU image and on the GPU in the GPU image of `pipeline deploy kserve`.
+    device: str = "auto"
     # Runtime processes sharing the ports (SO_REUSEPORT), each with its own models, batcher
     # and Guard, under the supervisor. 1 here (tests, bench's private servers); `pipeline
     # serve` passes --workers, default config.default_workers().

@@ -98,7 +98,10 @@ class ExportModel(kserve.Model):
         super().__init__(served.name)
         self.version = served.version or 1  # an unpublished export answers as version 1
         self.inflight = 0
-        loaded = loading.load(Path(served.export_dir), served.format, config.threads, config.trust)
+        loaded = loading.load(
+            Path(served.export_dir), served.format, config.threads, config.trust, config.device
+        )
+        self.device = loaded.device
         manifest = loaded.manifest
         self.format = served.format
         self.export_dir = str(served.export_dir)
@@ -140,11 +143,12 @@ class ExportModel(kserve.Model):
         if SHADOW is not None:
             SHADOW.known(self)
         log.info(
-            "%s (%s, %s, version %s) loaded and warmed up%s",
+            "%s (%s, %s, version %s) loaded and warmed up on %s%s",
             served.name,
             served.format,
             served.export_dir,
             self.version,
+            self.device,
             " (torch-free)" if self.torch_free else "",
         )
         self.ready = True

@@ -178,6 +178,14 @@ class RayServe(runtime.Runtime):
             "cluster has fewer; 0 reserves none, for a joined cluster whose CPUs are taken)",
         )
         group.add_argument(
+            "--ray-replica-gpus",
+            type=float,
+            default=0.0,
+            metavar="N",
+            help="GPUs each replica reserves, and runs its model on (default: 0, CPU; "
+            "a fraction shares one GPU between replicas)",
+        )
+        group.add_argument(
             "--ray-max-batch-size",
             type=int,
             default=8,
@@ -202,6 +210,14 @@ class RayServe(runtime.Runtime):
         dirs += [options.export_dir_of(m) for m in options.models]
         dirs = dirs or [options.export_dir_of(DEFAULT_MODEL)]
         config = self._config(own, options.threads_per_worker, ServeError)
+        if config.replica_gpus and not config.address:  # the local cluster has this machine's
+            import torch
+
+            from pipeline.runtimes.ray.host import gpus_short
+
+            short = gpus_short(config.replica_gpus, {"GPU": torch.cuda.device_count()})
+            if short:
+                raise ServeError(short + ".")
         config.host, config.port = options.host, options.port
         config.max_request_size = options.max_request_size
         from pipeline.runtimes.ray.launch import served_model
@@ -223,6 +239,8 @@ class RayServe(runtime.Runtime):
             )
         if own.ray_replica_cpus is not None and own.ray_replica_cpus < 0:
             raise error(f"--ray-replica-cpus must be 0 or more; got {own.ray_replica_cpus}.")
+        if own.ray_replica_gpus < 0:
+            raise error(f"--ray-replica-gpus must be 0 or more; got {own.ray_replica_gpus}.")
         if own.ray_address and own.ray_nodes:
             raise error(
                 "--ray-nodes starts worker nodes of a local cluster; with "
@@ -257,6 +275,7 @@ class RayServe(runtime.Runtime):
             max_batch_size=own.ray_max_batch_size,
             batch_wait_ms=own.ray_batch_wait_ms,
             replica_cpus_asked=own.ray_replica_cpus,
+            replica_gpus=own.ray_replica_gpus,
         )
 
     def describe(self, server: Server) -> list[str]:

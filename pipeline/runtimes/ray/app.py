@@ -98,8 +98,13 @@ class Model:
     def __init__(self, served: dict[str, Any], threads: int, batch: dict[str, Any]) -> None:
         from pipeline.serving.loading import load
 
-        loaded = load(Path(served["export_dir"]), served["format"], threads, served["trust"])
+        # On the GPU Ray assigned (its CUDA_VISIBLE_DEVICES), or on CPU without one.
+        device = "cuda" if served.get("gpus") else "cpu"
+        loaded = load(
+            Path(served["export_dir"]), served["format"], threads, served["trust"], device
+        )
         manifest = loaded.manifest
+        self.device = loaded.device
         self.forward = loaded.forward
         self.specs = manifest.input_specs(served["format"])
         self.axes = {s.name: s.batch_axis for s in self.specs}
@@ -285,6 +290,9 @@ def build(config: dict[str, Any], head_resource: str | None) -> Any:
             # machine). A replica takes enough to fill its batches, and queues the rest.
             "max_ongoing_requests": max(32, 4 * int(config["max_batch_size"])),
         }
+        gpus = float(config.get("replica_gpus") or 0)
+        if gpus:
+            options["ray_actor_options"]["num_gpus"] = gpus
         if config["autoscaling"]:
             options["autoscaling_config"] = config["autoscaling"]
         else:
@@ -293,7 +301,7 @@ def build(config: dict[str, Any], head_resource: str | None) -> Any:
             options["max_replicas_per_node"] = config["max_replicas_per_node"]
         batch = {"max_batch_size": config["max_batch_size"], "wait_ms": config["batch_wait_ms"]}
         handles[served["name"]] = Model.options(**options).bind(
-            served | {"trust": config.get("trust", [])}, config["threads"], batch
+            served | {"trust": config.get("trust", []), "gpus": gpus}, config["threads"], batch
         )
     ingress_options: dict[str, Any] = {"num_cpus": 0}
     if head_resource:

@@ -56,6 +56,12 @@ def add_deploy_target(targets: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--cpu", default="1", help="each pod's CPU (default: 1)")
     p.add_argument("--memory", default="2Gi", help="each pod's memory (default: 2Gi)")
+    p.add_argument(
+        "--gpu",
+        action="store_true",
+        help="one GPU per worker pod (nvidia.com/gpu: 1), which its replica runs on; the "
+        "image starts from Ray's CUDA image",
+    )
     p.add_argument("--force", action="store_true", help="replace --out if it is not empty")
     p.set_defaults(func=_cmd_deploy_ray)
 
@@ -76,6 +82,7 @@ def _cmd_deploy_ray(args: argparse.Namespace) -> int:
         replicas=args.replicas,
         cpu=args.cpu,
         memory=args.memory,
+        gpu=args.gpu,
     )
     files = deploy_ray(config, force=args.force)
     print(f"wrote {args.out}")

@@ -34,6 +34,8 @@ PROJECT_ROOT = Path(__file__).resolve().parents[3]
 SOURCE_ITEMS = ("pyproject.toml", "README.md", "pipeline", "pipeline_runtime")
 RAY_VERSION = "2.60.0"
 BASE_IMAGE = f"rayproject/ray:{RAY_VERSION}-py311-cpu"
+# Ray's CUDA image: the driver comes from the node; torch's wheel brings its CUDA libraries.
+GPU_BASE_IMAGE = f"rayproject/ray:{RAY_VERSION}-py311-gpu"
 EXPORT_IN_IMAGE = "/opt/pipeline/export"
 TOKEN_DIR = "/var/run/pipeline"
 SERVE_PORT = 8000
@@ -61,6 +63,7 @@ class RayDeployConfig:
     cpu: str = "1"  # each worker pod's CPU request = limit
     memory: str = "2Gi"
     max_request_size: int = 4 * 1024 * 1024
+    gpu: bool = False  # one GPU per worker pod, which its replica reserves and runs on
 
 
 def service_name(model: str) -> str:
@@ -80,6 +83,7 @@ def serve_config(config: RayDeployConfig, model: dict[str, Any]) -> dict[str, An
         token_file=f"{TOKEN_DIR}/inference_key.json",
         replicas=config.replicas,
         max_replicas_per_node=1,  # one replica per worker pod: a pod's loss takes one
+        replica_gpus=1.0 if config.gpu else 0.0,
     )
     return {
         "http_options": {"host": "0.0.0.0", "port": SERVE_PORT},
@@ -96,6 +100,8 @@ def serve_config(config: RayDeployConfig, model: dict[str, Any]) -> dict[str, An
 
 def _container(name: str, config: RayDeployConfig, head: bool) -> dict[str, Any]:
     resources = {"cpu": config.cpu, "memory": config.memory}
+    if config.gpu and not head:  # KubeRay gives the node num-gpus from this limit
+        resources["nvidia.com/gpu"] = "1"
     container: dict[str, Any] = {
         "name": name,
         "image": config.image,
@@ -113,18 +119,21 @@ def _container(name: str, config: RayDeployConfig, head: bool) -> dict[str, Any]
 
 def _pod(name: str, config: RayDeployConfig, head: bool) -> dict[str, Any]:
     secret = {"secretName": f"{config.name}-inference-key"}
-    return {
-        "spec": {
-            "containers": [_container(name, config, head)],
-            "volumes": [{"name": "inference-key", "secret": secret}],
-        }
+    spec: dict[str, Any] = {
+        "containers": [_container(name, config, head)],
+        "volumes": [{"name": "inference-key", "secret": secret}],
     }
+    if config.gpu and not head:  # GPU nodes are commonly tainted for GPU workloads only
+        spec["tolerations"] = [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        ]
+    return {"spec": spec}
 
 
 def rayservice(config: RayDeployConfig, model: dict[str, Any]) -> dict[str, Any]:
     serve = serve_config(config, model)
     workers = {
-        "groupName": "cpu",
+        "groupName": "gpu" if config.gpu else "cpu",
         "replicas": config.workers,
         "minReplicas": config.workers,
         "maxReplicas": max(config.workers, config.max_workers),
@@ -174,10 +183,11 @@ def check(manifest: dict[str, Any], what: str = "rayservice.yaml") -> None:
 
 
 def dockerfile(config: RayDeployConfig) -> str:
+    kind = "with CUDA, for GPU pods" if config.gpu else "CPU"
     return f"""\
-# The Ray runtime's image for KubeRay: Ray {RAY_VERSION} (Python 3.11, CPU), the project
+# The Ray runtime's image for KubeRay: Ray {RAY_VERSION} (Python 3.11, {kind}), the project
 # and the export. Build: docker build -t {config.image} .
-FROM {BASE_IMAGE}
+FROM {GPU_BASE_IMAGE if config.gpu else BASE_IMAGE}
 COPY src/ /opt/pipeline/src/
 RUN pip install --no-cache-dir "/opt/pipeline/src[ray]"
 COPY export/ {EXPORT_IN_IMAGE}/
@@ -185,6 +195,7 @@ COPY export/ {EXPORT_IN_IMAGE}/
 
 
 def readme(config: RayDeployConfig) -> str:
+    gpus = ", each pod with one GPU (`nvidia.com/gpu: 1`) its replica runs on" if config.gpu else ""
     return f"""\
 # {config.name} on KubeRay
 
@@ -198,7 +209,7 @@ def readme(config: RayDeployConfig) -> str:
 
 The Open Inference Protocol over REST; `pipeline verify --backend ray` and tritonclient
 speak to it as to `pipeline serve --runtime ray`. {config.replicas} replica(s) on
-{config.workers} worker pod(s), one replica per pod.
+{config.workers} worker pod(s), one replica per pod{gpus}.
 """
 
 

@@ -182,6 +182,18 @@ def _refresh(run_dir: Path, config: dict[str, Any], cluster: Any, app: str, url:
             log.debug("state not refreshed: %s", err)
 
 
+def gpus_short(wanted: float, resources: dict[str, float]) -> str | None:
+    """Why no replica could be placed, when each wants `wanted` GPUs and the cluster has
+    fewer than that; None when they fit (or want none)."""
+    have = float(resources.get("GPU", 0))
+    if not wanted or have >= wanted:
+        return None
+    return (
+        f"--ray-replica-gpus {wanted:g}: the cluster has {have:g} GPU(s), so no replica "
+        "could be placed; serve on CPU (without --ray-replica-gpus) or add GPU nodes"
+    )
+
+
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     conf = Path(argv[0])
@@ -211,6 +223,14 @@ def main(argv: list[str]) -> int:
     ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
     cluster_s = time.monotonic() - began
     log.info("cluster up at %s in %.1f s", address, cluster_s)
+    short = gpus_short(float(config.get("replica_gpus") or 0), ray.cluster_resources())
+    if short:  # Serve would wait for them without end; say so and go
+        log.error("%s (the cluster at %s)", short, address)
+        if cluster is None:
+            return 1
+        _end_descendants(3.0)
+        logging.shutdown()
+        os._exit(1)
     serve.start(
         proxy_location="HeadOnly",
         http_options={"host": config["host"], "port": config["port"]},

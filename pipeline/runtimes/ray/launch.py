@@ -63,6 +63,9 @@ class RayConfig:
     batch_wait_ms: float = 0.0
     object_store_mb: int = 100
     replica_cpus_asked: float | None = None  # --ray-replica-cpus; None: replica_cpus()
+    # GPUs each replica reserves (--ray-replica-gpus): Ray gives it those devices and it runs
+    # on them; 0 runs on CPU (Ray 2.60 leaves CUDA visible to an actor without GPUs).
+    replica_gpus: float = 0.0
     # The public keys --trust gave `serve` (start fills them in): each replica checks a
     # store version against them and the store's trust folder as it loads it, on any node.
     trust: list[str] = field(default_factory=list)
