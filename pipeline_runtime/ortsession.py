@@ -49,6 +49,7 @@ def open_session(
     providers: list[Any] = ["CPUExecutionProvider"]
     if cuda_index is not None:
         if "CUDAExecutionProvider" in ort.get_available_providers():
+            _preload_cuda(ort)
             providers = [("CUDAExecutionProvider", {"device_id": cuda_index}), *providers]
         else:
             log.info("onnxruntime has no CUDAExecutionProvider here; running on CPU")
@@ -60,6 +61,19 @@ def open_session(
         )
     session = ort.InferenceSession(str(path), session_options(threads), providers=providers)
     return session, len(providers) > 1
+
+
+def _preload_cuda(ort: Any) -> None:
+    """Load the CUDA and cuDNN libraries of NVIDIA's wheels (onnxruntime-gpu's `cuda` and
+    `cudnn` extras) before the first CUDA session: without torch in the process (the lean
+    KServe worker) nothing else puts them where the CUDA provider finds them."""
+    preload = getattr(ort, "preload_dlls", None)  # onnxruntime-gpu 1.21 and later
+    if preload is None:
+        return
+    try:
+        preload()
+    except Exception as err:  # noqa: BLE001 - the provider may still find system libraries
+        log.warning("onnxruntime.preload_dlls() failed (%s); relying on the system's CUDA", err)
 
 
 def settings_of(session: Any) -> dict[str, Any]:

@@ -149,6 +149,40 @@ def test_dockerfile_runs_the_runtime(config: m.DeployConfig) -> None:
     assert "USER 1000" in text
 
 
+def test_the_lean_images_gpu_build_swaps_in_onnx_runtimes_cuda_package(
+    config: m.DeployConfig, tmp_path: Path
+) -> None:
+    """The Dockerfile's own edit of the requirements, run here by a shell as `docker build`
+    runs it, with and without the GPU build's argument (no Docker on this machine)."""
+    import re
+    import subprocess
+
+    from packaging.requirements import Requirement
+
+    from pipeline.runtimes.kserve.leanimage import EXTRA, REQUIREMENTS_FILE, requirements
+
+    text = m.dockerfile(config, torch_free=True)
+    assert f'--build-arg "ORT_PACKAGE={m.ORT_GPU_PACKAGE}"' in text
+    assert "ARG ORT_PACKAGE=onnxruntime\n" in text
+    (edit,) = re.findall(r"RUN (sed -i .*?) \\\n", text)
+    pinned = requirements(Path(__file__).parents[2] / "pyproject.toml", EXTRA)
+    (cpu,) = [Requirement(r) for r in pinned if Requirement(r).name == "onnxruntime"]
+    for package, expected in [
+        ("onnxruntime", "onnxruntime"),
+        (m.ORT_GPU_PACKAGE, "onnxruntime-gpu"),
+    ]:
+        folder = tmp_path / expected / "opt" / "pipeline"
+        folder.mkdir(parents=True)
+        (folder / REQUIREMENTS_FILE).write_text("\n".join(pinned) + "\n")
+        script = edit.replace("/opt/pipeline/", f"{folder}/")
+        subprocess.run(["sh", "-c", script], env={"ORT_PACKAGE": package}, check=True)
+        edited = [Requirement(r) for r in (folder / REQUIREMENTS_FILE).read_text().split()]
+        (ort,) = [r for r in edited if r.name.startswith("onnxruntime")]
+        assert ort.name == expected and ort.specifier == cpu.specifier  # the same version
+        assert len(edited) == len(pinned)
+    assert ort.extras == {"cuda", "cudnn"}
+
+
 def _packaged_properties(envelope: bool = False) -> dict[str, str]:
     """config.properties as `deploy kserve` writes it: asked of the runtime that packages
     KServe's `pytorch` format (TorchServe), through the Packaging capability."""

@@ -201,6 +201,10 @@ def runtime_config(config: DeployConfig) -> dict[str, Any]:
     return asdict(rc)
 
 
+# The lean image's GPU build: onnxruntime-gpu 1.31 is a CUDA 13 build; its extras bring
+# the CUDA runtime and cuDNN as NVIDIA's wheels (ortsession preloads them, torch-free).
+ORT_GPU_PACKAGE = "onnxruntime-gpu[cuda,cudnn]"
+
 # Both images, from the export on: the export, the config, an unprivileged user, the runtime.
 _IMAGE_TAIL = f"""\
 COPY export/ {EXPORT_IN_IMAGE}/
@@ -245,14 +249,18 @@ def _lean_dockerfile(config: DeployConfig, requirements: str, extra: str) -> str
 # syntax=docker/dockerfile:1
 # Written by `pipeline deploy kserve --model {config.model} --format {config.format}`:
 #   docker build -t {config.image} .
+#   docker build -t {config.gpu_image} --build-arg "ORT_PACKAGE={ORT_GPU_PACKAGE}" .
 # The image runs the project's KServe runtime (Open Inference Protocol v2, REST on
 # {HTTP_PORT}, gRPC on {GRPC_PORT}) over the export copied into {EXPORT_IN_IMAGE}.
 # Torch-free: ONNX Runtime serves {config.format}, so the project is installed without
-# its dependencies and then only its `{extra}` extra ({requirements}).
+# its dependencies and then only its `{extra}` extra ({requirements}). The GPU build
+# takes ONNX Runtime's CUDA package (same version) with NVIDIA's CUDA and cuDNN wheels.
 FROM python:3.11-slim
+ARG ORT_PACKAGE=onnxruntime
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 COPY src/ /opt/pipeline/
-RUN pip install --no-deps /opt/pipeline \\
+RUN sed -i "s/^onnxruntime==/${{ORT_PACKAGE}}==/" /opt/pipeline/{requirements} \\
+    && pip install --no-deps /opt/pipeline \\
     && pip install -r /opt/pipeline/{requirements} \\
     && useradd --uid 1000 --no-create-home --shell /usr/sbin/nologin serve
 """
