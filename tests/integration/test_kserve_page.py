@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+import torch
 
 from pipeline.export import ExportResult
 from pipeline.serving.launcher import free_port, stop
@@ -90,6 +91,9 @@ def _check_served(run_dir: Path, printed: str) -> Server:
     workers = re.search(r"workers: (\d+) × \d+ thread\(s\) \((.+)\)", printed)
     assert workers, printed
     assert len(supervisor.children()) == int(workers[1]) and workers[2]
+    # And where they run the models: --device auto, what it comes to here.
+    said = "the GPU" if torch.cuda.is_available() else "CPU (no CUDA here)"
+    assert f"device:  auto: {said}" in printed, printed
     assert httpx.get(f"{record.inference_url}/v2/health/ready").status_code == 200
     return record
 

@@ -205,6 +205,7 @@ class KServe(runtime.Runtime):
         )
         server = start(config, options.run_dir, rotate_token=own.rotate_token)
         server.extras["workers"] = f"{workers} × {config.threads} thread(s) ({why})"
+        server.extras["device"] = _device_said(own.device)
         return server
 
     def describe(self, server: Server) -> list[str]:
@@ -237,6 +238,7 @@ class KServe(runtime.Runtime):
         ]
         if server.extras.get("workers"):  # set by serve() on the start it returns
             lines.insert(4, f"  workers: {server.extras['workers']}")
+            lines.insert(5, f"  device:  {server.extras['device']}")
         changed = [
             str(run_dir / name)
             for name, state in ((INFERENCE_KEY_FILE, token), (METRICS_KEY_FILE, metrics_key))
@@ -300,3 +302,14 @@ class KServe(runtime.Runtime):
 
 
 RUNTIME = runtime.register(KServe())
+
+
+def _device_said(device: str) -> str:
+    """--device as `serve` prints it: what "auto" comes to on this machine."""
+    if device != "auto":
+        return device
+    import torch
+
+    if torch.cuda.is_available():
+        return "auto: the GPU (the log's line for each model says where it runs)"
+    return "auto: CPU (no CUDA here)"
