@@ -108,6 +108,14 @@ def add_verify_command(sub: argparse._SubParsersAction) -> None:
         "--seed", type=int, default=0, help="seed of the fresh random inputs (default: 0)"
     )
     p.add_argument(
+        "--device",
+        default="cpu",
+        metavar="{cpu,cuda,cuda:N}",
+        help="where the in-process backends and the C++ client run (default: cpu); eager, "
+        "the reference, runs on CPU; a format without a CUDA path (ONNX Runtime without its "
+        "CUDA provider, a .pt2 compiled for CPU, ExecuTorch) runs on CPU and the report says so",
+    )
+    p.add_argument(
         "--report",
         type=Path,
         help="JSON report path (default: <artifacts>/<model>/parity.json); the Markdown report "

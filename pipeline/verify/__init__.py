@@ -27,6 +27,7 @@ from pipeline.verify.backends import (
     backend_names,
     load_backends,
     local_backends,
+    where,
 )
 from pipeline.verify.check import Tol, check_cases, check_task, reduced, runs_on
 from pipeline.verify.locate import locate_failures
@@ -67,6 +68,9 @@ class VerifyConfig:
     # recorded for each artifact.
     accuracy_budget: float | None = None
     min_sqnr: float | None = None
+    # Where the in-process backends and the C++ client run ("cpu", "cuda", "cuda:N"); eager,
+    # the reference, runs on CPU.
+    device: str = "cpu"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> VerifyConfig:
@@ -90,6 +94,7 @@ class VerifyConfig:
             report=args.report or paths.report_path(args.model, args.artifacts_dir),
             accuracy_budget=args.accuracy_budget,
             min_sqnr=args.min_sqnr,
+            device=args.device,
         )
 
     def validate(self, served: Sequence[Backend] = ()) -> None:
@@ -107,6 +112,7 @@ class VerifyConfig:
             ).validate()
         if any(b < 1 for b in self.batch_sizes):
             raise PipelineError("--batch-sizes must all be at least 1.")
+        self.device = _device(self.device)
         for name in ("atol", "rtol", "atol_scale"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
@@ -161,6 +167,17 @@ def kept_inputs(path: Path, exported: ExportedModel) -> Inputs:
     return {n: arrays[n] for n in names}
 
 
+def _device(name: str) -> str:
+    """--device as the backends take it: "cpu" or "cuda:N" (PipelineError when that CUDA
+    device is not here)."""
+    from pipeline.core.device import resolve_device
+
+    device = resolve_device(name)
+    if device.type == "cuda" and device.index is None:
+        return f"cuda:{torch.cuda.current_device()}"
+    return str(device)
+
+
 def _fixed_sizes(exported: ExportedModel) -> list[dict[str, int]]:
     return [
         dict(a.get("fixed_axes"))
@@ -183,9 +200,9 @@ def _load(
     (a float16 graph the CPU provider refuses) a failed row saying so plainly."""
     fmt = registry.by_backend(name)
     if fmt is None or fmt.precision == registry.FLOAT32:
-        return load_backends(name, exported, config.cpp_binary), []
+        return load_backends(name, exported, config.cpp_binary, config.device), []
     try:
-        return load_backends(name, exported, config.cpp_binary), []
+        return load_backends(name, exported, config.cpp_binary, config.device), []
     except ArtifactError:
         raise  # missing, altered or never written: not a question of where it runs
     except Exception as err:  # noqa: BLE001 - reported as this backend's failed check
@@ -285,6 +302,9 @@ def verify(
             for key, why in exported.manifest.unwritten.items()
         ],
     )
+    if config.device != "cpu":  # where each ran: a format without a CUDA path stays on CPU
+        ran = ", ".join(f"{b.name} on {where(b)}" for b in backends if where(b))
+        report.notes.append(f"--device {config.device} (eager, the reference, on CPU): {ran}")
     for backend in backends:  # a format's own C++ runner: what it is and what it weighs
         describe = getattr(getattr(backend, "program", None), "describe", None)
         if describe is not None and getattr(backend, "binary", None) is not None:

@@ -64,12 +64,26 @@ class CppBackend:
 
     in_process = False
 
-    def __init__(self, exported: ExportedModel, fmt: registry.Format, binary: Path | None) -> None:
+    def __init__(
+        self,
+        exported: ExportedModel,
+        fmt: registry.Format,
+        binary: Path | None,
+        device: str = "cpu",
+    ) -> None:
         # `binary` is the LibTorch client's (--cpp-build-dir); a native runner builds its own.
         self.program = importlib.import_module(fmt.native or "pipeline.formats.cpp")
         self.name = cpp_backend_name(fmt)
         self.format_key = fmt.key
         self.model = exported.path(fmt.key)
+        # A package compiled for one kind of device runs there (the client refuses another);
+        # a native runner (ExecuTorch's) runs on CPU whatever it is asked.
+        compiled = exported.manifest.artifact(fmt.key).get("device")
+        if fmt.native or compiled == "cpu":
+            device = "cpu"
+        elif compiled == "cuda" and not device.startswith("cuda"):
+            device = "cuda:0"
+        self.device = device
         self.binary = Path(binary) if binary and not fmt.native else self.program.ensure_built()
         # Custom-op libraries (torchvision) the client must dlopen before the model.
         self.op_libraries = list(exported.manifest.artifact(fmt.key).get("op_libraries") or [])
@@ -80,6 +94,7 @@ class CppBackend:
             self.model,
             [list(c.values()) for c in cases],
             binary=self.binary,
+            device=self.device,
             op_libraries=self.op_libraries,
         )
         self.results = {id(c): out for c, out in zip(cases, done.outputs, strict=True)}
@@ -88,7 +103,11 @@ class CppBackend:
         if id(inputs) in self.results:
             return self.results[id(inputs)]
         return self.program.run(
-            self.model, [list(inputs.values())], binary=self.binary, op_libraries=self.op_libraries
+            self.model,
+            [list(inputs.values())],
+            binary=self.binary,
+            device=self.device,
+            op_libraries=self.op_libraries,
         ).outputs[0]
 
 
@@ -110,9 +129,10 @@ def local_backends(exported: ExportedModel) -> tuple[str, ...]:
 
 
 def load_backends(
-    name: str, exported: ExportedModel, cpp_binary: Path | None = None
+    name: str, exported: ExportedModel, cpp_binary: Path | None = None, device: str = "cpu"
 ) -> list[Backend]:
-    """`name`'s backends: one, or for "cpp" one per format the client runs that the export has."""
+    """`name`'s backends: one, or for "cpp" one per format the client runs that the export has,
+    on `device` ("cpu", "cuda:N") where the format runs there."""
     if name == CPP:
         found = [f for f in exported.formats() if f.cpp or f.native]
         if not found:
@@ -122,7 +142,7 @@ def load_backends(
             raise ArtifactError(
                 f"{exported.dir} has no artifact the C++ client runs; export with {runnable}."
             )
-        return [CppBackend(exported, f, cpp_binary) for f in found]
+        return [CppBackend(exported, f, cpp_binary, device) for f in found]
     fmt = registry.by_backend(name)
     if fmt is None:
         raise ArtifactError(f"Unknown backend {name!r}; choose from {', '.join(backend_names())}.")
@@ -133,4 +153,10 @@ def load_backends(
             f"The manifest in {exported.dir} has no {fmt.key!r} artifact for backend {name!r}; "
             f"re-run `pipeline export --format {fmt.key}`."
         )
-    return [RunnerBackend(name, exported.load(fmt.key), fmt.key)]
+    return [RunnerBackend(name, exported.load(fmt.key, device), fmt.key)]
+
+
+def where(backend: Backend) -> str:
+    """The device a backend ran on ("cpu", "cuda:0"); "" for a server's."""
+    runner = getattr(backend, "runner", None)
+    return str(runner.device) if runner is not None else getattr(backend, "device", "")

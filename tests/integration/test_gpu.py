@@ -152,3 +152,29 @@ def test_the_loader_runs_a_cuda_package_on_the_gpu(cuda_export: ExportResult) ->
         image, logits = _golden(cuda_export.out_dir)
         (got,) = loaded.forward({"image": image.numpy()})
         np.testing.assert_allclose(got, logits.numpy(), atol=ATOL, rtol=RTOL)
+
+
+def test_verify_on_cuda_with_the_cpp_client(
+    binary: Path, exported: ExportResult, cuda_export: ExportResult, tmp_path: Path
+) -> None:
+    """`pipeline verify --device cuda --with-cpp`: every backend against eager on CPU, at the
+    manifest's own tolerance, each where it can run on this machine (the report says)."""
+    import onnxruntime
+
+    from pipeline.verify import VerifyConfig, verify
+
+    for name, export_dir in (("cpu", exported.out_dir), ("cuda", cuda_export.out_dir)):
+        report = verify(
+            VerifyConfig(
+                model="digits_lenet", export_dir=export_dir, with_cpp=True, cpp_binary=binary,
+                report=tmp_path / name / "p.json", device="cuda",
+            )
+        )  # fmt: skip
+        assert report.passed, report.failure_message()
+        (note,) = [n for n in report.notes if n.startswith("--device cuda:0")]
+        if name == "cpu":
+            assert "torchscript on cuda:0" in note and "cpp on cuda:0" in note, note
+            cuda = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+            assert f"onnxruntime on {'cuda:0' if cuda else 'cpu'}" in note, note
+        else:  # the CUDA package, in Python and in C++
+            assert "pt2 on cuda:0" in note and "cpp/pt2 on cuda:0" in note, note

@@ -114,3 +114,35 @@ def test_ray_replica_gpus_without_gpus_is_refused_before_starting(
     assert "--ray-replica-gpus 1: the cluster has 0 GPU(s)" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "server.json").exists()
+
+
+@pytest.mark.skipif(TORCH_CUDA, reason="needs a machine without CUDA")
+def test_verify_on_cuda_where_there_is_none_is_refused(
+    exported: ExportResult, tmp_path: Path
+) -> None:
+    proc = run_cli(
+        "verify", "--export-dir", exported.out_dir, "--device", "cuda",
+        "--report", tmp_path / "p.json", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "Device 'cuda' was asked for but CUDA is not available" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "p.json").exists()
+
+
+def test_verify_runs_the_c_clients_packages_where_they_were_compiled(
+    exported: ExportResult,
+) -> None:
+    """`verify --device cuda --with-cpp`: the C++ client takes TorchScript to the GPU, but a
+    .pt2 compiled for CPU stays there (the client refuses another device). Placement only:
+    nothing runs (a GPU runs it in test_gpu.py)."""
+    from pipeline.export.opened import open_export
+    from pipeline.formats import base as registry
+    from pipeline.verify.backends import CppBackend
+
+    written_or_skip(exported, "pt2")
+    opened = open_export(exported.out_dir)
+    placed = {
+        key: CppBackend(opened, registry.get(key), Path("run_torchscript"), "cuda:0").device
+        for key in ("torchscript", "pt2")
+    }
+    assert placed == {"torchscript": "cuda:0", "pt2": "cpu"}
