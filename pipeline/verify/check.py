@@ -92,9 +92,13 @@ def fixed_axes(exported: ExportedModel, backend: Backend) -> dict[str, int]:
 
 def largest_sizes(exported: ExportedModel, backend: Backend) -> dict[str, int]:
     """The largest size of each axis `backend`'s artifact takes (an ExecuTorch program plans
-    its buffers for them: `max_sizes`), else {}."""
+    its buffers for them: `max_sizes`; a .pt2's code branches on them: `bounded_axes`),
+    else {}."""
     record = exported.manifest.artifacts.get(backend.format_key or "")
-    return dict(record.get("max_sizes") or {}) if record else {}
+    if not record:
+        return {}
+    planned, bounded = record.get("max_sizes") or {}, record.get("bounded_axes") or {}
+    return {a: min(planned.get(a, n), bounded.get(a, n)) for a, n in {**planned, **bounded}.items()}
 
 
 def runs_on(exported: ExportedModel, backend: Backend, inputs: Inputs) -> bool:
@@ -112,7 +116,7 @@ def _skipped_note(exported: ExportedModel, backend: Backend, labels: list[str]) 
         + [f"{a} ≤ {n}" for a, n in largest_sizes(exported, backend).items()]
     )
     return (
-        f"{backend.name} was compiled for {sizes} only (a fixed axis: --fix-axis, a trace that unrolled it, or the largest size ExecuTorch plans for): not run on the "
+        f"{backend.name} was compiled for {sizes} only (a fixed axis: --fix-axis, a trace that unrolled it; or a largest size: ExecuTorch's plan, a size the code branches on): not run on the "
         f"{len(labels)} input set(s) of other sizes ({', '.join(labels[:4])}"
         f"{', …' if len(labels) > 4 else ''})"
     )

@@ -163,12 +163,15 @@ def test_a_size_the_code_branches_on_bounds_the_package(tmp_path: Path) -> None:
     assert runner({"x": torch.randn(64, 4)})["output_0"].shape == (64, 4)
     with pytest.raises(RuntimeError, match="expected to be <= 64, but got: 65"):
         runner({"x": torch.randn(65, 4)})
-    report = verify(
+    report = verify(  # batch 80 is past the bound: not run, and said
         VerifyConfig(
-            model=model, export_dir=result.out_dir, backends=("pt2",), report=tmp_path / "p.json"
+            model=model, export_dir=result.out_dir, backends=("pt2",), batch_sizes=(7, 80),
+            report=tmp_path / "p.json",
         )
-    )
+    )  # fmt: skip
     assert report.passed, report.failure_message()
+    assert "random b=7" in _pt2_rows(report) and "random b=80" not in _pt2_rows(report)
+    assert any("compiled for batch ≤ 64 only" in n and "random b=80" in n for n in report.notes)
 
 
 def _seq_spec() -> dict:
