@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from ts.handler_utils.timer import timed
 from ts.torch_handler.base_handler import BaseHandler
 
-from pipeline_runtime import codec, handlershadow, handlertrace, runners
+from pipeline_runtime import bounded, codec, handlershadow, handlertrace, runners
 from pipeline_runtime.files import IntegrityError, check_sha256
 from pipeline_runtime.manifest import MANIFEST_NAME, Manifest, TensorRecord
 from pipeline_runtime.request import MAX_SAMPLES_ENV, SAMPLES_PER_BATCH
@@ -146,6 +146,13 @@ class PipelineHandler(BaseHandler):
             record=record.details,
         )
         self.device = self.runner.device
+        # Stacked requests past a .pt2's bounded batch go in passes it takes (bounded.py).
+        self._forward = bounded.within_bound(
+            self._forward,
+            {s.name: s.batch_axis for s in self.specs},
+            self.output_axes,
+            bounded.batch_bound(self.contract, self.format_key),
+        )
         if self.device != wanted:  # a .pt2 compiled for the other device kind, ORT without CUDA
             compiled = record.get("device")
             why = f"was compiled for {str(compiled).upper()}" if compiled else "cannot run there"

@@ -25,7 +25,7 @@ import numpy as np
 from pipeline.core import signing
 from pipeline.core.errors import ArtifactError
 from pipeline.core.manifest import artifact_path, read_manifest
-from pipeline_runtime import formats, ortsession
+from pipeline_runtime import bounded, formats, ortsession
 from pipeline_runtime.manifest import WARMUP_KEY, Manifest
 
 log = logging.getLogger("pipeline.serving.loading")
@@ -77,16 +77,25 @@ def load(
             f"{fmt} is an on-device format: export, verify and bench take it, no runtime serves it."
         )
     if lean(fmt, manifest):
-        return _load_onnx(export_dir, fmt, manifest, threads, device)
-    if _descriptor(fmt, manifest).torch_free:
-        log.warning(
-            "%s has no %s (exported before it existed): serving %s through torch; "
-            "re-export to serve it torch-free",
-            export_dir,
-            WARMUP_KEY,
-            fmt,
-        )
-    return _load_torch(export_dir, fmt, threads, device)
+        loaded = _load_onnx(export_dir, fmt, manifest, threads, device)
+    else:
+        if _descriptor(fmt, manifest).torch_free:
+            log.warning(
+                "%s has no %s (exported before it existed): serving %s through torch; "
+                "re-export to serve it torch-free",
+                export_dir,
+                WARMUP_KEY,
+                fmt,
+            )
+        loaded = _load_torch(export_dir, fmt, threads, device)
+    # A stacked batch past a .pt2's bounded batch goes in passes it takes (bounded.py).
+    loaded.forward = bounded.within_bound(
+        loaded.forward,
+        {s.name: s.batch_axis for s in manifest.input_specs(fmt)},
+        [o.batch_axis or 0 for o in manifest.outputs],
+        bounded.batch_bound(manifest, fmt),
+    )
+    return loaded
 
 
 def check_device(device: str) -> None:

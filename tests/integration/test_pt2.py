@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -172,6 +173,39 @@ def test_a_size_the_code_branches_on_bounds_the_package(tmp_path: Path) -> None:
     assert report.passed, report.failure_message()
     assert "random b=7" in _pt2_rows(report) and "random b=80" not in _pt2_rows(report)
     assert any("compiled for batch ≤ 64 only" in n and "random b=80" in n for n in report.notes)
+
+
+def test_a_server_splits_stacked_requests_past_the_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stacked requests can hold more samples than the package takes: the KServe/Ray
+    loader and TorchServe's handler run them in passes within the bound (bounded.py)."""
+    from pipeline.export.opened import open_export
+    from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
+    from pipeline.serving import loading
+    from pipeline.serving.wire import tensors_body
+    from pipeline.zoo.user import parse_input
+    from tests import ts_worker
+
+    model = f"{USER_FILE}:BatchCapped"
+    result = export(
+        ExportConfig(
+            model=model, checkpoint=tmp_path / "checkpoint.pt", out_dir=tmp_path / "export",
+            formats=("pt2",), random_init=True, inputs=[parse_input("x:float32:batch,4")],
+        )
+    )  # fmt: skip
+    x = torch.randn(150, 4)  # three passes: 64, 64, 22
+    expected = open_export(result.out_dir).eager({"x": x})["output_0"].numpy()
+    got = loading.load(result.out_dir, "pt2", 1, device="cpu").forward({"x": x.numpy()})
+    np.testing.assert_allclose(got[0], expected, atol=1e-5, rtol=1e-5)
+    (mar,) = archive(
+        ArchiveConfig(model=model, export_dir=result.out_dir, store=tmp_path / "store")
+    )
+    service = ts_worker.load(mar, tmp_path / "tmp", monkeypatch)
+    answers = ts_worker.infer(service, [tensors_body({"x": x[:90]}), tensors_body({"x": x[90:]})])
+    assert [status for status, _ in answers] == [200, 200], answers
+    served = np.concatenate([np.asarray(a["outputs"]["output_0"]) for _, a in answers])
+    np.testing.assert_allclose(served, expected, atol=1e-5, rtol=1e-5)
 
 
 def _seq_spec() -> dict:
