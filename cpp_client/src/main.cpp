@@ -5,6 +5,7 @@
 // (or a .pt2 package compiled for another device), 8 a --load-library cannot be loaded.
 
 // The few LibTorch headers this file needs, not <torch/torch.h> (build time).
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <c10/core/Device.h>
 #include <c10/util/Exception.h>
@@ -74,6 +75,12 @@ int main(int argc, char** argv) {
   if (device.is_cuda() && device.has_index() &&
       device.index() >= static_cast<int>(torch::cuda::device_count())) {
     return Fail(kDeviceError, "--device " + args->device + " does not exist");
+  }
+  if (device.is_cuda()) {
+    // Float32 computed in float32, as the Python runners do (runners.full_float32): whether
+    // cuDNN takes TF32 depends on the algorithm it picks, and the golden outputs are float32.
+    at::globalContext().setAllowTF32CuDNN(false);
+    at::globalContext().setAllowTF32CuBLAS(false);
   }
   if (args->threads > 0) at::set_num_threads(args->threads);
 
