@@ -33,6 +33,9 @@ class OpenInference(Protocol):
         self.encodings = encodings
         self.transports = transports
 
+    def ready_path(self, name: str) -> str | None:
+        return f"/v2/models/{name}/ready"  # the protocol's model readiness
+
     def infer_path(self, name: str, version: str | None = None) -> str:
         if version:
             return f"/v2/models/{name}/versions/{version}/infer"

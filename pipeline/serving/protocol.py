@@ -54,6 +54,11 @@ class Protocol(abc.ABC):
         """Whether this protocol's servers read its binary form (`encode(binary=True)`)."""
         return self.encodings is None or "npy" in self.encodings
 
+    def ready_path(self, name: str) -> str | None:
+        """The route that says whether served `name` can answer now (`pipeline status`
+        asks it), or None where the protocol has none."""
+        return None
+
     @abc.abstractmethod
     def infer_path(self, name: str, version: str | None = None) -> str:
         """The inference route of served `name` (of its `version`: None, the default's or

@@ -6,11 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from pipeline.core import signing
 from pipeline.serving import runtime, versions
 from pipeline.serving.server import ServeError, Server
 
 SAID = 3  # the error lines of an exited server's log that status prints
+READY_TIMEOUT_S = 3.0  # a model's readiness answer: a hung server must not hang status
 
 
 def _store_of(model: str, store: Path) -> dict[str, Any]:
@@ -64,6 +67,9 @@ def status(run_dir: Path, store: Path) -> dict[str, Any]:
                         if n == name
                     },
                 }
+            readiness = _readiness(server, rt, name)
+            if readiness is not None:
+                entry["ready"], entry["why"] = readiness
             served[name] = entry
         out["server"] = {
             "runtime": rt.name,
@@ -84,6 +90,30 @@ def status(run_dir: Path, store: Path) -> dict[str, Any]:
         if held["versions"]:
             out["store"][model] = held
     return out
+
+
+def _readiness(server: Server, rt: Any, name: str) -> tuple[bool, str] | None:
+    """(ready, why not) of served `name`, as the server's protocol answers it; None where
+    it has no such route or the server does not offer it (404)."""
+    from pipeline.serving.client import server_get
+
+    path = rt.protocol.ready_path(name)
+    if path is None:
+        return None
+    try:
+        answer = server_get(server, server.inference_url + path, timeout=READY_TIMEOUT_S)
+    except httpx.HTTPError as err:
+        return False, f"no answer ({type(err).__name__})"
+    if answer.status_code in (404, 405):
+        return None
+    try:
+        body = answer.json()
+    except ValueError:
+        body = {}
+    body = body if isinstance(body, dict) else {}
+    if answer.status_code == 200 and body.get("ready", True):
+        return True, ""
+    return False, str(body.get("error") or f"HTTP {answer.status_code}")
 
 
 def last_words(run_dir: Path, tail_bytes: int = 65536) -> dict[str, Any]:
@@ -124,7 +154,9 @@ def status_lines(found: dict[str, Any]) -> list[str]:
         lines.append(f"{server['runtime']} (pid {server['pid']}) at {server['url']}")
         for name, entry in server["models"].items():
             if "versions" not in entry:
-                lines.append(f"  {name}: one version (this runtime has no live versions)")
+                lines.append(
+                    f"  {name}: one version (this runtime has no live versions){_ready_said(entry)}"
+                )
                 continue
             canary = (
                 f", canary {entry['canary']} at {entry['canary_percent']:g}%"
@@ -133,7 +165,7 @@ def status_lines(found: dict[str, Any]) -> list[str]:
             )
             lines.append(
                 f"  {name}: versions {', '.join(map(str, entry['versions']))}; default "
-                f"{entry['default']}{canary}"
+                f"{entry['default']}{canary}{_ready_said(entry)}"
             )
     for model, held in found["store"].items():
         lines.append(
@@ -143,3 +175,9 @@ def status_lines(found: dict[str, Any]) -> list[str]:
         for number, signed in held.get("signatures", {}).items():
             lines.append(f"  version {number}: {signing.describe(signed)}")
     return lines
+
+
+def _ready_said(entry: dict[str, Any]) -> str:
+    if "ready" not in entry:
+        return ""
+    return "; ready" if entry["ready"] else f"; NOT READY: {entry['why']}"

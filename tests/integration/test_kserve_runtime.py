@@ -314,6 +314,15 @@ def test_health_ready_after_warm_up_and_metrics(server: Server) -> None:
     assert "# TYPE pipeline_kserve_batch_size histogram" in r.text
 
 
+def test_status_says_each_model_is_ready(server: Server, tmp_path: Path) -> None:
+    """`pipeline status` asks each served model's readiness (the protocol's own route,
+    /v2/models/<name>/ready) and prints it; a model that is not is in test_ray_runtime.py."""
+    proc = run_cli("status", "--run-dir", server.run_dir, "--store", tmp_path / "none")
+    assert proc.returncode == 0, proc.stderr
+    for model in (DIGITS, DIGITS_TS, GATE):
+        assert re.search(rf"^  {model}: .*; ready$", proc.stdout, re.M), proc.stdout
+
+
 def _concurrently(server: Server, model: str, bodies: list[dict]) -> list[httpx.Response]:
     answers: list[httpx.Response | None] = [None] * len(bodies)
     barrier = threading.Barrier(len(bodies))

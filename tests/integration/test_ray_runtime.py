@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -232,6 +233,8 @@ def test_a_model_whose_replica_cannot_load_is_not_ready_and_answers_503_with_why
     assert "modified after export" in answer.json()["error"], answer.text
     health = httpx.get(f"{second.inference_url}/v2/health/ready", headers=auth, timeout=30)
     assert health.status_code == 503, health.text
+    said = run_cli("status", "--run-dir", joined["run_dir"]).stdout  # and `status` says why
+    assert re.search(r"^  digits_lenet: .*; NOT READY: .*modified after export", said, re.M), said
     # The module's own run, on the same cluster, is not touched.
     first = httpx.get(
         f"{server.inference_url}/v2/health/ready",
