@@ -45,7 +45,7 @@ class Program:
     method: str  # "torch.export", "torch.export (torch.cond formulation)", "… (nn.LSTM → scan …)"
     reason: str
     swaps: tuple[recurrent.Swap, ...] = ()  # the recurrent layers found, replaced or not
-    bounded: dict[str, int] = field(default_factory=dict)  # axes the trace bounded: their max
+    bounded_axes: dict[str, int] = field(default_factory=dict)  # axis → the largest size it takes
 
 
 def dynamic_shapes(

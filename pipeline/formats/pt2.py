@@ -144,11 +144,11 @@ def to_pt2(
     seconds = time.perf_counter() - started
     runner = load_package(path, device)
     checks = [("golden", example), (f"golden tiled to batch {LARGE_BATCH}", tiled(example, entry))]
-    if program.bounded:  # inputs past a bound are refused by the package, as they should be
-        kept = [(label, p) for label, p in probes if entry.within(p, program.bounded)]
+    if program.bounded_axes:  # inputs past a bound are refused by the package, as they should be
+        kept = [(label, p) for label, p in probes if entry.within(p, program.bounded_axes)]
         skipped += len(probes) - len(kept)
         probes = kept
-        checks = [(label, p) for label, p in checks if entry.within(p, program.bounded)]
+        checks = [(label, p) for label, p in checks if entry.within(p, program.bounded_axes)]
     with torch.no_grad():
         for label, inputs in [*checks, *probes] if check else []:
             inputs = _to(inputs, device)
@@ -171,8 +171,8 @@ def to_pt2(
         details["recurrent"] = [swap.to_json() for swap in program.swaps]
     if fix_axes:
         details["fixed_axes"] = fix_axes
-    if program.bounded:
-        details["bounded_axes"] = program.bounded
+    if program.bounded_axes:
+        details["bounded_axes"] = program.bounded_axes
     if skipped:
         details["probes_not_checked"] = skipped  # of other sizes than the fixed or bounded ones
     return Pt2Result(program.method, program.reason, device, seconds, details)
