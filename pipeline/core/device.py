@@ -35,3 +35,12 @@ def resolve_device(name: str) -> torch.device:
     elif device.type != "cpu":
         raise PipelineError(f"Device {name!r} is not supported. Use 'auto', 'cpu' or 'cuda[:N]'.")
     return device
+
+
+def resolve_indexed(name: str) -> torch.device:
+    """`resolve_device`, with CUDA named by its index ("cuda" → cuda:0): how a runner
+    reports where it runs, so callers compare and print one spelling."""
+    device = resolve_device(name)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device

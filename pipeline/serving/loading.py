@@ -151,14 +151,12 @@ def _load_onnx(export_dir: Path, fmt: str, manifest: Manifest, threads: int, dev
 def _load_torch(export_dir: Path, fmt: str, threads: int, device: str) -> Loaded:
     import torch
 
-    from pipeline.core.device import resolve_device
+    from pipeline.core.device import resolve_indexed
     from pipeline.export.opened import open_export
 
     torch.set_num_threads(max(1, threads))
     exported = open_export(export_dir)
-    wanted = resolve_device(device)
-    if wanted.type == "cuda" and wanted.index is None:  # named as it is reported: cuda:0
-        wanted = torch.device("cuda", torch.cuda.current_device())
+    wanted = resolve_indexed(device)
     # A .pt2 compiled for the other kind of device runs where it can (runners.aoti_load).
     runner = exported.load(fmt, str(wanted), threads)
 

@@ -170,12 +170,9 @@ def kept_inputs(path: Path, exported: ExportedModel) -> Inputs:
 def _device(name: str) -> str:
     """--device as the backends take it: "cpu" or "cuda:N" (PipelineError when that CUDA
     device is not here)."""
-    from pipeline.core.device import resolve_device
+    from pipeline.core.device import resolve_indexed
 
-    device = resolve_device(name)
-    if device.type == "cuda" and device.index is None:
-        return f"cuda:{torch.cuda.current_device()}"
-    return str(device)
+    return str(resolve_indexed(name))
 
 
 def _fixed_sizes(exported: ExportedModel) -> list[dict[str, int]]:
