@@ -12,7 +12,8 @@ command starts) and the store's own `<store>/trust/*.pub`. With a policy, every 
 that takes a version from the store checks it first (`require`) and refuses a version that
 is unsigned, signed by a key the policy does not hold, or whose bytes changed since it was
 signed, naming the file. Without one, they warn once and go on, so an existing store keeps
-working. `pipeline status` and verify's report show each version's state (`state`).
+working. A store's trust folder is a policy even once its last key is removed: it then
+trusts nobody (revoking a key never turns the checks off). `pipeline status` and verify's report show each version's state (`state`).
 """
 
 from __future__ import annotations
@@ -136,9 +137,13 @@ def sign(folder: Path, private_key: Path, password: str | None = None) -> str:
     folder, private_key = Path(folder), Path(private_key)
     if not private_key.is_file():
         raise SignatureError(f"--sign: there is no private key at {private_key}.")
+    _decryptable(private_key, password)
     try:
+        # As bytes: model-signing's hint says str, but it hands the password to
+        # cryptography's PEM loader, which takes bytes only (a str failed every time).
         config = signing.Config().use_elliptic_key_signer(
-            private_key=private_key, password=password
+            private_key=private_key,
+            password=password.encode() if password is not None else None,  # type: ignore[arg-type]
         )
         config.set_hashing_config(_hashing()).sign(folder, folder / SIGNATURE)
     except (ValueError, TypeError) as err:
@@ -147,6 +152,34 @@ def sign(folder: Path, private_key: Path, password: str | None = None) -> str:
             f"(P-256, P-384 or P-521, PEM; `pipeline keygen` makes one): {err}"
         ) from None
     return signer_of(folder) or "?"
+
+
+def _decryptable(private_key: Path, password: str | None) -> None:
+    """Refuse, by its cause, a PEM key that cannot be opened with `password`: an encrypted
+    key with no password or the wrong one (what the library reports as a key of the wrong
+    kind)."""
+    from cryptography.hazmat.primitives import serialization
+
+    pem = private_key.read_bytes()
+    try:
+        serialization.load_pem_private_key(pem, None if password is None else password.encode())
+    except TypeError as err:  # a password for a plain key, or none for an encrypted one
+        if password is None:
+            raise SignatureError(
+                f"--sign: {private_key} is encrypted; give its password in an environment "
+                "variable named by --key-password-env."
+            ) from None
+        raise SignatureError(f"--sign: {private_key}: {err}") from None
+    except ValueError as err:
+        if b"ENCRYPTED" in pem and password is not None:
+            raise SignatureError(
+                f"--sign: {private_key} could not be decrypted with the password given "
+                "(--key-password-env): wrong password?"
+            ) from None
+        raise SignatureError(
+            f"--sign: {private_key} is not a PEM private key model-signing takes (P-256, "
+            f"P-384 or P-521; `pipeline keygen` makes one): {err}"
+        ) from None
 
 
 def signer_of(folder: Path) -> str | None:
@@ -160,10 +193,13 @@ def signer_of(folder: Path) -> str | None:
 
 @dataclass(frozen=True)
 class Policy:
-    """The trusted public keys: fingerprint → (name, path)."""
+    """The trusted public keys: fingerprint → (name, path). `declared`: whether there is a
+    policy at all (--trust given, or the store has a trust folder), so a trust folder
+    emptied by revoking its last key trusts nobody rather than turning the checks off."""
 
     keys: dict[str, tuple[str, Path]]
     sources: tuple[str, ...]  # where the keys came from, for messages
+    declared: bool = True
 
     @classmethod
     def load(cls, store: Path | None, given: Sequence[str] | None = None) -> Policy:
@@ -175,11 +211,12 @@ class Policy:
             paths += map(Path, given)
             sources.append("--trust")
         folder = Path(store) / TRUST_FOLDER if store is not None else None
+        declared = bool(given)
         if folder is not None and folder.is_dir():
+            declared = True
             found = sorted(p for p in folder.iterdir() if p.suffix in PUBLIC_SUFFIXES)
             paths += found
-            if found:
-                sources.append(str(folder))
+            sources.append(str(folder) if found else f"{folder}, which holds no key")
         keys: dict[str, tuple[str, Path]] = {}
         for path in paths:
             try:
@@ -188,7 +225,7 @@ class Policy:
                 raise SignatureError(
                     f"The trusted key {path} is not a PEM public key ({err})."
                 ) from None
-        return cls(keys, tuple(sources))
+        return cls(keys, tuple(sources), declared)
 
     def name(self, fp: str | None) -> str | None:
         if fp is None:
@@ -219,8 +256,10 @@ def state(version_dir: Path, policy: Policy | None = None) -> State:
     policy = policy if policy is not None else Policy.load(store_of(version_dir))
     fp = signer_of(version_dir)
     if fp is None:
+        if (version_dir / SIGNATURE).exists():  # there, but not a bundle: say so
+            return State(UNSIGNED, None, f"{SIGNATURE} is there but is not a signature bundle")
         return State(UNSIGNED, None)
-    if not policy.keys:
+    if not policy.declared:
         return State(UNCHECKED, fp[:16])
     if fp not in policy.keys:
         return State(UNTRUSTED, fp[:16], f"not in the trust policy ({', '.join(policy.sources)})")
@@ -251,17 +290,17 @@ def _changed(message: str) -> str:
 _warned: set[str] = set()
 
 
-def require(version_dir: Path) -> State | None:
+def require(version_dir: Path, also: Sequence[str] = ()) -> State | None:
     """Check a version the store hands to serve, rollout, rollback, archive or deploy: raise
     SignatureError when the trust policy refuses it; without a policy, warn once per store
     and go on. A folder that is not a published version (an export folder) is not checked:
-    None."""
+    None. `also`: keys trusted beyond this command's --trust (a running server's)."""
     version_dir = Path(version_dir)
     if not is_version(version_dir):
         return None
     store = store_of(version_dir)
-    policy = Policy.load(store)
-    if not policy.keys:
+    policy = Policy.load(store, [*given_keys(), *also])
+    if not policy.declared:
         if str(store) not in _warned:
             _warned.add(str(store))
             print(
@@ -272,6 +311,13 @@ def require(version_dir: Path) -> State | None:
             )
         return None
     return _refuse_untrusted(version_dir, policy)
+
+
+def unheld(keys: Sequence[str], held: Sequence[str], store: Path) -> list[str]:
+    """Those of `keys` (paths) whose fingerprint is neither among `held`'s nor in `store`'s
+    trust folder: what a command's --trust adds beyond a running server's policy."""
+    have = Policy.load(store, list(held)).keys
+    return [k for k in keys if fingerprint(Path(k).read_bytes()) not in have]
 
 
 def recheck(version_dir: Path, trust: Sequence[str]) -> State | None:
@@ -285,7 +331,7 @@ def recheck(version_dir: Path, trust: Sequence[str]) -> State | None:
     if not is_version(version_dir):
         return None
     policy = Policy.load(store_of(version_dir), trust)
-    return _refuse_untrusted(version_dir, policy) if policy.keys else None
+    return _refuse_untrusted(version_dir, policy) if policy.declared else None
 
 
 def _refuse_untrusted(version_dir: Path, policy: Policy) -> State:
@@ -294,8 +340,9 @@ def _refuse_untrusted(version_dir: Path, policy: Policy) -> State:
         log.info("%s: %s", version_dir, found.describe())
         return found
     why = {
-        UNSIGNED: "is not signed, and the trust policy accepts only signed versions (publish "
-        "it again with --sign KEY)",
+        UNSIGNED: "is not signed"
+        + (f" ({found.detail})" if found.detail else "")
+        + ", and the trust policy accepts only signed versions (publish it again with --sign KEY)",
         CHANGED: f"changed since it was signed ({found.detail})",
         UNTRUSTED: f"is signed by key {found.signer}, {found.detail}",
     }[found.state]

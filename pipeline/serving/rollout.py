@@ -21,13 +21,14 @@ import contextlib
 import fcntl
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 from pipeline.core import paths, signing
 from pipeline.core.errors import PipelineError
 from pipeline.serving import backends, live, runtime, versions
 from pipeline.serving.capabilities import Versions
+from pipeline.serving.rolloutconfig import Bounds, RolloutConfig
 from pipeline.serving.server import ServeError, Server
 
 Say = Callable[[str], None]
@@ -39,55 +40,6 @@ class RolloutRefusedError(PipelineError):
 
 class RolledBackError(PipelineError):
     """The canary broke a bound while watched and was taken out of service."""
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """What a canary may do before it is rolled back: judged once it has `min_requests`
-    answers, on its error rate (5xx) and on its p99 against the default version's."""
-
-    max_error_rate: float = 0.01
-    max_p99_ratio: float = 3.0
-    min_requests: int = 20
-
-    def breach(self, canary: live.Tally, default: live.Tally | None) -> str | None:
-        if canary.requests < self.min_requests:
-            return None
-        if canary.error_rate() > self.max_error_rate:
-            return (
-                f"error rate {canary.error_rate():.1%} ({canary.failed} of {canary.requests}) "
-                f"is over --max-error-rate {self.max_error_rate:.1%}"
-            )
-        mine, theirs = canary.p99_ms(), default.p99_ms() if default else None
-        if mine is not None and theirs and mine > self.max_p99_ratio * theirs:
-            return (
-                f"p99 {mine:.2f} ms is over --max-p99-ratio {self.max_p99_ratio:g} × the "
-                f"default version's {theirs:.2f} ms"
-            )
-        return None
-
-
-@dataclass
-class RolloutConfig:
-    model: str
-    run_dir: Path
-    version: int | None = None  # None: with promote, the canary
-    store: Path = paths.DEFAULT_STORE
-    canary: float | None = None  # percent of unversioned requests
-    promote: bool = False
-    watch_s: float = 10.0
-    bounds: Bounds = field(default_factory=Bounds)
-    timeout_s: float = 180.0
-
-    def validate(self) -> None:
-        if self.promote and (self.canary is not None or self.version is not None):
-            raise PipelineError("--promote takes no --version or --canary: it promotes the canary.")
-        if not self.promote and self.version is None:
-            raise PipelineError("Say which version: --version N (see `pipeline status`).")
-        if self.canary is not None and not 0 < self.canary < 100:
-            raise PipelineError(f"--canary is a percentage between 0 and 100, got {self.canary}.")
-        if self.watch_s < 0 or self.bounds.min_requests < 1:
-            raise PipelineError("--watch must be 0 or more and --min-requests at least 1.")
 
 
 @contextlib.contextmanager
@@ -167,7 +119,7 @@ def rollout(config: RolloutConfig, say: Say = print) -> live.LiveState:
         if config.promote:
             return _promote(config, rt, server, state, names, say)
         version = versions.get(config.model, int(config.version or 0), config.store)
-        signing.require(version.dir)  # the trust policy, when there is one
+        _trusted(version.dir, server)
         for n in names:
             if (
                 versions.number_of(
@@ -230,6 +182,21 @@ def rollout(config: RolloutConfig, say: Say = print) -> live.LiveState:
         versions.set_default(config.model, version.number, config.store)
         say(f"{config.model} version {version.number} is the default; the old one is unloaded")
         return final
+
+
+def _trusted(version_dir: Path, server: Server) -> None:
+    """Check `version_dir` as `server`'s workers will when they load it: against the keys
+    `serve --trust` gave it, the store's trust folder and this command's --trust, which
+    may add no key the server lacks (its workers would refuse what this check passed)."""
+    beyond = signing.unheld(signing.given_keys(), server.trust, signing.store_of(version_dir))
+    if beyond and signing.is_version(version_dir):
+        raise RolloutRefusedError(
+            f"--trust {' '.join(beyond)}: the running server's workers check versions against "
+            "the keys `pipeline serve --trust` gave it and the store's trust folder, not this "
+            "command's; add the key to the store's trust/ folder (read at every load) or "
+            "restart `pipeline serve` with it."
+        )
+    signing.require(version_dir, server.trust)
 
 
 def _only(mv: live.ModelVersions, number: int) -> live.ModelVersions:
@@ -362,6 +329,8 @@ def rollback(
         try:
             server, rt, state = running(Path(run_dir))
         except ServeError:
+            # The version the next `serve` will load: refused now, not then.
+            signing.require(versions.get(model, versions.previous(model, store), store).dir)
             pointer = versions.roll_back_pointer(model, store)
             say(
                 f"no server is running: the store's default for {model} is now version "
@@ -378,14 +347,23 @@ def rollback(
             say(f"canary version {canary} removed; version {default} serves all traffic")
             return default
         back = versions.get(model, versions.previous(model, store), store)
-        signing.require(back.dir)
+        _trusted(back.dir, server)
 
         def beside(mv: live.ModelVersions) -> live.ModelVersions:
             old = live.Loaded(back.number, str(back.dir), mv.versions[mv.default].format)
             return replace(mv, versions={**mv.versions, back.number: old})
 
         staged = _next(state, names, beside)
-        _versions(rt).apply_live(server, staged, timeout_s)
+        try:
+            _versions(rt).apply_live(server, staged, timeout_s)
+        except live.LiveError as err:
+            # As a rollout does: the live state must not keep a version no worker holds,
+            # or the next worker the supervisor restarts would load it and fail.
+            _restore(rt, server, staged, state, timeout_s)
+            raise RolloutRefusedError(
+                f"Version {back.number} did not load, so nothing was rolled back; version "
+                f"{state.models[names[0]].default} keeps serving: {err}"
+            ) from None
         _versions(rt).apply_live(
             server, _next(staged, names, lambda mv: _only(mv, back.number)), timeout_s
         )

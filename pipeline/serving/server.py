@@ -69,6 +69,9 @@ class Server:
     # Per runtime: TorchServe's management_url and backend_url (its own inference API
     # behind the gateway), the KServe runtime's grpc_url.
     extras: dict[str, str] = field(default_factory=dict)
+    # The public keys `serve --trust` gave it: its workers check a version they load
+    # against these and the store's trust folder, so a rollout checks with them too.
+    trust: list[str] = field(default_factory=list)
 
     @classmethod
     def load(cls, run_dir: Path) -> Server:

@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -205,18 +206,34 @@ def test_a_run_joins_the_cluster_under_a_path_of_its_own(
     assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]
 
 
+def _after(delay: float, url: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
+    time.sleep(delay)
+    return httpx.post(url, content=body, headers=headers, timeout=90)
+
+
 def test_a_model_whose_replica_cannot_load_is_not_ready_and_answers_503_with_why(
     cluster, joined: dict[str, Any]
 ) -> None:
     """A replica that dies and cannot load its export again (here the file changed on
     disk): Serve retries it, and requests used to wait for it until the client gave up
-    while readiness said ready. Now: not ready, and 503 with Serve's reason."""
+    while readiness said ready. Now: not ready, and 503 with Serve's reason, also for the
+    requests sent as it died, before Serve knew (those waited in Serve's router without
+    end: a user's curl at +0 s and +1 s had no answer after 180 s)."""
     server, second = cluster[0], joined["server"]
     auth = {"Authorization": f"Bearer {_key(second)}"}  # each run has its own token
     model = f"{second.inference_url}/v2/models/digits_lenet"
     assert httpx.get(f"{model}/ready", headers=auth, timeout=30).status_code == 200
+    body = oip_json(open_export(joined["export_dir"]).sample(1, seed=0))
+    headers = auth | {"Content-Type": "application/json"}
     (joined["export_dir"] / "model.onnx").write_bytes(b"changed on disk")
     os.kill(_state(second)["replicas"]["digits_lenet"][0]["pid"], signal.SIGKILL)
+    with ThreadPoolExecutor(3) as pool:  # at once, 0.5 s and 1 s after the kill
+        sent = [
+            pool.submit(_after, delay, f"{model}/infer", body, headers) for delay in (0, 0.5, 1)
+        ]
+        early = [f.result() for f in sent]
+    for answer in early:  # each answered (httpx's timeout would raise), and not with a 200
+        assert answer.status_code == 503 and answer.headers["Retry-After"], answer.text
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # first "health check failed", then the cause
         ready = httpx.get(f"{model}/ready", headers=auth, timeout=30)
@@ -225,8 +242,6 @@ def test_a_model_whose_replica_cannot_load_is_not_ready_and_answers_503_with_why
         time.sleep(0.5)
     assert ready.status_code == 503 and ready.json()["ready"] is False, ready.text
     assert "modified after export" in ready.json()["error"], ready.text
-    body = oip_json(open_export(joined["export_dir"]).sample(1, seed=0))
-    headers = auth | {"Content-Type": "application/json"}
     answer = httpx.post(f"{model}/infer", content=body, headers=headers, timeout=60)
     assert answer.status_code == 503 and answer.headers["Retry-After"], answer.text
     assert "no replica of 'digits_lenet' is running" in answer.json()["error"], answer.text

@@ -30,9 +30,17 @@ import tritonclient.http as thttp
 from pipeline.cli import main
 from pipeline.core import signing
 from pipeline.serving import live, runtime, versions
+from pipeline.serving import rollout as rollout_module
 from pipeline.serving.client import auth_headers
 from pipeline.serving.launcher import free_port, stop
-from pipeline.serving.rollout import Bounds, RolledBackError, RolloutConfig, rollback, rollout
+from pipeline.serving.rollout import (
+    Bounds,
+    RolledBackError,
+    RolloutConfig,
+    RolloutRefusedError,
+    rollback,
+    rollout,
+)
 from pipeline.serving.server import Server
 from tests.load_span import LoadSpan, as_canary
 from tests.tamper import alter_onnx_initializer
@@ -237,6 +245,30 @@ def test_a_version_signed_by_an_untrusted_key_is_refused(
     err = _refused(served, store, bad.number, capsys)
     assert "is signed by key" in err and "not in the trust policy (" in err, err
     shutil.rmtree(bad.dir)
+
+
+def test_a_rollback_whose_version_does_not_load_leaves_the_live_state_as_it_was(
+    served: Server, store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Version 1's file changes after the rollback checked it (or a store without a trust
+    policy, where nothing checks it before the workers do): the workers refuse it, and the
+    live state must not keep it, or the next worker the supervisor restarts would load it,
+    fail, and after three deaths take the server down."""
+    _reset(served, store)
+    rollout(RolloutConfig(MODEL, Path(served.run_dir), version=2, store=store), say=lambda _: None)
+    onnx_file = versions.get(MODEL, 1, store).dir / "model.onnx"
+    kept = onnx_file.read_bytes()
+    monkeypatch.setattr(rollout_module, "_trusted", lambda *_: None)  # changed after the check
+    onnx_file.write_bytes(kept[:-1] + bytes([kept[-1] ^ 1]))
+    try:
+        with pytest.raises(RolloutRefusedError, match="Version 1 did not load"):
+            rollback(MODEL, Path(served.run_dir), store, say=lambda _: None)
+        mv = runtime.get("kserve").versions.live_state(served).models[MODEL]
+        assert (mv.default, sorted(mv.versions)) == (2, [2])
+        assert versions.read_pointer(MODEL, store).default == 2
+    finally:
+        onnx_file.write_bytes(kept)
+    _reset(served, store)
 
 
 def _triton_grpc(server: Server, *args: str | Path) -> dict[str, Any]:

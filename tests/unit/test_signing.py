@@ -2,12 +2,17 @@
 model-signing library for real: signed and trusted, one byte changed, another key, unsigned
 with and without a policy; `pipeline serve`, `archive` and `deploy` refusing before they
 start anything, and `status` showing each version's state. Serving a signed version and a
-rollout refusing one are in tests/integration/test_rollout.py."""
+rollout refusing one are in tests/integration/test_rollout.py. The policy's edges found by
+trying it as a user would (2026-11-28; each failed on the code before): a trust folder
+emptied by revoking its last key, an encrypted signing key, a signature file that is not
+one, a rollback with no server running, a rollout's --trust beside a running server's."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +20,8 @@ import pytest
 from pipeline.cli import main
 from pipeline.core import signing
 from pipeline.serving import versions
+from pipeline.serving.rollout import RolloutRefusedError, rollback
+from pipeline.serving.server import Server
 from pipeline.serving.status import status, status_lines
 
 MODEL = "digits_lenet"
@@ -220,3 +227,124 @@ def test_status_takes_trust_from_the_command_line(
     assert main([*argv, "--trust", str(keys["alice"].with_suffix(".pub"))]) == 0
     out = capsys.readouterr().out
     assert "  version 1: signed by alice (" in out and "not checked" not in out, out
+
+
+def test_a_trust_folder_whose_last_key_was_removed_trusts_nobody(
+    keys: dict[str, Path], tmp_path: Path
+) -> None:
+    """SECURITY.md: remove a key's .pub from trust/ and the versions it signed are refused.
+    Removing the only one used to turn the policy off (every version served unchecked)."""
+    folder = _version(tmp_path)
+    signing.sign(folder, keys["alice"])
+    _trust(tmp_path, keys["alice"].with_suffix(".pub"))
+    assert signing.require(folder).trusted  # type: ignore[union-attr]
+    for key in (tmp_path / "trust").iterdir():
+        key.unlink()
+    with pytest.raises(signing.SignatureError, match="holds no key"):
+        signing.require(folder)
+    with pytest.raises(signing.SignatureError, match="not in the trust policy"):
+        signing.recheck(folder, [])  # a worker loading it: the same answer
+    assert signing.state(folder).state == signing.UNTRUSTED
+    (tmp_path / "trust").rmdir()  # no folder at all: no policy, as before
+    assert signing.state(folder).state == signing.UNCHECKED
+
+
+def test_an_encrypted_key_signs_with_its_password_and_says_why_it_does_not(
+    keys: dict[str, Path], tmp_path: Path
+) -> None:
+    encrypted = tmp_path / "enc.key"
+    subprocess.run(
+        ["openssl", "pkcs8", "-topk8", "-in", str(keys["alice"]), "-v2", "aes-256-cbc",
+         "-passout", "pass:s3cret", "-out", str(encrypted)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    folder = _version(tmp_path / "store")
+    fp = signing.sign(folder, encrypted, "s3cret")
+    assert fp == signing.fingerprint(keys["alice"].with_suffix(".pub").read_bytes())
+    with pytest.raises(signing.SignatureError, match="wrong password"):
+        signing.sign(folder, encrypted, "wrong")
+    with pytest.raises(signing.SignatureError, match="is encrypted; give its password"):
+        signing.sign(folder, encrypted, None)
+
+
+def test_publish_reads_the_keys_password_from_the_named_variable(
+    keys: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    encrypted = tmp_path / "enc.key"
+    subprocess.run(
+        ["openssl", "pkcs8", "-topk8", "-in", str(keys["alice"]), "-v2", "aes-256-cbc",
+         "-passout", "pass:s3cret", "-out", str(encrypted)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    monkeypatch.setenv("KEY_PASSWORD", "s3cret")
+    folder = _version(tmp_path / "store")
+    from pipeline.cli.versions import _password
+
+    assert signing.sign(folder, encrypted, _password("KEY_PASSWORD"))
+
+
+def test_a_signature_file_that_is_not_a_bundle_is_named(
+    keys: dict[str, Path], tmp_path: Path
+) -> None:
+    folder = _version(tmp_path)
+    (folder / signing.SIGNATURE).write_text("{not json")
+    found = signing.state(folder)
+    assert found.state == signing.UNSIGNED and "not a signature bundle" in found.detail
+    _trust(tmp_path, keys["alice"].with_suffix(".pub"))
+    with pytest.raises(signing.SignatureError, match=r"is not signed \(signature.sig is there"):
+        signing.require(folder)
+
+
+def test_a_rollback_with_no_server_refuses_a_version_the_policy_refuses(
+    keys: dict[str, Path], tmp_path: Path
+) -> None:
+    """Without a server only the store's pointer moves, but the next `serve` would then
+    refuse the model: the check comes first, and the pointer stays."""
+    store = tmp_path / "store"
+    for n in (1, 2):
+        signing.sign(_version(store, n), keys["alice"])
+    versions.write_pointer(MODEL, versions.Pointer(2, [1]), store)
+    _trust(store, keys["alice"].with_suffix(".pub"))
+    (store / MODEL / "1" / "model.onnx").write_bytes(b"changed")
+    with pytest.raises(signing.SignatureError, match=r"model\.onnx differs from the signed bytes"):
+        rollback(MODEL, tmp_path / "run", store, say=lambda _: None)
+    assert versions.read_pointer(MODEL, store).default == 2
+    argv = ["rollback", "--model", MODEL, "--store", str(store), "--run-dir", str(tmp_path / "r")]
+    assert main(argv) == 1
+    assert versions.read_pointer(MODEL, store).default == 2
+
+
+def _server(trust: list[str]) -> Server:
+    server = Server(
+        runtime="kserve", pid=0, run_dir="/nonexistent", inference_url="", metrics_url="",
+        models=[MODEL],
+    )  # fmt: skip
+    return replace(server, trust=trust)
+
+
+def test_a_rollout_checks_with_the_running_servers_keys_and_refuses_keys_it_lacks(
+    keys: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's workers check what they load against `serve --trust`'s keys and the
+    store's folder: a rollout's own check uses those keys (no 'no trust policy' warning
+    when the server has one), and a key only the rollout was given is refused up front
+    rather than passing here and failing in the workers."""
+    from pipeline.serving.rollout import _trusted
+
+    store = tmp_path / "store"
+    alice, mallory = (keys[k].with_suffix(".pub") for k in ("alice", "mallory"))
+    good = _version(store, 1)
+    signing.sign(good, keys["alice"])
+    other = _version(store, 2)
+    signing.sign(other, keys["mallory"])
+    # The server trusts alice; this command was given nothing: alice's version passes.
+    assert _trusted(good, _server([str(alice)])) is None
+    with pytest.raises(signing.SignatureError, match="not in the trust policy"):
+        _trusted(other, _server([str(alice)]))
+    # This command's --trust names mallory, whom the server does not trust.
+    monkeypatch.setenv(signing.TRUST_ENV, str(mallory))
+    with pytest.raises(RolloutRefusedError, match="not this command's"):
+        _trusted(other, _server([str(alice)]))
+    # Once the store's trust folder holds mallory, the workers would accept it too.
+    _trust(store, mallory)
+    assert _trusted(other, _server([str(alice)])) is None

@@ -162,6 +162,7 @@ def start(
         ca_file=config.tls_cert,
         runtime=NAME,
         markers=[CONFIG_FILE],
+        trust=list(config.trust),
         # What this start did with each key, for `describe` (never the key itself).
         extras={
             "grpc_url": f"{host}:{config.grpc_port}",

@@ -31,7 +31,7 @@ from ray.exceptions import RayActorError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from pipeline.runtimes.ray.availability import Availability
+from pipeline.runtimes.ray.availability import Availability, Down
 from pipeline.runtimes.ray.constants import LOOPBACK_ENV, deployment_name
 from pipeline.serving import guard
 from pipeline_runtime import codec, oip
@@ -240,7 +240,9 @@ class Ingress:
             return _json({"error": _down({name: why})}, 503, {"Retry-After": "5"})
         started = time.perf_counter()
         try:
-            outputs = await self.handles[name].remote(arrays)
+            outputs = await self.available.answer(self.handles[name].remote(arrays), name)
+        except Down as down:  # its replica died while this request waited for it
+            return _json({"error": _down({name: str(down)})}, 503, {"Retry-After": "5"})
         except RayActorError as err:
             # The replica died with this request on it (its node lost): nothing was
             # answered, so the client may resend; Serve routes the resend to a live one.

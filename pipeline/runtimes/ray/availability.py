@@ -8,7 +8,8 @@ ingress follows Serve's status instead (`serve.status()`, in a thread, every PER
 a model whose deployment has no RUNNING replica and that Serve calls UNHEALTHY or
 DEPLOY_FAILED is down, with Serve's reason (the constructor's exception). Readiness then
 says not ready, and a request waits at most WAIT_S for a replica to come back (a replica
-replaced after a crash starts within that) before it gets 503 with the reason.
+replaced after a crash starts within that) before it gets 503 with the reason; so does one
+that was already waiting in Serve's router when its replica died (`answer`).
 
 A deployment scaled to zero by autoscaling is HEALTHY with no replica: it is not down, and
 its requests wait for the scale-up as before.
@@ -61,6 +62,17 @@ def _name(member: Any) -> str:
     return str(getattr(member, "value", member))
 
 
+class Down(Exception):  # noqa: N818 - a state, not an error of this code
+    """A model with no replica running, for longer than a request waits: its reason."""
+
+
+def _cancel(call: Any) -> None:
+    try:
+        call.cancel()
+    except Exception as err:  # noqa: BLE001 - already answered, cancelled or unassigned
+        log.debug("cancel: %s", err)
+
+
 class Availability:
     """The models of this replica's application that are down, kept current in a thread."""
 
@@ -81,6 +93,23 @@ class Availability:
             except Exception as err:  # noqa: BLE001 - a controller being replaced: ask again
                 log.debug("Serve's status not read: %s", err)
             time.sleep(PERIOD_S)
+
+    async def answer(self, call: Any, model: str) -> Any:
+        """`call`'s result (a DeploymentResponse). A request sent just before its replica
+        died passed `wait` and is held by Serve's router, which never gives up on it: once
+        `model` is down and stays down for WAIT_S, it is cancelled and Down raised."""
+        pending = asyncio.ensure_future(call)
+        while True:
+            done, _ = await asyncio.wait({pending}, timeout=PERIOD_S)
+            if done:
+                return pending.result()
+            if model in self.down:
+                why = await self.wait(model)
+                if why is not None and not pending.done():
+                    pending.cancel()
+                    # Best effort, and it may block on Serve's router loop: not on this one.
+                    await asyncio.to_thread(_cancel, call)
+                    raise Down(why)
 
     async def wait(self, model: str) -> str | None:
         """None once `model` is not down (at once, almost always); else, after WAIT_S,

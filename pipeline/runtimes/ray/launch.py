@@ -145,6 +145,7 @@ def start(
         started=launcher.created(proc.pid),
         markers=[CONFIG_FILE],
         served=infos,
+        trust=list(config.trust),
         extras={"cluster": config.address or _local(config)},
     )
     server.record()

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pipeline.core import signing
 from pipeline.core.paths import DEFAULT_STORE
 from pipeline.runtimes.torchserve import properties
 from pipeline.runtimes.torchserve import shadow as shadow_
@@ -286,6 +287,7 @@ def start(config: ServeConfig) -> Server:
         ca_file=str(Path(config.tls_cert).resolve()) if config.tls_cert else None,
         served=store_.archive_infos(store, models),
         key_files={MANAGEMENT: KEY_FILE},
+        trust=signing.given_keys(),
     )
     server.record()
     with launcher.stopped_on_failure(run_dir):

@@ -71,7 +71,7 @@ def rollout_archive(name: str, where: live.Loaded, store: Path) -> Path:
     if target.is_file():
         # The rollout checked the version itself (signing.require); here only whether a
         # trust policy is in force, so the folder is not hashed twice.
-        policy = signing.Policy.load(Path(store)).keys
+        policy = signing.Policy.load(Path(store)).declared
         if not policy or not to_rebuild(target, version_dir, where.format, where.version):
             return target
     target.parent.mkdir(exist_ok=True)
