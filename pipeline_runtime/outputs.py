@@ -15,11 +15,20 @@ each image has (`collate`). Export records the structure in the manifest
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
+
+# A scripted torchvision detector warns, on its first call in each process, that it
+# answers (losses, detections) when scripted: the project takes the detections from that
+# answer (pipeline/zoo/detection.py), so the warning only alarms (export.md: exporters'
+# own output is kept out).
+warnings.filterwarnings(
+    "ignore", message=r"\w+ always returns a \(Losses, Detections\) tuple in scripting"
+)
 
 
 def flatten_outputs(outputs: Any) -> list[torch.Tensor]:

@@ -64,7 +64,15 @@ def add_verify_command(sub: argparse._SubParsersAction) -> None:
         "--cpp-build-dir",
         type=Path,
         help="the C++ client's build folder, as given to `pipeline build-cpp --build-dir`; "
-        "built there when missing or older than its sources (default: cpp_client/build)",
+        "built there when missing or older than its sources, once a format it runs is "
+        "checked (default: cpp_client/build)",
+    )
+    p.add_argument(
+        "--pte-build-dir",
+        type=Path,
+        help="ExecuTorch's runner's build folder (cpp/pte), as given to `pipeline build-cpp "
+        "--runner pte --build-dir`; built there the same way (default: "
+        "cpp_client/pte_runner/build)",
     )
     p.add_argument("--atol", type=float, help="absolute tolerance (default: the manifest's)")
     p.add_argument("--rtol", type=float, help="relative tolerance (default: the manifest's)")

@@ -11,6 +11,7 @@ stack), so `explain` can say "tagger.py:19 (for t in range(x.size(1)):) fixed
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import linecache
 import logging
 import os
@@ -56,8 +57,8 @@ def fix_axis_hint(axes: str) -> str:
     """The way out when an axis cannot stay dynamic: one .pt2 per length."""
     example = ", ".join(f"--fix-axis {a.strip()}=N" for a in axes.split(",") if a.strip())
     return (
-        f"or export with {example or '--fix-axis AXIS=N'} to compile the .pt2 for that one "
-        "length (the other formats keep it dynamic)"
+        f"or export with {example or '--fix-axis AXIS=N'} to make the .pt2 or .pte for that "
+        "one length (the other formats keep it dynamic)"
     )
 
 
@@ -233,9 +234,58 @@ def explain(
         hint = _what_fixed(axes, size, sites or [], kept)
     elif "data-dependent" in text or "GuardOnDataDependent" in type(err).__name__:
         what, hint = "the code branches on a tensor's value", cond_hint()
+        library = library_site(text)
+        if library is not None:  # not the user's branch: torch.cond in their code cannot help
+            called = f", called from {where}" if where else ""
+            where = f"{library[0]}'s code ({library[1]}){called}"
+            what = (
+                "the library branches on a tensor's value: torch.cond in your code cannot remove it"
+            )
+            hint = LIBRARY_HINT + ("" if jitgate.refused() else LIBRARY_SCRIPT_HINT)
     else:
         what, hint = "", "see the torch.export documentation for what it supports"
     at = f" at {where}" if where else ""
     what = f" ({what})" if what else ""
-    first = first[:200].rstrip(".")
-    return f"torch.export failed{at}{what}: {type(err).__name__}: {first}. Hint: {hint}."
+    return f"torch.export failed{at}{what}: {type(err).__name__}: {_cut(first)}. Hint: {hint}."
+
+
+def _cut(line: str, most: int = 200) -> str:
+    """`line` up to `most` characters, cut at a space and marked (a guard's expression can
+    run to thousands), without a trailing full stop."""
+    if len(line) > most:
+        line = line[:most].rsplit(" ", 1)[0] + " …"
+    return line.rstrip(".")
+
+
+# torch names the frame that asked for the guard: "Caused by: (torchvision/ops/boxes.py:103
+# in _batched_nms_coordinate_trick)"; a path relative to a sys.path entry, or absolute.
+_CAUSED = re.compile(r"Caused by: \((?:[^()]*? )?([^\s()]+\.py):(\d+) in ([\w.<>]+)\)")
+LIBRARY_HINT = (
+    "this model cannot be written as a .pt2 or .pte while it calls that code on values only "
+    "known at run time (torchvision's detectors: `if boxes.numel() == 0` in batched NMS)"
+)
+LIBRARY_SCRIPT_HINT = "; export it with --format torchscript/onnx, which script or trace it"
+
+
+def library_site(text: str) -> tuple[str, str] | None:
+    """(package, "path:line in function") when torch.export's guard was asked for by an
+    installed package's code (torchvision, torch itself), not the model's own file."""
+    found = _CAUSED.search(text)
+    if found is None:
+        return None
+    path, line, function = found.groups()
+    top = path.split("/")[0] if not os.path.isabs(path) else None
+    if top is None:
+        parts = path.split(os.sep)
+        inside = [i for i, p in enumerate(parts) if p in ("site-packages", "dist-packages")]
+        if not inside or inside[-1] + 1 >= len(parts):
+            return None
+        top = parts[inside[-1] + 1]
+    elif os.path.exists(path):  # relative to the working folder: the user's own file
+        return None
+    else:
+        spec = importlib.util.find_spec(top) if top.isidentifier() else None
+        origin = (spec.origin or "") if spec is not None else ""
+        if not any(d in origin for d in ("site-packages", "dist-packages")):
+            return None
+    return top, f"{path}:{line} in {function}"

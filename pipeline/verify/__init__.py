@@ -24,6 +24,7 @@ from pipeline.formats import base as registry
 from pipeline.verify.backends import (
     CPP,
     Backend,
+    Builds,
     backend_names,
     load_backends,
     local_backends,
@@ -53,6 +54,10 @@ class VerifyConfig:
     served_names: tuple[str, ...] = ()
     with_cpp: bool = False  # with the default backends: the C++ client too, on every format it runs
     cpp_binary: Path | None = None  # default: cpp_client/build/run_torchscript, built if needed
+    # --cpp-build-dir: where the LibTorch client is built, once a format it runs is checked;
+    # --pte-build-dir: the same for ExecuTorch's runner (default: each program's own folder).
+    cpp_build_dir: Path | None = None
+    pte_build_dir: Path | None = None
     atol: float | None = None  # default: the manifest's tolerance
     rtol: float | None = None
     # atol as a fraction of each output's largest reference magnitude (replaces atol).
@@ -82,7 +87,8 @@ class VerifyConfig:
             backends=tuple(args.backend) if args.backend else None,
             served_names=tuple(getattr(args, "served_names", ())),
             with_cpp=args.with_cpp,
-            cpp_binary=_built_client(getattr(args, "cpp_build_dir", None)),
+            cpp_build_dir=getattr(args, "cpp_build_dir", None),
+            pte_build_dir=getattr(args, "pte_build_dir", None),
             atol=args.atol,
             rtol=args.rtol,
             atol_scale=args.atol_scale,
@@ -197,9 +203,9 @@ def _load(
     (a float16 graph the CPU provider refuses) a failed row saying so plainly."""
     fmt = registry.by_backend(name)
     if fmt is None or fmt.precision == registry.FLOAT32:
-        return load_backends(name, exported, config.cpp_binary, config.device), []
+        return load_backends(name, exported, config.cpp_binary, config.device, _builds(config)), []
     try:
-        return load_backends(name, exported, config.cpp_binary, config.device), []
+        return load_backends(name, exported, config.cpp_binary, config.device, _builds(config)), []
     except ArtifactError:
         raise  # missing, altered or never written: not a question of where it runs
     except Exception as err:  # noqa: BLE001 - reported as this backend's failed check
@@ -295,7 +301,7 @@ def verify(
         rows=checked.rows,
         notes=checked.notes
         + [
-            f"{key} was not checked: export could not write it ({' '.join(why.split())[:300]})"
+            f"{key} was not checked: export could not write it ({_whole(why)})"
             for key, why in exported.manifest.unwritten.items()
         ],
     )
@@ -322,11 +328,11 @@ def verify(
     return report
 
 
-def _built_client(build_dir: Path | None) -> Path | None:
-    """--cpp-build-dir's client, built there when missing or older than its sources (None:
-    the default folder's, the same way, when a C++ backend is asked for)."""
-    if build_dir is None:
-        return None
-    from pipeline.formats.cpp import ensure_built
+def _whole(reason: str, most: int = 1000) -> str:
+    """Export's reason on one line, its hint kept: cut, at a word, only past `most`."""
+    line = " ".join(reason.split())
+    return line if len(line) <= most else line[:most].rsplit(" ", 1)[0] + " …"
 
-    return ensure_built(build_dir)
+
+def _builds(config: VerifyConfig) -> Builds:
+    return Builds(config.cpp_build_dir, config.pte_build_dir)

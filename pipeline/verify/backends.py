@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -54,6 +55,15 @@ class RunnerBackend:
         return self.runner(inputs)
 
 
+@dataclass(frozen=True)
+class Builds:
+    """Where the C++ programs are built (None: each program's own folder under cpp_client/):
+    the LibTorch client (`--cpp-build-dir`) and a format's own runner (`--pte-build-dir`)."""
+
+    client: Path | None = None
+    native: Path | None = None
+
+
 class CppBackend:
     """A C++ program on a format it runs: the LibTorch client, "cpp" (TorchScript) or
     "cpp/<format>", or a format's own runner without LibTorch (`Format.native`: "cpp/pte").
@@ -70,8 +80,10 @@ class CppBackend:
         fmt: registry.Format,
         binary: Path | None,
         device: str = "cpu",
+        builds: Builds = Builds(),
     ) -> None:
-        # `binary` is the LibTorch client's (--cpp-build-dir); a native runner builds its own.
+        # `binary`: the LibTorch client's, built by the caller; else the program is built in
+        # its folder of `builds` (a native runner, ExecuTorch's, in its own).
         self.program = importlib.import_module(fmt.native or "pipeline.formats.cpp")
         self.name = cpp_backend_name(fmt)
         self.format_key = fmt.key
@@ -84,7 +96,10 @@ class CppBackend:
         elif compiled == "cuda" and not device.startswith("cuda"):
             device = "cuda:0"
         self.device = device
-        self.binary = Path(binary) if binary and not fmt.native else self.program.ensure_built()
+        if fmt.native:
+            self.binary = self.program.ensure_built(builds.native)
+        else:
+            self.binary = Path(binary) if binary else self.program.ensure_built(builds.client)
         # Custom-op libraries (torchvision) the client must dlopen before the model.
         self.op_libraries = list(exported.manifest.artifact(fmt.key).get("op_libraries") or [])
         self.results: dict[int, list[torch.Tensor]] = {}
@@ -129,10 +144,15 @@ def local_backends(exported: ExportedModel) -> tuple[str, ...]:
 
 
 def load_backends(
-    name: str, exported: ExportedModel, cpp_binary: Path | None = None, device: str = "cpu"
+    name: str,
+    exported: ExportedModel,
+    cpp_binary: Path | None = None,
+    device: str = "cpu",
+    builds: Builds = Builds(),
 ) -> list[Backend]:
     """`name`'s backends: one, or for "cpp" one per format the client runs that the export has,
-    on `device` ("cpu", "cuda:N") where the format runs there."""
+    on `device` ("cpu", "cuda:N") where the format runs there. A program is built (in
+    `builds`' folder) only when a format it runs is there."""
     if name == CPP:
         found = [f for f in exported.formats() if f.cpp or f.native]
         if not found:
@@ -142,7 +162,7 @@ def load_backends(
             raise ArtifactError(
                 f"{exported.dir} has no artifact the C++ client runs; export with {runnable}."
             )
-        return [CppBackend(exported, f, cpp_binary, device) for f in found]
+        return [CppBackend(exported, f, cpp_binary, device, builds) for f in found]
     fmt = registry.by_backend(name)
     if fmt is None:
         raise ArtifactError(f"Unknown backend {name!r}; choose from {', '.join(backend_names())}.")

@@ -10,6 +10,7 @@ verify contract as the others.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -51,8 +52,14 @@ def test_the_runner_links_no_libtorch_and_reports_its_size(runner: Path) -> None
 
 
 def test_digits_pte_verifies_in_python_and_in_the_cpp_runner(
-    exported: ExportResult, binary: Path, tmp_path: Path
+    exported: ExportResult, binary: Path, runner: Path, tmp_path: Path
 ) -> None:
+    # The runner as `pipeline build-cpp --runner pte --build-dir DIR` leaves it (a copy, newer
+    # than its sources, so not built again): verify's --pte-build-dir runs that one (it
+    # used to build its own in cpp_client/pte_runner/build whatever it was given).
+    elsewhere = pte_runner.binary_path(tmp_path / "pte-build")
+    elsewhere.parent.mkdir(parents=True)
+    shutil.copy2(runner, elsewhere)
     record = exported.manifest.artifact("pte")
     assert record.get("backend") == "xnnpack" and record.get("executorch") == "1.5.1"
     assert record.get("delegates") == ["XnnpackBackend"]
@@ -65,6 +72,7 @@ def test_digits_pte_verifies_in_python_and_in_the_cpp_runner(
             backends=("executorch", "cpp"),
             batch_sizes=(1, 7, 100),
             cpp_binary=binary,  # the session's LibTorch client runs the .pt2 and TorchScript
+            pte_build_dir=tmp_path / "pte-build",
             report=tmp_path / "parity.json",
         )
     )
@@ -74,6 +82,7 @@ def test_digits_pte_verifies_in_python_and_in_the_cpp_runner(
     # The report says what ran it and what a device carries: no libtorch.
     (runner_note,) = [n for n in report.notes if n.startswith("cpp/pte: ExecuTorch's runner")]
     assert "libtorch linked: none" in runner_note and "MiB" in runner_note
+    assert f"ExecuTorch's runner {elsewhere} (" in runner_note, runner_note
     # A batch above the planned largest one is not run (it cannot be), and said so.
     assert not [
         r

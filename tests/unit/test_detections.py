@@ -249,3 +249,22 @@ def test_the_vectorised_rule_counts_and_matches_as_one_detection_at_a_time_did(s
     )
     assert detect.firm_count(eager.scores) == _reference_firm(eager.scores)
     assert [(i, j) for i, j, _ in detect._match(eager, got)] == _reference_match(eager, got)
+
+
+def test_a_scripted_detectors_tuple_warning_is_kept_out_and_other_warnings_are_not() -> None:
+    """Every detector export printed torchvision's "SSD always returns a (Losses,
+    Detections) tuple in scripting" (a user's trial, 2026-11-28), which the project
+    handles; any module that loads or exports a model imports pipeline_runtime.outputs."""
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings, pipeline_runtime.outputs\n"
+        "warnings.warn('SSD always returns a (Losses, Detections) tuple in scripting')\n"
+        "warnings.warn('a warning of the model itself')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert "a warning of the model itself" in proc.stderr, proc.stderr
+    assert "Losses, Detections" not in proc.stderr, proc.stderr
