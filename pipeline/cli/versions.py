@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from pathlib import Path
 
 from pipeline.cli.args import model_arg, run_dir_arg, serve_run_dir
@@ -145,14 +146,27 @@ def _cmd_publish(args: argparse.Namespace) -> int:
         ),
         say=print,
     )
+    from pipeline.core import signing
+
     v = published.version
     print(f"published {v.model} version {v.number}: {v.dir}")
     if published.signer:
         print(f"  signed by key {published.signer[:16]} ({v.dir / 'signature.sig'})")
+    elif signing.Policy.load(args.store, []).declared:
+        # Said now, not at the rollout that would refuse it.
+        print(
+            f"warning: {args.store} has a trust policy ({args.store / signing.TRUST_FOLDER}) and "
+            "this version is not signed: serve, rollout and rollback will refuse it; publish "
+            "it with --sign KEY",
+            file=sys.stderr,
+        )
+    store = "" if Path(args.store) == DEFAULT_STORE else f" --store {args.store}"
     if published.made_default:
         print("  the default (the first version): `pipeline serve` serves it")
     else:
-        print(f"  roll it out with `pipeline rollout --model {v.model} --version {v.number}`")
+        print(
+            f"  roll it out with `pipeline rollout --model {v.model} --version {v.number}{store}`"
+        )
     return 0
 
 

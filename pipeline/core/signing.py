@@ -297,6 +297,14 @@ def require(version_dir: Path, also: Sequence[str] = ()) -> State | None:
     None. `also`: keys trusted beyond this command's --trust (a running server's)."""
     version_dir = Path(version_dir)
     if not is_version(version_dir):
+        if given_keys() and str(version_dir) not in _warned:  # --trust, and nothing to check
+            _warned.add(str(version_dir))
+            print(
+                f"warning: {version_dir} is an export folder, not a published version: --trust "
+                "checks versions from a store only, so nothing was checked here (publish it "
+                "with `pipeline publish --sign KEY` and use it from the store)",
+                file=sys.stderr,
+            )
         return None
     store = store_of(version_dir)
     policy = Policy.load(store, [*given_keys(), *also])

@@ -29,7 +29,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.serving import backends, live, runtime, versions
 from pipeline.serving.capabilities import Versions
 from pipeline.serving.rolloutconfig import Bounds, RolloutConfig
-from pipeline.serving.server import ServeError, Server
+from pipeline.serving.server import ServeError, Server, run_dir_flag
 
 Say = Callable[[str], None]
 
@@ -271,6 +271,10 @@ def _watch(
 ) -> live.LiveState:
     default = state.models[names[0]].default
     deadline = time.monotonic() + config.watch_s
+    # The hints below carry this rollout's folders: copied without them, they would act on
+    # the default run folder's server and store.
+    store_flag = "" if Path(config.store) == paths.DEFAULT_STORE else f" --store {config.store}"
+    flags = run_dir_flag(config.run_dir) + store_flag
     while True:
         why, summary = _judge(rt, server, names, number, default, config.bounds)
         if why:
@@ -282,8 +286,8 @@ def _watch(
         if time.monotonic() >= deadline:
             say(f"watched {config.watch_s:g} s: {summary}")
             say(
-                f"promote with `pipeline rollout --model {config.model} --promote`, or undo with "
-                f"`pipeline rollback --model {config.model}`"
+                f"promote with `pipeline rollout --model {config.model} --promote{flags}`, or "
+                f"undo with `pipeline rollback --model {config.model}{flags}`"
             )
             return state
         time.sleep(0.25)

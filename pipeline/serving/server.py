@@ -40,6 +40,14 @@ def default_run_dir() -> Path:
     return paths.artifacts_root() / "serve"
 
 
+def run_dir_flag(run_dir: Path | str) -> str:
+    """ " --run-dir DIR" for a hint a user copies, when DIR is not the default one (a hint
+    without it would act on the default's server); "" when it is."""
+    if Path(run_dir).resolve() == default_run_dir().resolve():
+        return ""
+    return f" --run-dir {run_dir}"
+
+
 @dataclass(frozen=True)
 class Server:
     """A running server of any runtime, as recorded in server.json: what runs (`runtime`),

@@ -104,11 +104,12 @@ def test_the_versions_differ_so_the_checks_by_version_can_fail(store: Path) -> N
 def test_canary_promote_and_rollback_under_load_lose_nothing(served: Server, store: Path) -> None:
     _reset(served, store)
     run_dir = Path(served.run_dir)
+    said: list[str] = []
     with LoadSpan(served, store) as load:
-        state = rollout(
-            as_canary(run_dir, store, 20, 1.0),
-            say=lambda _: None,
-        )
+        state = rollout(as_canary(run_dir, store, 20, 1.0), say=said.append)
+        # The hints carry this server's folders: without them they act on the defaults'.
+        hint = next(s for s in said if s.startswith("promote with"))
+        assert f"--promote --run-dir {run_dir} --store {store}`" in hint, hint
         assert (state.models[MODEL].canary, state.models[MODEL].percent) == (2, 20.0)
         assert versions.read_pointer(MODEL, store).default == 1  # a canary moves no pointer
         time.sleep(1.0)
@@ -245,6 +246,22 @@ def test_a_version_signed_by_an_untrusted_key_is_refused(
     err = _refused(served, store, bad.number, capsys)
     assert "is signed by key" in err and "not in the trust policy (" in err, err
     shutil.rmtree(bad.dir)
+
+
+def test_publishing_an_unsigned_version_under_a_trust_policy_is_warned_of_at_once(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store with a trust policy took an unsigned version silently; the rollout refused
+    it later (a user's trial, 2026-11-28). And the printed rollout hint names the store."""
+    mine = tmp_path / "store"
+    shutil.copytree(store, mine)
+    v1 = versions.get(MODEL, 1, mine)
+    argv = ["publish", "--model", MODEL, "--export-dir", str(v1.dir), "--report",
+            str(v1.dir / versions.REPORT), "--checkpoint", str(v1.checkpoint), "--store", str(mine)]  # fmt: skip
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "has a trust policy" in err and "this version is not signed" in err, err
+    assert f"--version 3 --store {mine}`" in out, out
 
 
 def test_a_rollback_whose_version_does_not_load_leaves_the_live_state_as_it_was(

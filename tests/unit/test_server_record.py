@@ -60,3 +60,12 @@ def test_the_keys_are_a_mapping(tmp_path: Path) -> None:
     assert "management" in keys and "metrics" not in keys
     assert keys.get("metrics") is None
     assert sorted(keys) == ["inference", "management"]
+
+
+def test_a_hint_names_the_run_folder_only_when_it_is_not_the_default(tmp_path: Path) -> None:
+    """`stop it with pipeline stop` after `serve --run-dir X`, copied as printed, stopped
+    the default folder's server (a user's trial, 2026-11-28)."""
+    from pipeline.serving.server import default_run_dir, run_dir_flag
+
+    assert run_dir_flag(default_run_dir()) == ""
+    assert run_dir_flag(tmp_path / "run") == f" --run-dir {tmp_path / 'run'}"

@@ -348,3 +348,17 @@ def test_a_rollout_checks_with_the_running_servers_keys_and_refuses_keys_it_lack
     # Once the store's trust folder holds mallory, the workers would accept it too.
     _trust(store, mallory)
     assert _trusted(other, _server([str(alice)])) is None
+
+
+def test_trust_given_for_an_export_folder_says_nothing_was_checked(
+    keys: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """`deploy kserve --trust KEY` of an export folder (not a store version) went ahead
+    with no word that the key checked nothing (a user's trial, 2026-11-28)."""
+    folder = tmp_path / "export"
+    folder.mkdir()
+    assert signing.require(folder) is None and capsys.readouterr().err == ""  # no --trust
+    monkeypatch.setenv(signing.TRUST_ENV, str(keys["alice"].with_suffix(".pub")))
+    assert signing.require(folder) is None and signing.require(folder) is None
+    err = capsys.readouterr().err
+    assert err.count("is an export folder, not a published version") == 1, err

@@ -209,7 +209,7 @@ class KServe(runtime.Runtime):
         return server
 
     def describe(self, server: Server) -> list[str]:
-        from pipeline.serving.server import INFERENCE_KEY_FILE
+        from pipeline.serving.server import INFERENCE_KEY_FILE, run_dir_flag
 
         run_dir = Path(server.run_dir)
         # What this start did with each key file (launch.write_tokens), never the key.
@@ -234,7 +234,8 @@ class KServe(runtime.Runtime):
             f"  token:   {run_dir / INFERENCE_KEY_FILE} ({said.get(token, 'written')}; send "
             "'Authorization: Bearer <its inference key>', also as gRPC metadata)",
             f"  logs:    {run_dir / 'logs'}",
-            "stop it with `pipeline stop` (the token stays for the next start)",
+            f"stop it with `pipeline stop{run_dir_flag(run_dir)}` (the token stays for the next "
+            "start)",
         ]
         if server.extras.get("workers"):  # set by serve() on the start it returns
             lines.insert(4, f"  workers: {server.extras['workers']}")

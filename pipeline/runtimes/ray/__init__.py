@@ -279,7 +279,7 @@ class RayServe(runtime.Runtime):
         )
 
     def describe(self, server: Server) -> list[str]:
-        from pipeline.serving.server import INFERENCE_KEY_FILE
+        from pipeline.serving.server import INFERENCE_KEY_FILE, run_dir_flag
 
         run_dir = Path(server.run_dir)
         lines = [
@@ -289,7 +289,7 @@ class RayServe(runtime.Runtime):
             f"  token:   {run_dir / INFERENCE_KEY_FILE} (send 'Authorization: Bearer <its "
             "inference key>')",
             f"  logs:    {run_dir / 'logs'} (Ray's own: /tmp/ray/session_latest/logs)",
-            "stop it with `pipeline stop`",
+            f"stop it with `pipeline stop{run_dir_flag(run_dir)}`",
         ]
         if server.extras.get("asked"):
             lines.insert(

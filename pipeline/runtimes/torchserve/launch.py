@@ -48,7 +48,13 @@ from pipeline.runtimes.torchserve.management import MANAGEMENT
 from pipeline.runtimes.torchserve.workers import scale, status, wait_ready, warm_up, worker_plan
 from pipeline.serving import launcher, live
 from pipeline.serving.launcher import Launch, free_port, port_free, stop
-from pipeline.serving.server import INFERENCE_KEY_FILE, ServeError, Server, default_run_dir
+from pipeline.serving.server import (
+    INFERENCE_KEY_FILE,
+    ServeError,
+    Server,
+    default_run_dir,
+    run_dir_flag,
+)
 
 __all__ = [
     "ServeConfig",
@@ -387,5 +393,6 @@ def describe(server: Server) -> list[str]:
         f"  private:    {run_dir / KEY_FILE} (mode 0600: management and API keys, share it with "
         "no one)",
         f"  logs:       {run_dir / 'logs'}",
-        "stop it with `pipeline stop` (or `make stop`)",
+        f"stop it with `pipeline stop{run_dir_flag(run_dir)}`"
+        + ("" if run_dir_flag(run_dir) else " (or `make stop`)"),
     ]
