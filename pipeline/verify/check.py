@@ -18,7 +18,7 @@ from pipeline.export import quality as task
 from pipeline.export.opened import ExportedModel
 from pipeline.formats import base as registry
 from pipeline.verify.backends import Backend
-from pipeline.verify.report import GOLDEN_FILE_BACKEND, Row
+from pipeline.verify.report import DETECTIONS, GOLDEN_FILE_BACKEND, Row
 from pipeline.zoo.spec import Inputs
 
 log = logging.getLogger(__name__)
@@ -230,7 +230,7 @@ def _detection_row(
     missing = [n for n in (*fields, *others, "counts") if n not in got]
     if missing:
         c = Comparison.failed(Kind.MISSING, f"the backend did not return {', '.join(missing)}")
-        return Row.of(who, label, "detections", c, detect.BOX_ATOL, 0.0)
+        return Row.of(who, label, DETECTIONS, c, detect.BOX_ATOL, 0.0)
     v = detect.compare(expected, got, fields, others, fallback_atol=atol)
     total = found.setdefault(who, detect.Verdict())
     for attr in ("images", "eager", "matched", "firm", "ties", "paste_ties"):
@@ -257,7 +257,7 @@ def _detection_row(
         kind,
         vacuous=kind is Kind.VACUOUS,
     )
-    return Row.of(who, label, "detections", c, detect.BOX_ATOL, 0.0)
+    return Row.of(who, label, DETECTIONS, c, detect.BOX_ATOL, 0.0)
 
 
 def reduced(backend: Backend) -> bool:

@@ -152,17 +152,18 @@ def write_page(report: ParityReport, path: Path) -> Path:
     for s in series(report):
         top1 = [r.comparison.top1 for r in s.rows if r.comparison.top1 is not None]
         kinds = sorted({str(r.kind) for r in s.rows if not r.passed})
-        task = all(r.task is not None for r in s.rows)  # no atol/rtol statistics to show
+        # Task-level and detection-rule rows have no element-wise statistics to show or plot.
+        plain = any(r.statistics for r in s.rows)
         stats = [
-            "" if task else _n(s.worst(a)) for a in ("p99_abs", "ref_max", "min_atol", "min_rtol")
+            _n(s.worst(a)) if plain else "" for a in ("p99_abs", "ref_max", "min_atol", "min_rtol")
         ]
         lines.append(
             f"| {s.backend} | {s.output} | {_n(s.worst('max_abs'))} | {_bound(s.deciding)} "
             f"| {' | '.join(stats)} | {f'{min(top1):.0%}' if top1 else ''} "
             f"| {'pass' if s.passed else '**FAIL** ' + ', '.join(kinds)} |"
         )
-        if all(r.task is not None for r in s.rows):
-            continue  # judged at task level (int8, float16): no |error| against atol to plot
+        if not plain:
+            continue  # int8/float16 at task level, detections by their rule: no |error| to plot
         png = files / f"hist-{_slug(s.backend)}-{_slug(s.output)}.png"
         plot_histogram(s, png, min(r.atol for r in s.rows))
         charts.append(f"![{s.backend} / {s.output}]({files.name}/{png.name})")
@@ -179,7 +180,7 @@ def write_page(report: ParityReport, path: Path) -> Path:
         nums = (c.p99_abs, c.ref_max, c.ref_std, c.min_atol, c.min_rtol)
         lines.append(
             f"| {r.backend} | {r.inputs} | {r.output} | {_n(c.max_abs)} | {_bound(r)} | "
-            + " | ".join("" if r.task is not None else _n(x) for x in nums)
+            + " | ".join(_n(x) if r.statistics else "" for x in nums)
             + f" | {'' if c.top1 is None else f'{c.top1:.0%}'} | "
             + ("pass" if r.passed else f"**{c.kind}**: {c.problem.replace('|', '/')}")
             + " |"

@@ -14,6 +14,8 @@ from pipeline.core.compare import Comparison, Kind, json_number
 from pipeline.core.errors import ParityError
 from pipeline.core.verdict import Verdict
 
+DETECTIONS = "detections"  # the output name of a detection rule's row (verify/check.py)
+
 
 @dataclass(frozen=True)
 class Row:
@@ -82,6 +84,13 @@ class Row:
         return self.comparison.error(self.where)
 
     @property
+    def statistics(self) -> bool:
+        """Whether the row has element-wise |error| statistics (percentile, max|ref|, the
+        smallest passing tolerances, a histogram): not a task-level verdict, and not the
+        detection rule's row, whose two numbers are the worst box and score errors."""
+        return self.task is None and self.output != DETECTIONS
+
+    @property
     def measured(self) -> bool:
         """Whether the values were held against the tolerance (not crashed, missing,
         mis-shaped or non-finite: those fail before any bound is reached)."""
@@ -106,6 +115,8 @@ class Row:
             return "—", "—", "—"
         if self.task is not None:
             return self.task.bound_text(), self.task.decided_by, self.task.margin_text()
+        if self.output == DETECTIONS:
+            return self._detection_cells()
         over = self.kind is Kind.TOLERANCE
         # A vacuous tolerance (accepted or not) passes zeros too: its room is no margin.
         vacuous = "vacuous" if c.vacuous and not over else ""
@@ -120,6 +131,24 @@ class Row:
         )
         term = {"atol": "atol", "rtol": "rtol·|ref|"}.get(self.term or "", "—")
         return bound, term, vacuous or _margin(c.bound_used, over)
+
+    def _detection_cells(self) -> tuple[str, str, str]:
+        """The detection rule's worst box and score errors against their bounds; its other
+        failures (an unmatched detection) are in the row's problem, not a margin."""
+        from pipeline.core import detections as detect
+
+        c = self.comparison
+        bound = (
+            f"box {c.max_abs:.1e} ≤ {detect.BOX_ATOL:g} px, score {c.max_rel:.1e} ≤ "
+            f"{detect.SCORE_ATOL:g}"
+        )
+        if self.kind is not Kind.PASS:
+            margin = "vacuous" if self.kind is Kind.VACUOUS else "—"
+        elif c.max_abs == 0 and c.max_rel == 0:
+            margin = "exact"
+        else:
+            margin = _margin(max(c.max_abs / detect.BOX_ATOL, c.max_rel / detect.SCORE_ATOL), False)
+        return bound, "detection rule", margin
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -266,7 +295,7 @@ class ParityReport:
             c = r.comparison
             nums = (c.p99_abs, c.ref_max, c.min_atol, c.min_rtol)
             result = "[green]✓ pass[/]" if r.passed else f"[bold red]✗ {c.kind}[/]"
-            tail = [_fmt(x) for x in nums] if r.task is None else ["", "", "", ""]
+            tail = [_fmt(x) for x in nums] if r.statistics else ["", "", "", ""]
             bound, term, margin = r.bound_cells()
             style = "red" if r.kind is Kind.TOLERANCE else "yellow" if c.vacuous else "green"
             table.add_row(

@@ -168,3 +168,25 @@ def test_the_page_shows_the_bound_in_both_tables_and_the_worst_input_set(tmp_pat
     assert "| 8.0e-06 ≤ 1e-05 + 1e-04·3.1e-02 = 1.3e-05 | atol | 38% left |" in every
     headers = [line for line in text.splitlines() if line.startswith("| backend |")]
     assert len(headers) == 2 and not any("max rel" in h for h in headers)
+
+
+def test_a_detection_rows_cells_are_the_rules_bounds_not_zeros(tmp_path: Path) -> None:
+    """A detection rule's row showed 0.0e+00 for p99 abs, max|ref|, min atol and min rtol,
+    statistics it does not have, and a blank bound (ONNX) or "exact" (TorchScript, whose
+    box errors were 0 while its scores were not): a user's trial, 2026-11-28."""
+    from pipeline.core import detections as detect
+    from pipeline.verify.report import DETECTIONS
+
+    onnx = Row.of("onnxruntime", "golden", DETECTIONS, Comparison(0.01, 2e-5, True), 0.04, 0.0)
+    ts = Row.of("torchscript", "golden", DETECTIONS, Comparison(0.0, 0.0, True), 0.04, 0.0)
+    bound, term, margin = onnx.bound_cells()
+    assert bound == f"box 1.0e-02 ≤ {detect.BOX_ATOL:g} px, score 2.0e-05 ≤ {detect.SCORE_ATOL:g}"
+    assert (term, margin) == ("detection rule", "75% left")  # box 0.01 of 0.04 px: the tighter
+    assert ts.bound_cells()[2] == "exact" and not onnx.statistics
+    line = _line(_table([onnx]), "golden")
+    assert "0.0e+00" not in line, line
+    write_page(ParityReport("m", "/x", "now", {"atol": ATOL, "rtol": RTOL}, {}, [onnx, ts]),
+               tmp_path / "parity.md")  # fmt: skip
+    page = (tmp_path / "parity.md").read_text()
+    assert "| detection rule | 75% left |  |  |  |  |  | pass |" in page, page  # no statistics
+    assert not list((tmp_path / "parity_files").glob("*.png"))  # no |error| histogram

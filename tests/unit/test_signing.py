@@ -250,26 +250,10 @@ def test_a_trust_folder_whose_last_key_was_removed_trusts_nobody(
 
 
 def test_an_encrypted_key_signs_with_its_password_and_says_why_it_does_not(
-    keys: dict[str, Path], tmp_path: Path
-) -> None:
-    encrypted = tmp_path / "enc.key"
-    subprocess.run(
-        ["openssl", "pkcs8", "-topk8", "-in", str(keys["alice"]), "-v2", "aes-256-cbc",
-         "-passout", "pass:s3cret", "-out", str(encrypted)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    folder = _version(tmp_path / "store")
-    fp = signing.sign(folder, encrypted, "s3cret")
-    assert fp == signing.fingerprint(keys["alice"].with_suffix(".pub").read_bytes())
-    with pytest.raises(signing.SignatureError, match="wrong password"):
-        signing.sign(folder, encrypted, "wrong")
-    with pytest.raises(signing.SignatureError, match="is encrypted; give its password"):
-        signing.sign(folder, encrypted, None)
-
-
-def test_publish_reads_the_keys_password_from_the_named_variable(
     keys: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from pipeline.cli.versions import _password  # what --key-password-env VAR reads
+
     encrypted = tmp_path / "enc.key"
     subprocess.run(
         ["openssl", "pkcs8", "-topk8", "-in", str(keys["alice"]), "-v2", "aes-256-cbc",
@@ -278,9 +262,12 @@ def test_publish_reads_the_keys_password_from_the_named_variable(
     )  # fmt: skip
     monkeypatch.setenv("KEY_PASSWORD", "s3cret")
     folder = _version(tmp_path / "store")
-    from pipeline.cli.versions import _password
-
-    assert signing.sign(folder, encrypted, _password("KEY_PASSWORD"))
+    fp = signing.sign(folder, encrypted, _password("KEY_PASSWORD"))
+    assert fp == signing.fingerprint(keys["alice"].with_suffix(".pub").read_bytes())
+    with pytest.raises(signing.SignatureError, match="wrong password"):
+        signing.sign(folder, encrypted, "wrong")
+    with pytest.raises(signing.SignatureError, match="is encrypted; give its password"):
+        signing.sign(folder, encrypted, None)
 
 
 def test_a_signature_file_that_is_not_a_bundle_is_named(
