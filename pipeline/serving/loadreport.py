@@ -38,6 +38,7 @@ class LoadReport:
     node_recovery_s: float | None = None
     failed_after_kill: int = 0  # requests that failed, retries spent, after the kill
     by_version: dict[str, int] = field(default_factory=dict)  # answers per version named
+    checked_by_version: bool = False  # each answer held to its own version (--by-version)
     errors: list[str] = field(default_factory=list)  # the first few, for the report
 
     @property
@@ -73,6 +74,13 @@ class LoadReport:
         if len(self.by_version) > 1 or "None" not in self.by_version:
             answered = ", ".join(f"{v}: {n}" for v, n in sorted(self.by_version.items()))
             lines.append(f"  answers by version: {answered}")
+        if self.wrong and len(self.by_version) > 1 and not self.checked_by_version:
+            # A canary or a rollout under way: one export cannot judge two versions' answers.
+            lines.append(
+                "  several versions answered and each was held to one export: with a canary "
+                "or a rollout under way, run with --by-version (each answer against its own "
+                "version in --store)"
+            )
         lines += [f"  error: {e}" for e in self.errors]
         lines.append("  PASSED" if self.passed else "  FAILED")
         return "\n".join(lines)

@@ -346,6 +346,7 @@ def run(config: LoadConfig, exported: ExportedModel | None = None) -> LoadReport
     if fresh is False and config.store is None:
         raise LoadTestError(why)
     report = LoadReport(name, config.requests, config.concurrency)
+    report.checked_by_version = config.store is not None
     asyncio.run(_run(config, server, name, report, exported))
     return report
 
