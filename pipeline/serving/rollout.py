@@ -26,8 +26,10 @@ from pathlib import Path
 
 from pipeline.core import paths, signing
 from pipeline.core.errors import PipelineError
+from pipeline.core.manifest import read_manifest
 from pipeline.serving import backends, live, runtime, versions
 from pipeline.serving.capabilities import Versions
+from pipeline.serving.provenance import ServedInfo
 from pipeline.serving.rolloutconfig import Bounds, RolloutConfig
 from pipeline.serving.server import ServeError, Server, run_dir_flag
 
@@ -180,6 +182,7 @@ def rollout(config: RolloutConfig, say: Say = print) -> live.LiveState:
         final = _next(staged, names, lambda mv: _only(mv, version.number))
         _versions(rt).apply_live(server, final, config.timeout_s)
         versions.set_default(config.model, version.number, config.store)
+        _record_default(server, names, version)
         say(f"{config.model} version {version.number} is the default; the old one is unloaded")
         return final
 
@@ -197,6 +200,18 @@ def _trusted(version_dir: Path, server: Server) -> None:
             "restart `pipeline serve` with it."
         )
     signing.require(version_dir, server.trust)
+
+
+def _record_default(server: Server, names: list[str], version: versions.Version) -> None:
+    """server.json's record of what each served name answers with by default, once the
+    default changed: what `infer` and verify compare a local export with (it kept the
+    first version's, so after a rollout `infer` called the export just published stale)."""
+    manifest = read_manifest(version.dir)
+    served = dict(server.served)
+    for n in names:
+        old = served[n]
+        served[n] = ServedInfo.of(manifest, old.format, old.fastest, old.why)
+    replace(server, served=served).record()
 
 
 def _only(mv: live.ModelVersions, number: int) -> live.ModelVersions:
@@ -314,6 +329,7 @@ def _promote(
     final = _next(state, names, lambda mv: _only(mv, number))
     _versions(rt).apply_live(server, final, config.timeout_s)
     versions.set_default(config.model, number, config.store)
+    _record_default(server, names, versions.get(config.model, number, config.store))
     say(f"promoted: {config.model} version {number} is the default ({summary})")
     return final
 
@@ -372,5 +388,6 @@ def rollback(
             server, _next(staged, names, lambda mv: _only(mv, back.number)), timeout_s
         )
         versions.roll_back_pointer(model, store)
+        _record_default(server, names, back)
         say(f"rolled back: {model} version {back.number} is the default again")
         return back.number

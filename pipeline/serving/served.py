@@ -235,7 +235,9 @@ def stale(
     fix = f"`{runtimes.get(runtime or runtimes.default()).fix_command(model)}`"
     return (
         f"The server answers {model} from another export than {export_dir} ({name}), and "
-        f"{older} (served: {origin}; this export: {this}): run {fix} to serve this export."
+        f"{older} (served: {origin}; this export: {this}): run {fix} to serve this export "
+        "(or, where the server serves a published version, `pipeline publish` this export "
+        "and `pipeline rollout` it: a restart serves the store's default again)."
     )
 
 

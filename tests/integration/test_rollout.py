@@ -94,6 +94,14 @@ def _reset(server: Server, store: Path) -> None:
     versions.write_pointer(MODEL, versions.Pointer(1, []), store)
 
 
+def _served_sha(run_dir: Path) -> str:
+    return Server.load(run_dir).served[MODEL].sha256
+
+
+def _onnx_sha(store: Path, number: int) -> str:
+    return versions.get(MODEL, number, store).open().manifest.artifact("onnx").sha256
+
+
 def test_the_versions_differ_so_the_checks_by_version_can_fail(store: Path) -> None:
     one, two = (versions.get(MODEL, n, store).open() for n in (1, 2))
     x = one.sample(4, seed=3)
@@ -118,8 +126,11 @@ def test_canary_promote_and_rollback_under_load_lose_nothing(served: Server, sto
         assert 0 < canary < default, (canary, default)  # its share of unversioned requests
         rollout(RolloutConfig(MODEL, run_dir, promote=True, store=store), say=lambda _: None)
         assert versions.read_pointer(MODEL, store).default == 2
+        # server.json says what answers now: infer compares a local export with it.
+        assert _served_sha(run_dir) == _onnx_sha(store, 2)
         time.sleep(1.0)
         assert rollback(MODEL, run_dir, store, say=lambda _: None) == 1
+        assert _served_sha(run_dir) == _onnx_sha(store, 1)
         time.sleep(1.0)
     load.check_nothing_lost()
     answered = load.answered()

@@ -67,7 +67,9 @@ def _cli(setup: dict, *args: str | Path) -> tuple[int, str]:
 STALE = re.compile(
     r"The server answers my_cell from another export than \S+ \(my_cell_ts\), and the served "
     r"model is the older \(served: exported \S+ from checkpoint [0-9a-f]{8}; this export: "
-    r"exported \S+ from checkpoint [0-9a-f]{8}\): run `(?P<fix>[^`]+)` to serve this export\."
+    r"exported \S+ from checkpoint [0-9a-f]{8}\): run `(?P<fix>[^`]+)` to serve this export "
+    r"\(or, where the server serves a published version, `pipeline publish` this export and "
+    r"`pipeline rollout` it: a restart serves the store's default again\)\."
 )
 
 
