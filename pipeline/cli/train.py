@@ -63,7 +63,13 @@ def add_train_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--no-report", action="store_true", help="skip the model summary and the PNG plot"
     )
-    kwargs_arg(p, "the built-in model's constructor arguments, overriding its defaults,")
+    # Train takes built-in models only, whose arguments are fixed by their zoo entry: the
+    # help said "overriding its defaults", and every other value was refused.
+    kwargs_arg(
+        p,
+        "the built-in model's constructor arguments (fixed by its zoo entry: a value other "
+        "than its own is refused; export takes a module:Class's)",
+    )
     p.set_defaults(func=_cmd_train)
 
 

@@ -324,6 +324,12 @@ def read_request_file(path: Path) -> tuple[bytes, str]:
             return json.dumps({"inputs": data.tolist()}).encode(), "application/json"
         if isinstance(data, dict) and all(isinstance(v, torch.Tensor) for v in data.values()):
             return tensors_body(data), "application/json"
+        if isinstance(data, (list, tuple)):  # the C++ client's positional form
+            raise ClientError(
+                f"{path} holds a list of {len(data)}; a server takes inputs by name: save a "
+                "dict named by the export's inputs (its manifest.json lists them), e.g. "
+                "torch.save({'x': x, 'h': h}, path)."
+            )
         raise ClientError(f"{path} must hold a tensor or a dict of named tensors.")
     raise ClientError(
         f"Don't know how to send {path}: use .png/.jpg, .json, .npy/.npz, or a torch.save'd .pt."

@@ -32,7 +32,12 @@ log = logging.getLogger(__name__)
 
 
 def port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on (host, port) now. With SO_REUSEADDR, as the servers
+    themselves bind (asyncio, the JVM): a port whose last connection is in TIME-WAIT (up to
+    60 s after `pipeline stop` closed a kept-alive client) is free to them, and a port a
+    server listens on is still refused."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

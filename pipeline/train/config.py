@@ -90,6 +90,11 @@ class TrainConfig:
             raise PipelineError(
                 f"--stop-after-epoch must be between 1 and --epochs ({self.epochs})."
             )
+        if self.out is not None and Path(self.out).is_dir():  # before an epoch is spent
+            raise PipelineError(
+                f"--out {self.out} is a folder; give the checkpoint's file name, e.g. "
+                f"--out {Path(self.out) / 'checkpoint.pt'}."
+            )
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,17 @@ def test_bad_settings_are_refused(tmp_path: Path, field: str, value: object, mes
     assert not (tmp_path / "c.pt").exists()
 
 
+def test_an_out_that_is_a_folder_is_refused_before_training(tmp_path: Path) -> None:
+    """`--out` naming an existing folder ended, after the first epoch, in a traceback from
+    the checkpoint's atomic write (a user's trial, 2026-11-28)."""
+    folder = tmp_path / "outdir"
+    folder.mkdir()
+    config = TrainConfig(out=folder, progress=False, device="cpu")
+    with pytest.raises(PipelineError, match=r"is a folder; give the checkpoint's file name"):
+        train(config)
+    assert list(folder.iterdir()) == []
+
+
 def test_the_plot_is_drawn_after_the_last_epoch_and_on_the_way_only_when_due(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -54,3 +54,26 @@ def test_a_bad_port_range_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, spec
     monkeypatch.setenv(launcher.PORTS_ENV, spec)
     with pytest.raises(launcher.ServeError, match="expected LOW-HIGH within 1024-65535"):
         launcher.free_port()
+
+
+def test_a_port_whose_last_connection_waits_in_time_wait_is_free_a_listening_one_is_not() -> None:
+    """`pipeline stop` closing a kept-alive client leaves the server's side in TIME-WAIT for
+    up to 60 s; `serve` on the same port called it "in use" though nothing listened, and
+    the restart the docs prescribe (stop, then serve) failed (a user's trial, 2026-11-28)."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.listen()
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = listener.accept()
+    assert not launcher.port_free("127.0.0.1", port)  # a server listens there
+    accepted.close()  # the server's side closes first: its end goes to TIME-WAIT
+    client.close()
+    listener.close()
+    assert launcher.port_free("127.0.0.1", port)
+    # What the servers do next: bind and listen there, as asyncio and the JVM do.
+    with socket.socket() as again:
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", port))
+        again.listen()
