@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset, default_col
 from tqdm import tqdm
 
 from pipeline.core import paths
-from pipeline.core.checkpoint import Checkpoint, save_checkpoint
+from pipeline.core.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.fileio import atomic_write
@@ -170,7 +170,12 @@ def _train(
         history = list(state["history"])
         start_epoch = int(state["epoch"]) + 1
         if world.is_main:
-            tqdm.write(f"resuming {entry.name} after epoch {state['epoch']} from {state_file}")
+            tqdm.write(
+                f"resuming {entry.name} after epoch {state['epoch']} from {state_file}"
+                if start_epoch <= config.epochs
+                else f"{entry.name} finished all {config.epochs} epochs already ({state_file}); "
+                "nothing left to train"
+            )
 
     summary = ""
     if config.report and world.is_main:
@@ -194,7 +199,9 @@ def _train(
             desc=f"epoch {epoch}/{config.epochs}",
             unit="batch",
             leave=False,
-            disable=not (config.progress and world.is_main),
+            # None: tqdm's own test, off where stderr is no terminal (a CI log, a pipe),
+            # which carriage returns would fill.
+            disable=True if not (config.progress and world.is_main) else None,
         )
         for batch in bar:
             inputs, targets = task.prepare([t.to(device) for t in batch])
@@ -259,7 +266,9 @@ def _train(
             break
 
     seconds = time.perf_counter() - started
-    if checkpoint is None:  # a non-main rank, or a resume with nothing left to do
+    if checkpoint is None and world.is_main and out.is_file():  # a finished run resumed
+        checkpoint = load_checkpoint(out)
+    if checkpoint is None:  # a non-main rank
         checkpoint = Checkpoint(out, {}, {})
     if world.is_main:
         log.info("wrote %s (sha256 %s)", out, checkpoint.meta.get("weights_sha256"))

@@ -75,6 +75,21 @@ def test_bad_settings_are_refused(tmp_path: Path, field: str, value: object, mes
     assert not (tmp_path / "c.pt").exists()
 
 
+def test_resuming_a_finished_run_says_so_and_returns_its_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said "resuming … after epoch 1" and logged "sha256 None" (its result held an empty
+    record): a user's trial, 2026-11-28."""
+    done = _short_run(tmp_path, "a", seed=3, workers=0, epochs=1)
+    capsys.readouterr()
+    config = TrainConfig(out=tmp_path / "a" / "checkpoint.pt", epochs=1, seed=3, resume=True,
+                         progress=False, device="cpu", report=False)  # fmt: skip
+    again = train(config)
+    assert again.checkpoint.meta["weights_sha256"] == done
+    said = capsys.readouterr().out
+    assert "finished all 1 epochs already" in said and "resuming digits_lenet" not in said, said
+
+
 def test_an_out_that_is_a_folder_is_refused_before_training(tmp_path: Path) -> None:
     """`--out` naming an existing folder ended, after the first epoch, in a traceback from
     the checkpoint's atomic write (a user's trial, 2026-11-28)."""
