@@ -160,12 +160,13 @@ def _cmd_publish(args: argparse.Namespace) -> int:
             "it with --sign KEY",
             file=sys.stderr,
         )
-    store = "" if Path(args.store) == DEFAULT_STORE else f" --store {args.store}"
+    from pipeline.serving.server import store_flag
+
     if published.made_default:
         print("  the default (the first version): `pipeline serve` serves it")
     else:
         print(
-            f"  roll it out with `pipeline rollout --model {v.model} --version {v.number}{store}`"
+            f"  roll it out with `pipeline rollout --model {v.model} --version {v.number}{store_flag(args.store)}`"
         )
     return 0
 

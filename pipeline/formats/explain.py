@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import sys
+import textwrap
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -252,9 +253,7 @@ def explain(
 def _cut(line: str, most: int = 200) -> str:
     """`line` up to `most` characters, cut at a space and marked (a guard's expression can
     run to thousands), without a trailing full stop."""
-    if len(line) > most:
-        line = line[:most].rsplit(" ", 1)[0] + " …"
-    return line.rstrip(".")
+    return textwrap.shorten(line, most, placeholder=" …").rstrip(".")
 
 
 # torch names the frame that asked for the guard: "Caused by: (torchvision/ops/boxes.py:103

@@ -31,7 +31,7 @@ from pipeline.serving import backends, live, runtime, versions
 from pipeline.serving.capabilities import Versions
 from pipeline.serving.provenance import ServedInfo
 from pipeline.serving.rolloutconfig import Bounds, RolloutConfig
-from pipeline.serving.server import ServeError, Server, run_dir_flag
+from pipeline.serving.server import ServeError, Server, run_dir_flag, store_flag
 
 Say = Callable[[str], None]
 
@@ -191,8 +191,9 @@ def _trusted(version_dir: Path, server: Server) -> None:
     """Check `version_dir` as `server`'s workers will when they load it: against the keys
     `serve --trust` gave it, the store's trust folder and this command's --trust, which
     may add no key the server lacks (its workers would refuse what this check passed)."""
-    beyond = signing.unheld(signing.given_keys(), server.trust, signing.store_of(version_dir))
-    if beyond and signing.is_version(version_dir):
+    if signing.is_version(version_dir) and (
+        beyond := signing.unheld(signing.given_keys(), server.trust, signing.store_of(version_dir))
+    ):
         raise RolloutRefusedError(
             f"--trust {' '.join(beyond)}: the running server's workers check versions against "
             "the keys `pipeline serve --trust` gave it and the store's trust folder, not this "
@@ -288,8 +289,7 @@ def _watch(
     deadline = time.monotonic() + config.watch_s
     # The hints below carry this rollout's folders: copied without them, they would act on
     # the default run folder's server and store.
-    store_flag = "" if Path(config.store) == paths.DEFAULT_STORE else f" --store {config.store}"
-    flags = run_dir_flag(config.run_dir) + store_flag
+    flags = run_dir_flag(config.run_dir) + store_flag(config.store)
     while True:
         why, summary = _judge(rt, server, names, number, default, config.bounds)
         if why:

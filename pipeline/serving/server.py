@@ -48,6 +48,11 @@ def run_dir_flag(run_dir: Path | str) -> str:
     return f" --run-dir {run_dir}"
 
 
+def store_flag(store: Path | str) -> str:
+    """ " --store DIR" for a hint a user copies, when DIR is not the default store."""
+    return "" if Path(store) == paths.DEFAULT_STORE else f" --store {store}"
+
+
 @dataclass(frozen=True)
 class Server:
     """A running server of any runtime, as recorded in server.json: what runs (`runtime`),

@@ -6,6 +6,7 @@ import argparse
 import datetime as dt
 import logging
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -330,8 +331,7 @@ def verify(
 
 def _whole(reason: str, most: int = 1000) -> str:
     """Export's reason on one line, its hint kept: cut, at a word, only past `most`."""
-    line = " ".join(reason.split())
-    return line if len(line) <= most else line[:most].rsplit(" ", 1)[0] + " …"
+    return textwrap.shorten(reason, most, placeholder=" …")
 
 
 def _builds(config: VerifyConfig) -> Builds:
