@@ -289,6 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # As typed, for hints that repeat it (serve records how to start the server again).
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     # Our own progress at INFO; third-party chatter (the ONNX exporter's
     # optimiser passes log at INFO) only with --verbose.
     logging.basicConfig(

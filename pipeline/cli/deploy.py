@@ -7,6 +7,7 @@ Like the rest of the CLI, this only parses arguments and calls a stage function.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +169,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             )
         )
     server = rt.serve(options)
+    if getattr(args, "argv", None):  # a hint that restarts it repeats its options
+        server = dataclasses.replace(server, command=args.argv)
+        server.record()
     for line in rt.describe(server):
         print(line)
     from pipeline.serving.served import choice_lines

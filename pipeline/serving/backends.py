@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.serving import runtime, served
-from pipeline.serving.server import ServeError, Server
+from pipeline.serving.server import ServeError, Server, restart_command
 
 if TYPE_CHECKING:
     import torch
@@ -71,17 +71,17 @@ def served_backends(
     if not server.alive():
         raise ServeError(
             f"{title} recorded in {server.run_dir} is not running; "
-            f"start it with `pipeline serve --runtime {rt.name}`."
+            f"start it with `{restart_command(server, f'pipeline serve --runtime {rt.name}')}`."
         )
     mine = server.served_of(manifest.model.name)
     where = Path(export_dir) if export_dir else Path(f"the export of {model}")
-    stale = served.stale_of(mine, manifest, where, runtime=server.runtime)
+    stale = served.stale_of(mine, manifest, where, server=server)
     if stale:
         raise served.StaleServerError(stale)
     if not mine:
         raise ServeError(
             f"{title} in {server.run_dir} does not serve {model}; "
-            f"serve it with `{rt.fix_command(model)}`."
+            f"serve it with `{rt.fix_command(model, server)}`."
         )
     return [
         ServedBackend(server, name, info.format, manifest, transport)

@@ -341,7 +341,7 @@ def run(config: LoadConfig, exported: ExportedModel | None = None) -> LoadReport
     # By version, each answer is checked against the version it names, whatever was served
     # at start (a rollout since changes what the server's record says).
     fresh, why = served.freshness(
-        server.served, name, exported.dir, server.runtime, manifest=exported.manifest
+        server.served, name, exported.dir, server.runtime, manifest=exported.manifest, server=server
     )
     if fresh is False and config.store is None:
         raise LoadTestError(why)

@@ -252,9 +252,11 @@ class Runtime(abc.ABC):
         """The processes that answer `name` (loadtest's memory and kill)."""
 
     @abc.abstractmethod
-    def fix_command(self, model: str) -> str:
-        """The command that makes a stale server serve the export on disk (or serve
-        `model` at all)."""
+    def fix_command(
+        self, model: str, server: Server | None = None, export_dir: Path | None = None
+    ) -> str:
+        """The command that makes a stale `server` serve the export in `export_dir` (or
+        serve `model` at all): `server.restart_command` keeps how it was started."""
 
     @abc.abstractmethod
     def bench(

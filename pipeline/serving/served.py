@@ -215,10 +215,12 @@ def stale(
     export_dir: Path,
     *,
     runtime: str | None = None,
+    server: Server | None = None,
 ) -> str | None:
     """None when `name` was built from the export in `export_dir` (its artifact's
     sha256 is the manifest's, or its record holds nothing to compare); else one sentence
-    saying which is older and what to run."""
+    saying which is older and what to run (to restart `server` as it was started, when
+    given)."""
     artifact = manifest.artifacts.get(info.format)  # None: this export lacks the format
     if not info.sha256 or (artifact is not None and info.sha256 == artifact.sha256):
         return None
@@ -232,7 +234,8 @@ def stale(
     origin = _origin(info.exported, info.checkpoint_sha256)
     this = _origin(manifest.created, manifest.checkpoint.sha256)
     model = manifest.model.name
-    fix = f"`{runtimes.get(runtime or runtimes.default()).fix_command(model)}`"
+    runtime = server.runtime if server is not None else runtime
+    fix = f"`{runtimes.get(runtime or runtimes.default()).fix_command(model, server, export_dir)}`"
     return (
         f"The server answers {model} from another export than {export_dir} ({name}), and "
         f"{older} (served: {origin}; this export: {this}): run {fix} to serve this export "
@@ -247,6 +250,7 @@ def stale_of(
     export_dir: Path,
     *,
     runtime: str | None = None,
+    server: Server | None = None,
 ) -> str | None:
     """`stale` for several served names of one model: None when every one was built
     from this export, else one sentence naming all that were not (made together, they
@@ -254,7 +258,9 @@ def stale_of(
     old = [n for n, info in served.items() if stale(n, info, manifest, export_dir)]
     if not old:
         return None
-    return stale(", ".join(old), served[old[0]], manifest, export_dir, runtime=runtime)
+    return stale(
+        ", ".join(old), served[old[0]], manifest, export_dir, runtime=runtime, server=server
+    )
 
 
 def served_freshness(
@@ -266,7 +272,7 @@ def served_freshness(
     if info is None:
         return None, ""
     export_dir = paths.export_dir(info.model, artifacts_dir)
-    return freshness(server.served, name, export_dir, server.runtime)
+    return freshness(server.served, name, export_dir, server.runtime, server=server)
 
 
 def freshness(
@@ -275,6 +281,7 @@ def freshness(
     export_dir: Path,
     runtime: str | None = None,
     manifest: Manifest | None = None,
+    server: Server | None = None,
 ) -> tuple[bool | None, str]:
     """Whether served `name` (its record in `served`, as server.json keeps them) was
     built from the export in `export_dir`: (True, what matched), (False, the one-sentence
@@ -290,7 +297,7 @@ def freshness(
             manifest = read_manifest(Path(export_dir))
         except PipelineError as err:  # an unreadable export is reported, not raised
             return None, str(err)
-    sentence = stale(name, info, manifest, Path(export_dir), runtime=runtime)
+    sentence = stale(name, info, manifest, Path(export_dir), runtime=runtime, server=server)
     if sentence:
         return False, sentence
     return True, (

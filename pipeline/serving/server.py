@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -53,6 +54,25 @@ def store_flag(store: Path | str) -> str:
     return "" if Path(store) == paths.DEFAULT_STORE else f" --store {store}"
 
 
+def restart_command(server: Server | None, fallback: str, *, before: str = "") -> str:
+    """The command that stops `server` and starts it again as it was started: `pipeline
+    stop` of its run folder, then its recorded serve command. `before` (TorchServe's
+    `archive ...`) runs first, into the server's store. `fallback` when the server
+    recorded no command (records from before it did, or no server)."""
+    if server is None or "serve" not in server.command:
+        return f"pipeline {before} && {fallback}" if before else fallback
+    options = server.command[server.command.index("serve") + 1 :]
+    steps = [
+        f"pipeline stop{run_dir_flag(server.run_dir)}",
+        shlex.join(["pipeline", *server.command]),
+    ]
+    if before:
+        store = next((options[i + 1] for i, o in enumerate(options[:-1]) if o == "--store"), None)
+        store = next((o.split("=", 1)[1] for o in options if o.startswith("--store=")), store)
+        steps.insert(0, f"pipeline {before}{store_flag(store) if store else ''}")
+    return " && ".join(steps)
+
+
 @dataclass(frozen=True)
 class Server:
     """A running server of any runtime, as recorded in server.json: what runs (`runtime`),
@@ -85,6 +105,9 @@ class Server:
     # The public keys `serve --trust` gave it: its workers check a version they load
     # against these and the store's trust folder, so a rollout checks with them too.
     trust: list[str] = field(default_factory=list)
+    # The `pipeline` arguments that started it (serve's command line, global options
+    # first): a hint that restarts it keeps its port, models and folders.
+    command: list[str] = field(default_factory=list)
 
     @classmethod
     def load(cls, run_dir: Path) -> Server:

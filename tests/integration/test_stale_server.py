@@ -85,7 +85,15 @@ def test_stale_server_is_diagnosed_by_infer_loadtest_and_verify_and_the_fix_work
     rc, out = _cli(setup, "-v", "infer", "--model", MODEL, setup["body"], *run)
     assert rc == 0, out  # the answer still comes, after the warning
     fix = _one_diagnosis(out)
-    assert fix == f"pipeline archive --model {MODEL} && pipeline stop && pipeline serve"
+    # The server's own folders and ports, and the export the check read: run as printed.
+    store, run_dir, export = setup["store"], setup["run_dir"], setup["artifacts"] / MODEL / "export"
+    assert fix == (
+        f"pipeline archive --model {MODEL} --export-dir {export} --store {store} && "
+        f"pipeline stop --run-dir {run_dir} && "
+        + shlex.join(
+            ["pipeline", "serve", "--store", str(store), "--run-dir", str(run_dir), *setup["ports"]]
+        )
+    )
 
     rc, out = _cli(
         setup, "loadtest", "--model", MODEL, "--requests", "20", "--concurrency", "2", *run
@@ -98,16 +106,10 @@ def test_stale_server_is_diagnosed_by_infer_loadtest_and_verify_and_the_fix_work
     assert rc != 0, out
     assert _one_diagnosis(out) == fix
 
-    # Run what the sentence says (with this test's folders and ports).
+    # Run exactly what the sentence says.
     for step in fix.split(" && "):
-        words = shlex.split(step)[1:]
-        extra = {
-            "archive": ["--store", setup["store"]],
-            "stop": list(run),
-            "serve": ["--store", setup["store"], *run, *setup["ports"]],
-        }[words[0]]
-        rc, out = _cli(setup, *words, *extra)
-        assert rc == 0, out
+        proc = run_cli(*shlex.split(step)[1:])
+        assert proc.returncode == 0, proc.stdout + proc.stderr
     rc, out = _cli(setup, "-v", "infer", "--model", MODEL, setup["body"], *run)
     assert rc == 0 and "my_cell_ts serves the export in" in out and not STALE.search(out), out
     rc, out = _cli(setup, "verify", "--model", MODEL, "--backend", "torchserve", *run)

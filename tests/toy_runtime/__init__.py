@@ -161,7 +161,9 @@ class Bare(runtime.Runtime):
     def worker_pids(self, server: Server, name: str) -> list[int]:
         return [server.pid] if server.alive() else []
 
-    def fix_command(self, model: str) -> str:
+    def fix_command(
+        self, model: str, server: Server | None = None, export_dir: Path | None = None
+    ) -> str:
         return f"pipeline stop && pipeline serve --runtime {self.name} --model {model}"
 
     def bench(

@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.serving.provenance import ServedInfo
 from pipeline.serving.served import export_format, freshness, stale
-from pipeline.serving.server import ServeError
+from pipeline.serving.server import ServeError, Server
 from pipeline_runtime.manifest import (
     ArtifactRecord,
     CheckpointRef,
@@ -155,3 +155,44 @@ def test_a_served_format_the_export_no_longer_holds_is_stale() -> None:
     pt2 = ServedInfo.of(_manifest("a1", "c1", OLD, "pt2"), "pt2")
     sentence = stale("digits_lenet_pt2", pt2, _manifest("b2", "c2", NEW, "torchscript"), EXPORT)
     assert sentence is not None and "the served model is the older" in sentence
+
+
+def _recorded(runtime: str, run_dir: Path, command: list[str]) -> Server:
+    return Server(runtime, 1, str(run_dir), "http://127.0.0.1:19001", "", [], command=command)
+
+
+def test_the_fix_restarts_the_server_as_it_was_started(tmp_path: Path) -> None:
+    """Its port, models and folders: a bare `pipeline stop && pipeline serve` acted on the
+    default run folder's server and served on port 8080."""
+    served = _served("a1", "c1", OLD)
+    command = ["--artifacts-dir", "my art", "serve", "--runtime", "kserve", "--port", "19001"]
+    server = _recorded("kserve", tmp_path / "run", command)
+    sentence = stale("digits_lenet", served, _manifest("b2", "c2", NEW), EXPORT, server=server)
+    assert sentence is not None
+    fix = (
+        f"`pipeline stop --run-dir {tmp_path / 'run'} && pipeline --artifacts-dir 'my art' serve "
+        "--runtime kserve --port 19001`"
+    )
+    assert fix in sentence
+
+
+def test_torchserve_s_fix_archives_the_export_checked_into_the_server_s_store(
+    tmp_path: Path,
+) -> None:
+    export = tmp_path / "elsewhere" / "export"
+    export.mkdir(parents=True)
+    command = ["serve", "--store=shop", "--run-dir", str(tmp_path / "run")]
+    server = _recorded("torchserve", tmp_path / "run", command)
+    sentence = stale(
+        "digits_lenet_ts",
+        _served("a1", "c1", OLD),
+        _manifest("b2", "c2", NEW),
+        export,
+        server=server,
+    )
+    assert sentence is not None
+    assert (
+        f"`pipeline archive --model digits_lenet --export-dir {export} --store shop && "
+        f"pipeline stop --run-dir {tmp_path / 'run'} && pipeline serve --store=shop --run-dir "
+        f"{tmp_path / 'run'}`"
+    ) in sentence

@@ -291,8 +291,14 @@ class KServe(runtime.Runtime):
         except psutil.NoSuchProcess:
             return []
 
-    def fix_command(self, model: str) -> str:
-        return f"pipeline stop && pipeline serve --runtime kserve --model {model}"
+    def fix_command(
+        self, model: str, server: Server | None = None, export_dir: Path | None = None
+    ) -> str:
+        from pipeline.serving.server import restart_command
+
+        return restart_command(
+            server, f"pipeline stop && pipeline serve --runtime kserve --model {model}"
+        )
 
     def bench(
         self, model: str, exported: ExportedModel, settings: BenchSettings

@@ -325,8 +325,14 @@ class RayServe(runtime.Runtime):
 
         return sorted(r["pid"] for r in replicas_now(server, name))
 
-    def fix_command(self, model: str) -> str:
-        return f"pipeline stop && pipeline serve --runtime ray --model {model}"
+    def fix_command(
+        self, model: str, server: Server | None = None, export_dir: Path | None = None
+    ) -> str:
+        from pipeline.serving.server import restart_command
+
+        return restart_command(
+            server, f"pipeline stop && pipeline serve --runtime ray --model {model}"
+        )
 
     def bench(
         self, model: str, exported: ExportedModel, settings: BenchSettings

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -244,8 +245,17 @@ class TorchServe(runtime.Runtime):
 
         return ready_pids(server, name)
 
-    def fix_command(self, model: str) -> str:
-        return f"pipeline archive --model {model} && pipeline stop && pipeline serve"
+    def fix_command(
+        self, model: str, server: Server | None = None, export_dir: Path | None = None
+    ) -> str:
+        from pipeline.core import paths
+        from pipeline.serving.server import restart_command
+
+        archive = f"archive --model {model}"
+        # The export the stale check read, where it is not the default one.
+        if export_dir and Path(export_dir).is_dir() and Path(export_dir) != paths.export_dir(model):
+            archive += f" --export-dir {shlex.quote(str(export_dir))}"
+        return restart_command(server, "pipeline stop && pipeline serve", before=archive)
 
     def bench(
         self, model: str, exported: ExportedModel, settings: BenchSettings
