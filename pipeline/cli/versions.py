@@ -122,7 +122,9 @@ def add_version_commands(sub: argparse._SubParsersAction) -> None:
         "URL, models), each served model's versions, default and canary share, and the "
         "versions the store holds for each, with each one's signature checked against the "
         "trust policy (<store>/trust/*.pub and --trust); with --json, the same as JSON. A "
-        "server that exited without `pipeline stop` is named, with its log's last errors.",
+        "server that exited without `pipeline stop` is named, with its log's last errors. "
+        "Exit status 1 when it did, or when a served model is not ready; 0 otherwise (also "
+        "when no server runs from the run dir).",
     )
     _store_arg(p)
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -199,7 +201,7 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from pipeline.serving.status import status, status_lines
+    from pipeline.serving.status import status, status_lines, troubled
 
     found = status(serve_run_dir(args), args.store)
     if args.json:
@@ -207,7 +209,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     else:
         for line in status_lines(found):
             print(line)
-    return 0
+    return 1 if troubled(found) else 0
 
 
 def _password(var: str | None) -> str | None:

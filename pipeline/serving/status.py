@@ -177,6 +177,15 @@ def status_lines(found: dict[str, Any]) -> list[str]:
     return lines
 
 
+def troubled(found: dict[str, Any]) -> bool:
+    """Whether `status` found something wrong (its exit status 1, for scripts): the server
+    exited without `pipeline stop`, or a served model is not ready. No server recorded is
+    not: nothing was started, or it was stopped."""
+    server = found["server"] or {}
+    unready = [e for e in server.get("models", {}).values() if e.get("ready") is False]
+    return found.get("exited") is not None or bool(unready)
+
+
 def _ready_said(entry: dict[str, Any]) -> str:
     if "ready" not in entry:
         return ""

@@ -15,7 +15,7 @@ from pipeline.runtimes.kserve.liveops import initial
 from pipeline.serving import live, versions
 from pipeline.serving.publish import report_vouches
 from pipeline.serving.rollout import Bounds, RolloutConfig
-from pipeline.serving.status import status_lines
+from pipeline.serving.status import status_lines, troubled
 
 
 def _version(store: Path, number: int, model: str = "m") -> None:
@@ -151,6 +151,9 @@ def test_status_says_versions_default_and_canary() -> None:
         "  m: versions 1, 2; default 1, canary 2 at 20%",
         "store: m versions 1, 2; default 1",
     ]
+    assert not troubled(found)
+    found["server"]["models"]["m"] |= {"ready": False, "why": "no replica"}
+    assert troubled(found) and status_lines(found)[1].endswith("; NOT READY: no replica")
 
 
 def test_status_of_a_server_that_exited_on_its_own_says_why_from_its_log(
@@ -181,6 +184,7 @@ def test_status_of_a_server_that_exited_on_its_own_says_why_from_its_log(
     )
     found = status(run_dir, tmp_path / "store")
     assert found["server"] is None and found["exited"]["pid"] == int(gone.stdout)
+    assert troubled(found)  # `pipeline status` exits 1 for scripts (it exited 0)
     lines = status_lines(found)
     assert lines[0].startswith(f"no server is running from {run_dir}: the kserve server (pid ")
     assert "exited without `pipeline stop`; its log (" in lines[0], lines
@@ -207,9 +211,9 @@ def test_status_of_a_server_that_exited_on_its_own_says_why_from_its_log(
         gateway.wait()
     # Stopped by `pipeline stop` (no record left): nothing more to say.
     (run_dir / "server.json").unlink()
-    assert status_lines(status(run_dir, tmp_path / "store")) == [
-        f"no server is running from {run_dir}"
-    ]
+    found = status(run_dir, tmp_path / "store")
+    assert status_lines(found) == [f"no server is running from {run_dir}"]
+    assert not troubled(found)
 
 
 def test_follow_applies_each_new_state_once_and_acknowledges_it(tmp_path: Path) -> None:
