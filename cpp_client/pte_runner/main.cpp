@@ -12,11 +12,13 @@
 #include <executorch/extension/tensor/tensor.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -109,6 +111,15 @@ std::vector<npy::Array> Run(Module& module, const Case& c) {
   return outputs;
 }
 
+// A whole number of at least `min_value` (atoi read "abc" as 0 and "-5" as -5).
+bool Count(const std::string& text, int min_value, int* out) {
+  int value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value < min_value) return false;
+  *out = value;
+  return true;
+}
+
 double Percentile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
   return v[std::min(v.size() - 1, static_cast<size_t>(q * (v.size() - 1) + 0.5))];
@@ -127,14 +138,17 @@ int main(int argc, char** argv) {
           "[--repeat N]\nDIR/<case>/<k>.npy: case <case>'s k-th input in forward() order.\n");
       return 0;
     }
+    // An unknown flag is named as such, wherever it stands (last, it "needed a value").
+    static const std::set<std::string> kFlags = {"--model", "--inputs", "--outputs", "--warmup",
+                                                 "--repeat"};
+    if (!kFlags.count(flag)) return Fail(kArgsError, "unknown flag " + flag + " (see --help)");
     if (i + 1 >= argc) return Fail(kArgsError, flag + " needs a value (see --help)");
     const std::string value = argv[++i];
     if (flag == "--model") model = value;
     else if (flag == "--inputs") inputs = value;
     else if (flag == "--outputs") outputs = value;
-    else if (flag == "--warmup") warmup = std::atoi(value.c_str());
-    else if (flag == "--repeat") repeat = std::max(1, std::atoi(value.c_str()));
-    else return Fail(kArgsError, "unknown flag " + flag + " (see --help)");
+    else if (!Count(value, flag == "--warmup" ? 0 : 1, flag == "--warmup" ? &warmup : &repeat))
+      return Fail(kArgsError, flag + (flag == "--warmup" ? " must be 0 or more" : " must be at least 1"));
   }
   if (model.empty() || inputs.empty()) return Fail(kArgsError, "--model and --inputs are required");
 

@@ -1,12 +1,17 @@
 #include "args.h"
 
+#include <algorithm>
 #include <charconv>
+#include <iterator>
 #include <sstream>
 #include <string_view>
 
 namespace client {
 
 namespace {
+
+constexpr std::string_view kFlags[] = {"--model",   "--inputs",       "--outputs", "--device",
+                                       "--threads", "--load-library", "--warmup",  "--repeat"};
 
 bool ParseInt(std::string_view text, int min_value, int* out) {
   int value = 0;
@@ -48,6 +53,11 @@ std::optional<Args> ParseArgs(int argc, char** argv, std::string* error) {
       *error = "";
       return std::nullopt;
     }
+    // An unknown flag is named as such, wherever it stands (last, it was "missing value").
+    if (std::find(std::begin(kFlags), std::end(kFlags), flag) == std::end(kFlags)) {
+      *error = "unknown argument " + std::string(flag) + " (see --help)";
+      return std::nullopt;
+    }
     if (i + 1 >= argc) {
       *error = "missing value after " + std::string(flag);
       return std::nullopt;
@@ -82,9 +92,6 @@ std::optional<Args> ParseArgs(int argc, char** argv, std::string* error) {
         *error = "--repeat must be at least 1";
         return std::nullopt;
       }
-    } else {
-      *error = "unknown argument " + std::string(flag);
-      return std::nullopt;
     }
   }
   if (args.model.empty() || args.inputs.empty()) {

@@ -108,6 +108,10 @@ def test_errors_name_the_file_and_the_problem(
     assert proc.returncode == 2
     assert "--repeat must be at least 1" in proc.stderr
 
+    proc = _client(binary, "--model", model, "--inputs", good_inputs, "--verbose")
+    assert proc.returncode == 2  # an unknown flag last was "missing value after --verbose"
+    assert "unknown argument --verbose (see --help)" in proc.stderr
+
 
 def test_built_with_the_wheels_nvcc_and_no_system_toolkit(binary: Path) -> None:
     # The session's build ran with no nvcc on PATH and no system toolkit visible

@@ -11,6 +11,7 @@ verify contract as the others.
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,21 @@ def test_the_runner_links_no_libtorch_and_reports_its_size(runner: Path) -> None
     assert size["libtorch"] == []
     assert size["total_bytes"] == size["runner_bytes"] + sum(size["libraries"].values())
     assert 0 < size["runner_bytes"] < size["total_bytes"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--verbose"], "unknown flag --verbose"),  # last: it "needed a value"
+        (["--warmup", "abc"], "--warmup must be 0 or more"),  # atoi read 0
+        (["--repeat", "-5"], "--repeat must be at least 1"),  # clamped to 1 unsaid
+    ],
+)
+def test_the_runner_names_a_bad_flag(runner: Path, extra: list[str], said: str) -> None:
+    proc = subprocess.run(
+        [runner, "--model", "m.pte", "--inputs", "in", *extra], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr
 
 
 def test_digits_pte_verifies_in_python_and_in_the_cpp_runner(
