@@ -169,6 +169,7 @@ def export(config: ExportConfig) -> ExportResult:
     calibration = load_file(config.calibration, entry) if config.calibration else None
     ckpt_path = Path(config.checkpoint) if config.checkpoint else paths.checkpoint_path(entry.name)
     pending: Path | None = None
+    made = not ckpt_path.parent.exists()  # removed again, if left empty, when export fails
     if config.weights is not None or config.random_init:
         ckpt_path.parent.mkdir(parents=True, exist_ok=True)
         pending = Path(tempfile.mkdtemp(prefix=".checkpoint-pending-", dir=ckpt_path.parent))
@@ -196,6 +197,8 @@ def export(config: ExportConfig) -> ExportResult:
     finally:
         if pending is not None:
             shutil.rmtree(pending, ignore_errors=True)
+        if made and ckpt_path.parent.is_dir() and not any(ckpt_path.parent.iterdir()):
+            ckpt_path.parent.rmdir()  # a failed first export leaves no empty model folder
 
 
 def _export(

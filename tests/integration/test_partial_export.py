@@ -146,7 +146,7 @@ def test_a_total_failure_exits_1_and_replaces_nothing(tmp_path: Path) -> None:
     assert "error: ONNX has no conversion for aten.linalg_eig" in proc.stderr
     for marker in DUMP_MARKERS:
         assert marker not in proc.stdout + proc.stderr, marker
-    assert list((art / SLUG).iterdir()) == []  # no export, no checkpoint, no pending folder
+    assert not (art / SLUG).exists()  # no export, no checkpoint, no pending or empty folder
 
     # Over a good export and checkpoint (seed 0), a failed one (seed 1) changes nothing.
     proc = run_cli(*common, "--random-init", "--format", "torchscript", cwd=tmp_path)
@@ -174,7 +174,7 @@ def test_every_format_failing_names_each(tmp_path: Path) -> None:
     assert "TorchScript: No faithful TorchScript" in str(err.value)
     assert "ONNX: ONNX export failed" in str(err.value)
     assert not (tmp_path / "export").exists()
-    assert list((tmp_path / "ckpt").iterdir()) == []
+    assert not (tmp_path / "ckpt").exists()  # the folder it made for the checkpoint
 
 
 def test_verbose_shows_what_torch_printed(tmp_path: Path) -> None:
