@@ -81,7 +81,9 @@ class BenchConfig:
 
     @classmethod
     def quick(cls, **kw: Any) -> BenchConfig:
-        """Seconds, not minutes: the shape of the output, not its figures."""
+        """About a minute, not a quarter hour: the shape of the output, not its figures. So
+        it names no fastest backend for `archive` and `serve` to follow (fastest.json): five
+        calls decide nothing (two quick runs here picked int8, then float16)."""
         base = dict(
             models=("digits_lenet",),
             served_models=("digits_lenet",),
@@ -100,6 +102,7 @@ class BenchConfig:
             tune=False,
             footprint=False,
             pt2_sweep=False,
+            write_fastest=False,
         )
         return cls(**{**base, **kw})
 

@@ -155,7 +155,8 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="digits only, few runs, no worker sweep: checks the output, not speed",
+        help="digits only, few runs, no worker sweep (about a minute): checks the output, not "
+        "speed, so it writes no fastest.json for archive and serve to follow",
     )
     p.add_argument("--out-dir", type=Path, help="default: <artifacts>/bench")
     p.set_defaults(func=_cmd_bench)

@@ -34,7 +34,11 @@ def test_quick_bench_writes_json_table_charts_and_the_fastest_backend(
     (tmp_path / "bench" / "fastest.json").write_text(json.dumps({"my_cell": other}))
     with counted() as reads:
         result = run_bench(
-            BenchConfig.quick(out_dir=tmp_path / "bench", export_dirs={"digits_lenet": export_dir})
+            BenchConfig.quick(
+                out_dir=tmp_path / "bench",
+                export_dirs={"digits_lenet": export_dir},
+                write_fastest=True,  # `bench --quick` writes none (test_bench_parts.py)
+            )
         )
     # One bench, one read of the export's manifest: every layer (verify, both runtimes'
     # drivers, their private servers' start) is handed the opened export.

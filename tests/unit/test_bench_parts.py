@@ -453,3 +453,12 @@ def test_fastest_json_keeps_other_models_and_drops_a_model_with_nothing_verified
     path.write_text("not json")  # a broken file is bench's own: written anew, not fatal
     write_fastest(path, {"my_cell": old})
     assert read_fastest(path) == {"my_cell": old}
+
+
+def test_a_quick_bench_names_no_fastest_backend() -> None:
+    """Five calls decide nothing: `bench --quick` wrote fastest.json, which `archive` and
+    `serve` follow (a user's two quick runs served int8, then float16)."""
+    from pipeline.bench.config import BenchConfig
+
+    assert BenchConfig.quick().write_fastest is False
+    assert BenchConfig().write_fastest is True
