@@ -37,6 +37,7 @@ from pipeline_runtime.request import (
     InputSpec,
     Limits,
     RequestError,
+    check_range,
     check_shapes,
     sniff,
 )
@@ -311,6 +312,8 @@ def check_arrays(
                 f"Input {spec.name!r} contains NaN or Inf; the model needs finite values.",
                 expected=spec.describe(),
             )
+        if spec.bounded and a.dtype.kind in "iu" and a.size:
+            check_range(a, spec)
         out[spec.name] = np.ascontiguousarray(a)
     return out, unbatched
 

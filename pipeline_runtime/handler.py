@@ -280,32 +280,43 @@ class PipelineHandler(BaseHandler):
                 )
                 groups.setdefault(key if self.stack_requests else (i,), []).append(i)
         for members in groups.values():
-            batch = {
-                spec.name: np.concatenate(
-                    [data[i].arrays[spec.name] for i in members], axis=self._batch_axis(spec)
-                )
-                for spec in self.specs
-            }
-            if len(members) > 1:
-                logger.info("dynamic batching: %d requests in one forward pass", len(members))
-            try:
-                outputs = self._forward(batch)
-            except Exception as err:  # a runtime failure fails this group only (logged)
-                logger.exception("inference failed for %d request(s)", len(members))
-                for i in members:
-                    results[i] = codec.RequestError(f"Inference failed: {err}", status=500)
-                continue
-            start = 0
-            first = self.specs[0]
-            for i in members:
-                n = data[i].arrays[first.name].shape[self._batch_axis(first)]
-                parts = [
-                    np.take(o, range(start, start + n), axis=ax)
-                    for o, ax in zip(outputs, self.output_axes, strict=False)
-                ]
-                results[i] = (data[i], parts if len(members) > 1 else outputs)
-                start += n
+            self._run_group(data, members, results)
         return results
+
+    def _run_group(self, data: list[Any], members: list[int], results: list[Any]) -> None:
+        """One forward pass for `members`; a stacked pass that fails runs again request by
+        request, so a request the model cannot take fails alone, not its peers."""
+        batch = {
+            spec.name: np.concatenate(
+                [data[i].arrays[spec.name] for i in members], axis=self._batch_axis(spec)
+            )
+            for spec in self.specs
+        }
+        if len(members) > 1:
+            logger.info("dynamic batching: %d requests in one forward pass", len(members))
+        try:
+            outputs = self._forward(batch)
+        except Exception as err:
+            if len(members) > 1:
+                logger.warning(
+                    "a pass of %d stacked requests failed (%s); each alone", len(members), err
+                )
+                for i in members:
+                    self._run_group(data, [i], results)
+                return
+            logger.exception("inference failed for 1 request")
+            results[members[0]] = codec.RequestError(f"Inference failed: {err}", status=500)
+            return
+        start = 0
+        first = self.specs[0]
+        for i in members:
+            n = data[i].arrays[first.name].shape[self._batch_axis(first)]
+            parts = [
+                np.take(o, range(start, start + n), axis=ax)
+                for o, ax in zip(outputs, self.output_axes, strict=False)
+            ]
+            results[i] = (data[i], parts if len(members) > 1 else outputs)
+            start += n
 
     @timed
     def postprocess(self, data: list[Result]) -> list[dict[str, Any]]:

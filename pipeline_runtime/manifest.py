@@ -42,16 +42,16 @@ def _need(data: Mapping[str, Any], key: str, where: str) -> Any:
 @dataclass(frozen=True)
 class TensorRecord:
     """One input or output: a name, a shape (a str is a named dynamic axis), a dtype name.
-
-    `low`/`high` are the range random inputs are drawn from (inputs only), with
-    `torch.randint`'s rule for integers: `high` is exclusive.
-    """
+    `low`/`high`: the range random inputs are drawn from (inputs only; `high` exclusive for
+    integers, as torch.randint); `bounded`: the servers refuse an integer input outside it
+    (token ids, `request.check_range`)."""
 
     name: str
     shape: tuple[int | str, ...]
     dtype: str
     low: float | None = None
     high: float | None = None
+    bounded: bool = False
 
     @property
     def batch_axis(self) -> int | None:
@@ -69,6 +69,8 @@ class TensorRecord:
             out["low"] = self.low
         if self.high is not None:
             out["high"] = self.high
+        if self.bounded:
+            out["bounded"] = True
         return out
 
     @classmethod
@@ -82,6 +84,7 @@ class TensorRecord:
             dtype=str(_need(data, "dtype", "tensor record")),
             low=None if data.get("low") is None else float(data["low"]),
             high=None if data.get("high") is None else float(data["high"]),
+            bounded=bool(data.get("bounded", False)),
         )
 
 

@@ -138,6 +138,21 @@ def check_shapes(
     return out, unbatched_flags == {True}
 
 
+def check_range(a: np.ndarray, spec: InputSpec) -> None:
+    """A bounded integer input (token ids, TensorRecord.bounded) within low..high-1, before
+    the model runs: past it an embedding's lookup fails the model, wraps round to the last
+    row (ONNX's Gather takes -1) or, compiled ahead of time (.pt2), aborts the worker."""
+    low, high = int(spec.low or 0), int(spec.high or 0)
+    smallest, largest = int(a.min()), int(a.max())
+    if smallest < low or largest >= high:
+        wrong = smallest if smallest < low else largest
+        raise RequestError(
+            f"Input {spec.name!r} holds {wrong}; its values must be in {low}..{high - 1} "
+            "(the range the export declares, e.g. the vocabulary's token ids).",
+            expected=spec.describe() | {"low": low, "high": high},
+        )
+
+
 def _check_limits(
     shapes: Mapping[str, tuple[int, ...]], specs: Sequence[InputSpec], limits: Limits
 ) -> None:

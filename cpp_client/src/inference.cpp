@@ -113,6 +113,13 @@ class TorchScriptRunner final : public Runner {
     return outputs;
   }
 
+  std::vector<std::string> InputNames() const override {
+    std::vector<std::string> names;
+    const auto& arguments = module_.get_method("forward").function().getSchema().arguments();
+    for (size_t i = 1; i < arguments.size(); ++i) names.push_back(arguments[i].name());  // not self
+    return names;
+  }
+
  private:
   torch::jit::Module module_;
 };

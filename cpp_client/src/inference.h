@@ -39,6 +39,9 @@ class Runner {
  public:
   virtual ~Runner() = default;
   virtual Case Run(const Case& inputs) = 0;
+  // forward()'s argument names, in order, where the format keeps them (TorchScript's
+  // schema); empty otherwise (an AOTInductor package takes its inputs by position).
+  virtual std::vector<std::string> InputNames() const { return {}; }
 };
 
 // Loads MODEL onto `device`; throws std::runtime_error naming the file on failure,

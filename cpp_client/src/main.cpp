@@ -95,7 +95,9 @@ int main(int argc, char** argv) {
   }
   std::vector<client::Case> cases;
   try {
-    cases = client::LoadCases(args->inputs);
+    std::vector<std::string> keys;  // a {name: tensor} file's names: bound to forward()'s
+    cases = client::LoadCases(args->inputs, &keys);
+    if (!keys.empty()) cases.front() = client::BindByName(cases.front(), keys, model->InputNames());
   } catch (const std::exception& e) {
     return Fail(kInputsError, e.what());
   }

@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
@@ -43,7 +44,7 @@ Case TensorsOf(const c10::IValue& value, const std::string& path) {
 
 }  // namespace
 
-std::vector<Case> LoadCases(const std::string& path) {
+std::vector<Case> LoadCases(const std::string& path, std::vector<std::string>* names) {
   const std::vector<char> data = ReadFile(path);
   c10::IValue value;
   try {
@@ -60,7 +61,9 @@ std::vector<Case> LoadCases(const std::string& path) {
     Case one;
     for (const auto& entry : dict) {
       if (!entry.value().isTensor()) throw std::runtime_error(path + ": dict values must be tensors");
+      if (!entry.key().isString()) throw std::runtime_error(path + ": dict keys must be names");
       one.push_back(entry.value().toTensor());
+      if (names != nullptr) names->push_back(entry.key().toStringRef());
     }
     return {one};
   }
@@ -78,6 +81,18 @@ std::vector<Case> LoadCases(const std::string& path) {
     cases.push_back(TensorsOf(item, path));
   }
   return cases;
+}
+
+Case BindByName(const Case& one, const std::vector<std::string>& keys,
+                const std::vector<std::string>& wanted) {
+  if (keys.size() != wanted.size() || keys.size() != one.size()) return one;
+  Case bound;
+  for (const auto& name : wanted) {
+    const auto at = std::find(keys.begin(), keys.end(), name);
+    if (at == keys.end()) return one;  // not forward()'s names: insertion order, as written
+    bound.push_back(one[static_cast<size_t>(at - keys.begin())]);
+  }
+  return bound;
 }
 
 void SaveCases(const std::string& path, const std::vector<Case>& cases) {

@@ -52,6 +52,7 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
 
 def add_serve_options(p: argparse.ArgumentParser, formats: list[str]) -> None:
     """The options every runtime takes, then one help group per runtime with its own."""
+    from pipeline.core import argtypes
     from pipeline.core.paths import DEFAULT_STORE
     from pipeline.serving import runtime
 
@@ -76,17 +77,22 @@ def add_serve_options(p: argparse.ArgumentParser, formats: list[str]) -> None:
         "stays on loopback behind its gateway). Any other address prints a warning: use "
         "HTTPS then.",
     )
-    p.add_argument("--port", type=int, default=8080, help="inference port (default: 8080)")
+    p.add_argument(
+        "--port", type=argtypes.port, default=8080, help="inference port (default: 8080)"
+    )
     p.add_argument("--tls-cert", type=Path, help="serve HTTPS with this PEM certificate chain")
     p.add_argument("--tls-key", type=Path, help="the PEM private key of --tls-cert")
     p.add_argument(
         "--threads-per-worker",
-        type=int,
+        type=argtypes.positive_int,
         help="intra-op threads per worker (default: torchserve: physical cores / all "
         "workers, at least 1; kserve: physical cores)",
     )
     p.add_argument(
-        "--max-request-size", type=int, default=4 * 1024 * 1024, help="bytes (default: 4 MiB)"
+        "--max-request-size",
+        type=argtypes.positive_int,
+        default=4 * 1024 * 1024,
+        help="bytes (default: 4 MiB)",
     )
     p.add_argument(
         "--store",

@@ -123,7 +123,8 @@ def add_version_commands(sub: argparse._SubParsersAction) -> None:
         "versions the store holds for each, with each one's signature checked against the "
         "trust policy (<store>/trust/*.pub and --trust); with --json, the same as JSON. A "
         "server that exited without `pipeline stop` is named, with its log's last errors. "
-        "Exit status 1 when it did, or when a served model is not ready; 0 otherwise (also "
+        "Exit status 1 when it did, when one of its processes did (TorchServe's gateway) or when "
+        "a served model is not ready; 0 otherwise (also "
         "when no server runs from the run dir).",
     )
     _store_arg(p)

@@ -17,7 +17,43 @@ from typing import Any
 
 from pipeline_runtime.files import sha256_file
 
-__all__ = ["atomic_path", "atomic_write", "sha256_file", "write_json", "write_secret"]
+__all__ = [
+    "atomic_path",
+    "atomic_write",
+    "readable_tree",
+    "sha256_file",
+    "staging_dir",
+    "write_json",
+    "write_secret",
+]
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def staging_dir(prefix: str, parent: Path) -> Path:
+    """A new, empty folder in `parent` for a stage's output, renamed into place when done,
+    with an ordinary mkdir's mode (umask applied): mkdtemp's 0700 stayed on the export,
+    the version or the deployment it became, and a container's unprivileged user (the
+    deploy's Dockerfile runs as uid 1000) could not read what COPY put in the image."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    folder.chmod(0o777 & ~_umask())
+    return folder
+
+
+def readable_tree(root: Path) -> None:
+    """Let everyone read (and enter) what is under `root`, as a container image that runs
+    as another user needs: folders gain r-x, files r--, for group and others (an export
+    made before `staging_dir` is 0700)."""
+    for folder, _, files in os.walk(root):
+        Path(folder).chmod(Path(folder).stat().st_mode | 0o755)
+        for name in files:
+            path = Path(folder) / name
+            if not path.is_symlink():
+                path.chmod(path.stat().st_mode | 0o644)
 
 
 @contextmanager
@@ -35,9 +71,7 @@ def atomic_path(target: Path, mode: int | None = None) -> Iterator[Path]:
     # mkstemp creates 0600 (O_EXCL: never through a file or link someone left there); give
     # the result the mode asked for, or the one an ordinary write would (umask applied).
     if mode is None:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
+        mode = 0o666 & ~_umask()
     tmp.chmod(mode)
     try:
         yield tmp

@@ -16,7 +16,7 @@ import torch
 from pipeline.core import paths
 from pipeline.core.checkpoint import Checkpoint, sidecar_path
 from pipeline.core.errors import ExportError
-from pipeline.core.fileio import atomic_write, sha256_file
+from pipeline.core.fileio import atomic_write, sha256_file, staging_dir
 from pipeline.core.manifest import (
     MANIFEST_NAME,
     ArtifactRecord,
@@ -244,7 +244,7 @@ def _export(
 
     out_dir = Path(config.out_dir) if config.out_dir else paths.export_dir(entry.name)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
+    staging = staging_dir(f".{out_dir.name}.staging-", out_dir.parent)
     try:
         artifacts, failed = _write_artifacts(
             config,

@@ -149,6 +149,13 @@ def prepare(launch: Launch) -> Path:
                 "`pipeline stop`."
             )
         (run_dir / SERVER_FILE).unlink()
+    named: dict[int, str] = {}
+    for _, port, opt in launch.ports:
+        if not 1 <= port <= 65535:
+            raise ServeError(f"{opt} {port} is not a port (1 to 65535).")
+        if port in named:  # both bind with SO_REUSEPORT, and one of them never answers
+            raise ServeError(f"{named[port]} and {opt} are both {port}: give each its own port.")
+        named[port] = opt
     busy = [(host, port, opt) for host, port, opt in launch.ports if not port_free(host, port)]
     if busy:
         host, port, _ = busy[0]

@@ -40,19 +40,30 @@ class LoadReport:
     by_version: dict[str, int] = field(default_factory=dict)  # answers per version named
     checked_by_version: bool = False  # each answer held to its own version (--by-version)
     errors: list[str] = field(default_factory=list)  # the first few, for the report
+    # An int8/float16 format's answers, pooled: the task-level verdicts (Verdict.to_json)
+    # they were held to instead of eager's tolerance (pipeline.serving.loadjudge).
+    judged: list[dict[str, Any]] = field(default_factory=list)
+    judged_as: str = ""  # "<format> (<precision>)" when judged
+    agreement: float | None = None  # top-1 agreement with eager, reported only
 
     @property
     def passed(self) -> bool:
         return (
-            self.failed == 0 and self.server_errors == 0 and self.wrong == 0 and self.not_sent == 0
+            self.failed == 0
+            and self.server_errors == 0
+            and self.wrong == 0
+            and self.not_sent == 0
+            and all(v["passed"] for v in self.judged)
         )
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "passed": self.passed}
 
     def summary(self) -> str:
+        sent = self.requests - self.not_sent
+        asked = f"{sent} of {self.requests}" if self.not_sent else f"{self.requests}"
         lines = [
-            f"{self.served}: {self.requests} requests at concurrency {self.concurrency} in "
+            f"{self.served}: {asked} requests at concurrency {self.concurrency} in "
             f"{self.duration_s:.1f} s ({self.throughput_rps:.0f} req/s)",
             f"  answered {self.answered}, failed {self.failed} ({self.server_errors} with a 5xx), "
             f"wrong {self.wrong}, not sent {self.not_sent}, retries {self.retried}",
@@ -81,9 +92,33 @@ class LoadReport:
                 "or a rollout under way, run with --by-version (each answer against its own "
                 "version in --store)"
             )
+        if self.not_sent:
+            lines.append(
+                f"  the time limit ended the run with {self.not_sent} request(s) not sent "
+                "(--time-limit)"
+            )
+        lines += self._judged_lines()
         lines += [f"  error: {e}" for e in self.errors]
         lines.append("  PASSED" if self.passed else "  FAILED")
         return "\n".join(lines)
+
+    def _judged_lines(self) -> list[str]:
+        if not self.judged_as:
+            return []
+        agreement = (
+            f"; top-1 agreement with eager {self.agreement:.1%} (reported, not judged)"
+            if self.agreement is not None
+            else ""
+        )
+        lines = [
+            f"  {self.judged_as}: answers held to the task-level SQNR export and verify "
+            f"hold it to, not eager's tolerance{agreement}"
+        ]
+        for v in self.judged:
+            lines.append(f"    {v['output']}: {'passed' if v['passed'] else 'FAILED'}: {v['said']}")
+        if not self.judged:
+            lines.append("    nothing answered to judge")
+        return lines
 
 
 def write_reports(reports: list[LoadReport], path: Path) -> None:
@@ -92,9 +127,9 @@ def write_reports(reports: list[LoadReport], path: Path) -> None:
 
 def to_markdown(reports: list[LoadReport]) -> str:
     rows = [
-        "| served | requests | concurrency | failed | 5xx | wrong | retries | req/s | p50 ms "
-        "| p99 ms | worker RSS MiB (warm → end) | recovery after SIGKILL |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "| served | requests | concurrency | failed | not sent | 5xx | wrong | retries | req/s "
+        "| p50 ms | p99 ms | worker RSS MiB (warm → end) | recovery after SIGKILL |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in reports:
         recovery = (
@@ -103,7 +138,7 @@ def to_markdown(reports: list[LoadReport]) -> str:
             else (f"{r.recovery_s:.1f} s" if r.recovery_s is not None else "never")
         )
         rows.append(
-            f"| {r.served} | {r.requests} | {r.concurrency} | {r.failed + r.not_sent} "
+            f"| {r.served} | {r.requests} | {r.concurrency} | {r.failed} | {r.not_sent} "
             f"| {r.server_errors} | {r.wrong} "
             f"| {r.retried} | {r.throughput_rps:.0f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} "
             f"| {r.worker_rss_mb_before:.0f} → {r.worker_rss_mb_after:.0f} | {recovery} |"

@@ -41,6 +41,7 @@ from pipeline.core.compare import compare_tensor
 from pipeline.core.errors import PipelineError
 from pipeline.export.opened import ExportedModel, open_export
 from pipeline.serving import client, runtime, served, wire
+from pipeline.serving.loadjudge import pooled_for
 from pipeline.serving.loadreport import LoadReport
 from pipeline.serving.server import Server, default_run_dir
 
@@ -93,8 +94,10 @@ class LoadConfig:
     store: Path | None = None
 
     def validate(self) -> None:
-        if self.requests < 1 or self.concurrency < 1 or self.pool < 1:
-            raise LoadTestError("--requests, --concurrency and --pool must be at least 1.")
+        if self.requests < 1 or self.concurrency < 1:
+            raise LoadTestError("--requests and --concurrency must be at least 1.")
+        if self.pool < 1:  # not a command-line option
+            raise LoadTestError("A load run needs at least one distinct input (pool).")
         if self.time_limit_s <= 0:
             raise LoadTestError("--time-limit must be positive.")
         if self.kill_worker_after is not None and not 0 <= self.kill_worker_after < self.requests:
@@ -196,6 +199,9 @@ async def _run(
 ) -> None:
     bodies, expected = _inputs_pool(config, exported, runtime.of(server))
     tolerance, outputs = exported.manifest.tolerance, exported.manifest.outputs
+    served_as = server.served.get(name)
+    # int8/float16: pooled and held to the task-level SQNR, not elementwise (loadjudge).
+    pooled = pooled_for(exported, served_as.format if served_as else None)
     latencies: list[float] = []
     next_index = 0
     recovery: asyncio.Task | None = None
@@ -228,16 +234,20 @@ async def _run(
             if named not in expected:
                 raise KeyError(f"version {named}, which {config.store} does not hold, answered")
             got = runtime.of(server).protocol.answer(answer.response)
-            ok = all(
-                compare_tensor(
-                    expected[named][k][o.name],
-                    got[o.name].to(getattr(torch, o.dtype)),
-                    tolerance.atol,
-                    tolerance.rtol,
-                ).passed
-                for o in outputs
-            )
-            problem = "outputs outside tolerance"
+            if pooled is not None:
+                problem = pooled.add(expected[named][k], got)
+                ok = not problem
+            else:
+                ok = all(
+                    compare_tensor(
+                        expected[named][k][o.name],
+                        got[o.name].to(getattr(torch, o.dtype)),
+                        tolerance.atol,
+                        tolerance.rtol,
+                    ).passed
+                    for o in outputs
+                )
+                problem = "outputs outside tolerance"
         except (ValueError, KeyError, TypeError, RuntimeError) as err:
             ok, problem = False, f"unreadable answer: {err}"
         if not ok:
@@ -281,12 +291,17 @@ async def _run(
     ) as http:
         # Warm-up: connections open, the worker past its first calls; then memory.
         await asyncio.gather(*(one(http, -1 - j) for j in range(config.concurrency)))
-        warm_failed = report.failed
+        warm_failed, warm_wrong = report.failed, report.wrong
         # server_errors is not reset: a 5xx during warm-up fails the run too.
         report.answered = report.failed = report.wrong = report.retried = 0
         report.by_version.clear()
+        report.errors.clear()  # the run's own first errors, not the warm-up's
+        if pooled is not None:
+            pooled.pairs.clear()
         if warm_failed:
             report.errors.append(f"{warm_failed} warm-up request(s) failed")
+        if warm_wrong:
+            report.errors.append(f"{warm_wrong} warm-up answer(s) wrong")
         latencies.clear()
         report.worker_pids_before = worker_pids(server, name)
         report.worker_rss_mb_before = _rss_mb(report.worker_pids_before)
@@ -298,6 +313,10 @@ async def _run(
     if recovery is not None:
         report.recovery_s = await recovery
     report.node_recovery_s = node_kill.recovery_s()
+    if pooled is not None:
+        report.judged = [v.to_json() | {"said": v.describe()} for v in pooled.verdicts()]
+        report.judged_as = f"{pooled.fmt} ({pooled.precision})"
+        report.agreement = pooled.agreement()
     report.not_sent = config.requests - next_index
     report.throughput_rps = report.answered / report.duration_s if report.duration_s else 0.0
     report.p50_ms = _percentile(latencies, 50)

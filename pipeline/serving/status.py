@@ -77,6 +77,11 @@ def status(run_dir: Path, store: Path) -> dict[str, Any]:
             "url": server.inference_url,
             "generation": state.generation if state else None,
             "models": served,
+            # Its other processes that exited (TorchServe's gateway, which clients reach):
+            # the main one alone running is no server to a client.
+            "exited": {
+                role: pid for role, pid in server.pids.items() if pid not in server.alive_pids()
+            },
         }
     if Path(store).is_dir():
         for folder in sorted(Path(store).iterdir()):
@@ -152,6 +157,11 @@ def status_lines(found: dict[str, Any]) -> list[str]:
         lines.append(f"no server is running from {found['run_dir']}")
     else:
         lines.append(f"{server['runtime']} (pid {server['pid']}) at {server['url']}")
+        for role, pid in server.get("exited", {}).items():
+            lines.append(
+                f"  its {role} (pid {pid}) exited: requests to {server['url']} find no one; "
+                "`pipeline stop`, then `pipeline serve` again"
+            )
         for name, entry in server["models"].items():
             if "versions" not in entry:
                 lines.append(
@@ -179,11 +189,12 @@ def status_lines(found: dict[str, Any]) -> list[str]:
 
 def troubled(found: dict[str, Any]) -> bool:
     """Whether `status` found something wrong (its exit status 1, for scripts): the server
-    exited without `pipeline stop`, or a served model is not ready. No server recorded is
+    exited without `pipeline stop`, one of its processes did (TorchServe's gateway), or a
+    served model is not ready. No server recorded is
     not: nothing was started, or it was stopped."""
     server = found["server"] or {}
     unready = [e for e in server.get("models", {}).values() if e.get("ready") is False]
-    return found.get("exited") is not None or bool(unready)
+    return found.get("exited") is not None or bool(unready) or bool(server.get("exited"))
 
 
 def _ready_said(entry: dict[str, Any]) -> str:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.core import paths, signing
 from pipeline.core.checkpoint import sidecar_path
 from pipeline.core.errors import PipelineError
-from pipeline.core.fileio import write_json
+from pipeline.core.fileio import staging_dir, write_json
 from pipeline.core.manifest import read_manifest
 
 if TYPE_CHECKING:
@@ -215,7 +214,7 @@ def publish(
     folder.mkdir(parents=True, exist_ok=True)
     # Every numbered folder counts, published or not: a number is never used twice.
     number = max([0, *(int(p.name) for p in folder.iterdir() if p.name.isdigit())]) + 1
-    staging = Path(tempfile.mkdtemp(prefix=f".{number}.", dir=folder))
+    staging = staging_dir(f".{number}.", folder)
     try:
         target = staging / "v"
         # Not a signature the folder may carry (published from another version): it

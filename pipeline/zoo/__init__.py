@@ -124,7 +124,7 @@ def _length_probes(specs: tuple[TensorSpec, ...], cases: tuple[tuple[int, int], 
 # The recurrent models' example is 16 steps; probes go down to 1 step and up to 3×.
 _RECURRENT_SIZES = {"batch": 2, "seq": 16}
 _RECURRENT_PROBES = ((1, 1), (3, 5), (2, 48))
-_TOKENS = (TensorSpec("tokens", ("batch", "seq"), torch.int64, 0, 1000),)
+_TOKENS = (TensorSpec("tokens", ("batch", "seq"), torch.int64, 0, 1000, bounded=True),)
 _FRAMES = (TensorSpec("frames", ("batch", "seq", 20), low=-1.0, high=1.0),)
 
 

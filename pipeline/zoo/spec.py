@@ -56,6 +56,9 @@ class TensorSpec:
     # so an embedding of 50 words is declared 0:50).
     low: float = 0.0
     high: float = 1.0
+    # An integer input whose values must lie in low..high-1 (token ids): the servers
+    # refuse a request past it (pipeline_runtime.manifest.TensorRecord.bounded).
+    bounded: bool = False
 
     def dynamic_axes(self) -> dict[int, str]:
         return {i: d for i, d in enumerate(self.shape) if isinstance(d, str)}
@@ -96,7 +99,9 @@ class TensorSpec:
 
     def record(self) -> TensorRecord:
         """This input as the manifest records it."""
-        return TensorRecord(self.name, self.shape, dtype_name(self.dtype), self.low, self.high)
+        return TensorRecord(
+            self.name, self.shape, dtype_name(self.dtype), self.low, self.high, self.bounded
+        )
 
     def to_json(self) -> dict[str, Any]:
         return self.record().to_json()

@@ -45,7 +45,8 @@ def parse_input(text: str) -> TensorSpec:
 
     Names in the shape are dynamic axes; LOW:HIGH is the range random inputs
     are drawn from, high exclusive as in torch.randint (default -1:1 for
-    floats, 0:10 for integers, i.e. 0..9, and 0:2 for bool).
+    floats, 0:10 for integers, i.e. 0..9, and 0:2 for bool). An integer input's
+    LOW:HIGH, when given, is also the range the servers accept.
     """
     parts = text.split(":")
     if len(parts) not in (3, 5) or not all(parts):
@@ -113,7 +114,11 @@ def _spec(
             f"{source}: integer range {lo:g}:{hi:g} is empty; high is exclusive (as in "
             f"torch.randint), so {int(lo)}:{int(lo) + 1} draws only {int(lo)}."
         )
-    return TensorSpec(name, tuple(dims), torch_dtype, low=lo, high=hi)
+    # An integer range the user declared is the values the model takes (an embedding of
+    # 50 words is 0:50): the servers refuse others. A default one only draws samples.
+    bounded = torch_dtype not in (torch.bool,) and not torch_dtype.is_floating_point
+    bounded = bounded and low is not None and high is not None
+    return TensorSpec(name, tuple(dims), torch_dtype, low=lo, high=hi, bounded=bounded)
 
 
 def check_unique(specs: Sequence[TensorSpec]) -> None:

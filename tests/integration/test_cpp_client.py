@@ -113,6 +113,26 @@ def test_errors_name_the_file_and_the_problem(
     assert "unknown argument --verbose (see --help)" in proc.stderr
 
 
+class _Difference(torch.nn.Module):
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return x - h
+
+
+def test_a_dict_of_inputs_binds_by_forward_s_argument_names(binary: Path, tmp_path: Path) -> None:
+    """cpp-client.md takes {name: tensor}; a dict saved in another order than forward()'s
+    arguments was bound by insertion order (x - h gave -4 for 4). Keys that are not the
+    argument names (a golden file's manifest names) still bind in their order."""
+    model = tmp_path / "difference.pt"
+    torch.jit.script(_Difference()).save(str(model))
+    for keys, expected in ((("h", "x"), 4.0), (("a", "b"), -4.0)):
+        inputs, outputs = tmp_path / "in.pt", tmp_path / "out.pt"
+        torch.save({keys[0]: torch.ones(2, 3), keys[1]: 5 * torch.ones(2, 3)}, inputs)
+        proc = _client(binary, "--model", model, "--inputs", inputs, "--outputs", outputs)
+        assert proc.returncode == 0, proc.stderr
+        (answer,) = torch.load(outputs)[0]
+        torch.testing.assert_close(answer, torch.full((2, 3), expected))
+
+
 def test_built_with_the_wheels_nvcc_and_no_system_toolkit(binary: Path) -> None:
     # The session's build ran with no nvcc on PATH and no system toolkit visible
     # (tests/conftest.py); its CMake cache shows what it compiled with.

@@ -26,7 +26,9 @@ from pipeline.export.quality import judge
 from pipeline.formats import base as registry
 from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive, archive_name
 from pipeline.runtimes.torchserve.launch import ServeConfig, Server, free_port, start, stop
+from pipeline.serving import loadtest
 from pipeline.serving.client import post, tensors_body
+from pipeline.serving.loadtest import LoadConfig
 from pipeline.verify import VerifyConfig, verify
 from pipeline.verify.backends import cpp_backend_name
 from tests.integration.conftest import DETECTOR_BATCHES, RECURRENT
@@ -265,6 +267,29 @@ def test_served_recurrent_pt2_answers_at_other_sequence_lengths(
             torch.testing.assert_close(torch.tensor(value), expected[key], atol=1e-4, rtol=1e-3)
 
 
+def test_a_token_past_the_vocabulary_is_a_400_and_the_compiled_worker_lives(
+    recurrent: dict[str, dict[str, Any]], server: Server
+) -> None:
+    """The tagger's vocabulary is declared (`--input tokens:int64:batch,seq:0:1000`). A
+    token id of 5000 aborted the .pt2 worker ("index out of bounds: 0 <= tmp2 < 1000"
+    in the compiled kernel); the gateway then resent it to the next worker."""
+    made = recurrent["lstm_tagger"]
+    name = archive_name(made["model"], "pt2")
+    opened = open_export(Path(made["export_dir"]))
+    inputs = opened.entry.sample_inputs(opened.entry.sizes(batch=1), torch.Generator())
+    bad = {"tokens": inputs["tokens"].clone()}
+    bad["tokens"][0, 0] = 5000
+    resp = post(server, name, tensors_body(bad))
+    assert resp.status_code == 400, resp.text
+    assert "holds 5000; its values must be in 0..999" in resp.json()["error"], resp.text
+    resp = post(server, name, tensors_body(inputs))
+    assert resp.status_code == 200, resp.text
+    for key, value in resp.json()["outputs"].items():
+        torch.testing.assert_close(
+            torch.tensor(value), opened.eager(inputs)[key], atol=1e-4, rtol=1e-3
+        )
+
+
 # --- a detector: per-sample outputs (issue 36) ---------------------------------------------
 
 
@@ -304,3 +329,26 @@ def test_served_detections_pass_the_detection_rule(
     outputs = answer.json()["outputs"]
     assert set(outputs) == {"boxes", "scores", "labels", "counts"}
     assert len(outputs["counts"]) == 2 and sum(outputs["counts"]) == len(outputs["scores"])
+
+
+def test_loadtest_holds_a_reduced_format_to_its_task_level_bound(
+    by_format: dict[str, ExportResult], server: Server
+) -> None:
+    """`bench` then `serve` serves the digits CNN as dynamic int8; `loadtest` failed every
+    answer of it (held to float32's tolerance, while stacked requests even change its
+    activation scales). Its answers are pooled and held to the SQNR export recorded."""
+    key = "onnx_int8_dynamic"
+    report = loadtest.run(
+        LoadConfig(
+            export_dir=by_format[key].out_dir,
+            served=archive_name(MODEL, key),
+            run_dir=Path(server.run_dir),
+            requests=160,
+            concurrency=8,
+        )
+    )
+    said = report.summary()
+    assert report.passed and report.wrong == 0 and report.answered == 160, said
+    assert [v["rule"] for v in report.judged] == ["sqnr"], said
+    assert report.judged[0]["samples"] == 160 * 10  # every answer's ten logits, pooled
+    assert f"{key} (int8): answers held to the task-level SQNR" in said

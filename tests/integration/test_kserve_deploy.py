@@ -60,6 +60,25 @@ def test_deploy_writes_valid_manifests(deployed) -> None:
     assert rc["host"] == "0.0.0.0" and rc["models"][0]["export_dir"] == "/srv/export"
 
 
+def test_the_image_s_unprivileged_user_can_read_the_export(
+    ts_export: ExportResult, deployed
+) -> None:
+    """The Dockerfile COPYs export/ and then runs as uid 1000; COPY keeps modes, and the
+    export folder was mkdtemp's 0700 (the runtime then failed: "Permission denied:
+    /srv/export/publish.json"). The export is made readable, and so is its copy."""
+    assert ts_export.out_dir.stat().st_mode & 0o777 == 0o777 & ~_umask()
+    for path in [deployed.out / "export", *(deployed.out / "export").rglob("*")]:
+        wanted = 0o755 if path.is_dir() else 0o644
+        assert path.stat().st_mode & wanted == wanted, (path, oct(path.stat().st_mode))
+    assert "USER 1000" in (deployed.out / "Dockerfile").read_text()
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
 def test_without_a_pytorch_runtime_only_the_projects_runtime_is_written(
     ts_export: ExportResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

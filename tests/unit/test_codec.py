@@ -204,3 +204,27 @@ def test_npz_with_wrong_names_or_a_bomb_is_refused(monkeypatch: pytest.MonkeyPat
     with pytest.raises(pl_codec.RequestError, match="too large") as err:
         pl_codec.decode_request(bomb.getvalue(), CELL, False)
     assert err.value.status == 413
+
+
+TOKENS = [pl_codec.InputSpec("tokens", ("batch", "seq"), "int64", 0.0, 1000.0, bounded=True)]
+
+
+@pytest.mark.parametrize(("token", "said"), [(5000, "holds 5000"), (-1, "holds -1")])
+def test_a_token_past_the_declared_vocabulary_is_refused_before_the_model(
+    token: int, said: str
+) -> None:
+    """A user's trial: 5000 failed ONNX Runtime's Gather (a 500 that failed the requests
+    stacked with it), -1 wrapped round to the last row (a silent wrong answer), and a
+    compiled .pt2 aborted its worker process ("index out of bounds: 0 <= tmp2 < 1000")."""
+    body = {
+        "inputs": [{"name": "tokens", "shape": [1, 2], "datatype": "INT64", "data": [token, 1]}]
+    }
+    with pytest.raises(pl_codec.RequestError, match=said) as err:
+        pl_codec.decode_request(body, TOKENS, False)
+    assert err.value.status == 400 and "must be in 0..999" in str(err.value)
+    assert err.value.expected["high"] == 1000
+    ok = {"inputs": [{"name": "tokens", "shape": [1, 2], "datatype": "INT64", "data": [0, 999]}]}
+    assert pl_codec.decode_request(ok, TOKENS, False).arrays["tokens"].tolist() == [[0, 999]]
+    # Only a declared range bounds: an integer input's default sampling range does not.
+    free = [pl_codec.InputSpec("tokens", ("batch", "seq"), "int64", 0.0, 10.0)]
+    assert pl_codec.decode_request(body, free, False).arrays["tokens"].tolist() == [[token, 1]]

@@ -48,9 +48,19 @@ class Tiny(nn.Module):
         return self.linear(xs.sum(0))
 
 
-def _export(root: Path, *, stack_requests: bool = True) -> Path:
+class Fragile(Tiny):
+    """Tiny, failing on values it cannot take (as an embedding fails on a token id past
+    its rows)."""
+
+    def forward(self, xs: torch.Tensor) -> torch.Tensor:
+        if bool((xs < -100).any()):
+            raise ValueError("a value below -100")
+        return self.linear(xs.sum(0))
+
+
+def _export(root: Path, *, stack_requests: bool = True, model: nn.Module | None = None) -> Path:
     torch.manual_seed(0)
-    model = Tiny().eval()
+    model = (model or Tiny()).eval()
     out = root / "export"
     out.mkdir(parents=True)
     torch.jit.script(model).save(str(out / "model.torchscript.pt"))
@@ -178,6 +188,24 @@ def test_requests_are_batched_on_their_batch_axis_and_fail_alone(
         assert len(answer["topk"]) == xs.shape[1] and len(answer["topk"][0]) == 2
     # BaseHandler.handle ran the steps: it records HandlerTime.
     assert any("[METRICS]HandlerTime" in r.getMessage() for r in caplog.records)
+
+
+def test_a_request_the_model_cannot_take_fails_alone_not_its_stacked_peers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stacked into one pass, a bad request failed every request with it (a 500 each)."""
+    torch.manual_seed(0)
+    export_dir = _export(tmp_path, model=Fragile())
+    service = _load(_unpacked(tmp_path, export_dir), monkeypatch)
+    good = [torch.randn(4, 1, 3) for _ in range(3)]
+    bad = torch.full((4, 1, 3), -1000.0)
+    answers = _handle(service, [{"inputs": x.tolist()} for x in (good[0], bad, *good[1:])])
+    assert [status for status, _ in answers] == [200, 500, 200, 200], answers
+    assert "a value below -100" in answers[1][1]["error"]
+    for (_, answer), xs in zip((answers[0], *answers[2:]), good, strict=True):
+        torch.testing.assert_close(
+            torch.tensor(answer["outputs"]["logits"]), _expected(export_dir, xs)
+        )
 
 
 def test_describe_answers_the_io_contract(served: tuple[Any, Path]) -> None:

@@ -87,6 +87,36 @@ def test_a_failure_reaches_every_request_of_its_batch() -> None:
     asyncio.run(go())
 
 
+def test_a_request_the_model_cannot_take_fails_alone_not_its_batch() -> None:
+    """A user's trial: token ids past the vocabulary failed ONNX Runtime's Gather, and
+    every request stacked with one (206 of 360 good ones) got its 500."""
+    gate = threading.Event()
+    sizes: list[int] = []
+
+    def forward(batch: dict[str, np.ndarray]) -> list[np.ndarray]:
+        gate.wait(5)
+        if (batch["x"] < 0).any():
+            raise RuntimeError("indices element out of data bounds")
+        return [batch["x"] * 2]
+
+    b = Batcher(forward=forward, input_axes={"x": 0}, output_axes=[0], on_batch=sizes.append)
+
+    async def go() -> list:
+        xs = [np.full((1, 2), v, np.float32) for v in (1.0, 2.0, -1.0, 3.0)]
+        tasks = [asyncio.ensure_future(b.submit({"x": x})) for x in xs]
+        await asyncio.sleep(0.05)
+        gate.set()
+        out = await asyncio.gather(*tasks, return_exceptions=True)
+        await b.close()
+        return out
+
+    first, second, bad, third = asyncio.run(go())
+    assert isinstance(bad, RuntimeError) and "out of data bounds" in str(bad)
+    for answer, value in ((first, 1.0), (second, 2.0), (third, 3.0)):
+        np.testing.assert_array_equal(answer[0], np.full((1, 2), value * 2, np.float32))
+    assert sizes == [4, 1, 1, 1, 1], sizes  # stacked, failed, then each alone
+
+
 def test_delay_waits_for_more_requests() -> None:
     sizes: list[int] = []
     b = Batcher(

@@ -77,3 +77,31 @@ def test_a_port_whose_last_connection_waits_in_time_wait_is_free_a_listening_one
         again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         again.bind(("127.0.0.1", port))
         again.listen()
+
+
+def test_one_port_for_two_listeners_is_refused(tmp_path: Path) -> None:
+    """`--port 19085 --grpc-port 19085`: both bound (SO_REUSEPORT), the server said it was
+    up, and gRPC clients never reached it."""
+    port = launcher.free_port()
+    launch = launcher.Launch(
+        title="a test", run_dir=tmp_path, host="127.0.0.1",
+        ports=[("127.0.0.1", port, "--port"), ("127.0.0.1", port, "--grpc-port")],
+    )  # fmt: skip
+    with pytest.raises(launcher.ServeError, match=f"--port and --grpc-port are both {port}"):
+        launcher.prepare(launch)
+
+
+@pytest.mark.parametrize("argv", [["--port", "70000"], ["--port", "0"], ["--max-request-size", "-1"],
+                                  ["--workers-per-model", "0"], ["--threads-per-worker", "0"],
+                                  ["--runtime", "kserve", "--max-batch-delay-ms", "-1"]])  # fmt: skip
+def test_a_value_out_of_range_is_a_usage_error_naming_the_option(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--port 70000 ended in an OverflowError traceback, --max-request-size -1 in a Java
+    stack, --workers-per-model 0 was ignored and --port 0 never returned."""
+    from pipeline.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", *argv])
+    assert exited.value.code == 2
+    assert f"error: argument {argv[-2]}: {argv[-1]} " in capsys.readouterr().err

@@ -4,7 +4,11 @@ held to one export are "wrong" with no word on why (a user's loadtest during a c
 
 from __future__ import annotations
 
-from pipeline.serving.loadreport import LoadReport
+import torch
+
+from pipeline.core.budget import Budget
+from pipeline.serving.loadjudge import PooledAnswers
+from pipeline.serving.loadreport import LoadReport, to_markdown
 
 HINT = "run with --by-version"
 
@@ -25,3 +29,47 @@ def test_the_hint_is_only_where_it_applies() -> None:
     assert HINT not in _report({"1": 1000}, 3, checked=False).summary()  # one version
     assert HINT not in _report({"1": 750, "2": 250}, 0, checked=False).summary()  # none wrong
     assert HINT not in _report({"1": 750, "2": 250}, 2, checked=True).summary()  # it did
+
+
+def test_a_time_limit_that_ended_the_run_is_said_and_not_sent_is_its_own_column() -> None:
+    """--time-limit 1 --requests 5000: it said "5000 requests … in 1.1 s" and the table's
+    failed column held the 4,757 never sent while the text said failed 0."""
+    report = LoadReport("digits_lenet", 5000, 4, answered=243, not_sent=4757, duration_s=1.1)
+    said = report.summary()
+    assert said.startswith("digits_lenet: 243 of 5000 requests at concurrency 4 in 1.1 s"), said
+    assert "the time limit ended the run with 4757 request(s) not sent" in said
+    assert said.endswith("FAILED")
+    header, _, row = to_markdown([report]).splitlines()
+    cells = dict(zip(header.split("|"), row.split("|"), strict=True))
+    assert cells[" failed "] == " 0 " and cells[" not sent "] == " 4757 ", cells
+
+
+def _pooled(precision: str = "int8") -> PooledAnswers:
+    return PooledAnswers("onnx_int8_dynamic", precision, ["logits"], Budget())
+
+
+def test_reduced_answers_are_held_to_the_sqnr_floor_not_elementwise() -> None:
+    gen = torch.Generator().manual_seed(0)
+    close, far = _pooled(), _pooled()
+    for _ in range(64):
+        ref = torch.randn(1, 10, generator=gen)
+        assert (
+            close.add({"logits": ref}, {"logits": ref + 0.01 * torch.randn(1, 10, generator=gen)})
+            == ""
+        )
+        assert (
+            far.add({"logits": ref}, {"logits": ref + 0.5 * torch.randn(1, 10, generator=gen)})
+            == ""
+        )
+    [passed], [failed] = close.verdicts(), far.verdicts()
+    assert passed.passed and passed.value > 30 and passed.bound == 20.0  # int8's floor
+    assert not failed.passed and failed.value < 20
+    report = LoadReport("digits_lenet_onnx_int8d", 64, 4, answered=64)
+    report.judged, report.judged_as = [failed.to_json() | {"said": failed.describe()}], "x (int8)"
+    assert not report.passed and "    logits: FAILED: " in report.summary()
+
+
+def test_a_reduced_answer_of_another_shape_is_wrong_at_once() -> None:
+    problem = _pooled().add({"logits": torch.zeros(1, 10)}, {"logits": torch.zeros(1, 9)})
+    assert problem == "output 'logits' has shape (1, 9), eager's (1, 10)"
+    assert _pooled().add({"logits": torch.zeros(1, 10)}, {}) == "output 'logits' missing"

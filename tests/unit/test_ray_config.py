@@ -107,3 +107,27 @@ def test_kill_node_after_is_checked_like_kill_worker_after() -> None:
     both = LoadConfig(export_dir=Path("."), requests=10, kill_node_after=1, kill_worker_after=1)
     with pytest.raises(LoadTestError, match="not both"):
         both.validate()
+
+
+def test_a_request_the_model_cannot_take_fails_alone_not_its_batch() -> None:
+    """serve.batch hands an exception raised by the batch to every request in it: one
+    token id past the vocabulary failed the requests stacked with it."""
+    import asyncio
+
+    from pipeline.runtimes.ray.app import Model
+
+    def forward(batch: dict[str, np.ndarray]) -> list[np.ndarray]:
+        if (batch["x"] < 0).any():
+            raise ValueError("indices element out of data bounds")
+        return [batch["x"] * 2]
+
+    replica = object.__new__(Model.func_or_class)  # a replica's state, without loading
+    replica.forward, replica.axes, replica.output_axes, replica.stack = forward, {"x": 0}, [0], True
+
+    # The batch as serve.batch hands it over (its queue needs a running replica).
+    batched = Model.func_or_class.batched.__wrapped__
+    xs = [np.full((1, 2), v, np.float32) for v in (1.0, -1.0, 3.0)]
+    first, bad, third = asyncio.run(batched(replica, [{"x": x} for x in xs]))
+    assert isinstance(bad, ValueError), bad  # __call__ raises it for its own request
+    np.testing.assert_array_equal(first[0], np.full((1, 2), 2.0, np.float32))
+    np.testing.assert_array_equal(third[0], np.full((1, 2), 6.0, np.float32))

@@ -244,3 +244,36 @@ def test_follow_applies_each_new_state_once_and_acknowledges_it(tmp_path: Path) 
     acked = live.acks(tmp_path)[3]
     assert acked["generation"] == 2 and "RuntimeError: no such file" in acked["error"]
     assert live.read_stats(tmp_path)["m", 1].requests == 1
+
+
+def test_status_names_a_dead_gateway_of_a_running_server(tmp_path: Path) -> None:
+    """`kill -9` of TorchServe's gateway: status said the server was fine (exit 0) while
+    every request got "connection refused"; only the main process was checked."""
+    import subprocess
+    import sys
+
+    from pipeline.serving.server import Server
+    from pipeline.serving.status import status
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    main = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                             str(run_dir / "config.properties")], start_new_session=True)  # fmt: skip
+    try:
+        Server(runtime="torchserve", pid=main.pid, run_dir=str(run_dir),
+               inference_url="http://127.0.0.1:1", metrics_url="", models=[],
+               pids={"gateway": int(gone.stdout)},
+               markers=["config.properties"]).record()  # fmt: skip
+        found = status(run_dir, tmp_path / "store")
+        assert found["server"]["exited"] == {"gateway": int(gone.stdout)}
+        lines = status_lines(found)
+        assert lines[1] == (
+            f"  its gateway (pid {int(gone.stdout)}) exited: requests to http://127.0.0.1:1 "
+            "find no one; `pipeline stop`, then `pipeline serve` again"
+        ), lines
+        assert troubled(found)
+    finally:
+        main.kill()
+        main.wait()

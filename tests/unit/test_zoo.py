@@ -112,3 +112,12 @@ def test_cond_formulation_computes_the_same_function(name: str) -> None:
                 torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5, msg=label)
     # The original is left untouched (the formulation is a copy).
     assert any(isinstance(m, MyDecisionGate) for m in model.modules())
+
+
+def test_a_declared_integer_range_bounds_what_the_servers_accept() -> None:
+    from pipeline.zoo.user import parse_input
+
+    assert parse_input("tokens:int64:batch,seq:0:1000").record().to_json()["bounded"] is True
+    assert parse_input("tokens:int64:batch,seq").bounded is False  # 0:10 only draws samples
+    assert parse_input("x:float32:batch,4:-2:2").bounded is False  # floats are never bounded
+    assert get_entry("lstm_tagger").inputs[0].bounded  # the vocabulary of 1,000

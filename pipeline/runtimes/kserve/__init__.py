@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.core import argtypes
 from pipeline.runtimes.kserve.constants import (
     CONFIG_FILE,
     DEFAULT_GRPC_PORT,
@@ -114,25 +115,25 @@ class KServe(runtime.Runtime):
         )
         group.add_argument(
             "--grpc-port",
-            type=int,
+            type=argtypes.port,
             default=DEFAULT_GRPC_PORT,
             help=f"gRPC port (default: {DEFAULT_GRPC_PORT})",
         )
         group.add_argument(
             "--max-batch-size",
-            type=int,
+            type=argtypes.positive_int,
             default=8,
             help="queued requests stacked into one forward pass at most (default: 8)",
         )
         group.add_argument(
             "--max-batch-delay-ms",
-            type=float,
+            type=argtypes.non_negative_float,
             default=0.0,
             help="how long a batch waits for more requests (default: 0, only what is queued)",
         )
         group.add_argument(
             "--workers",
-            type=int,
+            type=argtypes.positive_int,
             metavar="N",
             help="runtime processes sharing the ports, each with its own models and batcher; "
             "a dead one is replaced (default: the count `pipeline bench` measured best on this "

@@ -8,7 +8,8 @@ requests (and, with `max_delay_ms` > 0, waits that long for more). Requests
 whose non-batch shapes agree are concatenated along their batch axis and run
 as one forward pass, in a thread, or on the event loop itself when recent passes
 took under `inline_below_ms` (a thread's round trip would cost more than the
-pass); the outputs are split back per request.
+pass); the outputs are split back per request. A stacked pass that fails is run again
+request by request, so a request the model cannot take fails alone, not its peers.
 
 Models whose manifest says `serving.stack_requests: false` (a sample's output
 depends on the rest of its batch) are never stacked: every request gets its
@@ -161,11 +162,17 @@ class Batcher:
                 outputs = self._timed(batch)
             else:  # unknown or slow: in a thread, so the loop goes on reading requests
                 outputs = await loop.run_in_executor(None, self._timed, batch)
-        except Exception as err:  # every waiting request gets the failure
-            log.exception("inference failed for %d request(s)", len(members))
-            for m in members:
-                if not m.future.done():
-                    m.future.set_exception(err)
+        except Exception as err:
+            if len(members) > 1:  # one bad request must not fail its peers: each alone
+                log.warning(
+                    "a pass of %d stacked requests failed (%s); each alone", len(members), err
+                )
+                for m in members:
+                    await self._forward([m])
+                return
+            log.exception("inference failed for 1 request")
+            if not members[0].future.done():
+                members[0].future.set_exception(err)
             return
         took = time.perf_counter() - began
         for m in members:

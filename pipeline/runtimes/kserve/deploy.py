@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import yaml
 
 from pipeline.core import signing
 from pipeline.core.errors import PipelineError
+from pipeline.core.fileio import readable_tree, staging_dir
 from pipeline.core.manifest import read_manifest
 from pipeline.runtimes.kserve import leanimage
 from pipeline.runtimes.kserve import manifests as m
@@ -108,7 +108,7 @@ def deploy_kserve(config: m.DeployConfig, *, force: bool = False) -> DeployResul
         check(doc, what=rel)  # before anything is written
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    staging = staging_dir(f".{out.name}.", out.parent)
     try:
         for rel, doc in docs.items():
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -117,6 +117,8 @@ def deploy_kserve(config: m.DeployConfig, *, force: bool = False) -> DeployResul
         (staging / "Dockerfile").write_text(m.dockerfile(config, torch_free=torch_free))
         shutil.copytree(export_dir, staging / "export", ignore=_ignored)
         _copy_source(staging / "src")
+        for copied in ("export", "src"):  # COPY keeps modes; the image runs as uid 1000
+            readable_tree(staging / copied)
         if torch_free:  # the torch-free image's one list (leanimage)
             (staging / "src" / leanimage.REQUIREMENTS_FILE).write_text(
                 "\n".join(leanimage.requirements(PROJECT_ROOT / "pyproject.toml")) + "\n"

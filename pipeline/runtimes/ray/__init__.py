@@ -25,6 +25,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from pipeline.core import argtypes
 from pipeline.runtimes.ray.constants import CONFIG_FILE, NAME, TITLE
 from pipeline.serving import runtime
 from pipeline.serving.capabilities import (
@@ -187,14 +188,14 @@ class RayServe(runtime.Runtime):
         )
         group.add_argument(
             "--ray-max-batch-size",
-            type=int,
+            type=argtypes.positive_int,
             default=8,
             metavar="N",
             help="requests one forward pass takes at most (serve.batch; default: 8)",
         )
         group.add_argument(
             "--ray-batch-wait-ms",
-            type=float,
+            type=argtypes.non_negative_float,
             default=0.0,
             metavar="MS",
             help="how long a batch waits for more requests (default: 0)",

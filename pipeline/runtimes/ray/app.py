@@ -115,22 +115,40 @@ class Model:
         self.batched.set_batch_wait_timeout_s(float(batch["wait_ms"]) / 1e3)
 
     async def __call__(self, arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
-        return await self.batched(arrays)
+        answer = await self.batched(arrays)
+        if isinstance(answer, Exception):  # this request's own failure, not its batch's
+            raise answer
+        return answer
+
+    def _alone(self, arrays: dict[str, np.ndarray]) -> list[np.ndarray] | Exception:
+        try:
+            return self.forward(arrays)
+        except Exception as err:  # noqa: BLE001 - handed back to its own request only
+            return err
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)
-    async def batched(self, requests: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
+    async def batched(
+        self, requests: list[dict[str, np.ndarray]]
+    ) -> list[list[np.ndarray] | Exception]:
+        """One answer (or its own failure) per request: serve.batch would hand an exception
+        raised here to every request of the batch, failing a bad request's peers."""
         if not self.stack:  # a sample's outputs depend on its batch: one pass each
-            return [self.forward(r) for r in requests]
-        answers: list[list[np.ndarray]] = [[] for _ in requests]
+            return [self._alone(r) for r in requests]
+        answers: list[list[np.ndarray] | Exception] = [[] for _ in requests]
         for members in groups(requests, self.axes):
             if len(members) == 1:
-                answers[members[0]] = self.forward(requests[members[0]])
+                answers[members[0]] = self._alone(requests[members[0]])
                 continue
             batch = {
                 name: np.concatenate([requests[i][name] for i in members], axis=axis or 0)
                 for name, axis in self.axes.items()
             }
-            outputs = self.forward(batch)
+            try:
+                outputs = self.forward(batch)
+            except Exception:  # noqa: BLE001 - a stacked pass failed: each request alone
+                for i in members:
+                    answers[i] = self._alone(requests[i])
+                continue
             first, axis = next(iter(self.axes.items()))
             start = 0
             for i in members:

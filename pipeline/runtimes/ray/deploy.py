@@ -27,6 +27,7 @@ import yaml
 
 from pipeline.core import signing
 from pipeline.core.errors import PipelineError
+from pipeline.core.fileio import readable_tree
 from pipeline.runtimes.ray.launch import RayConfig, served_model
 from pipeline.serving import crd
 
@@ -238,6 +239,7 @@ def deploy_ray(config: RayDeployConfig, *, force: bool = False) -> list[Path]:
         staging = Path(tmp) / "out"
         staging.mkdir()
         shutil.copytree(export_dir, staging / "export", ignore=skip)
+        readable_tree(staging / "export")  # COPY keeps modes; the image runs as another user
         for item in SOURCE_ITEMS:
             src, dest = PROJECT_ROOT / item, staging / "src" / item
             dest.parent.mkdir(exist_ok=True)

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.core import argtypes
 from pipeline.runtimes.torchserve.constants import (
     CONFIG_PROPERTIES,
     GATEWAY_CONFIG,
@@ -140,11 +141,13 @@ class TorchServe(runtime.Runtime):
             help="serve the models that load even if others fail (default: any failure stops "
             "the start)",
         )
-        group.add_argument("--management-port", type=int, default=8081, help="default: 8081")
-        group.add_argument("--metrics-port", type=int, default=8082, help="default: 8082")
+        group.add_argument(
+            "--management-port", type=argtypes.port, default=8081, help="default: 8081"
+        )
+        group.add_argument("--metrics-port", type=argtypes.port, default=8082, help="default: 8082")
         group.add_argument(
             "--workers-per-model",
-            type=int,
+            type=argtypes.positive_int,
             help="default: physical cores / models served, at least 1",
         )
         group.add_argument(
