@@ -73,7 +73,14 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     inputs, outputs = input_specs(args)
     config = ExportConfig.from_args(args, inputs=inputs, outputs=outputs)
-    held = settled(config.out_dir, config.model, config.formats) if args.if_missing else None
+    weights = "imported" if config.weights else "random" if config.random_init else "checkpoint"
+    held = (
+        settled(
+            config.out_dir, config.model, config.formats, config.checkpoint, weights, config.seed
+        )
+        if args.if_missing
+        else None
+    )
     if held is not None:
         failed = {k: v for k, v in held.failed.items() if k in config.formats}
         have = [f for f in config.formats if f not in failed]
@@ -225,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--if-missing",
         action="store_true",
         help="do nothing when the export folder already holds every asked-for format, "
-        "or recorded it as failed (exit status 3 then)",
+        "or recorded it as failed (exit status 3 then), made from the same weights (the "
+        "checkpoint, or --random-init with the same --seed; --weights always exports)",
     )
     p.add_argument(
         "--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset (default: {DEFAULT_OPSET})"

@@ -90,8 +90,9 @@ def read_sidecar(path: Path) -> dict[str, Any]:
         raise _refuse(
             path,
             "the file does not exist.",
-            "Train one with `pipeline train` (or `make train`), or pass --checkpoint "
-            "with the path of a .pt file written by `pipeline train`.",
+            "Train one with `pipeline train` (or `make train`); export with --random-init (a "
+            "model with nothing to train) or --weights FILE (your own state_dict); or pass "
+            "--checkpoint with the path of a .pt file written by `pipeline train`.",
         )
     if not meta_path.is_file():
         raise _refuse(

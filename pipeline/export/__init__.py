@@ -84,6 +84,19 @@ def _output_names(outputs: Any, count: int) -> tuple[str, ...]:
     return tuple(f"output_{i}" for i in range(count))
 
 
+def _check_dict_names(names: tuple[str, ...], outputs: Any) -> None:
+    """A dict's outputs are taken in its order; names other than its keys would rename
+    them by position (`--output embedding --output logits` for {"logits", "embedding"}
+    swapped the two in ONNX, in every server's answer and in verify's rows)."""
+    keys = output_keys(outputs)
+    if isinstance(outputs, dict) and all(keys) and list(names) != list(keys):
+        raise ExportError(
+            f"The model returns a dict with keys {', '.join(map(str, keys))}, but its outputs "
+            f"are named {', '.join(names)}: outputs are taken in the dict's order, so name "
+            "them by its keys in that order, or leave --output out (the keys name them)."
+        )
+
+
 def _model_file(name: str) -> str | None:
     """The absolute path of a `file.py:Class` model, so verify works from any directory."""
     where = name.rpartition(":")[0]
@@ -240,6 +253,7 @@ def _export(
     else:
         if not entry.outputs:  # a user model without output names: its dict's keys, else numbers
             entry = replace(entry, outputs=_output_names(raw_outputs, len(golden_outputs)))
+        _check_dict_names(entry.outputs, raw_outputs)
         output_shapes = _output_shapes(entry, golden_outputs, batch)
 
     out_dir = Path(config.out_dir) if config.out_dir else paths.export_dir(entry.name)

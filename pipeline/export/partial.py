@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.core.errors import ArtifactError
+from pipeline.core.checkpoint import read_sidecar
+from pipeline.core.errors import ArtifactError, PipelineError
 from pipeline.core.manifest import Manifest, read_manifest
 from pipeline.formats import base as registry
 
@@ -62,12 +63,24 @@ def partial_message(manifest: Manifest, out_dir: Path) -> str:
     )
 
 
-def settled(out_dir: Path, model: str, formats: tuple[str, ...]) -> Manifest | None:
-    """The export in `out_dir` if it settles every one of `formats`, else None (for --if-missing).
+def settled(
+    out_dir: Path,
+    model: str,
+    formats: tuple[str, ...],
+    checkpoint: Path | None = None,
+    weights: str = "checkpoint",
+    seed: int = 0,
+) -> Manifest | None:
+    """The export in `out_dir` if it settles every one of `formats` from the same weights,
+    else None (for --if-missing).
 
     A format is settled when the export holds it or recorded it as failed: an
     op ONNX cannot express fails the same way on every run, so --if-missing
     does not redo it; an export without --if-missing tries every format again.
+    The weights must be the ones exported: `weights` "checkpoint" (the file at
+    `checkpoint`, whose sidecar's sha256 the manifest must record: a retrained
+    one is exported again), "random" (the same, made by --random-init with `seed`) or
+    "imported" (--weights FILE: never settled, the file may hold new weights).
     """
     try:
         manifest = read_manifest(out_dir)
@@ -76,4 +89,12 @@ def settled(out_dir: Path, model: str, formats: tuple[str, ...]) -> Manifest | N
     done = set(manifest.artifacts) | set(manifest.failed)
     if manifest.model.name != model or not set(formats) <= done:
         return None
-    return manifest
+    if weights == "imported" or checkpoint is None:
+        return None
+    try:
+        meta = read_sidecar(Path(checkpoint))
+    except PipelineError:
+        return None  # no checkpoint there: export makes one or says so
+    if weights == "random" and (meta.get("init") != "random" or meta.get("seed") != seed):
+        return None
+    return manifest if meta.get("weights_sha256") == manifest.checkpoint.sha256 else None

@@ -16,6 +16,7 @@ written into the export's manifest, so `verify` needs only ``--model``.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import re
@@ -128,6 +129,26 @@ def check_unique(specs: Sequence[TensorSpec]) -> None:
         raise InputSpecError(
             f"Input name(s) {dupes} are given more than once; each input needs its own name."
         )
+
+
+def check_order(builder: Any, specs: Sequence[TensorSpec]) -> None:
+    """The inputs are passed to forward() by position: a name given at another position
+    than forward()'s argument of that name is refused (--input b then --input a for
+    forward(self, a, b) fed `a` the tensor named b: ONNX's input `b` was forward's `a`,
+    and a server answering by name computed something else)."""
+    try:
+        params = list(inspect.signature(builder.forward).parameters.values())[1:]  # not self
+    except (AttributeError, TypeError, ValueError):  # a factory, or no Python signature
+        return
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    names = [p.name for p in params if p.kind in positional]
+    for i, spec in enumerate(specs):
+        if spec.name in names and names.index(spec.name) != i:
+            raise InputSpecError(
+                f"--input {spec.name!r} is given in place {i + 1}, but forward() takes "
+                f"{spec.name!r} in place {names.index(spec.name) + 1}: inputs are passed by "
+                f"position, so give them in forward()'s order ({', '.join(names)})."
+            )
 
 
 def load_spec_file(path: Path) -> tuple[list[TensorSpec], list[str]]:
@@ -274,6 +295,7 @@ def external_entry(
             )
         specs = tuple(inputs)
         check_unique(specs)
+        check_order(builder, specs)
         source = "user"
         description = f"user model {name}"
     sizes = {d: (2 if d == "batch" else 5) for s in specs for d in s.shape if isinstance(d, str)}

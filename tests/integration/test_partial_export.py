@@ -9,6 +9,7 @@ written it is an ordinary failure: exit 1, and nothing replaces what was there.
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 from dataclasses import dataclass
@@ -208,3 +209,32 @@ def test_the_op_names_and_the_models_line() -> None:
     line = node_line(trace) or ""
     assert line.endswith("partial_ops.py:20 (return torch.linalg.eigvals(m).abs())"), line
     assert node_line(None) is None
+
+
+def test_if_missing_exports_again_when_the_weights_changed(tmp_path: Path) -> None:
+    """--if-missing said "nothing to do" after a retrain, a new --seed or --weights FILE:
+    it compared the model's name and formats only, and verify then passed the old weights."""
+    art = tmp_path / "art"
+    common = ("--artifacts-dir", art, "export", "--model", "my_cell", "--format", "torchscript")
+
+    def sha() -> str:
+        return json.loads((art / "my_cell" / "export" / "manifest.json").read_text())["checkpoint"][
+            "sha256"
+        ]
+
+    assert run_cli(*common, "--random-init", cwd=tmp_path).returncode == 0
+    first = sha()
+    proc = run_cli(*common, "--random-init", "--if-missing", cwd=tmp_path)
+    assert "nothing to do" in proc.stdout and sha() == first  # the same weights: skipped
+    proc = run_cli(*common, "--random-init", "--seed", "1", "--if-missing", cwd=tmp_path)
+    assert proc.returncode == 0 and "nothing to do" not in proc.stdout, proc.stdout
+    assert sha() != first
+    weights = tmp_path / "mine.pt"
+    state = torch.load(art / "my_cell" / "checkpoint.pt", weights_only=True)
+    torch.save({k: v + 1 for k, v in state.items()}, weights)
+    second = sha()
+    proc = run_cli(*common, "--weights", weights, "--if-missing", cwd=tmp_path)
+    assert proc.returncode == 0 and "nothing to do" not in proc.stdout, proc.stdout
+    assert sha() != second
+    proc = run_cli(*common, "--if-missing", cwd=tmp_path)  # the imported checkpoint: settled
+    assert "nothing to do" in proc.stdout, proc.stdout

@@ -294,6 +294,25 @@ def test_more_user_errors_are_clear(tmp_path: Path) -> None:
         load_probes(tmp_path / "probes.pt")
 
 
+def test_inputs_out_of_forward_s_order_and_renamed_dict_outputs_are_refused(
+    tmp_path: Path,
+) -> None:
+    """Both exported with exit 0 and verified, and computed something else by name: `--input
+    scale --input x` for forward(self, x, scale) fed x the tensor named scale (ONNX's
+    input `scale` was forward's x), and `--output embedding --output logits` for a dict
+    {"logits", "embedding"} swapped the two outputs."""
+    model = f"{USER_FILE}:TinyGated"
+    with pytest.raises(InputSpecError, match=r"'scale' is given in place 1, but forward\(\) "
+                       r"takes 'scale' in place 2.*forward\(\)'s order \(x, scale\)"):  # fmt: skip
+        _export(tmp_path, model, "scale:float32:1", "x:float32:batch,6")
+    # Names that are not forward()'s bind by position, as documented.
+    assert _export(tmp_path, model, "features:float32:batch,6", "s:float32:1").manifest
+    with pytest.raises(PipelineError, match=r"returns a dict with keys logits, embedding, but "
+                       r"its outputs are named embedding, logits"):  # fmt: skip
+        _export(tmp_path, f"{USER_FILE}:DictHeads", "x:float32:batch,4",
+                outputs=["embedding", "logits"])  # fmt: skip
+
+
 def test_integer_range_high_is_exclusive_everywhere(tmp_path: Path) -> None:
     """`ids:int64:batch,seq:0:50` for a 50-word vocabulary: export and verify never draw 50."""
     spec = parse_input("ids:int64:batch,seq:0:50")
