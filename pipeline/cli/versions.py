@@ -93,7 +93,8 @@ def add_version_commands(sub: argparse._SubParsersAction) -> None:
         "--min-requests",
         type=int,
         default=20,
-        help="canary answers before the bounds are judged (default: 20)",
+        help="canary answers before the bounds are judged; --promote refuses a canary with "
+        "fewer (default: 20; 0 promotes it unjudged)",
     )
     p.add_argument(
         "--timeout", type=float, default=180.0, help="seconds for the workers to load a version"

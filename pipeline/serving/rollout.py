@@ -259,10 +259,19 @@ def live_check(
 
 def _judge(
     rt: runtime.Runtime, server: Server, names: list[str], canary: int, default: int, bounds: Bounds
-) -> tuple[str | None, str]:
-    """(the first bound the canary breaks, or None; a one-line summary)."""
+) -> tuple[str | None, str, str | None]:
+    """(the first bound the canary breaks, or None; a one-line summary; why a served name's
+    canary is not judged yet, or None)."""
     stats = _versions(rt).live_stats(server)
     words = []
+    unjudged = next(
+        (
+            f"{n} version {canary}: {why}"
+            for n in names
+            if (why := bounds.unjudged(stats.get((n, canary), live.Tally())))
+        ),
+        None,
+    )
     for n in names:
         mine = stats.get((n, canary), live.Tally())
         theirs = stats.get((n, default))
@@ -272,8 +281,8 @@ def _judge(
         )
         why = bounds.breach(mine, theirs)
         if why:
-            return f"{n} version {canary}: {why}", "; ".join(words)
-    return None, "; ".join(words)
+            return f"{n} version {canary}: {why}", "; ".join(words), unjudged
+    return None, "; ".join(words), unjudged
 
 
 def _watch(
@@ -291,7 +300,7 @@ def _watch(
     # the default run folder's server and store.
     flags = run_dir_flag(config.run_dir) + store_flag(config.store)
     while True:
-        why, summary = _judge(rt, server, names, number, default, config.bounds)
+        why, summary, unjudged = _judge(rt, server, names, number, default, config.bounds)
         if why:
             back = _next(state, names, lambda mv: _without(mv, number))
             _versions(rt).apply_live(server, back, config.timeout_s)
@@ -300,6 +309,8 @@ def _watch(
             )
         if time.monotonic() >= deadline:
             say(f"watched {config.watch_s:g} s: {summary}")
+            if unjudged:  # 0 answers is no pass: --promote refuses until it has enough
+                say(f"not judged yet: {unjudged}; send traffic to it before promoting")
             say(
                 f"promote with `pipeline rollout --model {config.model} --promote{flags}`, or "
                 f"undo with `pipeline rollback --model {config.model}{flags}`"
@@ -320,7 +331,14 @@ def _promote(
     if None in canaries or len(canaries) != 1:
         raise PipelineError(f"{config.model} has no canary to promote; start one with --canary.")
     (number,) = canaries
-    why, summary = _judge(rt, server, names, number, state.models[names[0]].default, config.bounds)
+    why, summary, unjudged = _judge(
+        rt, server, names, number, state.models[names[0]].default, config.bounds
+    )
+    if unjudged and not why:
+        raise PipelineError(
+            f"Not promoted: {unjudged}, so it has not been judged ({summary}). Send traffic "
+            "to it and --promote again, or promote it unjudged with --min-requests 0."
+        )
     if why:
         _versions(rt).apply_live(
             server, _next(state, names, lambda mv: _without(mv, number)), config.timeout_s

@@ -20,6 +20,15 @@ class Bounds:
     max_p99_ratio: float = 3.0
     min_requests: int = 20
 
+    def unjudged(self, canary: live.Tally) -> str | None:
+        """Why the canary has not been judged yet (too few answers), or None."""
+        if canary.requests >= self.min_requests:
+            return None
+        return (
+            f"it answered {canary.requests} of the {self.min_requests} requests it is judged on "
+            "(--min-requests)"
+        )
+
     def breach(self, canary: live.Tally, default: live.Tally | None) -> str | None:
         if canary.requests < self.min_requests:
             return None
@@ -56,5 +65,5 @@ class RolloutConfig:
             raise PipelineError("Say which version: --version N (see `pipeline status`).")
         if self.canary is not None and not 0 < self.canary < 100:
             raise PipelineError(f"--canary is a percentage between 0 and 100, got {self.canary}.")
-        if self.watch_s < 0 or self.bounds.min_requests < 1:
-            raise PipelineError("--watch must be 0 or more and --min-requests at least 1.")
+        if self.watch_s < 0 or self.bounds.min_requests < 0:
+            raise PipelineError("--watch and --min-requests must be 0 or more.")

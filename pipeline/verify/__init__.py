@@ -306,6 +306,14 @@ def verify(
             for key, why in exported.manifest.unwritten.items()
         ],
     )
+    for key, art in manifest.artifacts.items():
+        if art.reason.startswith("UNSAFE") and any(b.format_key == key for b in backends):
+            # A kept unsafe trace follows one branch: it passes wherever the inputs take it.
+            report.notes.append(
+                f"{key} is an UNSAFE trace (--allow-unsafe-trace): it computes the branch its "
+                "example took; passing here shows only that these inputs took it. Give "
+                "--probes that drive each branch (export takes them too)."
+            )
     if config.device != "cpu":  # where each ran: a format without a CUDA path stays on CPU
         ran = ", ".join(f"{b.name} on {where(b)}" for b in backends if where(b))
         report.notes.append(f"--device {config.device} (eager, the reference, on CPU): {ran}")

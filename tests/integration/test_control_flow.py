@@ -97,6 +97,9 @@ def test_unsafe_trace_is_exported_but_verify_shows_the_mismatch(
         VerifyConfig(model="my_rnn_loop", export_dir=result.out_dir, report=tmp_path / "p.json")
     )
     assert not report.passed
+    # Said whether or not it passes: a user's own model's random probes all took one
+    # branch, and verify passed the UNSAFE trace without a word.
+    assert any(n.startswith("torchscript is an UNSAFE trace") for n in report.notes)
     failed = {(r.backend, r.inputs) for r in report.failures}
     assert ("torchscript", "probe alternating seq=13 b=2") in failed
     assert "torchscript / probe" in report.failure_message()

@@ -29,6 +29,7 @@ import tritonclient.http as thttp
 
 from pipeline.cli import main
 from pipeline.core import signing
+from pipeline.core.errors import PipelineError
 from pipeline.serving import live, runtime, versions
 from pipeline.serving import rollout as rollout_module
 from pipeline.serving.client import auth_headers
@@ -138,6 +139,26 @@ def test_canary_promote_and_rollback_under_load_lose_nothing(served: Server, sto
     assert versions.read_pointer(MODEL, store) == versions.Pointer(1, [])
     state = runtime.get("kserve").versions.live_state(served)
     assert sorted(state.models[MODEL].versions) == [1]  # version 2 was unloaded
+
+
+def test_a_canary_without_answers_is_not_promoted(served: Server, store: Path) -> None:
+    """A watch with no traffic said "canary 0 answers" and exited 0, and --promote then made
+    the unjudged version the default (--min-requests was never enforced)."""
+    _reset(served, store)
+    run_dir = Path(served.run_dir)
+    said: list[str] = []
+    rollout(as_canary(run_dir, store, 20, 0.0), say=said.append)
+    assert any(s.startswith("not judged yet: ") and "answered 0 of the 20" in s for s in said)
+    with pytest.raises(PipelineError, match=r"Not promoted: .*answered 0 of the 20 requests"):
+        rollout(RolloutConfig(MODEL, run_dir, promote=True, store=store), say=lambda _: None)
+    mv = runtime.get("kserve").versions.live_state(served).models[MODEL]
+    assert (mv.default, mv.canary) == (1, 2) and versions.read_pointer(MODEL, store).default == 1
+    unjudged = RolloutConfig(
+        MODEL, run_dir, promote=True, store=store, bounds=Bounds(min_requests=0)
+    )
+    rollout(unjudged, say=lambda _: None)  # asked for: promoted
+    assert versions.read_pointer(MODEL, store).default == 2
+    _reset(served, store)
 
 
 def test_a_canary_past_its_bound_rolls_back_by_itself(served: Server, store: Path) -> None:

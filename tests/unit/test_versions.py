@@ -78,6 +78,9 @@ def test_bounds_judge_a_canary_only_once_it_has_answers_enough() -> None:
     for _ in range(9):
         slow.add(50.0, ok=False)
     assert bounds.breach(slow, fast) is None  # 9 answers: too few to judge
+    assert bounds.unjudged(slow) == (
+        "it answered 9 of the 10 requests it is judged on (--min-requests)"
+    )  # and said so: --promote refuses it
     slow.add(50.0, ok=True)
     assert "error rate 90.0% (9 of 10)" in bounds.breach(slow, fast)
     for _ in range(100):
