@@ -207,16 +207,18 @@ def add_deploy_command(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_stop(args: argparse.Namespace) -> int:
     from pipeline.serving.launcher import found_runtime, stop
-    from pipeline.serving.server import SERVER_FILE
+    from pipeline.serving.server import SERVER_FILE, Server
 
     run_dir = serve_run_dir(args)
     kind = found_runtime(run_dir)  # before stopping: the record goes with the server
     recorded = (run_dir / SERVER_FILE).is_file()
+    left = Server.load(run_dir).alive_pids() if recorded else []  # its gateway, say
     if stop(run_dir):
         print(f"stopped {kind or 'the server'} (run dir {run_dir})")
     elif recorded:  # a server that exited on its own: its log says why
         why = f"{kind or 'the server'} recorded there had exited on its own"
-        print(f"no server was running from {run_dir}: {why} (logs: {run_dir / 'logs'})")
+        ended = f"; stopped what it left running (pid {', '.join(map(str, left))})" if left else ""
+        print(f"no server was running from {run_dir}: {why}{ended} (logs: {run_dir / 'logs'})")
     else:
         print(f"no server was running from {run_dir} (no record there, no process started from it)")
     return 0

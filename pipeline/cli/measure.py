@@ -66,6 +66,12 @@ def add_cpp_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeat", type=int, default=200, help="timed runs per round (default: 200)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: 3)")
     p.add_argument("--json", type=Path, help="also write the results as JSON")
+    p.add_argument(
+        "--cpp-build-dir",
+        type=Path,
+        help="the C++ client's build folder, as given to `pipeline build-cpp --build-dir`; "
+        "built there when missing or older than its sources (default: cpp_client/build)",
+    )
     p.set_defaults(func=_cmd_latency)
 
 
@@ -102,7 +108,7 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--serve-model",
         action="append",
-        help=f"model(s) to measure through TorchServe (default: {' '.join(SERVED_MODELS)}; 'none' for none)",
+        help=f"model(s) to measure served, by every --runtime (default: {' '.join(SERVED_MODELS)}; 'none' for none)",
     )
     p.add_argument("--batch", type=int, action="append", help="batch sizes (default: 1 and 32)")
     p.add_argument(
@@ -205,7 +211,7 @@ def _cmd_latency(args: argparse.Namespace) -> int:
 
     from pipeline.export.opened import open_export
     from pipeline.formats import base as registry
-    from pipeline.formats.cpp import compare_latency
+    from pipeline.formats.cpp import compare_latency, ensure_built
 
     fmt = registry.get(args.format)
     table = Table(title=f"{fmt.title} latency at batch 1: LibTorch C++ vs Python (same run)")
@@ -231,6 +237,7 @@ def _cmd_latency(args: argparse.Namespace) -> int:
             repeat=args.repeat,
             rounds=args.rounds,
             op_libraries=exported.manifest.artifact(fmt.key).get("op_libraries") or (),
+            binary=ensure_built(args.cpp_build_dir),
         )
         result["model"] = model
         result["format"] = fmt.key

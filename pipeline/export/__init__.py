@@ -66,8 +66,9 @@ class ExportResult:
 
 def _output_shapes(entry: ZooEntry, outputs: list[torch.Tensor], batch: int) -> dict[str, tuple]:
     if len(outputs) != len(entry.outputs):
+        named = "--output names" if entry.source == "user" else "its zoo entry names"
         raise ExportError(
-            f"Model {entry.name!r} returned {len(outputs)} outputs but its zoo entry names "
+            f"Model {entry.name!r} returned {len(outputs)} outputs but {named} "
             f"{len(entry.outputs)}: {list(entry.outputs)}."
         )
     return {

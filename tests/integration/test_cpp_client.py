@@ -13,6 +13,7 @@ import torch
 from pipeline.export import ExportResult
 from pipeline.formats import cpp
 from pipeline.verify import VerifyConfig, verify
+from tests.conftest import run_cli
 
 MODELS = ["digits_lenet", "my_decision_gate", "my_cell", "my_rnn_loop", "wrap_rnn"]
 
@@ -212,3 +213,11 @@ def test_latency_is_reported_next_to_python_for_digits_and_resnet18(
         assert result["cpp_over_python_p50"] == pytest.approx(
             result["cpp"]["p50_ms"] / result["python"]["p50_ms"]
         )
+    # From the command line, with the client built where the user said (`build-cpp
+    # --build-dir`): latency had no --cpp-build-dir and built its own in cpp_client/build.
+    artifacts = Path(resnet18_cli["export_dir"]).parent.parent
+    proc = run_cli("--artifacts-dir", artifacts, "latency", "--model", "torchvision:resnet18",
+                   "--cpp-build-dir", binary.parent, "--repeat", "3", "--warmup", "1",
+                   "--rounds", "1")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "C++ / Python" in proc.stdout and "torchvision:resnet18" in proc.stdout, proc.stdout

@@ -72,3 +72,30 @@ def test_stop_on_a_server_that_exited_on_its_own_says_so(
     out = capsys.readouterr().out
     assert "the KServe runtime recorded there had exited on its own (logs: " in out, out
     assert "no record there" not in out and not (tmp_path / SERVER_FILE).exists()
+
+
+def test_stop_says_it_ended_what_an_exited_server_left_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TorchServe's java killed: stop ended its gateway yet said only "no server was
+    running"."""
+    import subprocess
+    import sys
+
+    from pipeline.serving.server import Server
+
+    gateway = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                                str(tmp_path / CONFIG_FILE)], start_new_session=True)  # fmt: skip
+    try:
+        Server(
+            runtime="kserve", pid=0, run_dir=str(tmp_path), inference_url="http://127.0.0.1:1",
+            metrics_url="http://127.0.0.1:1", models=[], markers=[CONFIG_FILE],
+            pids={"gateway": gateway.pid},
+        ).record()  # fmt: skip
+        assert main(["stop", "--run-dir", str(tmp_path)]) == 0
+        out = capsys.readouterr().out
+        assert f"had exited on its own; stopped what it left running (pid {gateway.pid})" in out
+        assert gateway.wait(10) is not None
+    finally:
+        gateway.kill()
+        gateway.wait()

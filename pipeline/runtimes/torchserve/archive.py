@@ -118,7 +118,8 @@ class ArchiveConfig:
             "startup_timeout_s",
         ):
             if getattr(self, name) < 1:
-                raise ArchiveError(f"--{name.replace('_', '-')} must be at least 1.")
+                flag = name.removesuffix("_s").replace("_", "-")  # the option's own name
+                raise ArchiveError(f"--{flag} must be at least 1.")
         if self.max_batch_delay_ms < 0:
             raise ArchiveError("--max-batch-delay-ms must be 0 or more.")
         if self.max_batch_delay_ms == 0 and self.batch_size > 1:
