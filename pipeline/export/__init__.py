@@ -36,6 +36,7 @@ from pipeline.export.config import FORMATS as FORMATS
 from pipeline.export.config import KNOWN_FORMATS as KNOWN_FORMATS
 from pipeline.export.config import PRECISION_FORMATS as PRECISION_FORMATS
 from pipeline.export.config import ExportConfig
+from pipeline.export.outshapes import output_shapes
 from pipeline.export.partial import EXIT_PARTIAL as EXIT_PARTIAL  # re-exported for scripts
 from pipeline.export.per_sample import per_sample_entry, per_sample_shapes
 from pipeline.export.staging import save_tensors, save_warmup, swap_in
@@ -64,17 +65,16 @@ class ExportResult:
         return self.manifest.failed
 
 
-def _output_shapes(entry: ZooEntry, outputs: list[torch.Tensor], batch: int) -> dict[str, tuple]:
+def _output_shapes(
+    entry: ZooEntry, model: torch.nn.Module, inputs: Inputs, outputs: list[torch.Tensor]
+) -> dict[str, tuple]:
     if len(outputs) != len(entry.outputs):
         named = "--output names" if entry.source == "user" else "its zoo entry names"
         raise ExportError(
             f"Model {entry.name!r} returned {len(outputs)} outputs but {named} "
             f"{len(entry.outputs)}: {list(entry.outputs)}."
         )
-    return {
-        name: tuple("batch" if i == 0 and n == batch else n for i, n in enumerate(t.shape))
-        for name, t in zip(entry.outputs, outputs, strict=True)
-    }
+    return output_shapes(entry, model, inputs, outputs)
 
 
 def _output_names(outputs: Any, count: int) -> tuple[str, ...]:
@@ -255,7 +255,7 @@ def _export(
         if not entry.outputs:  # a user model without output names: its dict's keys, else numbers
             entry = replace(entry, outputs=_output_names(raw_outputs, len(golden_outputs)))
         _check_dict_names(entry.outputs, raw_outputs)
-        output_shapes = _output_shapes(entry, golden_outputs, batch)
+        output_shapes = _output_shapes(entry, model, golden_inputs, golden_outputs)
 
     out_dir = Path(config.out_dir) if config.out_dir else paths.export_dir(entry.name)
     out_dir.parent.mkdir(parents=True, exist_ok=True)

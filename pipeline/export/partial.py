@@ -46,16 +46,25 @@ def partial_message(manifest: Manifest, out_dir: Path) -> str:
         else f"{_titled(key)} was written but is {_sentence(reason)}"
         for key, reason in manifest.failed.items()
     )
-    written = [
-        f
+    held = [
+        f.key
         for f in registry.all_formats()
         if f.key in manifest.artifacts and f.key not in manifest.failed
     ]
+    # A float16 graph ONNX Runtime's CPU provider cannot run is written for GPU providers,
+    # unchecked here: not "checked".
+    unchecked = [k for k in held if manifest.artifact(k).details.get("cpu_runs") is False]
+    written = [k for k in held if k not in unchecked]
     kept = (
-        f"Written and checked in {out_dir}: {', '.join(_titled(f.key) for f in written)}."
+        f"Written and checked in {out_dir}: {', '.join(map(_titled, written))}."
         if written
         else f"No format requested was written and checked in {out_dir}."
     )
+    if unchecked:
+        kept += (
+            f" Written unchecked (ONNX Runtime's CPU provider cannot run it; verify it where "
+            f"a GPU provider does): {', '.join(map(_titled, unchecked))}."
+        )
     return (
         f"partial export of {manifest.model.name}: {failed} {kept} The manifest lists "
         f"{', '.join(manifest.failed)} under 'failed'; verify, archive and serve use the "

@@ -30,7 +30,8 @@ from pipeline.core.manifest import read_manifest
 from pipeline.serving import backends, live, runtime, versions
 from pipeline.serving.capabilities import Versions
 from pipeline.serving.provenance import ServedInfo
-from pipeline.serving.rolloutconfig import Bounds, RolloutConfig
+from pipeline.serving.rolloutconfig import Bounds as Bounds  # re-exported: callers import it here
+from pipeline.serving.rolloutconfig import RolloutConfig, judge
 from pipeline.serving.server import ServeError, Server, run_dir_flag, store_flag
 
 Say = Callable[[str], None]
@@ -257,34 +258,6 @@ def live_check(
     return None if report.passed else report.failure_message()
 
 
-def _judge(
-    rt: runtime.Runtime, server: Server, names: list[str], canary: int, default: int, bounds: Bounds
-) -> tuple[str | None, str, str | None]:
-    """(the first bound the canary breaks, or None; a one-line summary; why a served name's
-    canary is not judged yet, or None)."""
-    stats = _versions(rt).live_stats(server)
-    words = []
-    unjudged = next(
-        (
-            f"{n} version {canary}: {why}"
-            for n in names
-            if (why := bounds.unjudged(stats.get((n, canary), live.Tally())))
-        ),
-        None,
-    )
-    for n in names:
-        mine = stats.get((n, canary), live.Tally())
-        theirs = stats.get((n, default))
-        words.append(
-            f"{n}: canary {mine.requests} answers, {mine.failed} failed, p99 "
-            f"{mine.p99_ms() or 0:.2f} ms; default p99 {(theirs.p99_ms() if theirs else None) or 0:.2f} ms"
-        )
-        why = bounds.breach(mine, theirs)
-        if why:
-            return f"{n} version {canary}: {why}", "; ".join(words), unjudged
-    return None, "; ".join(words), unjudged
-
-
 def _watch(
     config: RolloutConfig,
     rt: runtime.Runtime,
@@ -300,7 +273,9 @@ def _watch(
     # the default run folder's server and store.
     flags = run_dir_flag(config.run_dir) + store_flag(config.store)
     while True:
-        why, summary, unjudged = _judge(rt, server, names, number, default, config.bounds)
+        why, summary, unjudged = judge(
+            _versions(rt).live_stats(server), names, number, default, config.bounds
+        )
         if why:
             back = _next(state, names, lambda mv: _without(mv, number))
             _versions(rt).apply_live(server, back, config.timeout_s)
@@ -331,9 +306,9 @@ def _promote(
     if None in canaries or len(canaries) != 1:
         raise PipelineError(f"{config.model} has no canary to promote; start one with --canary.")
     (number,) = canaries
-    why, summary, unjudged = _judge(
-        rt, server, names, number, state.models[names[0]].default, config.bounds
-    )
+    stats = _versions(rt).live_stats(server)
+    default = state.models[names[0]].default
+    why, summary, unjudged = judge(stats, names, number, default, config.bounds)
     if unjudged and not why:
         raise PipelineError(
             f"Not promoted: {unjudged}, so it has not been judged ({summary}). Send traffic "

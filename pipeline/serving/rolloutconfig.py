@@ -67,3 +67,35 @@ class RolloutConfig:
             raise PipelineError(f"--canary is a percentage between 0 and 100, got {self.canary}.")
         if self.watch_s < 0 or self.bounds.min_requests < 0:
             raise PipelineError("--watch and --min-requests must be 0 or more.")
+
+
+def judge(
+    stats: dict[tuple[str, int], live.Tally],
+    names: list[str],
+    canary: int,
+    default: int,
+    bounds: Bounds,
+) -> tuple[str | None, str, str | None]:
+    """From the servers' tallies by (served name, version): (the first bound the canary
+    breaks, or None; a one-line summary; why a served name's canary is not judged yet,
+    or None)."""
+    words = []
+    unjudged = next(
+        (
+            f"{n} version {canary}: {why}"
+            for n in names
+            if (why := bounds.unjudged(stats.get((n, canary), live.Tally())))
+        ),
+        None,
+    )
+    for n in names:
+        mine = stats.get((n, canary), live.Tally())
+        theirs = stats.get((n, default))
+        words.append(
+            f"{n}: canary {mine.requests} answers, {mine.failed} failed, p99 "
+            f"{mine.p99_ms() or 0:.2f} ms; default p99 {(theirs.p99_ms() if theirs else None) or 0:.2f} ms"
+        )
+        why = bounds.breach(mine, theirs)
+        if why:
+            return f"{n} version {canary}: {why}", "; ".join(words), unjudged
+    return None, "; ".join(words), unjudged

@@ -251,3 +251,23 @@ def publish(
     if first:
         set_default(model, number, store)
     return Published(version, folder / str(number) / REPORT, first, signer)
+
+
+def not_the_default(model: str, export_dir: Path, store: Path = paths.DEFAULT_STORE) -> str | None:
+    """A warning when `store` serves `model` at a default version whose artifacts are not
+    those of `export_dir` (a deployment of the working export, after a rollback, packed
+    what `pipeline serve` no longer serves); None when they agree or nothing is published."""
+    try:
+        version = default(model, store)
+        if version is None or Path(export_dir).resolve() == version.dir.resolve():
+            return None
+        theirs = read_manifest(version.dir).artifacts
+        mine = read_manifest(Path(export_dir)).artifacts
+    except PipelineError:
+        return None  # no readable export or store here: the deploy says what is missing
+    if {k: a.sha256 for k, a in mine.items()} == {k: a.sha256 for k, a in theirs.items()}:
+        return None
+    return (
+        f"{export_dir} is not version {version.number} of {model}, the store's default that "
+        f"`pipeline serve` serves; to deploy that one, pass --export-dir {version.dir}"
+    )

@@ -124,7 +124,13 @@ def oip_from_file(content: bytes, kind: str, inputs: list[dict[str, Any]]) -> di
         str(i["name"]): np.dtype(oip.DATATYPES.get(i.get("datatype"), "float32")) for i in inputs
     }
     if kind == "json":
-        value = json.loads(content)["inputs"]
+        body = json.loads(content)
+        if not isinstance(body, dict) or "inputs" not in body:
+            raise WireError(
+                'A JSON request file holds {"inputs": ...}: the first input\'s values, or '
+                f"{{name: values}} for {names} (as the handlers take it)."
+            )
+        value = body["inputs"]
         named = value if isinstance(value, dict) else {names[0]: value}
     else:
         loaded = np.load(io.BytesIO(content), allow_pickle=False)
@@ -136,7 +142,18 @@ def oip_from_file(content: bytes, kind: str, inputs: list[dict[str, Any]]) -> di
     unknown = sorted(set(named) - set(names))
     if unknown:
         raise WireError(f"The model has no input(s) {unknown}; its inputs are {names}.")
-    return {k: np.asarray(v, dtype=dtypes[k]) for k, v in named.items()}
+    out = {}
+    for k, v in named.items():
+        array = np.asarray(v)
+        if (
+            dtypes[k].kind in "iub"
+            and array.dtype.kind == "f"
+            and not np.all(array == np.trunc(array))
+        ):
+            # Cast, 1.5 became 1: the server refuses a fraction for an integer input.
+            raise WireError(f"Input {k!r} is {dtypes[k]}, but the file holds fractions (e.g. 1.5).")
+        out[k] = array.astype(dtypes[k])
+    return out
 
 
 def answer_version(response: Any) -> str | None:

@@ -155,3 +155,12 @@ def test_partial_message_names_what_was_kept_or_that_nothing_was(tmp_path: Path)
     assert f"Written and checked in {tmp_path}: model.torchscript.pt (torchscript)." in (
         partial_message(kept, tmp_path)
     )
+    # A float16 graph ONNX Runtime's CPU provider crashed on (the tagger's LSTM) was
+    # listed as "Written and checked"; it is written for GPU providers, unchecked here.
+    fp16 = ArtifactRecord("model.fp16.onnx", "onnx_fp16", "d", details={"cpu_runs": False})
+    said = partial_message(
+        dataclasses.replace(kept, artifacts={**both.artifacts, "onnx_fp16": fp16}), tmp_path
+    )
+    assert f"Written and checked in {tmp_path}: model.torchscript.pt (torchscript). " in said
+    assert "Written unchecked (ONNX Runtime's CPU provider cannot run it; verify it where a " \
+           "GPU provider does): model.fp16.onnx (onnx_fp16)." in said  # fmt: skip

@@ -280,3 +280,29 @@ def test_status_names_a_dead_gateway_of_a_running_server(tmp_path: Path) -> None
     finally:
         main.kill()
         main.wait()
+
+
+def test_a_deploy_of_the_working_export_warns_when_the_store_serves_another(
+    tmp_path: Path,
+) -> None:
+    """After a rollback to version 1, `deploy kserve` packed the working export (version 2's
+    weights) while `pipeline serve` served version 1, and said nothing."""
+    from tests.unit.test_served_freshness import NEW, _manifest
+
+    store, model = tmp_path / "store", "digits_lenet"
+    for number, sha in ((1, "a1"), (2, "b2")):
+        folder = store / model / str(number)
+        folder.mkdir(parents=True)
+        (folder / versions.PROVENANCE).write_text("{}")
+        (folder / "manifest.json").write_text(_manifest(sha, "c", NEW).dumps())
+    versions.write_pointer(model, versions.Pointer(1, [2]), store)
+    work = tmp_path / "export"
+    work.mkdir()
+    (work / "manifest.json").write_text(_manifest("b2", "c", NEW).dumps())
+    assert versions.not_the_default(model, work, store) == (
+        f"{work} is not version 1 of {model}, the store's default that `pipeline serve` "
+        f"serves; to deploy that one, pass --export-dir {store / model / '1'}"
+    )
+    versions.write_pointer(model, versions.Pointer(2, []), store)
+    assert versions.not_the_default(model, work, store) is None  # the same artifacts
+    assert versions.not_the_default(model, work, tmp_path / "none") is None  # no store

@@ -113,3 +113,11 @@ def test_request_files_take_the_models_datatypes() -> None:
     assert set(wire.oip_from_file(buf.getvalue(), "npy", meta)) == {"x", "n"}
     with pytest.raises(wire.WireError, match="no input"):
         wire.oip_from_file(json.dumps({"inputs": {"y": [1]}}).encode(), "json", meta)
+    # A user's trial: a bare KeyError ("cannot be sent to lstm_tagger: 'inputs'"), and 1.5
+    # silently cast to 1 for an integer input the server would have refused.
+    with pytest.raises(wire.WireError, match=r'holds \{"inputs": ...\}'):
+        wire.oip_from_file(json.dumps({"n": [[1, 2]]}).encode(), "json", meta)
+    with pytest.raises(wire.WireError, match="'n' is int64, but the file holds fractions"):
+        wire.oip_from_file(json.dumps({"inputs": {"n": [[1.5, 2]]}}).encode(), "json", meta)
+    whole = wire.oip_from_file(json.dumps({"inputs": {"n": [[1.0, 2]]}}).encode(), "json", meta)
+    assert whole["n"].tolist() == [[1, 2]]

@@ -121,3 +121,27 @@ def test_a_declared_integer_range_bounds_what_the_servers_accept() -> None:
     assert parse_input("tokens:int64:batch,seq").bounded is False  # 0:10 only draws samples
     assert parse_input("x:float32:batch,4:-2:2").bounded is False  # floats are never bounded
     assert get_entry("lstm_tagger").inputs[0].bounded  # the vocabulary of 1,000
+
+
+def test_output_axes_that_follow_an_input_axis_are_named_after_it() -> None:
+    """The tagger's tag_logits were recorded (batch, 16, 9) from the golden run at 16 steps,
+    and the served metadata told clients every answer had 16."""
+    from torch import nn
+
+    from pipeline.export.outshapes import output_shapes
+    from pipeline_runtime.outputs import flatten_outputs
+
+    entry = get_entry("lstm_tagger")
+    model = entry.build().eval()
+    golden = entry.golden_inputs(torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        outputs = flatten_outputs(model(*golden.values()))
+    assert output_shapes(entry, model, golden, outputs) == {"tag_logits": ("batch", "seq", 9)}
+
+    class Doubled(nn.Module):  # an axis that moves with none of the inputs' own
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return torch.cat([tokens, tokens], 1).float()
+
+    doubled = flatten_outputs(Doubled()(*golden.values()))
+    shapes = output_shapes(entry, Doubled(), golden, doubled)
+    assert shapes == {"tag_logits": ("batch", "tag_logits_1")}

@@ -8,6 +8,7 @@ calls a stage function (pipeline.runtimes.kserve.deploy).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from pipeline.core import paths
@@ -102,6 +103,10 @@ def _cmd_deploy_kserve(args: argparse.Namespace) -> int:
     from pipeline.runtimes.kserve.manifests import DeployConfig
 
     export_dir = args.export_dir or paths.export_dir(args.model, args.artifacts_dir)
+    from pipeline.serving.versions import not_the_default
+
+    if args.export_dir is None and (warning := not_the_default(args.model, export_dir)):
+        print(f"warning: {warning}", file=sys.stderr)
     config = DeployConfig(
         model=args.model,
         export_dir=export_dir,

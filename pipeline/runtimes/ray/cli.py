@@ -7,6 +7,7 @@ capability); it parses arguments and calls pipeline.runtimes.ray.deploy.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from pipeline.core import paths
@@ -68,10 +69,14 @@ def add_deploy_target(targets: argparse._SubParsersAction) -> None:
 
 def _cmd_deploy_ray(args: argparse.Namespace) -> int:
     from pipeline.runtimes.ray.deploy import RayDeployConfig, deploy_ray
+    from pipeline.serving.versions import not_the_default
 
+    export_dir = args.export_dir or paths.export_dir(args.model, args.artifacts_dir)
+    if args.export_dir is None and (warning := not_the_default(args.model, export_dir)):
+        print(f"warning: {warning}", file=sys.stderr)
     config = RayDeployConfig(
         model=args.model,
-        export_dir=args.export_dir or paths.export_dir(args.model, args.artifacts_dir),
+        export_dir=export_dir,
         out=args.out,
         format=args.format,
         name=args.name or "",
