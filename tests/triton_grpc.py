@@ -6,7 +6,8 @@ second import fails: duplicate symbol 'inference.ServerLiveRequest'). The
 tests import kserve, so they drive Triton's gRPC client through this module:
 
     python -m tests.triton_grpc infer HOST:PORT TOKEN MODEL INPUT IN.npy OUTPUT OUT.npy [VERSION]
-                                     # prints {"model_version": ...} of the answer
+                                     # prints {"model_version": ...} of the answer,
+                                     # or {"error": "StatusCode...", "message": ...}
     python -m tests.triton_grpc describe HOST:PORT TOKEN MODEL[@VERSION]...   # JSON on stdout
 
 With TRACEPARENT in the environment, every call sends it as `traceparent` metadata.
@@ -35,9 +36,13 @@ def main(argv: list[str]) -> int:
             x = np.load(source)
             tensor = tgrpc.InferInput(name, list(x.shape), "FP32")
             tensor.set_data_from_numpy(x)
-            result = client.infer(
-                model, [tensor], model_version=version[0] if version else "", headers=headers
-            )
+            try:
+                result = client.infer(
+                    model, [tensor], model_version=version[0] if version else "", headers=headers
+                )
+            except InferenceServerException as err:  # its status code, for the test to read
+                print(json.dumps({"error": err.status(), "message": err.message()}))
+                return 0
             np.save(target, result.as_numpy(output))
             print(json.dumps({"model_version": result.get_response().model_version}))
             return 0

@@ -86,7 +86,7 @@ def add_serve_options(p: argparse.ArgumentParser, formats: list[str]) -> None:
         "--threads-per-worker",
         type=argtypes.positive_int,
         help="intra-op threads per worker (default: torchserve: physical cores / all "
-        "workers, at least 1; kserve: physical cores)",
+        "workers, at least 1; kserve: physical cores / its --workers, at least 1)",
     )
     p.add_argument(
         "--max-request-size",

@@ -19,6 +19,7 @@ import copy
 import functools
 import gzip
 import json
+import re
 from collections.abc import Iterator
 from importlib import resources
 from typing import Any
@@ -93,3 +94,43 @@ def iter_documents(text: str) -> Iterator[dict[str, Any]]:
     for doc in yaml.safe_load_all(text):
         if doc is not None:
             yield doc
+
+
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # DNS-1123 label: a namespace
+_QUANTITY = re.compile(r"^([0-9.]+)(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
+_SCALE = {"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+          "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}  # fmt: skip
+
+
+def _quantity(value: Any) -> float | None:
+    matched = _QUANTITY.match(str(value))
+    return float(matched[1]) * _SCALE[matched[2] or ""] if matched else None
+
+
+def pod_errors(node: Any, where: str = "") -> list[str]:
+    """What the API server refuses that the CRD schemas leave open: a namespace that is no
+    DNS label, an image reference with white space, a request above its limit (Kubernetes:
+    "must be less than or equal to cpu limit"). Walks the whole manifest."""
+    out: list[str] = []
+    if isinstance(node, dict):
+        namespace = node.get("namespace") if where.endswith("metadata") else None
+        if namespace is not None and not (_LABEL.match(str(namespace)) and len(namespace) <= 63):
+            out.append(f"{where}/namespace: {namespace!r} must be a DNS label (lower-case "
+                       "letters, digits and '-', at most 63)")  # fmt: skip
+        image = node.get("image")
+        if isinstance(image, str) and (not image or any(c.isspace() for c in image)):
+            out.append(f"{where}/image: {image!r} is no image reference")
+        resources = node.get("resources")
+        if isinstance(resources, dict):
+            asked, most = resources.get("requests") or {}, resources.get("limits") or {}
+            for kind in sorted(set(asked) & set(most)):
+                low, high = _quantity(asked[kind]), _quantity(most[kind])
+                if low is not None and high is not None and low > high:
+                    out.append(f"{where}/resources: the {kind} request {asked[kind]} is over "
+                               f"its limit {most[kind]}")  # fmt: skip
+        for key, value in node.items():
+            out += pod_errors(value, f"{where}/{key}" if where else str(key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            out += pod_errors(value, f"{where}/{i}")
+    return out

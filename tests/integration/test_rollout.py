@@ -363,6 +363,10 @@ def test_tritonclient_sees_the_versions_and_asks_one_by_name(
     said = _triton_grpc(served, "infer", MODEL, "image", tmp_path / "x.npy", "logits",
                         tmp_path / "y.npy", "2")  # fmt: skip
     assert said["model_version"] == "2"
+    # A version not loaded: NOT_FOUND, as REST's 404 (it was INVALID_ARGUMENT).
+    said = _triton_grpc(served, "infer", MODEL, "image", tmp_path / "x.npy", "logits",
+                        tmp_path / "y9.npy", "9")  # fmt: skip
+    assert said["error"] == "StatusCode.NOT_FOUND" and "has no version '9'" in said["message"]
     found = _triton_grpc(served, "describe", MODEL, f"{MODEL}@2", f"{MODEL}@9")["models"]
     assert found[MODEL]["metadata"]["versions"] == ["1", "2"] and found[MODEL]["ready"]
     assert found[f"{MODEL}@2"]["ready"] and "error" in found[f"{MODEL}@9"]

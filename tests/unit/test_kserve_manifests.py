@@ -103,6 +103,15 @@ def test_unknown_field_fails_with_its_path(config: m.DeployConfig) -> None:
         (("metadata", "name"), "Digits_LeNet", "metadata/name"),
         (("spec", "predictor", "minReplicas"), 5, "exceeds maxReplicas"),
         (("spec", "predictor", "scaleTarget"), 150, "1 to 100"),
+        # What the API server refuses and the schema leaves open (a user's trial: all three
+        # were written, and kubectl or docker would have refused them).
+        (("metadata", "namespace"), "Bad_NS", "'Bad_NS' must be a DNS label"),
+        (("spec", "predictor", "containers", 0, "image"), "bad image", "is no image reference"),
+        (
+            ("spec", "predictor", "containers", 0, "resources", "requests", "cpu"),
+            "3",
+            "the cpu request 3 is over its limit 2",
+        ),
     ],
 )
 def test_broken_manifest_fails(

@@ -250,7 +250,7 @@ class _Summed:
 
 def _install_metadata(models: dict[str, VersionedModel]) -> None:
     """Model metadata names the model's platform, as the protocol asks (kserve sends ""),
-    and the versions it serves (kserve sends none)."""
+    and the versions it serves (kserve sends none); server metadata lists no extension."""
     original = DataPlane.model_metadata
 
     async def model_metadata(self: DataPlane, model_name: str) -> dict[str, Any]:
@@ -261,6 +261,14 @@ def _install_metadata(models: dict[str, VersionedModel]) -> None:
         return {**meta, "platform": model.default.platform, "versions": model.versions()}
 
     DataPlane.model_metadata = model_metadata  # type: ignore[method-assign]
+    plain = DataPlane.metadata
+
+    def metadata(self: DataPlane) -> dict[str, Any]:
+        # kserve lists the model repository extension always; its routes are closed here
+        # (versions change through the run folder), so the server offers none.
+        return {**plain(self), "extensions": []}
+
+    DataPlane.metadata = metadata  # type: ignore[method-assign]
 
 
 class Worker:

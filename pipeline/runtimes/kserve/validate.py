@@ -105,7 +105,9 @@ def webhook_errors(manifest: dict[str, Any]) -> list[str]:
 
 
 def errors(manifest: dict[str, Any], *, strict: bool = True) -> list[str]:
-    return schema_errors(manifest, strict=strict) + webhook_errors(manifest)
+    return (
+        schema_errors(manifest, strict=strict) + webhook_errors(manifest) + crd.pod_errors(manifest)
+    )
 
 
 def check(manifest: dict[str, Any], *, what: str = "manifest", strict: bool = True) -> None:

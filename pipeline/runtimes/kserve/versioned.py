@@ -190,3 +190,16 @@ class VersionedServicer(InferenceServicer):
         if model is not None:
             answer.versions.extend(model.versions())
         return answer
+
+    async def ModelInfer(  # noqa: N802 - the gRPC method's name
+        self, request: pb.ModelInferRequest, context: Any
+    ) -> pb.ModelInferResponse:
+        # A version not loaded is NOT_FOUND, as REST's 404 (kserve said INVALID_ARGUMENT).
+        if not self._loaded(request.model_name, request.model_version):
+            served = ", ".join(self.models[request.model_name].versions())
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"Model {request.model_name!r} has no version {request.model_version!r}; it "
+                f"serves {served}.",
+            )
+        return await super().ModelInfer(request, context)

@@ -174,7 +174,7 @@ def errors(manifest: dict[str, Any]) -> list[str]:
     name = (manifest.get("metadata") or {}).get("name")
     if not isinstance(name, str) or not NAME_RE.match(name) or len(name) > 63:
         found.append(f"metadata/name: {name!r} must be a DNS-1035 label (at most 63 characters)")
-    return found
+    return found + crd.pod_errors(manifest)
 
 
 def check(manifest: dict[str, Any], what: str = "rayservice.yaml") -> None:
