@@ -15,7 +15,7 @@ import torch
 
 from pipeline.core import paths
 from pipeline.core.checkpoint import Checkpoint, sidecar_path
-from pipeline.core.errors import ExportError
+from pipeline.core.errors import ExportError, PipelineError
 from pipeline.core.fileio import atomic_write, sha256_file, staging_dir
 from pipeline.core.manifest import (
     MANIFEST_NAME,
@@ -26,6 +26,7 @@ from pipeline.core.manifest import (
     Serving,
     TensorRecord,
     Tolerance,
+    read_manifest,
     tool_versions,
 )
 from pipeline.export.calibration import Calibration, calibration_for, load_file
@@ -95,6 +96,28 @@ def _check_dict_names(names: tuple[str, ...], outputs: Any) -> None:
             f"The model returns a dict with keys {', '.join(map(str, keys))}, but its outputs "
             f"are named {', '.join(names)}: outputs are taken in the dict's order, so name "
             "them by its keys in that order, or leave --output out (the keys name them)."
+        )
+
+
+def _refuse_another_file(model: str, out_dir: Path) -> None:
+    """`a/net.py:Net` and `b/net.py:Net` share the folder net_Net: the second export
+    replaced the first's export and checkpoint without a word. Refused, naming both."""
+    mine = _model_file(model)
+    try:
+        held = read_manifest(out_dir) if mine and (out_dir / MANIFEST_NAME).is_file() else None
+    except PipelineError:
+        return  # an unreadable export is replaced, as before
+    # Its file still there and another: two models (a file moved since is the same one).
+    if (
+        held is not None
+        and held.model.file
+        and held.model.file != mine
+        and (Path(held.model.file).is_file())
+    ):
+        raise ExportError(
+            f"{out_dir} holds the export of {held.model.file} ({held.model.name}), another "
+            f"file than {mine}: both are named {paths.model_dir(model).name}. Export this "
+            "one with --out-dir and --checkpoint elsewhere (or rename its file)."
         )
 
 
@@ -181,6 +204,7 @@ def export(config: ExportConfig) -> ExportResult:
     # A --calibration file that does not fit the inputs is refused before anything is
     # written (a checkpoint included), whichever formats were asked for.
     calibration = load_file(config.calibration, entry) if config.calibration else None
+    _refuse_another_file(entry.name, Path(config.out_dir or paths.export_dir(entry.name)))
     ckpt_path = Path(config.checkpoint) if config.checkpoint else paths.checkpoint_path(entry.name)
     pending: Path | None = None
     made = not ckpt_path.parent.exists()  # removed again, if left empty, when export fails

@@ -118,6 +118,20 @@ class ExportedModel:
 OWN_CHECKPOINT = "checkpoint.pt"
 
 
+def _same_model(model: str, manifest: Manifest) -> bool:
+    """`model` names the exported one: the same name, or the same `file.py:Class` given by
+    another path (`/abs/mymodel.py:Net` for an export of `mymodel.py:Net`)."""
+    if manifest.model.name == model:
+        return True
+    where, _, cls = model.rpartition(":")
+    if not (where.endswith(".py") and manifest.model.file):
+        return False
+    return (
+        Path(where).resolve() == Path(manifest.model.file)
+        and manifest.model.name.rpartition(":")[2] == cls
+    )
+
+
 def open_export(
     export_dir: Path, *, model: str | None = None, checkpoint: Path | None = None
 ) -> ExportedModel:
@@ -125,7 +139,7 @@ def open_export(
     `checkpoint`: another copy of the export's checkpoint (its sha256 must match)."""
     export_dir = Path(export_dir)
     manifest = read_manifest(export_dir)
-    if model is not None and manifest.model.name != model:
+    if model is not None and not _same_model(model, manifest):
         raise ArtifactError(
             f"{export_dir} holds an export of {manifest.model.name!r}, not {model!r}. "
             f"Pass --model {manifest.model.name!r} or another --export-dir."

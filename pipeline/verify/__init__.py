@@ -112,6 +112,10 @@ class VerifyConfig:
             raise PipelineError(
                 f"Unknown backend(s) {', '.join(unknown)}; choose from {', '.join(known)}."
             )
+        if self.atol is not None and self.atol_scale is not None:
+            # The scale replaces the absolute tolerance: the rows used it while the report's
+            # footer printed both.
+            raise PipelineError("Give --atol or --atol-scale, not both: the scale replaces --atol.")
         if self.accuracy_budget is not None or self.min_sqnr is not None:
             Budget(
                 DEFAULT_ACCURACY_BUDGET if self.accuracy_budget is None else self.accuracy_budget,

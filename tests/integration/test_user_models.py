@@ -352,3 +352,41 @@ def test_dict_outputs_keep_their_names(tmp_path: Path, binary: Path) -> None:
     assert {(r.backend, r.output) for r in report.rows} >= {
         (b, o) for b in ("torchscript", "onnxruntime", "cpp") for o in ("logits", "embedding")
     }
+
+
+NET = """import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+"""
+
+
+def test_two_files_of_one_name_do_not_share_an_export(tmp_path: Path) -> None:
+    """`a/net.py:Net` then `b/net.py:Net` (both `net_Net`): the second export replaced the
+    first's export and checkpoint without a word. And verify of the first by its absolute
+    path was refused as another model."""
+    art = tmp_path / "art"
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "net.py").write_text(NET)
+    common = ("--artifacts-dir", art, "export", "--model", "net.py:Net", "--input",
+              "x:float32:batch,4", "--random-init", "--format", "torchscript")  # fmt: skip
+    assert cli(*common, cwd=tmp_path / "a").returncode == 0
+    before = (art / "net_Net" / "export" / "manifest.json").read_bytes()
+    proc = cli(*common, cwd=tmp_path / "b")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"holds the export of {tmp_path / 'a' / 'net.py'} (net.py:Net), another file" in (
+        proc.stderr
+    )
+    assert (art / "net_Net" / "export" / "manifest.json").read_bytes() == before
+    proc = cli("--artifacts-dir", art, "verify", "--model", f"{tmp_path / 'a' / 'net.py'}:Net",
+               "--export-dir", art / "net_Net" / "export", "--backend", "torchscript",
+               cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr

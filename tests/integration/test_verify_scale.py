@@ -17,7 +17,7 @@ import torch
 import torchvision
 from onnx import helper, numpy_helper
 
-from pipeline.core.errors import ToleranceError, VacuousToleranceError
+from pipeline.core.errors import PipelineError, ToleranceError, VacuousToleranceError
 from pipeline.export import ExportConfig, ExportResult, export
 from pipeline.verify import VerifyConfig, verify
 from tests.tamper import alter_onnx_initializer, copy_export, reseal
@@ -85,6 +85,11 @@ def test_outputs_of_tiny_scale_fail_as_vacuous_not_pass(
     )
     assert scaled.passed, scaled.failure_message()
     assert all(r.atol < 1e-10 for r in scaled.rows)
+    # Both given: the rows used the scale while the footer printed --atol too.
+    with pytest.raises(PipelineError, match="Give --atol or --atol-scale, not both"):
+        VerifyConfig(
+            model=MODEL, export_dir=tiny_scale.out_dir, atol=1e-3, atol_scale=1e-4
+        ).validate()
 
 
 def test_a_backend_returning_zeros_fails_at_any_scale(
