@@ -52,6 +52,13 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
     ops = reduced.op_counts(path)
     quantized = sum(ops.get(op, 0) for op in _INTEGER_OPS)
     if not quantized:
+        inside = [op for op in OPS if reduced.nested_ops(source).get(op)]
+        if inside:  # "has none" was untrue: they sit in a loop's body
+            raise ExportError(
+                f"The {'/'.join(inside)} ops of {ctx.entry.name!r} are inside a loop or branch "
+                "body (an ONNX Scan/Loop/If subgraph), which ONNX Runtime's dynamic quantiser "
+                "does not enter: nothing was quantised."
+            )
         raise ExportError(
             f"{ctx.entry.name!r} has no {'/'.join(OPS)} op for dynamic int8 quantisation "
             "(it quantises Linear and recurrent layers only; --format onnx_int8_static also "

@@ -131,6 +131,23 @@ def op_counts(path: Path) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def nested_ops(path: Path) -> dict[str, int]:
+    """The op types inside the graph's subgraphs (a Scan's, Loop's or If's bodies), which
+    `op_counts` and the quantisers do not enter."""
+    counts: dict[str, int] = {}
+
+    def walk(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            for attr in node.attribute:
+                for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                    for inner in sub.node:
+                        counts[inner.op_type] = counts.get(inner.op_type, 0) + 1
+                    walk(sub)
+
+    walk(onnx.load(str(path), load_external_data=False).graph)
+    return dict(sorted(counts.items()))
+
+
 def record(
     ctx: ExportContext,
     *,

@@ -231,3 +231,18 @@ def test_a_model_without_data_is_calibrated_on_synthetic_inputs_said_and_recorde
     report = verify(VerifyConfig(model=model, export_dir=result.out_dir, min_sqnr=0.0,
                                  report=tmp_path / "p.json", page=False))  # fmt: skip
     assert {str(r.kind) for r in report.failures} == {"vacuous"}
+
+
+def test_linear_layers_inside_a_loop_are_said_to_be_there_not_missing(tmp_path: Path) -> None:
+    """my_rnn_loop's Gemm sits in its Scan body, which the dynamic quantiser does not enter:
+    the error said the model "has no MatMul/Gemm/LSTM/GRU/Attention op"."""
+    from pipeline.core.errors import ExportError
+
+    with pytest.raises(ExportError, match=r"The Gemm ops of 'my_rnn_loop' are inside a loop "
+                       r"or branch body .*does not enter: nothing was quantised"):  # fmt: skip
+        export(
+            ExportConfig(
+                model="my_rnn_loop", random_init=True, checkpoint=tmp_path / "c" / "ckpt.pt",
+                out_dir=tmp_path / "export", formats=("onnx_int8_dynamic",),
+            )
+        )  # fmt: skip
