@@ -134,13 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
     from pipeline.core.defaults import DEFAULT_ATOL, DEFAULT_RTOL
     from pipeline.formats import base as registry
     from pipeline.formats.base import DEFAULT_OPSET, METHODS
+    from pipeline.serving import runtime as runtimes
 
     export_formats, default_formats = registry.keys(), registry.default_keys()
     parser = argparse.ArgumentParser(
         prog="pipeline",
         description="Train a PyTorch model, export it to TorchScript, ONNX and .pt2, serve it "
-        "(TorchServe, or the KServe runtime speaking the Open Inference Protocol), run it from "
-        "C++, and prove every backend computes what eager PyTorch computes.",
+        f"({', '.join(d.title for d in runtimes.declared())}), run it from C++, and prove "
+        "every backend computes what eager PyTorch computes.",
         epilog=_EPILOG.format(
             suffixes=", ".join(f"_{f.served_suffix}" for f in registry.declared())
         ),

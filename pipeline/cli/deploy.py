@@ -39,7 +39,7 @@ def add_serving_commands(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "stop",
-        help="stop the server `pipeline serve` started (TorchServe or the KServe runtime)",
+        help="stop the server `pipeline serve` started, whichever runtime it is",
         description="Stop whichever runtime `pipeline serve` started from the run dir (its "
         "record names it; processes left without a record are found by their command line) "
         "and say which it was.",

@@ -24,6 +24,7 @@ from pipeline.serving.server import (
     ServeError,
     Server,
     default_run_dir,
+    run_dir_flag,
 )
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -146,7 +147,7 @@ def prepare(launch: Launch) -> Path:
         if old.alive():
             raise ServeError(
                 f"A server is already running from {run_dir} (pid {old.pid}); stop it with "
-                "`pipeline stop`."
+                f"`pipeline stop{run_dir_flag(run_dir)}`."
             )
         (run_dir / SERVER_FILE).unlink()
     named: dict[int, str] = {}

@@ -264,7 +264,10 @@ async def _run(
             node_kill.at, node_kill.at_perf = time.monotonic(), time.perf_counter()
             nodes = runtime.of(server).nodes
             assert nodes is not None  # run() refused a runtime without
-            report.killed_node = await asyncio.to_thread(nodes.kill_node, server, name)
+            try:
+                report.killed_node = await asyncio.to_thread(nodes.kill_node, server, name)
+            except ValueError as err:  # no node it may kill (one machine, another's cluster)
+                raise LoadTestError(f"--kill-node-after: {err}.") from None
             log.info("killed node %s, which served %s", report.killed_node, name)
         if (
             config.kill_worker_after is not None

@@ -105,3 +105,24 @@ def test_a_value_out_of_range_is_a_usage_error_naming_the_option(
         main(["serve", *argv])
     assert exited.value.code == 2
     assert f"error: argument {argv[-2]}: {argv[-1]} " in capsys.readouterr().err
+
+
+def test_a_server_already_running_is_named_with_the_stop_for_its_folder(tmp_path: Path) -> None:
+    """The hint said `pipeline stop`, which stops the default folder's server."""
+    import subprocess
+    import sys
+
+    from pipeline.serving.server import Server
+
+    marker = tmp_path / "kserve.json"
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(marker)],
+                            start_new_session=True)  # fmt: skip
+    try:
+        Server(runtime="kserve", pid=proc.pid, run_dir=str(tmp_path), inference_url="",
+               metrics_url="", models=[], markers=["kserve.json"]).record()  # fmt: skip
+        launch = launcher.Launch(title="a test", run_dir=tmp_path, host="127.0.0.1", ports=[])
+        with pytest.raises(launcher.ServeError, match=f"`pipeline stop --run-dir {tmp_path}`"):
+            launcher.prepare(launch)
+    finally:
+        proc.kill()
+        proc.wait()

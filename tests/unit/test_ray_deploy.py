@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,20 @@ def test_gpu_worker_pods_each_hold_one_gpu_their_replica_reserves() -> None:
         "tolerations"
         not in cpu["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["template"]["spec"]
     )
+
+
+@pytest.mark.parametrize(
+    ("kw", "said"),
+    [
+        ({"replicas": 4, "workers": 2}, "--replicas 4 on 2 worker pod(s)"),
+        ({"max_workers": 1, "workers": 2}, "--max-workers 1 is below --workers 2"),
+        ({"cpu": "0.5"}, "--cpu 0.5: each replica takes one CPU"),
+        ({"cpu": "1500m"}, "--cpu 1500m"),
+    ],
+)
+def test_a_rayservice_that_could_never_be_ready_is_refused(kw: dict, said: str) -> None:
+    """A user's trial: each was written (exit 0), and the RayService would never place its
+    replicas (one per pod; Ray counts a pod's CPUs from its limit, rounded down)."""
+    with pytest.raises(d.DeployError, match=re.escape(said)):
+        d.check_sizes(_config(**kw))
+    d.check_sizes(_config(replicas=4, workers=2, max_workers=4, cpu="2"))  # room for all four

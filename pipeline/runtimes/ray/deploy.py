@@ -177,6 +177,33 @@ def errors(manifest: dict[str, Any]) -> list[str]:
     return found + crd.pod_errors(manifest)
 
 
+def check_sizes(config: RayDeployConfig) -> None:
+    """Pods, replicas and CPUs that a RayService could run; DeployError says what not."""
+    if config.workers < 1 or config.replicas < 1:
+        raise DeployError("--workers and --replicas must be at least 1.")
+    most = max(config.workers, config.max_workers)
+    if config.replicas > most:  # one replica per worker pod: the rest could never be placed
+        raise DeployError(
+            f"--replicas {config.replicas} on {most} worker pod(s): each pod holds one "
+            f"replica, so the RayService would never be ready; give --workers {config.replicas} "
+            "or fewer replicas."
+        )
+    if config.max_workers and config.max_workers < config.workers:
+        raise DeployError(
+            f"--max-workers {config.max_workers} is below --workers {config.workers}: give "
+            "at least as many (it lets KubeRay's autoscaler add pods up to that number)."
+        )
+    try:  # Ray counts a pod's CPUs from its limit, rounded down: under 1, no replica fits
+        whole = float(config.cpu.removesuffix("m")) / (1000 if config.cpu.endswith("m") else 1)
+    except ValueError:
+        whole = None  # the schema check below names a quantity it cannot read
+    if whole is not None and (whole < 1 or whole != int(whole)):
+        raise DeployError(
+            f"--cpu {config.cpu}: each replica takes one CPU of its pod, and Ray counts a "
+            "pod's CPUs from its limit rounded down; give a whole number of at least 1."
+        )
+
+
 def check(manifest: dict[str, Any], what: str = "rayservice.yaml") -> None:
     found = errors(manifest)
     if found:
@@ -221,8 +248,7 @@ def deploy_ray(config: RayDeployConfig, *, force: bool = False) -> list[Path]:
     model, _ = served_model(export_dir, config.format)
     config.name = config.name or service_name(config.model)
     config.image = config.image or f"pipeline-ray-{config.name}:latest"
-    if config.workers < 1 or config.replicas < 1:
-        raise DeployError("--workers and --replicas must be at least 1.")
+    check_sizes(config)
     manifest = rayservice(config, model)
     check(manifest)
     out = Path(config.out)

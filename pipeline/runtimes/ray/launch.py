@@ -27,6 +27,7 @@ import httpx
 from pipeline.core import fileio, signing
 from pipeline.core import paths as core_paths
 from pipeline.core.manifest import read_manifest
+from pipeline.formats import base as registry
 from pipeline.runtimes.ray.constants import (
     CONFIG_FILE,
     NAME,
@@ -82,9 +83,10 @@ def served_model(
     fmt = fmt or served.export_format(manifest)
     served.refuse_unserved(manifest, fmt)
     if fmt not in manifest.artifacts or fmt in manifest.unwritten:
+        held = [k for k in manifest.artifacts if k in registry.served_keys()]
         raise ServeError(
             f"{export_dir} has no {fmt!r} artifact; serve one it holds "
-            f"({', '.join(k for k in manifest.artifacts if k != 'warmup')}) with --ray-format."
+            f"({', '.join(held) or 'none'}) with --ray-format (`deploy ray`: --format)."
         )
     why = served.why_served(manifest, fmt, served.fastest_entry(manifest.model.name, None))
     platform = formats.of(fmt, manifest.artifact(fmt).details).platform
