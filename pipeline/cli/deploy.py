@@ -7,7 +7,11 @@ Like the rest of the CLI, this only parses arguments and calls a stage function.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -174,7 +178,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 for o in refused
             )
         )
-    server = rt.serve(options)
+    with _terminated_as_exit():  # a SIGTERM (CI's timeout) mid-start stops what it started
+        server = rt.serve(options)
     if getattr(args, "argv", None):  # a hint that restarts it repeats its options
         server = dataclasses.replace(server, command=args.argv)
         server.record()
@@ -187,6 +192,25 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     for line in choice_lines(server, args.artifacts_dir):
         print(line)
     return 0
+
+
+@contextlib.contextmanager
+def _terminated_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit while a start runs, so the runtime's stopped_on_failure
+    stops what it started (by default the signal killed this process alone and left the
+    runtime's host, Ray's cluster or TorchServe running)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def add_deploy_command(sub: argparse._SubParsersAction) -> None:

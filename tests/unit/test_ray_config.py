@@ -131,3 +131,16 @@ def test_a_request_the_model_cannot_take_fails_alone_not_its_batch() -> None:
     assert isinstance(bad, ValueError), bad  # __call__ raises it for its own request
     np.testing.assert_array_equal(first[0], np.full((1, 2), 2.0, np.float32))
     np.testing.assert_array_equal(third[0], np.full((1, 2), 6.0, np.float32))
+
+
+def test_a_cluster_address_that_answers_nothing_is_said_at_once(tmp_path: Path) -> None:
+    """`serve --runtime ray --ray-address 127.0.0.1:PORT` with nothing there printed nothing
+    for four minutes (ray.init retrying), then a wall of Ray's logs."""
+    from pipeline.runtimes.ray.launch import start
+    from pipeline.serving.launcher import free_port
+    from pipeline.serving.server import ServeError
+
+    address = f"127.0.0.1:{free_port()}"
+    with pytest.raises(ServeError, match=f"Cannot reach the Ray cluster at {address}"):
+        start(RayConfig(models=[{"name": "m"}], address=address), tmp_path, {})
+    assert not (tmp_path / "server.json").exists()  # refused before anything was started

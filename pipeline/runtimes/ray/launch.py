@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import secrets
+import socket
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -109,6 +110,8 @@ def start(
         raise ServeError("Nothing to serve: give at least one export.")
     if len(set(names)) != len(names):
         raise ServeError(f"Two served models share a name: {names}.")
+    if config.address:
+        _reachable(config.address)
     run_dir = launcher.prepare(
         launcher.Launch(
             title=TITLE,
@@ -194,6 +197,22 @@ def replica_cpus(config: RayConfig) -> float:
     wanted = len(config.models) * max(1, per_model)
     cpus = config.node_cpus * (config.worker_nodes or 1)
     return min(1.0, cpus / wanted)
+
+
+def _reachable(address: str) -> None:
+    """A cluster address that answers nothing is said at once: ray.init retried it for the
+    whole start's timeout (4 minutes of silence, then its GCS logs)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not port.isdigit():  # "auto", or a form Ray resolves itself
+        return
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=5):
+            pass
+    except OSError as err:
+        raise ServeError(
+            f"Cannot reach the Ray cluster at {address} ({err.strerror or err}): start one "
+            "there (`ray start --head`) or give the address it printed with --ray-address."
+        ) from None
 
 
 def _local(config: RayConfig) -> str:
