@@ -231,12 +231,14 @@ def add_deploy_command(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_stop(args: argparse.Namespace) -> int:
     from pipeline.serving.launcher import found_runtime, stop
-    from pipeline.serving.server import SERVER_FILE, Server
+    from pipeline.serving.server import SERVER_FILE, ServeError, Server
 
     run_dir = serve_run_dir(args)
     kind = found_runtime(run_dir)  # before stopping: the record goes with the server
     recorded = (run_dir / SERVER_FILE).is_file()
-    left = Server.load(run_dir).alive_pids() if recorded else []  # its gateway, say
+    left: list[int] = []  # what an exited server left running (its gateway, say)
+    with contextlib.suppress(OSError, ValueError, TypeError, ServeError):  # a damaged record
+        left = Server.load(run_dir).alive_pids() if recorded else []
     if stop(run_dir):
         print(f"stopped {kind or 'the server'} (run dir {run_dir})")
     elif recorded:  # a server that exited on its own: its log says why
