@@ -255,6 +255,11 @@ async def follow(
                 except Exception as err:  # the process must outlive one bad state
                     log.exception("applying generation %d failed", state.generation)
                     error = f"{type(err).__name__}: {err}"
+                # The tallies as this state left them (a version loaded again starts from
+                # none), before the acknowledgement: a rollout that judges a canary right
+                # after read its previous incarnation's answers, up to stats_every_s old.
+                write_stats(run_dir, slot, tallies)
+                written, last_stats = {k: t.requests for k, t in tallies.items()}, time.monotonic()
                 ack(run_dir, slot, state.generation, error)
         counts = {k: t.requests for k, t in tallies.items()}
         if counts != written and time.monotonic() - last_stats >= stats_every_s:

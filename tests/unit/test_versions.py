@@ -249,6 +249,38 @@ def test_follow_applies_each_new_state_once_and_acknowledges_it(tmp_path: Path) 
     assert live.read_stats(tmp_path)["m", 1].requests == 1
 
 
+def test_a_state_is_acknowledged_only_once_the_tallies_it_left_are_written(
+    tmp_path: Path,
+) -> None:
+    """A version loaded again starts with no answers; its stats file kept the previous
+    incarnation's for up to stats_every_s after the acknowledgement, and a rollout judged
+    the new canary on them (CI: a canary with no traffic showed an earlier test's answers)."""
+    import asyncio
+
+    tallies = {("m", 2): live.Tally()}
+    tallies["m", 2].add(1.0, ok=True)
+
+    async def apply(state: live.LiveState) -> str | None:
+        tallies.pop(("m", 2), None)  # as a worker does for a version it loads again
+        return None
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(live.follow(tmp_path, 0, tallies, apply, poll_s=0.01,
+                                                 stats_every_s=60))  # fmt: skip
+        await asyncio.sleep(0.05)
+        assert live.read_stats(tmp_path)["m", 2].requests == 1  # the first write
+        two = live.ModelVersions({2: live.Loaded(2, "/b", "onnx")}, 2)
+        live.write(tmp_path, live.LiveState(1, {"m": two}))
+        for _ in range(100):
+            if live.acks(tmp_path).get(0, {}).get("generation") == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert ("m", 2) not in live.read_stats(tmp_path)
+        task.cancel()
+
+    asyncio.run(scenario())
+
+
 def test_status_names_a_dead_gateway_of_a_running_server(tmp_path: Path) -> None:
     """`kill -9` of TorchServe's gateway: status said the server was fine (exit 0) while
     every request got "connection refused"; only the main process was checked."""
