@@ -71,6 +71,7 @@ def status(run_dir: Path, store: Path) -> dict[str, Any]:
             if readiness is not None:
                 entry["ready"], entry["why"] = readiness
             served[name] = entry
+        alive = server.alive_pids()
         out["server"] = {
             "runtime": rt.name,
             "pid": server.pid,
@@ -79,9 +80,7 @@ def status(run_dir: Path, store: Path) -> dict[str, Any]:
             "models": served,
             # Its other processes that exited (TorchServe's gateway, which clients reach):
             # the main one alone running is no server to a client.
-            "exited": {
-                role: pid for role, pid in server.pids.items() if pid not in server.alive_pids()
-            },
+            "exited": {role: pid for role, pid in server.pids.items() if pid not in alive},
         }
     if Path(store).is_dir():
         for folder in sorted(Path(store).iterdir()):
@@ -190,8 +189,8 @@ def status_lines(found: dict[str, Any]) -> list[str]:
 def troubled(found: dict[str, Any]) -> bool:
     """Whether `status` found something wrong (its exit status 1, for scripts): the server
     exited without `pipeline stop`, one of its processes did (TorchServe's gateway), or a
-    served model is not ready. No server recorded is
-    not: nothing was started, or it was stopped."""
+    served model is not ready. No server recorded is not: none was started, or it was
+    stopped."""
     server = found["server"] or {}
     unready = [e for e in server.get("models", {}).values() if e.get("ready") is False]
     return found.get("exited") is not None or bool(unready) or bool(server.get("exited"))

@@ -117,8 +117,8 @@ def _spec(
         )
     # An integer range the user declared is the values the model takes (an embedding of
     # 50 words is 0:50): the servers refuse others. A default one only draws samples.
-    bounded = torch_dtype not in (torch.bool,) and not torch_dtype.is_floating_point
-    bounded = bounded and low is not None and high is not None
+    integer = torch_dtype != torch.bool and not torch_dtype.is_floating_point
+    bounded = integer and low is not None and high is not None
     return TensorSpec(name, tuple(dims), torch_dtype, low=lo, high=hi, bounded=bounded)
 
 
