@@ -59,6 +59,10 @@ class PooledAnswers:
             self.pairs.append((expected, got))
         return ""
 
+    def reset(self) -> None:
+        """Forget the answers kept so far (the warm-up's)."""
+        self.pairs.clear()
+
     def verdicts(self) -> list[Verdict]:
         """One SQNR verdict per output over the kept answers (none when nothing answered)."""
         if not self.pairs:

@@ -300,7 +300,7 @@ async def _run(
         report.by_version.clear()
         report.errors.clear()  # the run's own first errors, not the warm-up's
         if pooled is not None:
-            pooled.pairs.clear()
+            pooled.reset()
         if warm_failed:
             report.errors.append(f"{warm_failed} warm-up request(s) failed")
         if warm_wrong:
@@ -363,7 +363,7 @@ def run(config: LoadConfig, exported: ExportedModel | None = None) -> LoadReport
     # By version, each answer is checked against the version it names, whatever was served
     # at start (a rollout since changes what the server's record says).
     fresh, why = served.freshness(
-        server.served, name, exported.dir, server.runtime, manifest=exported.manifest, server=server
+        server.served, name, exported.dir, manifest=exported.manifest, server=server
     )
     if fresh is False and config.store is None:
         raise LoadTestError(why)

@@ -272,7 +272,7 @@ def served_freshness(
     if info is None:
         return None, ""
     export_dir = paths.export_dir(info.model, artifacts_dir)
-    return freshness(server.served, name, export_dir, server.runtime, server=server)
+    return freshness(server.served, name, export_dir, server=server)
 
 
 def freshness(
