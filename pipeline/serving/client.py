@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import httpx
 import torch
+from aiohttp.http_exceptions import ContentLengthError, TransferEncodingError
 
 from pipeline.core import paths
 from pipeline.core.errors import PipelineError
@@ -35,8 +36,8 @@ from pipeline.serving.wire import numpy_body, tensors_body  # noqa: F401
 # Safe to resend: the request never reached a worker (connection refused or
 # reset) or the server said it is temporarily unable (503: a worker
 # restarting, or the gateway cannot reach TorchServe). Inference is a pure
-# function, so a request whose worker died under it (the gateway answers 503)
-# is safe to send again. A timeout is not resent: the request may be running.
+# function, so a request whose worker died under it (the gateway answers 503,
+# or the answer stops after its headers) is safe to send again. A timeout is not resent: the request may be running.
 RETRY_STATUS = {503}
 RESENDABLE = (
     httpx.ConnectError,
@@ -44,6 +45,9 @@ RESENDABLE = (
     httpx.ReadError,
     aiohttp.ClientConnectionError,  # refused, reset or disconnected (AsyncClient)
 )
+# aiohttp's word for a body cut short by the connection closing (a worker killed between
+# the headers and the body): httpx calls the same event RemoteProtocolError, resent above.
+CUT_SHORT = (ContentLengthError, TransferEncodingError)
 RETRIES = 4
 BACKOFF_S = 0.25
 MAX_BACKOFF_S = 2.0
@@ -105,7 +109,7 @@ def _outcome(
     """(resend?, problem) for one attempt."""
     if isinstance(err, httpx.TimeoutException | TimeoutError):
         return False, f"{url} did not answer within {timeout:.0f} s."
-    if isinstance(err, RESENDABLE):
+    if isinstance(err, RESENDABLE) or _cut_short(err):
         return True, f"Cannot reach {url}: {type(err).__name__}: {err}"
     if err is not None:
         return False, f"Request to {url} failed: {type(err).__name__}: {err}"
@@ -116,6 +120,13 @@ def _outcome(
         else f"HTTP {resp.status_code}: {' '.join(resp.text.split())[:300]}"
     )
     return resp.status_code in RETRY_STATUS, problem
+
+
+def _cut_short(err: Exception | None) -> bool:
+    """Whether aiohttp lost the connection mid-body (fewer bytes than the length the
+    headers gave). Not any ClientPayloadError: a redirect's or a decoding failure would
+    come back the same on a resend."""
+    return isinstance(err, aiohttp.ClientPayloadError) and isinstance(err.__cause__, CUT_SHORT)
 
 
 class Client:
