@@ -342,9 +342,12 @@ class Request(_Message):
     def _extra_from_json(cls, body: dict[str, Any]) -> tuple[Any, ...]:
         outputs = body.get("outputs") or []
         if not isinstance(outputs, list) or not all(
-            isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs
+            isinstance(o, dict)
+            and isinstance(o.get("name"), str)
+            and isinstance(o.get("parameters") or {}, dict)  # a list here was a 500
+            for o in outputs
         ):
-            raise OipError("'outputs' must be a list of objects with a 'name'.")
+            raise OipError("'outputs' must be a list of objects with a 'name' (and 'parameters').")
         return (tuple(outputs),)
 
     def to_grpc(self) -> Any:
@@ -381,12 +384,8 @@ def _fill_parameters(message: Any, parameters: Mapping[str, Any]) -> None:
 
 
 def _http_parameters(parameters: Any) -> dict[str, Any]:
-    out = {}
-    for key, value in parameters.items():
-        kind = value.WhichOneof("parameter_choice")
-        if kind is not None:
-            out[key] = getattr(value, kind)
-    return out
+    kinds = {key: value.WhichOneof("parameter_choice") for key, value in parameters.items()}
+    return {key: getattr(parameters[key], kind) for key, kind in kinds.items() if kind}
 
 
 def kserve_module(name: str) -> ModuleType:

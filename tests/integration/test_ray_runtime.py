@@ -127,6 +127,12 @@ def test_tritonclient_gets_eagers_answer_with_the_token_and_401_without(
             result = client.infer("digits_lenet", [tensor], outputs=[wanted],
                                   headers={"Authorization": f"Bearer {_key(server)}"})  # fmt: skip
             np.testing.assert_allclose(result.as_numpy(out), y, atol=tol.atol, rtol=tol.rtol)
+        # An output the model lacks: a 400 that names it (it was a 200 with every output).
+        with pytest.raises(thttp.InferenceServerException) as unknown:
+            client.infer("digits_lenet", [tensor], outputs=[thttp.InferRequestedOutput("nope")],
+                         headers={"Authorization": f"Bearer {_key(server)}"})  # fmt: skip
+        assert unknown.value.status() == "400", unknown.value
+        assert "No output named ['nope']" in unknown.value.message()
         meta = client.get_model_metadata(
             "digits_lenet", headers={"Authorization": f"Bearer {_key(server)}"}
         )

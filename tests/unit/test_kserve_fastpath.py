@@ -212,6 +212,14 @@ def test_a_bad_request_is_a_json_4xx_and_a_client_gone_gets_nothing() -> None:
     assert _asgi(app, "/v2/models/m/infer", [{"type": "http.disconnect"}]) == []
 
 
+def test_an_asked_outputs_parameters_not_an_object_is_a_400_not_the_models_fault() -> None:
+    # It reached the answer's encoding and failed there, which said 500.
+    app, _ = _passed_through()
+    body = _json_body(outputs=[{"name": "y", "parameters": [1]}])
+    start, message = _asgi(app, "/v2/models/m/infer", [{"type": "http.request", "body": body}])
+    assert start["status"] == 400 and "'outputs' must" in json.loads(message["body"])["error"]
+
+
 def test_a_named_version_answers_and_says_so_and_an_unknown_one_is_a_404() -> None:
     versions = _Versions(1, 2)
     app = FastInfer(None, {"m": versions})  # type: ignore[arg-type]  # nothing passes through

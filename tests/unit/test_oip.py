@@ -171,6 +171,7 @@ _X = b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", '
         (b'{"inputs": [3]}', None, "must be a JSON object"),
         (b'{"inputs": 3}', None, "needs 'inputs'"),
         (b'{"inputs": [], "outputs": [{"nom": "y"}]}', None, "'outputs' must be"),
+        (b'{"inputs": [], "outputs": [{"name": "y", "parameters": [1]}]}', None, "'outputs' must"),
         (b'{"inputs": [], "id": 5}', None, "must be strings"),
         (b'{"inputs": [], "parameters": [1]}', None, "'parameters' must be"),
         (b"[1]", None, "needs 'inputs'"),
@@ -180,7 +181,8 @@ _X = b'{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", '
     ids=[
         "no-data", "short", "size-not-shape", "trailing", "size-type", "datatype",
         "datatype-type", "shape-type", "shape-negative", "name-type", "data-type",
-        "parameters-type", "no-name", "tensor-type", "inputs-type", "outputs", "id-type",
+        "parameters-type", "no-name", "tensor-type", "inputs-type", "outputs", "output-parameters",
+        "id-type",
         "message-parameters", "not-a-dict", "not-utf8", "truncated",
     ],
 )  # fmt: skip

@@ -31,6 +31,7 @@ from ray.exceptions import RayActorError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from pipeline.runtimes.ray import answer
 from pipeline.runtimes.ray.availability import Availability, Down
 from pipeline.runtimes.ray.constants import LOOPBACK_ENV, deployment_name
 from pipeline.serving import guard
@@ -253,6 +254,10 @@ class Ingress:
             return _error(413 if err.status == 413 else 400, str(err))
         except (oip.OipError, ValueError) as err:
             return _error(400, f"Not an Open Inference Protocol request: {err}")
+        try:
+            answer.asked(parsed, model["outputs"])
+        except answer.UnknownOutputError as err:
+            return _error(400, str(err))
         why = await self.available.wait(name)
         if why is not None:  # Serve keeps retrying the replica; the client may too, later
             return _json({"error": _down({name: why})}, 503, {"Retry-After": "5"})
@@ -271,19 +276,8 @@ class Ingress:
             )
         if unbatched:
             outputs = [o[0] if o.ndim else o for o in outputs]
-        answer = oip.Response(
-            tuple(
-                oip.Tensor.from_array(n, o) for n, o in zip(model["outputs"], outputs, strict=True)
-            ),
-            id=parsed.id,
-            model_name=name,
-            model_version=model["version"],
-        )
-        asked = {o["name"]: (o.get("parameters") or {}) for o in parsed.outputs}
-        binary = bool(parsed.parameters.get("binary_data_output")) or any(
-            p.get("binary_data") for p in asked.values()
-        )
-        content, header_length = answer.to_rest(binary=binary)
+        meta = {"model_name": name, "model_version": model["version"]}
+        content, header_length = answer.encode(parsed, meta, model["outputs"], outputs)
         headers = {"x-forward-ms": f"{(time.perf_counter() - started) * 1e3:.3f}"}
         if header_length is not None:
             headers[oip.HEADER_LENGTH] = str(header_length)

@@ -1,0 +1,65 @@
+"""The Ray ingress's answers (pipeline/runtimes/ray/answer.py): the outputs asked for, each
+in JSON or binary as asked; an unknown name refused. Before, the ingress answered every
+output in JSON or all in binary, and 200 with all of them for a name the model lacks.
+On a real cluster: tests/integration/test_ray_runtime.py."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pipeline.runtimes.ray.answer import UnknownOutputError, asked, encode
+from pipeline_runtime import oip
+
+NAMES = ["y", "z"]
+ARRAYS = [np.arange(4, dtype=np.float32).reshape(2, 2) / 3, np.array([1, 0], dtype=np.int64)]
+META = {"model_name": "m", "model_version": "1"}
+
+
+def _request(**body: Any) -> oip.Request:
+    x = {"name": "x", "shape": [1], "datatype": "FP32", "data": [0.5]}
+    return oip.Request.from_rest(json.dumps({"inputs": [x], **body}).encode(), None)
+
+
+def _read(content: bytes, length: int | None) -> dict[str, np.ndarray]:
+    return oip.Response.from_rest(content, length).arrays()
+
+
+def test_without_outputs_named_every_output_is_answered_in_json() -> None:
+    content, length = encode(_request(id="r1"), META, NAMES, ARRAYS)
+    assert length is None
+    body = json.loads(content)
+    assert [o["name"] for o in body["outputs"]] == NAMES and body["id"] == "r1"
+    assert body["model_name"] == "m" and body["model_version"] == "1"
+    for got, want in zip(_read(content, length).values(), ARRAYS, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_only_the_outputs_asked_are_answered_in_the_order_asked() -> None:
+    content, length = encode(_request(outputs=[{"name": "z"}]), META, NAMES, ARRAYS)
+    answer = _read(content, length)
+    assert list(answer) == ["z"]
+    np.testing.assert_array_equal(answer["z"], ARRAYS[1])
+
+
+def test_binary_is_chosen_per_output_and_defaults_to_the_requests_parameter() -> None:
+    mixed = _request(outputs=[{"name": "y", "parameters": {"binary_data": True}}, {"name": "z"}])
+    content, length = encode(mixed, META, NAMES, ARRAYS)
+    assert length is not None
+    items = json.loads(content[:length])["outputs"]
+    assert "data" not in items[0] and items[0]["parameters"]["binary_data_size"] == 16
+    assert items[1]["data"] == [1, 0]
+    answer = _read(content, length)
+    np.testing.assert_array_equal(answer["y"], ARRAYS[0])
+    all_binary = _request(parameters={"binary_data_output": True})
+    content, length = encode(all_binary, META, NAMES, ARRAYS)
+    assert length is not None and len(content) == length + 16 + 16
+    assert all("data" not in o for o in json.loads(content[:length])["outputs"])
+
+
+def test_an_output_the_model_lacks_is_refused_naming_what_it_has() -> None:
+    with pytest.raises(UnknownOutputError, match=r"No output named \['w'\]; this model has"):
+        asked(_request(outputs=[{"name": "y"}, {"name": "w"}]), NAMES)
