@@ -19,6 +19,7 @@ from pipeline.cli.train import add_train_command
 from pipeline.cli.verify import add_verify_command
 from pipeline.cli.versions import add_trust_options, add_version_commands, use_trust
 from pipeline.core import paths
+from pipeline.core.cliargs import Parser
 from pipeline.core.errors import PipelineError
 from pipeline.core.noise import quiet_libraries
 
@@ -137,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     from pipeline.serving import runtime as runtimes
 
     export_formats, default_formats = registry.keys(), registry.default_keys()
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="pipeline",
         description="Train a PyTorch model, export it to TorchScript, ONNX and .pt2, serve it "
         f"({', '.join(d.title for d in runtimes.declared())}), run it from C++, and prove "

@@ -40,7 +40,7 @@ def add_verify_command(sub: argparse._SubParsersAction) -> None:
         "validation split, top-1 agreement, or SQNR, against the budget export recorded.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    model_arg(p)
+    model_arg(p, export_dir=True)
     p.add_argument("--export-dir", type=Path, help="default: <artifacts>/<model>/export")
     p.add_argument(
         "--checkpoint", type=Path, help="eager reference (default: the one in the manifest)"

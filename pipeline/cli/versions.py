@@ -29,7 +29,7 @@ def add_version_commands(sub: argparse._SubParsersAction) -> None:
         "the export). The first version becomes the default `pipeline serve` serves; later "
         "ones wait for `pipeline rollout`.",
     )
-    model_arg(p)
+    model_arg(p, export_dir=True)
     p.add_argument("--export-dir", type=Path, help="default: <artifacts>/<model>/export")
     p.add_argument("--report", type=Path, help="default: <artifacts>/<model>/parity.json")
     p.add_argument("--checkpoint", type=Path, help="default: the one the manifest names")

@@ -4,10 +4,27 @@ runtime contributes (`pipeline archive`, from TorchServe's package). Torch-free.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 
 
-def model_arg(p: argparse.ArgumentParser, *, built_in_only: bool = False) -> None:
+class Parser(argparse.ArgumentParser):
+    """The CLI's parser: a --model left out is filled in once parsed (resolve_model), for
+    whoever parses (main, and tests that build the parser)."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, rest = super().parse_known_args(args, namespace)
+        resolve_model(parsed)
+        return parsed, rest
+
+
+def model_arg(
+    p: argparse.ArgumentParser, *, built_in_only: bool = False, export_dir: bool = False
+) -> None:
+    """--model. `export_dir`: the command also takes --export-dir, and --model defaults to
+    the model that folder holds (resolve_model)."""
     from pipeline.core.defaults import DEFAULT_MODEL  # not pipeline.zoo: it imports torch
 
     if built_in_only:  # `train` has a task (data, loss) for the built-in models only
@@ -31,7 +48,41 @@ def model_arg(p: argparse.ArgumentParser, *, built_in_only: bool = False) -> Non
         )
         p.set_defaults(models=None)
         return
-    p.add_argument("--model", default=DEFAULT_MODEL, help=help)
+    if not export_dir:
+        p.add_argument("--model", default=DEFAULT_MODEL, help=help)
+        return
+    p.add_argument("--model", help=f"{help}. With --export-dir, default: the model it holds")
+    model_from_export(p)
+
+
+def model_from_export(p: argparse.ArgumentParser) -> None:
+    """Mark `p`'s --model (no default of its own) as resolve_model's to fill in."""
+    p.set_defaults(model=None, model_from_export=True)
+
+
+def resolve_model(args: argparse.Namespace) -> None:
+    """A --model left out (None): the model --export-dir holds, else the default model.
+    Without this, `verify --export-dir DIR` of any other model was refused as not being
+    the default model's export."""
+    from pipeline.core.defaults import DEFAULT_MODEL
+
+    if not getattr(args, "model_from_export", False) or args.model is not None:
+        return
+    export_dir = getattr(args, "export_dir", None)
+    args.model = (exported_model(export_dir) if isinstance(export_dir, Path) else None) or (
+        DEFAULT_MODEL
+    )
+
+
+def exported_model(export_dir: Path) -> str | None:
+    """The model an export folder holds, None when it holds no readable manifest (the
+    command then says what is wrong with the folder)."""
+    from pipeline_runtime.manifest import Manifest
+
+    try:
+        return Manifest.read(export_dir).model.name
+    except Exception:  # noqa: BLE001 - unreadable here, explained by the command
+        return None
 
 
 def add_budget_args(p: argparse.ArgumentParser, *, export: bool = False) -> None:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from pipeline.core import paths
+from pipeline.core.cliargs import model_from_export
 from pipeline.core.defaults import DEFAULT_MODEL
 
 _EPILOG = """\
@@ -44,9 +45,10 @@ def add_deploy_target(targets: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--model",
-        default=DEFAULT_MODEL,
-        help=f"the exported model (default: {DEFAULT_MODEL}; see `pipeline models`)",
+        help=f"the exported model (default: the model --export-dir holds, else {DEFAULT_MODEL}; "
+        "see `pipeline models`)",
     )
+    model_from_export(p)
     p.add_argument("--out", type=Path, required=True, help="folder to write (created)")
     p.add_argument("--export-dir", type=Path, help="default: <artifacts>/<model>/export")
     p.add_argument(

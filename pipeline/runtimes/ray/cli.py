@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from pipeline.core import paths
+from pipeline.core.cliargs import model_from_export
 from pipeline.core.defaults import DEFAULT_MODEL
 
 _EPILOG = """\
@@ -36,7 +37,8 @@ def add_deploy_target(targets: argparse._SubParsersAction) -> None:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"default: {DEFAULT_MODEL}")
+    p.add_argument("--model", help=f"default: the model --export-dir holds, else {DEFAULT_MODEL}")
+    model_from_export(p)
     p.add_argument("--out", type=Path, required=True, help="folder to write (created)")
     p.add_argument("--export-dir", type=Path, help="default: <artifacts>/<model>/export")
     p.add_argument("--format", help="the artifact to serve (default: what `pipeline serve` picks)")

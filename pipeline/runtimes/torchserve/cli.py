@@ -25,7 +25,7 @@ def add_archive_command(sub: argparse._SubParsersAction, formats: list[str]) -> 
         "publish`) is archived at its default version, with that number as the archive's "
         "version.",
     )
-    model_arg(p)
+    model_arg(p, export_dir=True)
     p.add_argument("--export-dir", type=Path, help="default: <artifacts>/<model>/export")
     p.add_argument("--store", type=Path, default=DEFAULT_STORE, help="default: model_store")
     p.add_argument(
