@@ -8,12 +8,14 @@ public key, the library's own key hint).
 
 A trust policy is the set of public keys whose signatures count: `--trust PUBKEY` (on
 serve, rollout, rollback, archive and deploy; kept in $PIPELINE_TRUST for the processes a
-command starts) and the store's own `<store>/trust/*.pub`. With a policy, every command
-that takes a version from the store checks it first (`require`) and refuses a version that
-is unsigned, signed by a key the policy does not hold, or whose bytes changed since it was
-signed, naming the file. Without one, they warn once and go on, so an existing store keeps
-working. A store's trust folder is a policy even once its last key is removed: it then
-trusts nobody (revoking a key never turns the checks off). `pipeline status` and verify's report show each version's state (`state`).
+command starts), else the store's own `<store>/trust/*.pub` (given keys replace the
+folder, so the store's writers cannot widen them). With a policy, every command that
+takes a version from the store checks it first (`require`) and refuses a version that is
+unsigned, signed by a key the policy does not hold, changed since it was signed (naming
+the file) or moved from where it was published. Without one, they warn once and go on,
+so an existing store keeps working. A store's trust folder is a policy even once its
+last key is removed: it then trusts nobody (revoking a key never turns the checks off).
+`pipeline status` and verify's report show each version's state (`state`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.errors import PipelineError
+# Keys live apart; signing.keygen and signing.SignatureError stay where callers find them.
+from pipeline.core.signkeys import SignatureError, check_private_key, keygen  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +50,6 @@ SIGNED, UNSIGNED, CHANGED, UNTRUSTED, UNCHECKED = (
     "signed by an untrusted key",
     "signed, not checked",
 )
-
-
-class SignatureError(PipelineError):
-    """A version the trust policy refuses, or a key that cannot sign or verify."""
 
 
 @dataclass(frozen=True)
@@ -93,35 +92,6 @@ def fingerprint(public_pem: bytes) -> str:
     return hashlib.sha256(canonical).hexdigest()
 
 
-def keygen(private_key: Path) -> Path:
-    """A new P-256 key pair: the private key at `private_key` (owner-only), the public key
-    beside it as `<name>.pub`. Returns the public key's path."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    private_key = Path(private_key)
-    public = private_key.with_suffix(".pub")
-    for path in (private_key, public):
-        if path.exists():
-            raise SignatureError(f"{path} exists; choose another name (keys are not replaced).")
-    key = ec.generate_private_key(ec.SECP256R1())
-    private_key.parent.mkdir(parents=True, exist_ok=True)
-    pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    fd = os.open(private_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(pem)
-    public.write_bytes(
-        key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-    )
-    return public
-
-
 def _hashing() -> Any:  # model_signing's hashing.Config
     # Imported here, not at the top: model-signing imports sigstore, slow to import.
     from model_signing import hashing
@@ -137,7 +107,7 @@ def sign(folder: Path, private_key: Path, password: str | None = None) -> str:
     folder, private_key = Path(folder), Path(private_key)
     if not private_key.is_file():
         raise SignatureError(f"--sign: there is no private key at {private_key}.")
-    _decryptable(private_key, password)
+    check_private_key(private_key, password)
     try:
         # As bytes: model-signing's hint says str, but it hands the password to
         # cryptography's PEM loader, which takes bytes only (a str failed every time).
@@ -152,34 +122,6 @@ def sign(folder: Path, private_key: Path, password: str | None = None) -> str:
             f"(P-256, P-384 or P-521, PEM; `pipeline keygen` makes one): {err}"
         ) from None
     return signer_of(folder) or "?"
-
-
-def _decryptable(private_key: Path, password: str | None) -> None:
-    """Refuse, by its cause, a PEM key that cannot be opened with `password`: an encrypted
-    key with no password or the wrong one (what the library reports as a key of the wrong
-    kind)."""
-    from cryptography.hazmat.primitives import serialization
-
-    pem = private_key.read_bytes()
-    try:
-        serialization.load_pem_private_key(pem, None if password is None else password.encode())
-    except TypeError as err:  # a password for a plain key, or none for an encrypted one
-        if password is None:
-            raise SignatureError(
-                f"--sign: {private_key} is encrypted; give its password in an environment "
-                "variable named by --key-password-env."
-            ) from None
-        raise SignatureError(f"--sign: {private_key}: {err}") from None
-    except ValueError as err:
-        if b"ENCRYPTED" in pem and password is not None:
-            raise SignatureError(
-                f"--sign: {private_key} could not be decrypted with the password given "
-                "(--key-password-env): wrong password?"
-            ) from None
-        raise SignatureError(
-            f"--sign: {private_key} is not a PEM private key model-signing takes (P-256, "
-            f"P-384 or P-521; `pipeline keygen` makes one): {err}"
-        ) from None
 
 
 def signer_of(folder: Path) -> str | None:
@@ -203,7 +145,10 @@ class Policy:
 
     @classmethod
     def load(cls, store: Path | None, given: Sequence[str] | None = None) -> Policy:
-        """--trust's keys (`given`; default: $PIPELINE_TRUST) and `store`'s trust folder."""
+        """--trust's keys (`given`; default: $PIPELINE_TRUST), else `store`'s trust folder.
+        Given keys replace the folder rather than add to it: keys kept where the store's
+        writers cannot reach protect against them only if a key they add to trust/ does
+        not count (it did)."""
         paths: list[Path] = []
         sources: list[str] = []
         given = given_keys() if given is None else [p for p in given if p]
@@ -212,9 +157,9 @@ class Policy:
             sources.append("--trust")
         folder = Path(store) / TRUST_FOLDER if store is not None else None
         declared = bool(given)
-        if folder is not None and folder.is_dir():
+        if not given and folder is not None and folder.is_dir():
             declared = True
-            found = sorted(p for p in folder.iterdir() if p.suffix in PUBLIC_SUFFIXES)
+            found = sorted(p for p in folder.iterdir() if p.suffix.lower() in PUBLIC_SUFFIXES)
             paths += found
             sources.append(str(folder) if found else f"{folder}, which holds no key")
         keys: dict[str, tuple[str, Path]] = {}
@@ -239,13 +184,22 @@ def given_keys() -> list[str]:
 
 
 def is_version(folder: Path) -> bool:
-    """Whether `folder` is a published version of a store (not an export folder)."""
-    return (Path(folder) / PROVENANCE).is_file()
+    """Whether `folder` is a published version of a store (not an export folder): it holds
+    publish.json, or is named as one (`<store>/<model>/<number>/`). By its name too, so that
+    deleting publish.json does not turn the checks off: such a version fails them."""
+    folder = Path(folder)
+    return (folder / PROVENANCE).is_file() or version_number(folder.name) is not None
+
+
+def version_number(name: str) -> int | None:
+    """The version a store folder's name says ("3"), None for any other name ("03", "x")."""
+    return int(name) if re.fullmatch(r"[1-9][0-9]*", name) else None
 
 
 def store_of(version_dir: Path) -> Path:
-    """The store a version folder is in: `<store>/<model>/<number>/`."""
-    return Path(version_dir).resolve().parent.parent
+    """The store a version folder is in: `<store>/<model>/<number>/`. Not through symlinks:
+    a model folder linked into another store must not bring that store's trust folder."""
+    return Path(os.path.abspath(version_dir)).parent.parent
 
 
 def state(version_dir: Path, policy: Policy | None = None) -> State:
@@ -269,8 +223,32 @@ def state(version_dir: Path, policy: Policy | None = None) -> State:
     except ValueError as err:  # the library names the files: "Hash mismatch for 'model.onnx'…"
         return State(CHANGED, policy.name(fp), _changed(str(err)))
     except Exception as err:  # noqa: BLE001 - a bundle that does not verify is not trusted
-        return State(CHANGED, policy.name(fp), f"the signature does not verify: {err}")
-    return State(SIGNED, policy.name(fp))
+        why = str(err) or type(err).__name__
+        return State(
+            CHANGED, policy.name(fp), f"the signature does not verify with that key: {why}"
+        )
+    moved = _moved(version_dir)
+    return State(CHANGED, policy.name(fp), moved) if moved else State(SIGNED, policy.name(fp))
+
+
+def _moved(version_dir: Path) -> str:
+    """Why a signed version is not where it was published ("" when it is): its signed
+    publish.json names the model and number, so a signed version copied to another number
+    (an old one replayed as the newest) or another model's folder is refused."""
+    from pipeline.core.paths import model_slug
+
+    try:
+        said = json.loads((version_dir / PROVENANCE).read_text())
+        model, number = str(said["model"]), int(said["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{PROVENANCE} is missing or unreadable"
+    here = Path(os.path.abspath(version_dir))
+    if (model_slug(model), number) != (here.parent.name, version_number(here.name)):
+        return (
+            f"it was published as {model} version {number} but lies in "
+            f"{here.parent.name}/{here.name}: a signed version copied to another place"
+        )
+    return ""
 
 
 def _changed(message: str) -> str:

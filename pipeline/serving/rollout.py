@@ -165,7 +165,11 @@ def rollout(config: RolloutConfig, say: Say = print) -> live.LiveState:
             _restore(rt, server, staged, state, config.timeout_s)
             raise RolloutRefusedError(f"Version {version.number} did not load: {err}") from None
         say(f"checking version {version.number} through the live server (golden I/O, probes)")
-        problem = live_check(server, rt, version, names, Path(config.run_dir))
+        try:
+            problem = live_check(server, rt, version, names, Path(config.run_dir))
+        except BaseException:  # the check could not run (its export unreadable, ^C): unload
+            _restore(rt, server, staged, state, config.timeout_s)
+            raise
         if problem:
             _restore(rt, server, staged, state, config.timeout_s)
             raise RolloutRefusedError(
@@ -190,16 +194,20 @@ def rollout(config: RolloutConfig, say: Say = print) -> live.LiveState:
 
 def _trusted(version_dir: Path, server: Server) -> None:
     """Check `version_dir` as `server`'s workers will when they load it: against the keys
-    `serve --trust` gave it, the store's trust folder and this command's --trust, which
-    may add no key the server lacks (its workers would refuse what this check passed)."""
+    `serve --trust` gave it (else the store's trust folder) and this command's --trust,
+    which may add no key the server lacks (its workers would refuse what this passed)."""
     if signing.is_version(version_dir) and (
         beyond := signing.unheld(signing.given_keys(), server.trust, signing.store_of(version_dir))
     ):
         raise RolloutRefusedError(
             f"--trust {' '.join(beyond)}: the running server's workers check versions against "
-            "the keys `pipeline serve --trust` gave it and the store's trust folder, not this "
-            "command's; add the key to the store's trust/ folder (read at every load) or "
-            "restart `pipeline serve` with it."
+            + (
+                "the keys `pipeline serve --trust` gave it, not this command's; restart "
+                "`pipeline serve` with it."
+                if server.trust
+                else "the store's trust folder, not this command's; add the key to the "
+                "store's trust/ folder (read at every load) or restart `pipeline serve` with it."
+            )
         )
     signing.require(version_dir, server.trust)
 

@@ -16,10 +16,10 @@ SAID = 3  # the error lines of an exited server's log that status prints
 READY_TIMEOUT_S = 3.0  # a model's readiness answer: a hung server must not hang status
 
 
-def _store_of(model: str, store: Path) -> dict[str, Any]:
+def _store_of(model: str, store: Path, trust: list[str]) -> dict[str, Any]:
     pointer = versions.read_pointer(model, store)
     held = versions.versions(model, store)
-    policy = signing.Policy.load(store)
+    policy = signing.Policy.load(store, trust)
     return {
         "versions": [v.number for v in held],
         "default": pointer.default,
@@ -89,8 +89,11 @@ def status(run_dir: Path, store: Path) -> dict[str, Any]:
                 pointer.is_file() or any(versions.versions(folder.name, store))
             ):
                 models.add(folder.name)
+    # The policy the server's workers check with: this command's --trust, else the keys
+    # `serve --trust` gave the running server (status said "no trust policy" under one).
+    trust = signing.given_keys() or (server.trust if server is not None else [])
     for model in sorted(models):
-        held = _store_of(model, store)
+        held = _store_of(model, store, trust)
         if held["versions"]:
             out["store"][model] = held
     return out

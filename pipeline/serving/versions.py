@@ -101,10 +101,14 @@ def versions(model: str, store: Path = paths.DEFAULT_STORE) -> list[Version]:
     folder = model_folder(model, store)
     if not folder.is_dir():
         return []
+    # By canonical names only: "02" beside "2" was listed twice as version 2 (status read
+    # one folder, archive the other), and "²" passed isdigit() and failed int().
     found = [
-        Version(model, int(p.name), p)
+        Version(model, number, p)
         for p in folder.iterdir()
-        if p.is_dir() and p.name.isdigit() and (p / PROVENANCE).is_file()
+        if (number := signing.version_number(p.name)) is not None
+        and p.is_dir()
+        and (p / PROVENANCE).is_file()
     ]
     return sorted(found, key=lambda v: v.number)
 

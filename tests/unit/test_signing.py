@@ -332,9 +332,13 @@ def test_a_rollout_checks_with_the_running_servers_keys_and_refuses_keys_it_lack
     monkeypatch.setenv(signing.TRUST_ENV, str(mallory))
     with pytest.raises(RolloutRefusedError, match="not this command's"):
         _trusted(other, _server([str(alice)]))
-    # Once the store's trust folder holds mallory, the workers would accept it too.
+    # A key added to the store's trust folder does not reach a server given its keys with
+    # --trust (they replace the folder: the store's writers cannot widen them); it does
+    # reach one whose policy is the folder.
     _trust(store, mallory)
-    assert _trusted(other, _server([str(alice)])) is None
+    with pytest.raises(RolloutRefusedError, match="restart `pipeline serve` with it"):
+        _trusted(other, _server([str(alice)]))
+    assert _trusted(other, _server([])) is None
 
 
 def test_trust_given_for_an_export_folder_says_nothing_was_checked(

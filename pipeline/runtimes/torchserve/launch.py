@@ -239,6 +239,7 @@ def start(config: ServeConfig) -> Server:
             f"{err}. Run `pipeline archive --model MODEL` first."
             + store_.unarchived(store, archives, config.models)
         ) from None
+    store_.refuse_untied(store, models)  # under a trust policy
     run_dir = launcher.prepare(launch)
     (run_dir / "tmp").mkdir(exist_ok=True)
     # Before anything starts: an archive without its export is refused here.

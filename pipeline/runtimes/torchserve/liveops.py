@@ -16,7 +16,6 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from pipeline.core import signing
 from pipeline.core.manifest import read_manifest
 from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
 from pipeline.runtimes.torchserve.management import management
@@ -68,12 +67,11 @@ def rollout_archive(name: str, where: live.Loaded, store: Path) -> Path:
     policy a kept one must still be what archiving the signed version gives."""
     version_dir = Path(where.export_dir)
     target = Path(store) / ARCHIVES / f"{name}.v{where.version}.mar"
-    if target.is_file():
-        # The rollout checked the version itself (signing.require); here only whether a
-        # trust policy is in force, so the folder is not hashed twice.
-        policy = signing.Policy.load(Path(store)).declared
-        if not policy or not to_rebuild(target, version_dir, where.format, where.version):
-            return target
+    # A kept one is used only while it still holds the version's bytes and this
+    # installation's code, with or without a trust policy: the policy the rollout checked
+    # with may be the server's (`serve --trust`), which the store does not know of.
+    if target.is_file() and not to_rebuild(target, version_dir, where.format, where.version):
+        return target
     target.parent.mkdir(exist_ok=True)
     manifest = read_manifest(version_dir)
     with tempfile.TemporaryDirectory(prefix=".archive-", dir=store) as tmp:

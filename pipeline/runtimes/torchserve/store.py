@@ -20,7 +20,7 @@ from pipeline.runtimes.torchserve.constants import ARCHIVE_INFO
 from pipeline.serving import versions
 from pipeline.serving.provenance import ServedInfo
 from pipeline.serving.served import preferred_format
-from pipeline.serving.server import Server
+from pipeline.serving.server import ServeError, Server
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +149,38 @@ def follow_defaults(store: Path, archives: Iterable[str]) -> list[str]:
         )
         rewritten.append(name)
     return rewritten
+
+
+def untied(store: Path, archives: Iterable[str]) -> list[str]:
+    """Under a trust policy, which of `archives` no published version vouches for: those
+    without archive.json, or whose archive.json names a model the store does not publish.
+    follow_defaults checks every other one against its signed version; these were served
+    unchecked, handler code and all (an archive.json renamed to another model was enough)."""
+    if not signing.Policy.load(Path(store)).declared:
+        return []
+    infos = archive_infos(store, archives)
+    return [
+        f"{name}.mar ("
+        + (
+            f"its archive.json names {infos[name].model}, which {store} does not publish"
+            if name in infos
+            else "it has no archive.json"
+        )
+        + ")"
+        for name in archives
+        if name not in infos or versions.default(infos[name].model, store) is None
+    ]
+
+
+def refuse_untied(store: Path, archives: Iterable[str]) -> None:
+    """ServeError naming the `untied` archives, if any."""
+    if found := untied(store, archives):
+        raise ServeError(
+            f"Refused under the trust policy: {'; '.join(found)}. TorchServe runs an "
+            "archive's handler code, and no signed version vouches for these: archive a "
+            "signed version from the store (`pipeline archive --model MODEL`), or serve "
+            "without a trust policy."
+        )
 
 
 def unarchived(store: Path, archives: list[str], wanted: list[str] | None) -> str:

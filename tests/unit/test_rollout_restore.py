@@ -1,0 +1,69 @@
+"""A rollout whose live check cannot run unloads the version it loaded (a user's trial,
+2026-11-29: a version folder holding another model's export was refused, exit 1, and
+stayed loaded and answering on /versions/5/infer). The runtime's versions capability is
+replaced by a recorder here: what is tested is the rollout's own sequence of states;
+loading on a real server is tests/integration/test_rollout.py's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pipeline.core.errors import ArtifactError
+from pipeline.serving import live, rollout, versions
+from pipeline.serving.provenance import ServedInfo
+from pipeline.serving.server import Server
+
+MODEL = "digits_lenet"
+
+
+def _published(store: Path, number: int) -> Path:
+    folder = store / MODEL / str(number)
+    folder.mkdir(parents=True)
+    (folder / "publish.json").write_text(
+        json.dumps({"model": MODEL, "version": number, "formats": ["onnx"]})
+    )
+    return folder
+
+
+class _Recorder:
+    """The versions capability: records each state it is asked to apply."""
+
+    def __init__(self) -> None:
+        self.applied: list[live.LiveState] = []
+
+    def apply_live(self, server: Server, state: live.LiveState, timeout_s: float) -> None:
+        self.applied.append(state)
+
+
+def test_a_live_check_that_cannot_run_unloads_the_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = tmp_path / "store"
+    one, _ = _published(store, 1), _published(store, 5)
+    versions.write_pointer(MODEL, versions.Pointer(1, []), store)
+    served = {MODEL: live.ModelVersions({1: live.Loaded(1, str(one), "onnx")}, 1)}
+    state = live.LiveState(3, served)
+    server = Server(runtime="kserve", pid=0, run_dir=str(tmp_path / "run"), inference_url="",
+                    metrics_url="", models=[MODEL],
+                    served={MODEL: ServedInfo(MODEL, "onnx")})  # fmt: skip
+    recorder = _Recorder()
+    rt = SimpleNamespace(versions=recorder, name="kserve")
+    monkeypatch.setattr(rollout, "running", lambda run_dir: (server, rt, state))
+
+    def unreadable(*args: Any) -> str:
+        raise ArtifactError(f"{store}/{MODEL}/5 holds an export of 'digits_mlp', not {MODEL!r}.")
+
+    monkeypatch.setattr(rollout, "live_check", unreadable)
+    config = rollout.RolloutConfig(MODEL, tmp_path / "run", version=5, store=store)
+    with pytest.raises(ArtifactError, match="digits_mlp"):
+        rollout.rollout(config, say=lambda _: None)
+    loaded, restored = recorder.applied
+    assert set(loaded.models[MODEL].versions) == {1, 5}
+    assert set(restored.models[MODEL].versions) == {1} and restored.models[MODEL].default == 1
+    assert restored.generation > loaded.generation
+    assert versions.read_pointer(MODEL, store).default == 1

@@ -1,0 +1,177 @@
+"""The trust policy against whoever can write to the store (a user's trial as an attacker
+with write access, 2026-11-29; each test failed on the code before): publish.json deleted
+to turn a worker's check off, a signed version copied to another number, a key added to
+trust/ beside a server's --trust, a model folder linked into another store, "02" beside
+"2", an archive whose archive.json names an unpublished model; and keys `keygen` lost or
+`--sign` crashed on."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from pipeline.core import signing
+from pipeline.runtimes.torchserve import store as ts_store
+from pipeline.serving import versions
+from pipeline.serving.server import ServeError
+from tests.unit.test_signing import MODEL, _trust, _version
+
+
+@pytest.fixture(autouse=True)
+def _no_trust_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(signing.TRUST_ENV, "")
+    monkeypatch.delenv(signing.TRUST_ENV)
+    signing._warned.clear()
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("keys")
+    for name in ("alice", "mallory"):
+        signing.keygen(root / f"{name}.key")
+    return {name: root / f"{name}.key" for name in ("alice", "mallory")}
+
+
+def _pub(key: Path) -> str:
+    return str(key.with_suffix(".pub"))
+
+
+def test_a_version_without_publish_json_is_still_checked_and_refused(
+    keys: dict[str, Path], tmp_path: Path
+) -> None:
+    # A worker's recheck decided "is a version" from publish.json, which the store's
+    # writers can delete: the tampered version then loaded unchecked.
+    folder = _version(tmp_path / "store")
+    signing.sign(folder, keys["alice"])
+    (folder / "model.onnx").write_bytes(b"tampered")
+    (folder / "publish.json").unlink()
+    assert signing.is_version(folder)
+    with pytest.raises(signing.SignatureError, match=r"publish\.json"):
+        signing.recheck(folder, [_pub(keys["alice"])])
+
+
+def test_a_signed_version_copied_to_another_number_is_refused(
+    keys: dict[str, Path], tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    first = _version(store, 1)
+    signing.sign(first, keys["alice"])
+    policy = signing.Policy.load(store, [_pub(keys["alice"])])
+    assert signing.state(first, policy).trusted
+    replayed = store / MODEL / "7"
+    shutil.copytree(first, replayed)
+    found = signing.state(replayed, policy)
+    assert found.state == signing.CHANGED and "copied to another place" in found.detail, found
+    assert f"published as {MODEL} version 1" in found.detail
+    other_model = store / "digits_mlp" / "1"
+    shutil.copytree(first, other_model)
+    assert signing.state(other_model, policy).state == signing.CHANGED
+
+
+def test_trust_given_replaces_the_stores_trust_folder(
+    keys: dict[str, Path], tmp_path: Path
+) -> None:
+    # A key the store's writers add to trust/ widened a policy given with --trust.
+    store = tmp_path / "store"
+    folder = _version(store)
+    signing.sign(folder, keys["mallory"])
+    _trust(store, keys["mallory"].with_suffix(".pub"))
+    assert signing.state(folder, signing.Policy.load(store, [])).trusted  # the folder's own
+    pinned = signing.Policy.load(store, [_pub(keys["alice"])])
+    assert pinned.sources == ("--trust",)
+    assert signing.state(folder, pinned).state == signing.UNTRUSTED
+    with pytest.raises(signing.SignatureError, match="signed by key"):
+        signing.recheck(folder, [_pub(keys["alice"])])
+
+
+def test_a_model_folder_linked_into_another_store_brings_no_trust_of_its_own(
+    keys: dict[str, Path], tmp_path: Path
+) -> None:
+    evil = tmp_path / "evil"
+    signing.sign(_version(evil), keys["mallory"])
+    _trust(evil, keys["mallory"].with_suffix(".pub"))
+    store = tmp_path / "store"
+    (store / "trust").mkdir(parents=True)  # a policy that trusts nobody yet
+    (store / MODEL).symlink_to(evil / MODEL)
+    linked = store / MODEL / "1"
+    assert signing.store_of(linked) == store
+    with pytest.raises(signing.SignatureError, match="not in the trust policy"):
+        signing.require(linked)
+
+
+def test_trust_keys_are_read_whatever_the_suffixs_case(
+    keys: dict[str, Path], tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    (store / "trust").mkdir(parents=True)
+    shutil.copy(keys["alice"].with_suffix(".pub"), store / "trust" / "alice.PUB")
+    assert len(signing.Policy.load(store).keys) == 1
+
+
+def test_only_canonical_version_names_are_versions(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    _version(store, 2)
+    shutil.copytree(store / MODEL / "2", store / MODEL / "02")
+    shutil.copytree(store / MODEL / "2", store / MODEL / "²")  # isdigit(), not int()
+    assert [v.number for v in versions.versions(MODEL, store)] == [2]
+    assert [signing.version_number(n) for n in ("2", "02", "0", "x", "²")] == [2, None, None,
+                                                                             None, None]  # fmt: skip
+
+
+@pytest.mark.parametrize("out", ["k1.pub", ".", "folder"])
+def test_keygen_refuses_an_out_that_would_lose_the_private_key(tmp_path: Path, out: str) -> None:
+    # --out k1.pub wrote the private key and then the public key over it; "." crashed.
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(signing.SignatureError, match="--out"):
+        signing.keygen(tmp_path / out if out != "." else Path("."))
+    assert not (tmp_path / "k1.pub").exists()
+
+
+def test_signing_with_an_rsa_key_is_refused_by_its_cause(tmp_path: Path) -> None:
+    # model-signing failed with AttributeError ('RSAPrivateKey' has no 'curve'): a traceback.
+    key = tmp_path / "rsa.key"
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    key.write_bytes(
+        rsa_key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    folder = _version(tmp_path / "store")
+    with pytest.raises(signing.SignatureError, match="not an elliptic-curve key"):
+        signing.sign(folder, key)
+    assert not (folder / signing.SIGNATURE).exists()
+
+
+def _mar(path: Path, info: dict[str, str] | None) -> None:
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("handler.py", "print('runs in TorchServe')\n")
+        if info is not None:
+            zf.writestr("archive.json", json.dumps(info))
+
+
+def test_under_a_policy_torchserve_refuses_archives_no_signed_version_vouches_for(
+    tmp_path: Path,
+) -> None:
+    # An archive whose archive.json names a model the store does not publish (renamed by
+    # whoever can write to the store) was served unchecked, its handler code run.
+    store = tmp_path / "store"
+    store.mkdir()
+    _mar(store / "renamed.mar", {"model": "digits_lenet_x", "format": "onnx"})
+    _mar(store / "foreign.mar", None)
+    assert ts_store.untied(store, ["renamed", "foreign"]) == []  # no policy: as before
+    (store / "trust").mkdir()
+    found = ts_store.untied(store, ["renamed", "foreign"])
+    assert found == [
+        f"renamed.mar (its archive.json names digits_lenet_x, which {store} does not publish)",
+        "foreign.mar (it has no archive.json)",
+    ]
+    with pytest.raises(ServeError, match=r"Refused under the trust policy: renamed\.mar"):
+        ts_store.refuse_untied(store, ["renamed"])
