@@ -126,9 +126,16 @@ def oip_from_file(content: bytes, kind: str, inputs: list[dict[str, Any]]) -> di
     if kind == "json":
         body = json.loads(content)
         if not isinstance(body, dict) or "inputs" not in body:
+            first = f'{{"inputs": {{"{names[0]}": [...]}}}}'
             raise WireError(
-                'A JSON request file holds {"inputs": ...}: the first input\'s values, or '
-                f"{{name: values}} for {names} (as the handlers take it)."
+                'A JSON request file holds one object with the key "inputs": {"inputs": '
+                f"[...]}} (the first input's values) or {first} (values by input name, of "
+                f"{names}), as the handlers take it"
+                + (
+                    f'; this file\'s keys are {sorted(body)[:5]}: put them under "inputs".'
+                    if isinstance(body, dict) and set(body) <= set(names) and body
+                    else "."
+                )
             )
         value = body["inputs"]
         named = value if isinstance(value, dict) else {names[0]: value}

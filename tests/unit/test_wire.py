@@ -115,8 +115,11 @@ def test_request_files_take_the_models_datatypes() -> None:
         wire.oip_from_file(json.dumps({"inputs": {"y": [1]}}).encode(), "json", meta)
     # A user's trial: a bare KeyError ("cannot be sent to lstm_tagger: 'inputs'"), and 1.5
     # silently cast to 1 for an integer input the server would have refused.
-    with pytest.raises(wire.WireError, match=r'holds \{"inputs": ...\}'):
+    # A later trial read the old message ({name: values} for ['n']) as accepting this file:
+    # it now says what to write, and that this file's keys belong under "inputs".
+    with pytest.raises(wire.WireError, match=r'\{"inputs": \{"x": \[\.\.\.\]\}\}') as err:
         wire.oip_from_file(json.dumps({"n": [[1, 2]]}).encode(), "json", meta)
+    assert "this file's keys are ['n']: put them under \"inputs\"" in str(err.value)
     with pytest.raises(wire.WireError, match="'n' is int64, but the file holds fractions"):
         wire.oip_from_file(json.dumps({"inputs": {"n": [[1.5, 2]]}}).encode(), "json", meta)
     whole = wire.oip_from_file(json.dumps({"inputs": {"n": [[1.0, 2]]}}).encode(), "json", meta)
