@@ -33,9 +33,12 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
 
 
 def check_rates(rate: float, max_rate: float) -> None:
-    """ServeError unless RATE is a share and N a positive rate."""
-    if not 0 <= rate <= 1 or max_rate <= 0:
-        raise ServeError(
-            f"--shadow is a share of requests from 0 to 1 (e.g. 0.01), got {rate}; "
-            f"--shadow-max-rate a positive rate, got {max_rate}."
-        )
+    """ServeError unless RATE is a share and N a positive rate, naming only what is wrong
+    (`--shadow 2` also blamed the default --shadow-max-rate 20)."""
+    wrong = []
+    if not 0 <= rate <= 1:
+        wrong.append(f"--shadow is a share of requests from 0 to 1 (e.g. 0.01), got {rate:g}")
+    if max_rate <= 0:
+        wrong.append(f"--shadow-max-rate is a positive rate, got {max_rate:g}")
+    if wrong:
+        raise ServeError("; ".join(wrong) + ".")
