@@ -140,6 +140,10 @@ def oip_from_file(content: bytes, kind: str, inputs: list[dict[str, Any]]) -> di
         value = body["inputs"]
         named = value if isinstance(value, dict) else {names[0]: value}
     else:
+        # np.load takes anything else for a pickle and advises allow_pickle=, which would
+        # run code from the file: a file that is neither is refused as such.
+        if not content.startswith((b"\x93NUMPY", b"PK\x03\x04")):
+            raise WireError("The file is neither an .npy nor an .npz (no NumPy or zip header).")
         loaded = np.load(io.BytesIO(content), allow_pickle=False)
         if isinstance(loaded, np.ndarray):
             named = {names[0]: loaded}

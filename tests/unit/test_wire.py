@@ -111,6 +111,10 @@ def test_request_files_take_the_models_datatypes() -> None:
     buf = io.BytesIO()
     np.savez(buf, x=np.zeros((1, 4), np.float32), n=np.array([[1, 2]]))
     assert set(wire.oip_from_file(buf.getvalue(), "npy", meta)) == {"x", "n"}
+    # Not advice to load it with allow_pickle= (numpy's message for anything else).
+    with pytest.raises(wire.WireError, match=r"neither an \.npy nor an \.npz") as err:
+        wire.oip_from_file(b"garbage, not an array", "npy", meta)
+    assert "pickle" not in str(err.value)
     with pytest.raises(wire.WireError, match="no input"):
         wire.oip_from_file(json.dumps({"inputs": {"y": [1]}}).encode(), "json", meta)
     # A user's trial: a bare KeyError ("cannot be sent to lstm_tagger: 'inputs'"), and 1.5
