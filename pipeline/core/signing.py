@@ -223,7 +223,7 @@ def state(version_dir: Path, policy: Policy | None = None) -> State:
     except ValueError as err:  # the library names the files: "Hash mismatch for 'model.onnx'…"
         return State(CHANGED, policy.name(fp), _changed(str(err)))
     except Exception as err:  # noqa: BLE001 - a bundle that does not verify is not trusted
-        why = str(err) or type(err).__name__
+        why = _first_line(str(err)) or type(err).__name__  # a forged key hint says nothing
         return State(
             CHANGED, policy.name(fp), f"the signature does not verify with that key: {why}"
         )
@@ -262,7 +262,13 @@ def _changed(message: str) -> str:
     parts += (
         [f"signed files missing: {', '.join(x.strip(chr(39)) for x in missing)}"] if missing else []
     )
-    return "; ".join(parts) or message
+    return "; ".join(parts) or f"the signature does not verify: {_first_line(message)}"
+
+
+def _first_line(message: str) -> str:
+    """A library's message as one line for status (a malformed bundle's is pydantic's
+    multi-line report)."""
+    return (message.strip().splitlines() or [""])[0][:200]
 
 
 _warned: set[str] = set()

@@ -175,3 +175,16 @@ def test_under_a_policy_torchserve_refuses_archives_no_signed_version_vouches_fo
     ]
     with pytest.raises(ServeError, match=r"Refused under the trust policy: renamed\.mar"):
         ts_store.refuse_untied(store, ["renamed"])
+
+
+def test_a_malformed_bundle_is_refused_in_one_line(keys: dict[str, Path], tmp_path: Path) -> None:
+    # status printed pydantic's multi-line report inside the version's line.
+    store = tmp_path / "store"
+    folder = _version(store)
+    signing.sign(folder, keys["alice"])
+    bundle = json.loads((folder / signing.SIGNATURE).read_text())
+    del bundle["dsseEnvelope"]
+    (folder / signing.SIGNATURE).write_text(json.dumps(bundle))
+    found = signing.state(folder, signing.Policy.load(store, [_pub(keys["alice"])]))
+    assert found.state == signing.CHANGED and "\n" not in found.detail, found
+    assert found.detail.startswith("the signature does not verify"), found
