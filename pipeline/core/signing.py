@@ -167,8 +167,12 @@ class Policy:
             try:
                 keys[fingerprint(path.read_bytes())] = (path.stem, path)
             except (OSError, ValueError, TypeError) as err:
+                private = path.is_file() and b"PRIVATE KEY" in path.read_bytes()
                 raise SignatureError(
-                    f"The trusted key {path} is not a PEM public key ({err})."
+                    f"The trusted key {path} is a PRIVATE key: remove it now (whoever reads "
+                    "it can sign versions) and trust its public key (<name>.pub) instead."
+                    if private
+                    else f"The trusted key {path} is not a PEM public key ({err})."
                 ) from None
         return cls(keys, tuple(sources), declared)
 

@@ -188,3 +188,13 @@ def test_a_malformed_bundle_is_refused_in_one_line(keys: dict[str, Path], tmp_pa
     found = signing.state(folder, signing.Policy.load(store, [_pub(keys["alice"])]))
     assert found.state == signing.CHANGED and "\n" not in found.detail, found
     assert found.detail.startswith("the signature does not verify"), found
+
+
+def test_a_private_key_in_the_trust_folder_is_called_out(
+    keys: dict[str, Path], tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    (store / "trust").mkdir(parents=True)
+    shutil.copy(keys["alice"], store / "trust" / "alice.pem")
+    with pytest.raises(signing.SignatureError, match="is a PRIVATE key: remove it now"):
+        signing.Policy.load(store)
