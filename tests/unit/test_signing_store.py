@@ -22,20 +22,8 @@ from pipeline.serving import versions
 from pipeline.serving.server import ServeError
 from tests.unit.test_signing import MODEL, _trust, _version
 
-
-@pytest.fixture(autouse=True)
-def _no_trust_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(signing.TRUST_ENV, "")
-    monkeypatch.delenv(signing.TRUST_ENV)
-    signing._warned.clear()
-
-
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("keys")
-    for name in ("alice", "mallory"):
-        signing.keygen(root / f"{name}.key")
-    return {name: root / f"{name}.key" for name in ("alice", "mallory")}
+# As test_signing's: no $PIPELINE_TRUST left over; the keys alice and mallory (conftest).
+pytestmark = pytest.mark.usefixtures("no_trust_env")
 
 
 def _pub(key: Path) -> str:
