@@ -511,3 +511,126 @@ def test_served_detections_pass_the_detection_rule_over_rest_grpc_and_tritonclie
     assert counts.tolist() == expected["counts"].tolist()
     assert result.as_numpy("boxes").shape == (int(counts.sum()), 4)
     assert result.as_numpy("labels").dtype == np.int64
+
+
+# Triton's gRPC client (in a process of its own: tests/triton_grpc.py says why) making the
+# calls in argv[3], a JSON list; prints what each got: its outputs' names, its readiness, or
+# its status and message.
+_TRITON_GRPC_CALLS = """
+import json, sys
+import numpy as np
+import tritonclient.grpc as tgrpc
+from tritonclient.utils import InferenceServerException
+
+url, token, calls = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+headers = {"authorization": f"Bearer {token}"}
+client = tgrpc.InferenceServerClient(url)
+said = []
+for c in calls:
+    try:
+        if "ready" in c:
+            said.append({"ready": client.is_model_ready(c["model"], c["ready"], headers=headers)})
+            continue
+        x = np.load(c["source"])
+        tensor = tgrpc.InferInput(c["input"], list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        asked = [tgrpc.InferRequestedOutput(n, class_count=k) for n, k in c["outputs"]]
+        result = client.infer(c["model"], [tensor], outputs=asked, headers=headers)
+        said.append({"outputs": [o.name for o in result.get_response().outputs]})
+    except InferenceServerException as err:
+        said.append({"error": err.status(), "message": err.message()})
+client.close()
+print(json.dumps(said))
+"""
+
+
+def _kserve_log(server: Server) -> str:
+    return (Path(server.run_dir) / "logs" / "kserve.out").read_text()
+
+
+def test_tritonclient_grpc_is_refused_what_rest_refuses_and_no_error_is_logged(
+    server: Server, exported: ExportResult, golden, detector: dict[str, Any], tmp_path: Path
+) -> None:
+    """gRPC as REST: an output the model lacks and Triton's classification extension
+    (class_count) are INVALID_ARGUMENT with REST's message (both were OK, with every output),
+    only the outputs asked are answered (every one was), a version not loaded is NOT_FOUND
+    on ModelReady (it was OK, ready=false); and a client's error logs no ERROR (a NOT_FOUND
+    logged "Internal server error" and "Abort already called!")."""
+    opened = open_export(Path(detector["export_dir"]))
+    np.save(tmp_path / "x.npy", golden[0])
+    np.save(tmp_path / "images.npy", opened.sample(1, seed=3)["images"].numpy())
+    digits = {
+        "model": "digits_onnx",
+        "input": _input_name(exported),
+        "source": str(tmp_path / "x.npy"),
+    }
+    images = {"model": "detector_onnx", "input": "images", "source": str(tmp_path / "images.npy")}
+    out = _output_name(exported)
+    calls = [
+        {**digits, "outputs": [["nope", 0]]},
+        {**digits, "outputs": [[out, 3]]},
+        {**images, "outputs": [["counts", 0], ["boxes", 0]]},
+        {"model": "digits_onnx", "ready": "9"},
+        {"model": "digits_onnx", "ready": "1"},
+        {**digits, "outputs": []},  # and it keeps serving
+    ]
+    logged = len(_kserve_log(server))
+    proc = subprocess.run(
+        [sys.executable, "-c", _TRITON_GRPC_CALLS, _grpc_hostport(server), _key(server),
+         json.dumps(calls)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    unknown, classified, asked, ready_9, ready_1, plain = json.loads(proc.stdout)
+    assert unknown == {
+        "error": "StatusCode.INVALID_ARGUMENT",
+        "message": f"No output named ['nope']; this model has ['{out}'].",
+    }
+    assert classified["error"] == "StatusCode.INVALID_ARGUMENT", classified
+    assert "classification extension is not supported" in classified["message"]
+    assert asked == {"outputs": ["counts", "boxes"]}
+    assert ready_9["error"] == "StatusCode.NOT_FOUND", ready_9
+    assert "has no version '9'" in ready_9["message"]
+    assert ready_1 == {"ready": True} and plain == {"outputs": [out]}
+    said = _kserve_log(server)[logged:]
+    assert " ERROR " not in said and "Abort already called" not in said, said
+
+
+def test_rest_refuses_class_count_and_binary_flags_that_are_not_booleans(
+    server: Server, exported: ExportResult, golden
+) -> None:
+    """Triton's classification extension over REST (tritonclient.http's class_count) is a 400
+    saying so (the full tensor came back); `"binary_data_output": "false"` (a string) is a 400
+    naming it (it was taken as true); a version's route of a model not served is a 404
+    (kserve's 501); and a client's 404 logs no ERROR traceback."""
+    x = golden[0]
+    out = _output_name(exported)
+    client = thttp.InferenceServerClient(_hostport(server))
+    try:
+        tensor = thttp.InferInput(_input_name(exported), list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        asked = [thttp.InferRequestedOutput(out, class_count=3)]
+        with pytest.raises(thttp.InferenceServerException) as err:
+            client.infer("digits_onnx", [tensor], outputs=asked, headers=_auth(server))
+        assert err.value.status() == "400" and "classification extension" in err.value.message()
+    finally:
+        client.close()
+    url = f"{server.inference_url}/v2/models/digits_onnx/infer"
+    item = {"name": _input_name(exported), "shape": list(x.shape), "datatype": "FP32",
+            "data": x.ravel().tolist()}  # fmt: skip
+    logged = len(_kserve_log(server))
+    for parameters, outputs, named in (
+        ({"binary_data_output": "false"}, [], "'binary_data_output'"),
+        ({}, [{"name": out, "parameters": {"binary_data": "false"}}], "'binary_data' of output"),
+    ):
+        body = {"inputs": [item], "parameters": parameters, "outputs": outputs}
+        r = httpx.post(url, json=body, headers=_auth(server), timeout=60)
+        assert r.status_code == 400 and named in r.json()["error"], r.text
+        assert "got 'false' (str)" in r.json()["error"]
+    for path in ("/v2/models/no_such_model/versions/1/ready", "/v2/models/no_such_model/ready"):
+        r = httpx.get(server.inference_url + path, headers=_auth(server))
+        assert r.status_code == 404 and "does not exist" in r.json()["error"], (path, r.text)
+    said = _kserve_log(server)[logged:]
+    assert " ERROR " not in said and "Traceback" not in said, said
+    r = httpx.post(url, json={"inputs": [item]}, headers=_auth(server), timeout=60)
+    assert r.status_code == 200 and r.json()["outputs"][0]["name"] == out

@@ -164,6 +164,38 @@ def test_an_unknown_output_is_a_client_error() -> None:
         encode(_request(outputs=[{"name": "w"}]), _Model(), [X, X])
 
 
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ({"parameters": {"binary_data_output": "false"}}, "'binary_data_output'"),
+        ({"outputs": [{"name": "y", "parameters": {"binary_data": "false"}}]}, "of output 'y'"),
+        ({"outputs": [{"name": "z", "parameters": {"binary_data": 1}}]}, "of output 'z'"),
+    ],
+)
+def test_a_binary_flag_that_is_not_a_boolean_is_a_400_naming_it(body: dict, named: str) -> None:
+    # The string "false" was truthy: the answer came in binary.
+    with pytest.raises(ClientError, match="must be true or false") as err:
+        encode(_request(**body), _Model(), [X, X])
+    assert err.value.status == 400 and named in err.value.reason and "got " in err.value.reason
+
+
+def test_what_the_answer_cannot_be_is_a_400_before_the_model_runs() -> None:
+    """An unknown output, the classification extension (tritonclient's class_count: the full
+    tensor came back, as if it were the top N) and a binary flag not a boolean."""
+    for outputs, parameters, said in (
+        ([{"name": "w"}], {}, "No output named ['w']; this model has ['y', 'z']."),
+        ([{"name": "y", "parameters": {"classification": 3}}], {}, "classification extension"),
+        ([], {"binary_data_output": "false"}, "'binary_data_output' must be true or false"),
+    ):
+        model = _Model()
+        app = FastInfer(None, {"m": _Versions()})  # type: ignore[arg-type]
+        app.models["m"].by_number[1] = model
+        body = _json_body(outputs=outputs, parameters=parameters)
+        start, message = _asgi(app, "/v2/models/m/infer", [{"type": "http.request", "body": body}])
+        assert start["status"] == 400 and said in json.loads(message["body"])["error"]
+        assert model.calls == 0, said  # refused before the forward pass
+
+
 def _asgi(app: FastInfer, path: str, messages: list[dict], headers: list | None = None):
     sent: list[dict] = []
     queue = list(messages)
@@ -250,3 +282,24 @@ def test_a_versions_metadata_and_readiness_are_answered_here() -> None:
     assert get("/v2/models/m/versions/2/ready") == (200, {"name": "m", "ready": True})
     status, body = get("/v2/models/m/versions/9/ready")
     assert status == 404 and "no version" in body["error"]
+
+
+def test_a_versions_route_of_a_model_not_served_is_a_404_not_kserves_501() -> None:
+    # kserve answered "Model versioning not supported yet." with 501: a 5xx for a client's
+    # typo. Unversioned routes of unknown models stay kserve's (404 already).
+    app, seen = _passed_through()
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    for method, path in (
+        ("GET", "/v2/models/nope/versions/9/ready"),
+        ("GET", "/v2/models/nope/versions/1"),
+        ("POST", "/v2/models/nope/versions/1/infer"),
+    ):
+        sent: list[dict] = []
+        asyncio.run(app({"type": "http", "method": method, "path": path}, None, send))  # type: ignore[arg-type]
+        assert sent[0]["status"] == 404, path
+        assert json.loads(sent[1]["body"]) == {"error": "Model with name nope does not exist."}
+    assert not seen
+    assert _asgi(app, "/v2/models/nope/infer", []) == [] and seen == ["/v2/models/nope/infer"]

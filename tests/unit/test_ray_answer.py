@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline.runtimes.ray.answer import UnknownOutputError, asked, encode
+from pipeline.runtimes.ray.answer import encode, plan
 from pipeline_runtime import oip
+from pipeline_runtime.asked import AskedError
 
 NAMES = ["y", "z"]
 ARRAYS = [np.arange(4, dtype=np.float32).reshape(2, 2) / 3, np.array([1, 0], dtype=np.int64)]
@@ -61,5 +62,29 @@ def test_binary_is_chosen_per_output_and_defaults_to_the_requests_parameter() ->
 
 
 def test_an_output_the_model_lacks_is_refused_naming_what_it_has() -> None:
-    with pytest.raises(UnknownOutputError, match=r"No output named \['w'\]; this model has"):
-        asked(_request(outputs=[{"name": "y"}, {"name": "w"}]), NAMES)
+    with pytest.raises(AskedError, match=r"No output named \['w'\]; this model has"):
+        plan(_request(outputs=[{"name": "y"}, {"name": "w"}]), NAMES)
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ({"parameters": {"binary_data_output": "false"}}, "'binary_data_output'"),
+        ({"outputs": [{"name": "y", "parameters": {"binary_data": "false"}}]}, "'binary_data'"),
+        ({"outputs": [{"name": "z", "parameters": {"binary_data": 0}}]}, "of output 'z'"),
+    ],
+)
+def test_a_binary_flag_that_is_not_a_boolean_is_refused_naming_it(body: dict, named: str) -> None:
+    # The string "false" was truthy: the answer came in binary.
+    with pytest.raises(AskedError, match="must be true or false") as err:
+        plan(_request(**body), NAMES)
+    assert named in str(err.value) and "got " in str(err.value)
+    with pytest.raises(AskedError):
+        encode(_request(**body), META, NAMES, ARRAYS)
+
+
+def test_the_classification_extension_is_refused_not_ignored() -> None:
+    # tritonclient's class_count=2: the full tensor came back as if it were the top 2.
+    request = _request(outputs=[{"name": "y", "parameters": {"classification": 2}}])
+    with pytest.raises(AskedError, match="classification extension is not supported"):
+        plan(request, NAMES)

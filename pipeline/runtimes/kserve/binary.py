@@ -15,16 +15,30 @@ from __future__ import annotations
 import numpy as np
 from kserve.protocol.infer_type import InferOutput, InferResponse, RequestedOutput
 
+from pipeline.runtimes.kserve.fastpath import ClientError
 from pipeline_runtime import oip
+from pipeline_runtime.asked import AskedError, chosen
+
+
+def requested(asked: list[RequestedOutput] | None, names: list[str]) -> list[str]:
+    """The outputs a request asks for (`request_outputs`), in its order; all of `names` when
+    it names none. fastpath.ClientError as the REST route refuses them: an output the model
+    lacks, the classification extension, a binary_data that is not a boolean."""
+    try:
+        return [name for name, _ in chosen([(o.name, o.parameters) for o in asked or ()], names)]
+    except AskedError as err:
+        raise ClientError(str(err)) from None
 
 
 def infer_response(
-    response: oip.Response, binary: bool, requested: list[RequestedOutput] | None
+    response: oip.Response, binary: bool, asked: list[RequestedOutput] | None
 ) -> InferResponse:
     """kserve's InferResponse of a typed answer (kserve writes it as REST JSON, binary or
-    gRPC); `binary` and `requested` come from the request (`use_binary_outputs`, its outputs)."""
+    gRPC): the outputs `asked` only (kserve's gRPC writer answers every output it is given);
+    `binary` and `asked` come from the request (`use_binary_outputs`, `request_outputs`)."""
+    tensors = {t.name: t for t in response.outputs}
     outputs = []
-    for t in response.outputs:
+    for t in (tensors[name] for name in requested(asked, list(tensors))):
         out = InferOutput(name=t.name, shape=list(t.shape), datatype=t.datatype)
         out.set_data_from_numpy(np.ascontiguousarray(t.as_numpy()), binary_data=binary)
         outputs.append(out)
@@ -34,5 +48,5 @@ def infer_response(
         model_version=response.model_version,
         infer_outputs=outputs,
         use_binary_outputs=binary,
-        requested_outputs=requested,
+        requested_outputs=asked,
     )

@@ -35,6 +35,7 @@ from prometheus_client import Histogram
 
 from pipeline.runtimes.kserve.security import ASGIApp, Receive, Scope, Send
 from pipeline_runtime import oip
+from pipeline_runtime.asked import AskedError, chosen
 
 log = logging.getLogger("pipeline.runtimes.kserve")
 
@@ -139,24 +140,25 @@ def _stale_length(split: int, size: int) -> str:
 
 
 def encode(
-    request: oip.Request, model: Model, outputs: list[np.ndarray]
+    request: oip.Request,
+    model: Model,
+    outputs: list[np.ndarray],
+    plan: list[tuple[str, bool]] | None = None,
 ) -> tuple[bytes, int | None]:
-    """The answer as JSON, or as the binary extension for the outputs asked in binary."""
+    """The answer as JSON, or as the binary extension for the outputs asked in binary;
+    `plan`: what `chosen` said of the request, when already asked."""
     arrays = dict(zip(model.output_names, outputs, strict=True))
-    asked = {o["name"]: o.get("parameters") or {} for o in request.outputs}
-    unknown = sorted(set(asked) - set(arrays))
-    if unknown:
-        raise ClientError(f"No output named {unknown}; this model has {model.output_names}.")
-    default_binary = bool(request.parameters.get("binary_data_output", False))
+    if plan is None:
+        plan = _plan(request, model)
     items, tails = [], []
-    for name in asked or arrays:
+    for name, binary in plan:
         array = np.ascontiguousarray(arrays[name])
         item: dict[str, Any] = {
             "name": name,
             "datatype": oip.datatype_of(array.dtype),
             "shape": list(array.shape),
         }
-        if asked.get(name, {}).get("binary_data", default_binary):
+        if binary:
             raw = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
             item["parameters"] = {"binary_data_size": len(raw)}
             tails.append(raw)
@@ -179,6 +181,17 @@ def encode(
     return (text + b"".join(tails), len(text)) if tails else (text, None)
 
 
+def _plan(request: oip.Request, model: Model) -> list[tuple[str, bool]]:
+    """What the request asks of its answer (pipeline_runtime.asked), or its ClientError."""
+    asked = ((o["name"], o.get("parameters")) for o in request.outputs)
+    try:
+        return chosen(
+            asked, model.output_names, request.parameters.get("binary_data_output", False)
+        )
+    except AskedError as err:
+        raise ClientError(str(err)) from None
+
+
 class FastInfer:
     """ASGI middleware: the infer routes of the served models, versioned or not, and the
     versions' metadata and readiness (see the module doc)."""
@@ -192,8 +205,14 @@ class FastInfer:
         match = INFER.fullmatch(path) if scope["type"] == "http" else None
         versions = self.models.get(match[1]) if match and method == "POST" else None
         if versions is None:
-            about = VERSION.fullmatch(path) if scope["type"] == "http" else None
-            if about and about[1] in self.models and method in ("GET", "HEAD"):
+            http = scope["type"] == "http"
+            about = VERSION.fullmatch(path) if http and method in ("GET", "HEAD") else None
+            versioned = match if match and match[2] is not None and method == "POST" else about
+            # A version's route of a model not served: kserve answers 501 ("not supported").
+            if versioned and versioned[1] not in self.models:
+                await _answer(send, 404, b"application/json", _error(unknown_model(versioned[1])))
+                return
+            if about:
                 await self._version(send, self.models[about[1]], about[2], bool(about[3]))
                 return
             await self.app(scope, receive, send)
@@ -209,10 +228,11 @@ class FastInfer:
             model = versions.pick(match[2])
             request = parse(body, headers)
             arrays, unbatched = model.check(request.inputs)
+            plan = _plan(request, model)  # before the forward pass: a refusal costs none
             model.observe("decode", time.perf_counter() - started)
             outputs = await model.run(arrays, unbatched, request.id or "")
             encoding = time.perf_counter()
-            answer, json_length = encode(request, model, outputs)
+            answer, json_length = encode(request, model, outputs, plan)
             model.observe("encode", time.perf_counter() - encoding)
             status, content_type = 200, b"application/json"
             if json_length is not None:
@@ -251,6 +271,11 @@ async def _answer(
     raw = [(b"content-type", content_type), (b"content-length", str(len(answer)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": raw + (extra or [])})
     await send({"type": "http.response.body", "body": answer})
+
+
+def unknown_model(name: str) -> str:
+    """The 404 of a model this server does not serve, in kserve's words."""
+    return f"Model with name {name} does not exist."
 
 
 def _error(reason: str) -> bytes:

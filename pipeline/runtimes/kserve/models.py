@@ -6,6 +6,7 @@ Import after kserve (runtime.py hides sys.argv from kserve's import).
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from pathlib import Path
@@ -16,13 +17,14 @@ import numpy as np
 from kserve.errors import InvalidInput
 from prometheus_client import Counter, Gauge, Histogram
 
+from pipeline.core.errors import PipelineError
 from pipeline.runtimes.kserve import binary
 from pipeline.runtimes.kserve.batching import Batcher
 from pipeline.runtimes.kserve.config import RuntimeConfig, ServedExport
 from pipeline.runtimes.kserve.fastpath import ClientError
 from pipeline.serving import loading
 from pipeline_runtime import codec, oip, tracing
-from pipeline_runtime.request import SAMPLES_PER_BATCH
+from pipeline_runtime.request import MAX_SAMPLES_ENV, SAMPLES_PER_BATCH
 
 log = logging.getLogger("pipeline.runtimes.kserve")
 
@@ -80,6 +82,25 @@ WARMED = Gauge(
 )
 
 
+def max_samples(max_batch_size: int) -> int:
+    """How many samples one request may carry: `PIPELINE_MAX_SAMPLES` in the server's
+    environment (the workers inherit it), else `SAMPLES_PER_BATCH` times the batch size.
+    The TorchServe handler's rule (pipeline_runtime.handler.max_samples), which imports
+    torch; the KServe runtime may serve without it (ONNX)."""
+    value = os.environ.get(MAX_SAMPLES_ENV, "")
+    if value == "":
+        return SAMPLES_PER_BATCH * max(1, max_batch_size)
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:  # a server that cannot start says why, rather than serving another limit
+        raise PipelineError(
+            f"{MAX_SAMPLES_ENV} must be a whole number of samples, at least 1; got {value!r}."
+        )
+    return n
+
+
 class Refused(InvalidInput, ClientError):  # noqa: N818 - the name tests and docs use
     """A client error with its own HTTP status (413 for too many samples); gRPC: INVALID_ARGUMENT.
     kserve's routes know it as InvalidInput, the fast REST route as ClientError."""
@@ -97,6 +118,8 @@ class ExportModel(kserve.Model):
     def __init__(self, served: ServedExport, config: RuntimeConfig) -> None:
         super().__init__(served.name)
         self.version = served.version or 1  # an unpublished export answers as version 1
+        # First: a bad PIPELINE_MAX_SAMPLES stops the start before any model is loaded.
+        self.limits = codec.Limits(max_samples=max_samples(config.max_batch_size))
         self.inflight = 0
         loaded = loading.load(
             Path(served.export_dir), served.format, config.threads, config.trust, config.device
@@ -111,7 +134,6 @@ class ExportModel(kserve.Model):
         self.specs = manifest.input_specs(served.format)
         self.output_specs = manifest.outputs
         self.output_names = manifest.output_names
-        self.limits = codec.Limits(max_samples=SAMPLES_PER_BATCH * max(1, config.max_batch_size))
         histogram = BATCH_SIZE.labels(model_name=served.name)
         passes = FORWARD_PASSES.labels(model_name=served.name, slot=SLOT)
 
@@ -223,6 +245,10 @@ class ExportModel(kserve.Model):
     async def predict(self, payload: Any, headers: dict[str, str] | None = None) -> Any:
         started = time.perf_counter()
         arrays, unbatched = self.decode(payload)
+        try:  # the outputs asked, checked before the forward pass: a refusal costs none
+            binary.requested(payload.request_outputs, self.output_names)
+        except ClientError as err:  # as bad inputs are refused: gRPC's INVALID_ARGUMENT
+            raise Refused(err.reason, err.status) from None
         self.observe("decode", time.perf_counter() - started)
         outputs = await self.run(arrays, unbatched, payload.id or "")
         started = time.perf_counter()

@@ -41,9 +41,10 @@ try:
     import kserve.model_server as ksms
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
+    from kserve.errors import ModelNotFound
     from kserve.protocol.dataplane import DataPlane
     from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
-    from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor, LoggingInterceptor
+    from kserve.protocol.grpc.interceptors import LoggingInterceptor
 finally:
     sys.argv = _ARGV
 
@@ -71,6 +72,7 @@ from pipeline.runtimes.kserve.traced import (  # noqa: E402
     install_access_log,
 )
 from pipeline.runtimes.kserve.versioned import (  # noqa: E402
+    ClientErrorsInterceptor,
     VersionedModel,
     VersionedServicer,
     Watcher,
@@ -113,6 +115,12 @@ async def _bad_request(request: Any, exc: Exception) -> JSONResponse:
 
 async def _refused(request: Any, exc: Refused) -> JSONResponse:
     return JSONResponse({"error": exc.reason}, status_code=exc.status)
+
+
+async def _not_found(request: Any, exc: ModelNotFound) -> JSONResponse:
+    # kserve's handler logs a client's unknown model as ERROR with its traceback; the
+    # access log's line (404) says enough.
+    return JSONResponse({"error": str(exc)}, status_code=404)
 
 
 def _reuseport_socket(host: str, port: int) -> socket.socket:
@@ -176,6 +184,7 @@ def _install(
             for exc in (RequestValidationError, ValueError, KeyError, TypeError):
                 app.add_exception_handler(exc, _bad_request)
             app.add_exception_handler(Refused, _refused)
+            app.add_exception_handler(ModelNotFound, _not_found)
             # Added first, so it runs inside the Guard: the token and size checks stay first.
             app.add_middleware(FastInfer, models={m.name: m for m in models})
             app.add_middleware(Guard, keys=keys, max_body=config.max_request_size, host=config.host)
@@ -196,7 +205,7 @@ def _install(
 
     class Grpc(ksms.GRPCServer):
         async def start(self, max_workers: int) -> None:
-            interceptors = [LoggingInterceptor(), ExceptionToStatusInterceptor()]
+            interceptors = [LoggingInterceptor(), ClientErrorsInterceptor()]
             if keys is not None:
                 interceptors.insert(0, TokenInterceptor(keys))
             if tracing.TRACING is not None:

@@ -21,7 +21,10 @@ from typing import Any
 
 import grpc
 import kserve
+from grpc_interceptor.exceptions import NotFound
+from kserve.errors import InvalidInput, ModelNotFound
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 from kserve.protocol.grpc.servicer import InferenceServicer
 
 from pipeline.runtimes.kserve.config import ServedExport
@@ -158,33 +161,40 @@ class Watcher:
 
 
 class VersionedServicer(InferenceServicer):
-    """kserve's gRPC servicer, with model versions: ModelReady and ModelMetadata answer for
-    the version asked (kserve ignores `version`: any version was "ready"), and the metadata
-    lists the loaded versions (kserve leaves `versions` empty)."""
+    """kserve's gRPC servicer, with model versions: ModelReady, ModelMetadata and ModelInfer
+    answer for the version asked, NOT_FOUND for one not loaded, as REST's 404 (kserve ignores
+    `version`: any version was "ready"), and the metadata lists the loaded versions (kserve
+    leaves `versions` empty).
+
+    NOT_FOUND is raised as grpc_interceptor's NotFound, which kserve's exception interceptor
+    hands on as that status without a log line: `context.abort` here raised an AbortError
+    that the interceptor took for a server error, logged with its traceback and aborted
+    again ("Abort already called!")."""
 
     def __init__(self, models: dict[str, VersionedModel], *args: Any) -> None:
         super().__init__(*args)
         self.models = models
 
-    def _loaded(self, name: str, version: str) -> bool:
+    def _check_loaded(self, name: str, version: str) -> None:
+        """NotFound when `name` is served and `version` is not one of its loaded versions
+        (a model not served is kserve's own NOT_FOUND)."""
         model = self.models.get(name)
-        return model is None or not version or version in model.versions()
+        if model is not None and version and version not in model.versions():
+            raise NotFound(
+                f"Model {name!r} has no version {version!r}; it serves "
+                f"{', '.join(model.versions())}."
+            )
 
     async def ModelReady(  # noqa: N802 - the gRPC method's name
         self, request: pb.ModelReadyRequest, context: Any
     ) -> pb.ModelReadyResponse:
-        if not self._loaded(request.name, request.version):
-            return pb.ModelReadyResponse(ready=False)
+        self._check_loaded(request.name, request.version)
         return await super().ModelReady(request, context)
 
     async def ModelMetadata(  # noqa: N802 - the gRPC method's name
         self, request: pb.ModelMetadataRequest, context: Any
     ) -> pb.ModelMetadataResponse:
-        if not self._loaded(request.name, request.version):
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND,
-                f"Model {request.name!r} has no version {request.version!r}.",
-            )
+        self._check_loaded(request.name, request.version)
         answer = await super().ModelMetadata(request, context)
         model = self.models.get(request.name)
         if model is not None:
@@ -194,12 +204,25 @@ class VersionedServicer(InferenceServicer):
     async def ModelInfer(  # noqa: N802 - the gRPC method's name
         self, request: pb.ModelInferRequest, context: Any
     ) -> pb.ModelInferResponse:
-        # A version not loaded is NOT_FOUND, as REST's 404 (kserve said INVALID_ARGUMENT).
-        if not self._loaded(request.model_name, request.model_version):
-            served = ", ".join(self.models[request.model_name].versions())
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND,
-                f"Model {request.model_name!r} has no version {request.model_version!r}; it "
-                f"serves {served}.",
-            )
+        # kserve said INVALID_ARGUMENT for a version not loaded.
+        self._check_loaded(request.model_name, request.model_version)
         return await super().ModelInfer(request, context)
+
+
+class ClientErrorsInterceptor(ExceptionToStatusInterceptor):
+    """kserve's exception interceptor, a client's errors said in one INFO line: kserve logs
+    an unknown model and every refused request (InvalidInput, Refused) as ERROR with its
+    traceback, which reads as the server failing. The statuses stay kserve's."""
+
+    async def handle_exception(
+        self, ex: Exception, request_or_iterator: Any, context: Any, method_name: str
+    ) -> None:
+        if isinstance(ex, ModelNotFound):
+            status = grpc.StatusCode.NOT_FOUND
+        elif isinstance(ex, InvalidInput):
+            status = grpc.StatusCode.INVALID_ARGUMENT
+        else:
+            await super().handle_exception(ex, request_or_iterator, context, method_name)
+            return
+        log.info("%s refused (%s): %s", method_name, status.name, ex)
+        await context.abort(status, str(ex))

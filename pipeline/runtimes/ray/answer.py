@@ -1,34 +1,26 @@
 """The Ray ingress's answer: the outputs a request asked for, each in JSON or binary.
 
-The Open Inference Protocol answers with the outputs the request names in its `outputs`
-(all of them when it names none), and the binary extension chooses JSON or binary per
-output (`binary_data`, defaulting to the request's `binary_data_output`). The KServe
-runtime's fast path does the same (pipeline/runtimes/kserve/fastpath.encode); a name the
-model does not have is the client's error, refused before the model runs.
+What a request may ask of its answer is the protocol's one rule (pipeline_runtime.asked,
+as the KServe runtime's routes): the outputs it names, in its order (all when it names
+none), each in binary or JSON as its flags say. What cannot be answered as asked (a name
+the model lacks, the classification extension, a flag that is not a boolean) is the
+client's error, refused before the model runs (`plan`; app.py answers 400).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import numpy as np
 
 from pipeline_runtime import oip
+from pipeline_runtime.asked import chosen
 
 
-class UnknownOutputError(ValueError):
-    """A request asked for an output the model does not have."""
-
-
-def asked(request: oip.Request, outputs: list[str]) -> dict[str, dict[str, Any]]:
-    """The outputs `request` names, with their parameters; UnknownOutputError for a name that
-    is not among the model's `outputs`."""
-    wanted = {o["name"]: o.get("parameters") or {} for o in request.outputs}
-    unknown = sorted(set(wanted) - set(outputs))
-    if unknown:
-        raise UnknownOutputError(f"No output named {unknown}; this model has {outputs}.")
-    return wanted
+def plan(request: oip.Request, outputs: list[str]) -> list[tuple[str, bool]]:
+    """The outputs to answer (name, in binary?), in order; AskedError for what cannot be."""
+    asked = ((o["name"], o.get("parameters")) for o in request.outputs)
+    return chosen(asked, outputs, request.parameters.get("binary_data_output", False))
 
 
 def encode(
@@ -37,13 +29,9 @@ def encode(
     """The REST answer (JSON, or the binary extension's header + bytes and the header's
     length) to `request` from the model's outputs; `meta` is model_name and model_version."""
     tensors = {n: oip.Tensor.from_array(n, a) for n, a in zip(names, arrays, strict=True)}
-    wanted = asked(request, names)
-    default = bool(request.parameters.get("binary_data_output", False))
-    chosen = [
-        (tensors[n], bool(wanted.get(n, {}).get("binary_data", default))) for n in wanted or tensors
-    ]
+    answered = [(tensors[name], binary) for name, binary in plan(request, names)]
     header = {**meta, **({"id": request.id} if request.id is not None else {})}
-    header["outputs"] = [t.to_json(binary) for t, binary in chosen]
+    header["outputs"] = [t.to_json(binary) for t, binary in answered]
     head = json.dumps(header).encode()
-    tails = [t.raw() for t, binary in chosen if binary]
+    tails = [t.raw() for t, binary in answered if binary]
     return (head + b"".join(tails), len(head)) if tails else (head, None)

@@ -36,6 +36,7 @@ from pipeline.runtimes.ray.availability import Availability, Down
 from pipeline.runtimes.ray.constants import LOOPBACK_ENV, deployment_name
 from pipeline.serving import guard
 from pipeline_runtime import codec, oip
+from pipeline_runtime.asked import AskedError
 
 
 def _loopback_only() -> None:
@@ -255,8 +256,8 @@ class Ingress:
         except (oip.OipError, ValueError) as err:
             return _error(400, f"Not an Open Inference Protocol request: {err}")
         try:
-            answer.asked(parsed, model["outputs"])
-        except answer.UnknownOutputError as err:
+            answer.plan(parsed, model["outputs"])
+        except AskedError as err:
             return _error(400, str(err))
         why = await self.available.wait(name)
         if why is not None:  # Serve keeps retrying the replica; the client may too, later
