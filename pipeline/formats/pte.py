@@ -66,6 +66,16 @@ NOT_LOCALISED = (
 # The runtime's log line naming the kernel that failed ("... in operator aten::copy_.: 0x12").
 _FAILED_OP = re.compile(r"in operator ([\w:.]+?)\.?: 0x")
 _LOG_CHECK = re.compile(r"\] Check failed \((.*)\):")
+# A kernel's check on its tensors' memory layout (dim order): no size cures it.
+_LAYOUT_CHECK = re.compile(r"dim_order|channels_last|contiguous", re.IGNORECASE)
+# A check on sizes, or none logged: one planned size (--fix-axis) may cure it.
+_SIZE_CHECK = re.compile(r"size|shape|broadcast|numel|dim|rank|bound|expand", re.IGNORECASE)
+LAYOUT_WAY_OUT = (
+    " The kernel refused its tensors' memory layout (dim order), which no --fix-axis "
+    "changes: keep the model's tensors contiguous (remove its channels_last conversion, "
+    "`.to(memory_format=torch.channels_last)` or `.contiguous(memory_format=...)`) and "
+    "export again."
+)
 
 
 def missing() -> str | None:
@@ -87,6 +97,25 @@ def max_sizes(entry: ZooEntry, example: Inputs, fixed: Mapping[str, int]) -> dic
     return sizes
 
 
+def input_sizes(program: torch.export.ExportedProgram) -> list[int]:
+    """Every dim of every tensor input in forward order: its size when fixed, -1 when dynamic.
+
+    ExecuTorch's method meta holds a tensor's largest sizes only, not which dims may vary,
+    so the C++ runner could not refuse a 7x7 image for an 8x8 program; the .pte carries this
+    list as the constant method INPUT_SIZES_METHOD for it to read."""
+    user = set(program.graph_signature.user_inputs)
+    sizes: list[int] = []
+    for node in program.graph_module.graph.nodes:
+        val = node.meta.get("val")
+        if node.op == "placeholder" and node.name in user and isinstance(val, torch.Tensor):
+            sizes += [d if isinstance(d, int) else -1 for d in val.shape]
+    return sizes
+
+
+# Read by cpp_client/pte_runner/main.cpp (same name there).
+INPUT_SIZES_METHOD = "pipeline_input_sizes"
+
+
 def lower(program: torch.export.ExportedProgram, xnnpack: bool) -> tuple[Any, dict[str, Any]]:
     """(ExecuTorch program manager, what was delegated) of `program`."""
     etprogram.runtime()  # imported quietly first (its import logs a torch deprecation)
@@ -100,10 +129,16 @@ def lower(program: torch.export.ExportedProgram, xnnpack: bool) -> tuple[Any, di
         partitioners = [XnnpackPartitioner()]
     # Backed-size-oblivious: see the module docstring.
     with quiet("ExecuTorch"), fx_config.patch(backed_size_oblivious=True):
-        edge = to_edge_transform_and_lower(program, partitioner=partitioners)
+        sizes = input_sizes(program)
+        edge = to_edge_transform_and_lower(
+            program,
+            partitioner=partitioners,
+            constant_methods={INPUT_SIZES_METHOD: sizes} if sizes else None,
+        )
         info = get_delegation_info(edge.exported_program().graph_module)
         manager = edge.to_executorch()
-    plan = manager.executorch_program.execution_plan[0]
+    # forward's plan: the constant method has one of its own
+    (plan,) = [p for p in manager.executorch_program.execution_plan if p.name == "forward"]
     delegated = {
         "nodes_delegated": info.num_delegated_nodes,
         "nodes_not_delegated": info.num_non_delegated_nodes,
@@ -159,6 +194,17 @@ def _fix_hint(dynamic: Mapping[str, int], example: Inputs, entry: ZooEntry) -> s
     return f" A .pte of one size may run: export it with {flags}."
 
 
+def way_out_of(printed: str, fix_hint: str) -> str:
+    """What to say after a runtime failure: `fix_hint` (--fix-axis) only where one size may
+    cure it; for a layout check, the layout to change (a channels_last model's convolution
+    failed the same way at every --fix-axis)."""
+    found = _LOG_CHECK.search(printed)
+    check = found.group(1) if found else ""
+    if _LAYOUT_CHECK.search(check):
+        return LAYOUT_WAY_OUT
+    return fix_hint if not check or _SIZE_CHECK.search(check) else ""
+
+
 def _why(err: Exception, printed: str) -> str:
     """The runtime's failure in one line: the kernel that failed and its check."""
     op = _FAILED_OP.search(printed)
@@ -178,7 +224,8 @@ def check(
     way_out: str = "",
 ) -> None:
     """Run the program in ExecuTorch's runtime on every case and compare with eager.
-    `way_out`: what to try when the runtime refuses a case (said after the failure)."""
+    `way_out`: what to try when one size may cure a case the runtime refuses (said after
+    the failure when its check is on sizes; see way_out_of)."""
     try:
         call = etprogram.open_method(path, record)
     except etprogram.ProgramError as err:
@@ -195,7 +242,8 @@ def check(
                 sizes = ", ".join(f"{k}{tuple(v.shape)}" for k, v in inputs.items())
                 raise ExportError(
                     f"ExecuTorch's runtime could not run the program on the {label!r} inputs "
-                    f"({sizes}): {_why(actual, printed.text)}; it was not kept.{way_out}"
+                    f"({sizes}): {_why(actual, printed.text)}; it was not kept."
+                    f"{way_out_of(printed.text, way_out)}"
                 )
             worst = compare_outputs(expected, flatten_outputs(actual), atol=atol, rtol=rtol)
             if worst is not None:

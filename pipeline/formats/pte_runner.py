@@ -153,7 +153,25 @@ def describe(binary: Path) -> str:
 def _save(folder: Path, tensors: Sequence[torch.Tensor]) -> None:
     folder.mkdir(parents=True)
     for k, t in enumerate(tensors):
-        np.save(folder / f"{k}.npy", np.ascontiguousarray(t.detach().cpu().numpy()))
+        t = t.detach().cpu()
+        # numpy has no bfloat16: the runner takes such an input as float32 (exact: every
+        # bfloat16 is a float32) and narrows it to the program's bfloat16.
+        if t.dtype == torch.bfloat16:
+            t = t.float()
+        np.save(folder / f"{k}.npy", np.ascontiguousarray(t.numpy()))
+
+
+def bfloat16_outputs(model: Path) -> list[bool]:
+    """Which of the program's outputs are bfloat16, from its method meta: the runner writes
+    them as float32 (numpy has no bfloat16) and `run()` narrows them back (exact)."""
+    from executorch.exir.scalar_type import ScalarType
+
+    with etprogram.quiet_stderr():
+        meta = etprogram.runtime().load_program(Path(model)).metadata("forward")
+    return [
+        int(meta.output_tensor_meta(k).dtype()) == int(ScalarType.BFLOAT16)
+        for k in range(meta.num_outputs())
+    ]
 
 
 def run(
@@ -197,4 +215,10 @@ def run(
             folder = outputs / str(i)
             files = sorted(folder.glob("*.npy"), key=lambda p: int(p.stem))
             results.append([torch.from_numpy(np.load(f)) for f in files])
+    if any(t.dtype == torch.float32 for r in results for t in r):  # a bfloat16 one, widened?
+        narrow = bfloat16_outputs(model)
+        results = [
+            [t.to(torch.bfloat16) if b else t for t, b in zip(r, narrow, strict=True)]
+            for r in results
+        ]
     return CppRun(outputs=results, stats=json.loads(proc.stdout.strip().splitlines()[-1]))

@@ -24,6 +24,7 @@ from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
 from pipeline.serving import served
 from pipeline.serving.server import ServeError
 from pipeline.verify import VerifyConfig, verify
+from pipeline.zoo.user import parse_input
 from tests.conftest import assert_clean_error, run_cli
 
 GATE, LOOP = "my_decision_gate", "my_rnn_loop"
@@ -218,3 +219,118 @@ def test_the_loop_at_one_size_verifies_in_both_runtimes(tmp_path: Path) -> None:
     # the other sizes are listed as not run, not failed
     notes = [n for n in report.notes if n.startswith("executorch was compiled for")]
     assert len(notes) == 1 and "seq=6" in notes[0] and "batch=3" in notes[0], report.notes
+
+
+# A convolution run in channels_last (its output's dim order is not row-major) and a
+# bfloat16 input and output (numpy has none): the C++ runner used to write the first's
+# bytes under the row-major shape (wrong numbers, exit 0) and crash on the second.
+LAYOUTS_MODEL = """
+import torch
+from torch import nn
+
+
+class Layouts(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x, b):
+        y = self.conv(x.contiguous(memory_format=torch.channels_last)) * 1.5
+        return y, b * 2 + 1
+"""
+
+
+def test_a_channels_last_output_and_bfloat16_verify_in_the_cpp_runner(
+    runner: Path, tmp_path: Path
+) -> None:
+    model = tmp_path / "layouts.py"
+    model.write_text(LAYOUTS_MODEL)
+    result = export(
+        ExportConfig(
+            model=f"{model}:Layouts",
+            inputs=[parse_input("x:float32:batch,3,6,6"), parse_input("b:bfloat16:batch,4")],
+            outputs=["y", "z"],
+            random_init=True,
+            out_dir=tmp_path / "export",
+            formats=("pte",),
+        )
+    )
+    report = verify(
+        VerifyConfig(
+            model=f"{model}:Layouts",
+            export_dir=result.out_dir,
+            with_cpp=True,
+            pte_build_dir=runner.parent,
+            report=tmp_path / "parity.json",
+        )
+    )
+    assert report.passed, report.failure_message()
+    cpp = {(r.inputs, r.output) for r in report.rows if r.backend == "cpp/pte"}
+    assert ("golden", "y") in cpp and ("golden", "z") in cpp, cpp
+
+
+def test_an_input_in_channels_last_is_handed_over_in_that_dim_order(
+    runner: Path, tmp_path: Path
+) -> None:
+    """A program exported on a channels_last example reads its input in that dim order; the
+    runner used to hand it the row-major .npy bytes as they lie (wrong numbers, exit 0)."""
+    import torch
+
+    from pipeline.formats import pte
+
+    class Plus(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (torch.relu(x) + x).contiguous()
+
+    x = torch.randn(2, 3, 4, 5)
+    program = torch.export.export(Plus(), (x.contiguous(memory_format=torch.channels_last),))
+    manager, _ = pte.lower(program, xnnpack=False)
+    (tmp_path / "plus.pte").write_bytes(manager.buffer)
+    (out,) = pte_runner.run(tmp_path / "plus.pte", [[x]], binary=runner).outputs
+    assert torch.equal(out[0], Plus()(x))
+
+
+def _run(runner: Path, model: Path, cases: dict[str, list], tmp_path: Path) -> tuple:
+    """The runner by hand on `cases` ({folder: {file: array}}): (exit code, stderr, outputs)."""
+    import numpy as np
+
+    inputs, outputs = tmp_path / "in", tmp_path / "out"
+    shutil.rmtree(inputs, ignore_errors=True)
+    shutil.rmtree(outputs, ignore_errors=True)
+    for folder, files in cases.items():
+        (inputs / folder).mkdir(parents=True)
+        for name, array in files.items():
+            np.save(inputs / folder / name, array)
+    cmd = [runner, "--model", model, "--inputs", inputs, "--outputs", outputs]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    found = {p.parent.name: np.load(p) for p in outputs.glob("*/0.npy")}
+    return proc.returncode, proc.stderr, found
+
+
+def test_the_runner_keeps_case_names_and_refuses_inputs_the_program_does_not_take(
+    exported: ExportResult, runner: Path, tmp_path: Path
+) -> None:
+    import numpy as np
+
+    model = exported.out_dir / "model.pte"
+    a, b = (np.random.default_rng(s).random((2, 1, 28, 28), np.float32) for s in (0, 1))
+    rc, err, out = _run(runner, model, {"3": {"0.npy": a}, "7": {"0.npy": b}}, tmp_path)
+    assert rc == 0 and set(out) == {"3", "7"}, err  # not renamed 0/ and 1/
+    alone = _run(runner, model, {"0": {"0.npy": b}}, tmp_path)[2]["0"]
+    assert np.array_equal(out["7"], alone) and not np.array_equal(out["3"], alone)
+    # A missing index is named (2.npy used to be taken as input 1); then every shape the
+    # program does not take, exit 4 as for unreadable inputs: the fixed 28x28 too big or too
+    # small, another rank, and another dtype.
+    refused = {
+        "has no 1.npy (it holds 2.npy)": {"0.npy": a, "2.npy": a},
+        "has shape (2, 1, 29, 29); the program's input 0 takes (<=64, 1, 28, 28)": {
+            "0.npy": np.zeros((2, 1, 29, 29), np.float32)
+        },
+        "has shape (2, 1, 27, 27)": {"0.npy": np.zeros((2, 1, 27, 27), np.float32)},
+        "has shape (2, 784)": {"0.npy": np.zeros((2, 784), np.float32)},
+        "has shape (65, 1, 28, 28)": {"0.npy": np.zeros((65, 1, 28, 28), np.float32)},
+        "is <f8; the program's input 0 is Float": {"0.npy": a.astype(np.float64)},
+    }
+    for said, files in refused.items():
+        rc, err, out = _run(runner, model, {"0": files}, tmp_path)
+        assert rc == 4 and said in err and not out, (said, rc, err)

@@ -49,6 +49,26 @@ def test_a_failed_kernel_is_named_from_the_runtime_log() -> None:
     assert pte._why(RuntimeError("boom\nmore"), "") == "boom"
 
 
+def test_only_a_failure_one_size_may_cure_is_told_to_fix_an_axis() -> None:
+    """A channels_last model's convolution failed its layout check at every --fix-axis, and
+    the export told the user to fix one anyway."""
+    fix = " A .pte of one size may run: export it with --fix-axis batch=2."
+    layout = (  # the runtime's log for a model that called .to(memory_format=channels_last)
+        "[tensor_util_portable.cpp:130] Check failed (all_contiguous || all_channels_last): "
+        "3 input tensors have different dim orders\n"
+        "[method.cpp:1483] KernelCall failed at instruction 0:1 in operator "
+        "aten::convolution.out: 0x12\n"
+    )
+    said = pte.way_out_of(layout, fix)
+    assert said == pte.LAYOUT_WAY_OUT and "--fix-axis batch" not in said
+    assert "contiguous" in said and "channels_last" in said
+    sizes = "[op_copy.cpp:83] Check failed (tensor_is_broadcastable_to(src, in)): \n"
+    assert pte.way_out_of(sizes, fix) == fix
+    assert pte.way_out_of("", fix) == fix  # nothing logged: it may still be a size
+    dtypes = "[op_add.cpp:40] Check failed (tensors_have_same_dtype(a, b, out)): \n"
+    assert pte.way_out_of(dtypes, fix) == ""
+
+
 def test_all_leaves_pte_out_with_one_line_when_executorch_is_missing(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
