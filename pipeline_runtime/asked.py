@@ -1,7 +1,8 @@
-"""What an Open Inference Protocol request asks of its answer: which outputs, each in JSON
-or binary. One rule for every runtime that answers the protocol (the KServe runtime's REST
-and gRPC routes, the Ray ingress), checked before the model runs, so a refusal costs no
-forward pass.
+"""What a request asks of its answer: which outputs, each in JSON or binary (the Open
+Inference Protocol's `outputs` and flags, `chosen`), and, for a request sent without its
+batch axis, the answer without it (`unbatch`, every protocol). One rule for every runtime
+(the KServe runtime's REST and gRPC routes, the Ray ingress, TorchServe's handler), the
+outputs checked before the model runs, so a refusal costs no forward pass.
 
 The protocol answers the outputs a request names in `outputs` (all of them when it names
 none), in that order; the binary extension chooses JSON or binary per output
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 CLASSIFICATION = "classification"
 
@@ -61,3 +64,16 @@ def flag(value: Any, what: str) -> bool:
             f"({type(value).__name__})."
         )
     return value
+
+
+def unbatch(
+    outputs: Sequence[np.ndarray], names: Sequence[str], per_sample: Sequence[str] = ()
+) -> list[np.ndarray]:
+    """The outputs of a request sent without its batch axis (one sample), without it: each
+    output's first row; but a per-sample field (a detector's boxes, scores, labels) holds
+    this one sample's rows along its detections axis, kept whole. Taking its first row
+    answered one box of 300 while `counts` said 300, and failed on an image with none."""
+    return [
+        o if name in per_sample else (o[0] if o.ndim else o)
+        for name, o in zip(names, outputs, strict=True)
+    ]

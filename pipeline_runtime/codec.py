@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from pipeline_runtime import oip
+from pipeline_runtime.asked import unbatch
 from pipeline_runtime.binary import decode_image, numpy_arrays
 from pipeline_runtime.request import (
     MAX_ELEMENTS,
@@ -375,10 +376,11 @@ def encode_outputs(
     model_name: str,
     unbatched: bool,
     topk: int = 0,
+    per_sample: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Raw outputs (and top-k classes for classifiers) as a JSON-able dict."""
     if unbatched:
-        outputs = [o[0] if o.ndim else o for o in outputs]
+        outputs = unbatch(outputs, names, per_sample)
     if protocol == "v2":
         tensors = tuple(oip.Tensor.from_array(n, o) for n, o in zip(names, outputs, strict=True))
         body: dict[str, Any] = oip.Response(tensors, model_name=model_name).to_json()

@@ -338,6 +338,7 @@ class PipelineHandler(BaseHandler):
                     self.model_name,
                     decoded.unbatched,
                     self.topk,
+                    self.contract.per_sample,
                 )
             )
         return answers

@@ -40,7 +40,12 @@ def per_sample_entry(
             f"{entry.name!r} returns per-sample dicts: only models with one input tensor (a "
             f"batch of images) are supported that way, it has {len(entry.inputs)}."
         )
-    return replace(entry, outputs=names), PerSampleOutputs(model, fields).eval()
+    # Requests are not stacked: a sample's detections depend on the batch they ran in only
+    # through its own image, but the answer of a stack cannot be split one row per sample.
+    # torchvision:<detector> entries said so themselves; a user's wrapper did not, and both
+    # servers split stacked answers row by row (wrong detections, 200, under concurrency).
+    serving = {**entry.serving, "stack_requests": False}
+    return replace(entry, outputs=names, serving=serving), PerSampleOutputs(model, fields).eval()
 
 
 def per_sample_shapes(entry: ZooEntry, outputs: list[torch.Tensor]) -> dict[str, tuple]:

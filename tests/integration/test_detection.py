@@ -150,6 +150,9 @@ def test_a_users_own_wrapper_spreads_scripts_and_verifies(tmp_path: Path) -> Non
         )
     )
     assert "firm" in made.manifest.model.init_note
+    # Served, its requests are not stacked (a user's trial: with the manifest's serving
+    # empty, both runtimes split stacked answers row by row: wrong detections with a 200).
+    assert made.manifest.serving.stack_requests is False
     ts = made.manifest.artifact("torchscript")
     assert "(losses, detections)" in ts.reason, ts.reason
     report = _verify(made.out_dir, tmp_path)

@@ -504,6 +504,11 @@ def test_served_detections_pass_the_detection_rule_over_rest_grpc_and_tritonclie
         tensor = thttp.InferInput("images", list(x.shape), "FP32")
         tensor.set_data_from_numpy(x, binary_data=True)
         result = client.infer(f"{made}_torchscript", [tensor], headers=_auth(server))
+        # One image without its batch axis: its detections whole and counts a scalar (a
+        # user's trial got its first box alone, and a 500 for an image with none).
+        tensor = thttp.InferInput("images", list(x[1].shape), "FP32")
+        tensor.set_data_from_numpy(x[1], binary_data=True)
+        single = client.infer(f"{made}_torchscript", [tensor], headers=_auth(server))
     finally:
         client.close()
     counts = result.as_numpy("counts")
@@ -511,6 +516,8 @@ def test_served_detections_pass_the_detection_rule_over_rest_grpc_and_tritonclie
     assert counts.tolist() == expected["counts"].tolist()
     assert result.as_numpy("boxes").shape == (int(counts.sum()), 4)
     assert result.as_numpy("labels").dtype == np.int64
+    assert single.as_numpy("counts").shape == () and int(single.as_numpy("counts")) == counts[1]
+    assert single.as_numpy("boxes").shape == (int(counts[1]), 4)
 
 
 # Triton's gRPC client (in a process of its own: tests/triton_grpc.py says why) making the

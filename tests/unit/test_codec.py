@@ -114,6 +114,22 @@ def test_topk() -> None:
     assert sum(t["probability"] for t in out["topk"][0]) < 1.0
 
 
+def test_one_image_sent_without_its_batch_axis_keeps_its_detections_whole() -> None:
+    # Per-sample fields hold the image's rows along the detections axis: the first row of
+    # each was answered (one box of 3, counts 3), and an image with none raised IndexError.
+    names = ["boxes", "scores", "counts"]
+    fields = ("boxes", "scores")
+    three = [np.arange(12, dtype=np.float32).reshape(3, 4), np.ones(3, np.float32), np.array([3])]
+    out = pl_codec.encode_outputs(names, three, "json", "m", True, per_sample=fields)["outputs"]
+    assert np.array(out["boxes"]).shape == (3, 4) and out["counts"] == 3
+    none = [np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.array([0])]
+    body = pl_codec.encode_outputs(names, none, "v2", "m", True, per_sample=fields)
+    assert [o["shape"] for o in body["outputs"]] == [[0, 4], [0], []]
+    # Not a detector: the first (only) row of each, as before.
+    plain = pl_codec.encode_outputs(["y"], [np.ones((1, 2), np.float32)], "json", "m", True)
+    assert plain["outputs"]["y"] == [1.0, 1.0]
+
+
 def test_image_bomb_and_type_confusion() -> None:
     bomb = bytes.fromhex(
         "89504e470d0a1a0a0000000d4948445200007530000075300800000000434ca7660000000c"

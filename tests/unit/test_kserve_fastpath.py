@@ -143,6 +143,16 @@ def test_answers_are_json_numbers_from_the_arrays() -> None:
     assert (z["datatype"], z["data"]) == ("INT64", [1, 1])
 
 
+def test_a_0d_output_keeps_its_empty_shape_in_json_and_binary() -> None:
+    # An image's detection count sent without its batch axis: ascontiguousarray made it
+    # [1], and clients then refused an answer not shaped as it says.
+    count = np.int64(3)
+    for asked in ({}, {"parameters": {"binary_data_output": True}}):
+        answer, length = encode(_request(**asked), _Model(), [X * 2, count])
+        header = json.loads(answer[:length] if length else answer)
+        assert header["outputs"][1]["shape"] == [], header
+
+
 def test_binary_outputs_when_asked_per_output_or_for_all() -> None:
     outputs = [X * 2, np.ones((2,), np.int64)]
     asked = _request(outputs=[{"name": "z", "parameters": {"binary_data": True}}])

@@ -40,7 +40,8 @@ def infer_response(
     outputs = []
     for t in (tensors[name] for name in requested(asked, list(tensors))):
         out = InferOutput(name=t.name, shape=list(t.shape), datatype=t.datatype)
-        out.set_data_from_numpy(np.ascontiguousarray(t.as_numpy()), binary_data=binary)
+        # np.require keeps a 0-d output 0-d (ascontiguousarray makes it 1-d).
+        out.set_data_from_numpy(np.require(t.as_numpy(), requirements="C"), binary_data=binary)
         outputs.append(out)
     return InferResponse(
         response_id=response.id,

@@ -152,7 +152,9 @@ def encode(
         plan = _plan(request, model)
     items, tails = [], []
     for name, binary in plan:
-        array = np.ascontiguousarray(arrays[name])
+        # np.require, not ascontiguousarray: that makes a 0-d answer (an image's detection
+        # count, sent without its batch axis) 1-d, and clients then refuse its shape.
+        array = np.require(arrays[name], requirements="C")
         item: dict[str, Any] = {
             "name": name,
             "datatype": oip.datatype_of(array.dtype),

@@ -24,6 +24,7 @@ from pipeline.runtimes.kserve.config import RuntimeConfig, ServedExport
 from pipeline.runtimes.kserve.fastpath import ClientError
 from pipeline.serving import loading
 from pipeline_runtime import codec, oip, tracing
+from pipeline_runtime.asked import unbatch
 from pipeline_runtime.request import MAX_SAMPLES_ENV, SAMPLES_PER_BATCH
 
 log = logging.getLogger("pipeline.runtimes.kserve")
@@ -134,6 +135,7 @@ class ExportModel(kserve.Model):
         self.specs = manifest.input_specs(served.format)
         self.output_specs = manifest.outputs
         self.output_names = manifest.output_names
+        self.per_sample = manifest.per_sample  # a detector's fields: kept whole, unbatched
         histogram = BATCH_SIZE.labels(model_name=served.name)
         passes = FORWARD_PASSES.labels(model_name=served.name, slot=SLOT)
 
@@ -214,7 +216,7 @@ class ExportModel(kserve.Model):
             traced = tracing.TRACING
             trace_id = tracing.trace_id(traced.current()) if traced is not None else ""
             SHADOW.offer(self, arrays, outputs, request_id, trace_id)
-        return [o[0] if o.ndim else o for o in outputs] if unbatched else outputs
+        return unbatch(outputs, self.output_names, self.per_sample) if unbatched else outputs
 
     def _traced(self, done: Any) -> None:
         """The request's queue wait and the forward pass it was part of, as spans."""

@@ -36,7 +36,7 @@ from pipeline.runtimes.ray.availability import Availability, Down
 from pipeline.runtimes.ray.constants import LOOPBACK_ENV, deployment_name
 from pipeline.serving import guard
 from pipeline_runtime import codec, oip
-from pipeline_runtime.asked import AskedError
+from pipeline_runtime.asked import AskedError, unbatch
 
 
 def _loopback_only() -> None:
@@ -192,6 +192,7 @@ class Ingress:
             self.models[served["name"]] = {
                 "specs": specs,
                 "outputs": manifest.output_names,
+                "per_sample": manifest.per_sample,
                 "version": str(served.get("version") or 1),
                 "limits": codec.Limits(),
                 "metadata": {
@@ -276,7 +277,7 @@ class Ingress:
                 {"Retry-After": "1"},
             )
         if unbatched:
-            outputs = [o[0] if o.ndim else o for o in outputs]
+            outputs = unbatch(outputs, model["outputs"], model["per_sample"])
         meta = {"model_name": name, "model_version": model["version"]}
         content, header_length = answer.encode(parsed, meta, model["outputs"], outputs)
         headers = {"x-forward-ms": f"{(time.perf_counter() - started) * 1e3:.3f}"}
