@@ -17,6 +17,20 @@ from pipeline.core.verdict import Verdict
 DETECTIONS = "detections"  # the output name of a detection rule's row (verify/check.py)
 
 
+def _said(err: BaseException) -> str:
+    """What an exception says, in one line: a gRPC error's status and details (its text
+    opens with "<_InactiveRpcError of RPC that terminated with:" and nothing more on the
+    line), else the first line of its message."""
+    code, details = getattr(err, "code", None), getattr(err, "details", None)
+    if callable(code) and callable(details):
+        try:
+            return f"{code()}: {details()}"[:200]
+        except Exception:  # noqa: BLE001 - not a gRPC error after all: its message then
+            pass
+    text = str(err).strip()
+    return text.splitlines()[0][:200] if text else ""
+
+
 @dataclass(frozen=True)
 class Row:
     backend: str
@@ -39,8 +53,7 @@ class Row:
     def crashed(
         cls, backend: str, inputs: str, output: str, err: BaseException, atol: float, rtol: float
     ) -> Row:
-        text = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
-        problem = f"raised {type(err).__name__}: {text}"
+        problem = f"raised {type(err).__name__}: {_said(err)}"
         return cls(backend, inputs, output, atol, rtol, Comparison.failed(Kind.CRASHED, problem))
 
     @classmethod
