@@ -71,6 +71,8 @@ def test_a_json_body_with_a_left_over_length_header_is_a_400_that_names_the_caus
     with pytest.raises(ClientError, match="left over from an earlier binary request") as err:
         parse(body, {b"inference-header-content-length": str(binary_header).encode()})
     assert err.value.status == 400 and "fresh dict" in err.value.reason
+    # kserve's own REST client keeps it in the caller's dict too (a user's trial).
+    assert "kserve's InferenceRESTClient" in err.value.reason
     # A body that is not JSON as a whole keeps the plain message.
     with pytest.raises(ClientError, match="The body is not JSON: ") as err:
         parse(body[:-1], {b"inference-header-content-length": str(binary_header).encode()})

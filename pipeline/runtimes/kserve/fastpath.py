@@ -125,17 +125,17 @@ def _stale_length(split: int, size: int) -> str:
     """The 400 for a JSON body sent with a length header left over from a binary request.
 
     Issue 28's intermittent 400 ("unexpected end of data ... (char 171)"): Triton's
-    HTTP client writes Inference-Header-Content-Length into the `headers` dict the
-    caller passes and never takes it out, so a JSON request made after a binary one
+    HTTP client (and kserve's InferenceRESTClient, for a binary InferRequest) writes
+    Inference-Header-Content-Length into the `headers` dict the caller passes and never takes it out, so a JSON request made after a binary one
     with the same dict carries the binary request's length (171 bytes for digits).
     The extension says the header means binary, so this stays a 400; the message
     names the cause, which the bare JSON error did not."""
     return (
         f"{oip.HEADER_LENGTH} says the JSON part is {split} bytes, but the whole "
         f"{size}-byte body is one JSON document: the header looks left over from an "
-        "earlier binary request. Triton's HTTP client (tritonclient) adds it to the "
-        "headers dict you pass and keeps it there: pass a fresh dict to each call, or "
-        "drop the header from a JSON request."
+        "earlier binary request. Triton's HTTP client (tritonclient) and kserve's "
+        "InferenceRESTClient add it to the headers dict you pass and keep it there: pass "
+        "a fresh dict to each call, or drop the header from a JSON request."
     )
 
 
