@@ -280,17 +280,28 @@ class KServe(runtime.Runtime):
         return OIP
 
     def worker_pids(self, server: Server, name: str) -> list[int]:
-        # Every worker serves every model; they are the supervisor's (server.pid's) children.
+        # Every worker serves every model; they are the supervisor's (server.pid's) children,
+        # counted once ready (its workers/<slot>.ready holds its pid): a replacement exists
+        # seconds before it serves, and loadtest's recovery time read 0.2 s for a worker
+        # that took 2.3 s to listen.
         import psutil
+
+        from pipeline.runtimes.kserve.supervisor import WORKERS_DIR
 
         if not server.alive():
             return []
-        try:
-            children = psutil.Process(server.pid).children()
-            # A killed worker is a zombie until the supervisor reaps it: not serving.
-            return sorted(p.pid for p in children if p.status() != psutil.STATUS_ZOMBIE)
-        except psutil.NoSuchProcess:
-            return []
+        ready = set()
+        for marker in (Path(server.run_dir) / WORKERS_DIR).glob("*.ready"):
+            with contextlib.suppress(OSError, ValueError):
+                ready.add(int(marker.read_text()))
+        live = set()
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for child in psutil.Process(server.pid).children():
+                # A killed worker is a zombie until the supervisor reaps it: not serving.
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    if child.status() != psutil.STATUS_ZOMBIE:
+                        live.add(child.pid)
+        return sorted(live & ready)
 
     def fix_command(
         self, model: str, server: Server | None = None, export_dir: Path | None = None
