@@ -28,6 +28,7 @@ from pipeline.core.errors import ExportError, ExportRequestError
 from pipeline.core.noise import library_warnings, log_warnings
 from pipeline.formats.base import METHODS, ExportContext, Format, register
 from pipeline.formats.per_sample import UNTRACED, PerSampleOutputs, script_losses_and_detections
+from pipeline.formats.scriptrun import against_eager
 from pipeline.zoo.detection import scripting_advice
 from pipeline.zoo.spec import Inputs
 from pipeline_runtime import formats, jitgate
@@ -221,26 +222,6 @@ def _compile_part(
     return again
 
 
-def _check_against_eager(
-    model: nn.Module,
-    module: torch.jit.ScriptModule,
-    probes: list[tuple[str, Inputs]],
-    atol: float,
-    rtol: float,
-) -> str | None:
-    with torch.no_grad():
-        for label, probe in probes:
-            worst = compare_outputs(
-                flatten_outputs(model(*probe.values())),
-                flatten_outputs(module(*probe.values())),
-                atol,
-                rtol,
-            )
-            if worst is not None:
-                return f"probe {label!r}: {worst}"
-    return None
-
-
 def to_torchscript(
     model: nn.Module,
     example: Inputs,
@@ -321,7 +302,9 @@ def to_torchscript(
             result = ScriptResult(
                 hybrid, "hybrid", f"{rejected}; {script_failed}; hybrid: {'; '.join(notes)}"
             )
-    mismatch = _check_against_eager(model, result.module, probes, atol, rtol) if check else None
+    mismatch = (
+        against_eager(model, result.module, probes, atol, rtol, GENERIC_ADVICE) if check else None
+    )
     if mismatch is not None:
         raise ExportError(
             f"The {result.method}ed TorchScript module differs from eager on {mismatch}. "
