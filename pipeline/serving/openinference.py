@@ -102,7 +102,7 @@ class OpenInference(Protocol):
         """Over REST: OIP JSON tensors, or the binary extension when they are big
         (wants_binary) and the server reads it. Over gRPC: `infer_grpc`."""
         from pipeline.serving import client
-        from pipeline.serving.protocol import wants_binary
+        from pipeline.serving.protocol import refused_answer, wants_binary
 
         if transport not in self.transports:
             raise ValueError(f"this server speaks OIP over {', '.join(self.transports)}")
@@ -123,7 +123,7 @@ class OpenInference(Protocol):
             version=version,
         )
         if resp.status_code != 200:
-            raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
+            raise refused_answer(resp.status_code, resp.text)
         return self.answer(resp)
 
     def decode(
@@ -149,6 +149,7 @@ class OpenInference(Protocol):
         import grpc
         import torch
 
+        from pipeline.serving.protocol import TooLargeError
         from pipeline_runtime import oip
 
         stubs = oip.kserve_module("kserve.protocol.grpc.grpc_predict_v2_pb2_grpc")
@@ -165,9 +166,14 @@ class OpenInference(Protocol):
             channel = grpc.insecure_channel(grpc_url)
         token = server.keys()["inference"]
         with channel:
-            reply = stubs.GRPCInferenceServiceStub(channel).ModelInfer(
-                request, metadata=(("authorization", f"Bearer {token}"),), timeout=timeout
-            )
+            try:
+                reply = stubs.GRPCInferenceServiceStub(channel).ModelInfer(
+                    request, metadata=(("authorization", f"Bearer {token}"),), timeout=timeout
+                )
+            except grpc.RpcError as err:  # over the message size limit: as REST's 413
+                if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise TooLargeError(f"{err.code()}: {err.details()}") from None
+                raise
         response = oip.Response.from_grpc(reply)
         return {t.name: torch.from_numpy(t.as_numpy().copy()) for t in response.outputs}
 

@@ -40,6 +40,17 @@ def wants_binary(inputs: Mapping[str, torch.Tensor]) -> bool:
     return sum(t.numel() * t.element_size() for t in inputs.values()) >= BINARY_FROM_BYTES
 
 
+class TooLargeError(RuntimeError):
+    """The server refused a request as over its body limit (HTTP 413, gRPC
+    RESOURCE_EXHAUSTED): a case verify could not send, not a wrong answer (check.py)."""
+
+
+def refused_answer(status: int, text: str) -> RuntimeError:
+    """The error for a served answer that is not a 200."""
+    error = TooLargeError if status == 413 else RuntimeError
+    return error(f"HTTP {status}: {text[:300]}")
+
+
 class Protocol(abc.ABC):
     """How requests reach a served model and what they carry."""
 

@@ -4,6 +4,7 @@ and, for a backend that fails, where it first departs (pipeline/verify/localise.
 from __future__ import annotations
 
 import logging
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.export import quality as task
 from pipeline.export.opened import ExportedModel
 from pipeline.formats import base as registry
+from pipeline.serving.protocol import TooLargeError
 from pipeline.verify.backends import Backend
 from pipeline.verify.report import DETECTIONS, GOLDEN_FILE_BACKEND, Row
 from pipeline.zoo.spec import Inputs
@@ -110,6 +112,15 @@ def runs_on(exported: ExportedModel, backend: Backend, inputs: Inputs) -> bool:
     )
 
 
+def _too_large_note(backend: str, why: str, labels: list[str]) -> str:
+    return (
+        f"{backend}: not sent, over the server's request size limit "
+        f"({textwrap.shorten(why, 240, placeholder=' …')}): the "
+        f"{len(labels)} input set(s) {', '.join(labels[:4])}{', …' if len(labels) > 4 else ''}; "
+        "start the server with a larger --max-request-size to check them"
+    )
+
+
 def _skipped_note(exported: ExportedModel, backend: Backend, labels: list[str]) -> str:
     sizes = ", ".join(
         [f"{a}={n}" for a, n in fixed_axes(exported, backend).items()]
@@ -138,6 +149,7 @@ def check_cases(
     zero_refs: set[str] = set()
     vacuous_accepted: set[str] = set()
     skipped: dict[str, list[str]] = {}
+    too_large: dict[str, tuple[str, list[str]]] = {}  # backend → (the refusal, its cases)
     for label, inputs, stored in cases:
         exported.entry.check_inputs(inputs)
         checked.inputs[label] = inputs
@@ -160,6 +172,8 @@ def check_cases(
                 continue
             try:
                 answers.append((backend.name, backend.run(inputs)))
+            except TooLargeError as err:  # the server's body limit, not the model's answer
+                too_large.setdefault(backend.name, (str(err), []))[1].append(label)
             except Exception as err:  # noqa: BLE001 - a crashing backend is a failed check
                 checked.rows += [
                     Row.crashed(backend.name, label, n, err, tol.atol, tol.rtol) for n in names
@@ -181,6 +195,12 @@ def check_cases(
                     vacuous_accepted.add(name)
     by_name = {b.name: b for b in backends}
     checked.notes += [_skipped_note(exported, by_name[n], ls) for n, ls in skipped.items()]
+    checked.notes += [_too_large_note(n, why, ls) for n, (why, ls) in too_large.items()]
+    for name, (why, labels) in too_large.items():  # nothing at all sent: not a pass
+        if not any(r.backend == name for r in checked.rows):
+            checked.rows.append(
+                Row.crashed(name, labels[0], names[0], TooLargeError(why), tol.atol, tol.rtol)
+            )
     if detections:
         checked.notes.append(DETECTION_RULE)
         checked.notes += [f"{who}: {v.summary()}" for who, v in found.items()]

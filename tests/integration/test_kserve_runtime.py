@@ -440,6 +440,28 @@ def test_verify_checks_the_runtime_over_rest_and_grpc(
     assert "pipeline serve" in missing.stdout + missing.stderr
 
 
+def test_a_case_over_the_servers_limit_is_noted_not_failed(
+    server: Server, exported: ExportResult, tmp_path: Path
+) -> None:
+    """A batch the server refuses as too large (413: here 300 samples, over 32 × its batch
+    size of 8; a user's trial: SSDlite's batch of 7 over the 4 MiB default) is the server's
+    limit, not a wrong answer: noted with what to do, the other cases judged. It was a
+    crashed check that failed verify at the server's defaults."""
+    from pipeline.export.opened import open_export
+    from pipeline.serving.backends import ServedBackend
+    from pipeline.verify import VerifyConfig, verify
+
+    opened = open_export(exported.out_dir)
+    backend = ServedBackend(server, DIGITS, "onnx", opened.manifest, "rest")
+    config = VerifyConfig(model=DIGITS, export_dir=exported.out_dir, backends=("kserve",),
+                          report=tmp_path / "parity.json", page=False, batch_sizes=(2, 300))  # fmt: skip
+    report = verify(config, served=[backend], exported=opened)
+    assert report.passed, report.failure_message()
+    said = [n for n in report.notes if "not sent, over the server's request size limit" in n]
+    assert len(said) == 1 and "b=300" in said[0] and "--max-request-size" in said[0], said
+    assert any(r.backend == backend.name and "b=2" in r.inputs for r in report.rows)
+
+
 def test_one_command_reads_the_export_once(
     server: Server, exported: ExportResult, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

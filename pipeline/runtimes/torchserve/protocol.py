@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.serving.protocol import Protocol
+from pipeline.serving.protocol import Protocol, refused_answer
 
 if TYPE_CHECKING:
     import torch
@@ -81,7 +81,7 @@ class TorchServeProtocol(Protocol):
             version=version,
         )
         if resp.status_code != 200:
-            raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:300]}")
+            raise refused_answer(resp.status_code, resp.text)
         # numpy keeps JSON's numbers whole (float64, int64, bool) until the caller casts.
         return {k: torch.from_numpy(np.asarray(v)) for k, v in resp.json()["outputs"].items()}
 
