@@ -68,3 +68,9 @@ class ExportRequestError(ExportError):
     """An export setting that cannot be honoured (--method trace refused, --pt2-device cuda
     without CUDA). Unlike a format that cannot express the model, which the export records
     and skips, this stops the whole export: the user asked for exactly this."""
+
+
+class TooLargeError(RuntimeError):
+    """A server refused a request as over its body limit (HTTP 413, gRPC
+    RESOURCE_EXHAUSTED): a case verify could not send, not a wrong answer (verify/check.py).
+    Raised by the serving protocols; here so that verify, an earlier stage, can catch it."""

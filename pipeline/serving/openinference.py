@@ -149,7 +149,7 @@ class OpenInference(Protocol):
         import grpc
         import torch
 
-        from pipeline.serving.protocol import TooLargeError
+        from pipeline.core.errors import TooLargeError
         from pipeline_runtime import oip
 
         stubs = oip.kserve_module("kserve.protocol.grpc.grpc_predict_v2_pb2_grpc")

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.core.errors import TooLargeError
+
 if TYPE_CHECKING:
     import torch
 
@@ -38,11 +40,6 @@ BINARY_FROM_BYTES = 1 << 20
 def wants_binary(inputs: Mapping[str, torch.Tensor]) -> bool:
     """Whether `inputs` are big enough for `infer` to send in the binary form."""
     return sum(t.numel() * t.element_size() for t in inputs.values()) >= BINARY_FROM_BYTES
-
-
-class TooLargeError(RuntimeError):
-    """The server refused a request as over its body limit (HTTP 413, gRPC
-    RESOURCE_EXHAUSTED): a case verify could not send, not a wrong answer (check.py)."""
 
 
 def refused_answer(status: int, text: str) -> RuntimeError:

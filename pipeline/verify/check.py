@@ -14,11 +14,10 @@ import torch
 from pipeline.core import detections as detect
 from pipeline.core.budget import Budget
 from pipeline.core.compare import Comparison, Kind, compare_tensor
-from pipeline.core.errors import PipelineError
+from pipeline.core.errors import PipelineError, TooLargeError
 from pipeline.export import quality as task
 from pipeline.export.opened import ExportedModel
 from pipeline.formats import base as registry
-from pipeline.serving.protocol import TooLargeError
 from pipeline.verify.backends import Backend
 from pipeline.verify.report import DETECTIONS, GOLDEN_FILE_BACKEND, Row
 from pipeline.zoo.spec import Inputs
