@@ -194,6 +194,12 @@ TASK_LEGEND = (
 GOLDEN_FILE_BACKEND = "golden file"  # the outputs export stored, checked against today's eager
 # Said when that check fails: every backend is compared with today's eager, so a model
 # edited since export fails everywhere, and the golden file's row is what tells why.
+# Said instead when the golden row is not finite: the model itself answers NaN or Inf.
+NOT_FINITE = (
+    "  note: eager PyTorch itself answers NaN or Inf on these inputs, so no backend can be "
+    "judged on them: export again with inputs the model is defined on (a range: --input "
+    "NAME:DTYPE:SHAPE:LOW:HIGH), or make the model finite there."
+)
 GOLDEN_CHANGED = (
     "  note: eager PyTorch no longer gives the outputs export stored in golden.pt: most "
     "likely the model's code (its file or module) changed since the export; its checkpoint "
@@ -271,9 +277,13 @@ class ParityReport:
         ]
         lines += [f"  - {r.describe()}" for r in self.failures]
         lines += [f"  where: {loc['line']}" for loc in self.localisations]
-        # Not for a vacuous golden row: tied detections differ from run to run by themselves.
-        if any(r.backend == GOLDEN_FILE_BACKEND and r.kind != Kind.VACUOUS for r in self.failures):
+        # Not for a vacuous golden row (tied detections differ from run to run by
+        # themselves), nor a non-finite one: eager's own NaN, not an edited model.
+        golden = {r.kind for r in self.failures if r.backend == GOLDEN_FILE_BACKEND}
+        if golden - {Kind.VACUOUS, Kind.NON_FINITE}:
             lines.append(GOLDEN_CHANGED)
+        elif Kind.NON_FINITE in golden:
+            lines.append(NOT_FINITE)
         if self.page:
             lines.append(f"Report: {self.page}")
         elif self.path:

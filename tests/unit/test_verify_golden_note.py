@@ -58,3 +58,17 @@ def test_tied_detections_that_moved_do_not_blame_the_model_code() -> None:
     report = ParityReport("m", "export", "now", {}, {}, [row])
     assert "vacuous" in report.failure_message()
     assert GOLDEN_CHANGED not in report.failure_message()
+
+
+def test_eagers_own_nan_does_not_blame_the_model_code() -> None:
+    """`torch.log(x)` on inputs in [-1, 1): eager's NaN is stored and answered again, every
+    check fails as not finite, and the note said the model's code had changed (a user's
+    trial): it says that eager itself answers NaN there, and what to do."""
+    from pipeline.verify.report import NOT_FINITE
+
+    ref = torch.tensor([float("nan"), 1.0])
+    found = compare_tensor(ref, ref, 1e-5, 1e-4, strict=True)  # as verify compares
+    row = Row.of(GOLDEN_FILE_BACKEND, "golden", "y", found, 1e-5, 1e-4)
+    assert not row.passed and row.kind == "non-finite", row.kind
+    message = ParityReport("m", "export", "now", {}, {}, [row]).failure_message()
+    assert GOLDEN_CHANGED not in message and NOT_FINITE in message
