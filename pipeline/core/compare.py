@@ -317,13 +317,20 @@ def vacuous_problem(ref_max: float, atol: float, rtol: float) -> str:
 
 
 def compare_outputs(
-    expected: Sequence[torch.Tensor], actual: Sequence[torch.Tensor], atol: float, rtol: float
+    expected: Sequence[torch.Tensor],
+    actual: Sequence[torch.Tensor],
+    atol: float,
+    rtol: float,
+    names: Sequence[str] = (),
 ) -> str | None:
-    """None when every output matches, else a short description of the first mismatch."""
+    """None when every output matches, else a short description of the first mismatch,
+    naming the output (by `names`, else "number 4 of 5": "output 3" was read as the third
+    counted from 1, and was the fourth)."""
     if len(expected) != len(actual):
         return f"{len(actual)} outputs, expected {len(expected)}"
     for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
         c = compare_tensor(e, a, atol, rtol, detail=False)
         if not c.passed:
-            return f"output {i}: {c.problem or f'max abs err {c.max_abs:.3g}'}"
+            which = repr(names[i]) if i < len(names) else f"number {i + 1} of {len(expected)}"
+            return f"output {which}: {c.problem or f'max abs err {c.max_abs:.3g}'}"
     return None

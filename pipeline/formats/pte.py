@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -222,8 +222,10 @@ def check(
     atol: float,
     rtol: float,
     way_out: str = "",
+    names: Sequence[str] = (),
 ) -> None:
-    """Run the program in ExecuTorch's runtime on every case and compare with eager.
+    """Run the program in ExecuTorch's runtime on every case and compare with eager
+    (`names`: the outputs', for a mismatch's message).
     `way_out`: what to try when one size may cure a case the runtime refuses (said after
     the failure when its check is on sizes; see way_out_of)."""
     try:
@@ -245,7 +247,7 @@ def check(
                     f"({sizes}): {_why(actual, printed.text)}; it was not kept."
                     f"{way_out_of(printed.text, way_out)}"
                 )
-            worst = compare_outputs(expected, flatten_outputs(actual), atol=atol, rtol=rtol)
+            worst = compare_outputs(expected, flatten_outputs(actual), atol, rtol, names)
             if worst is not None:
                 raise ExportError(
                     f"The .pte program differs from eager on {label!r} ({worst}); it was not kept."
@@ -319,6 +321,7 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
             atol=ctx.atol,
             rtol=ctx.rtol,
             way_out=_fix_hint(sizes, example, entry),
+            names=tuple(entry.outputs),
         )
     reason = program.reason + (
         f"; not delegated to XNNPACK ({refused}): every op runs on ExecuTorch's CPU kernels"

@@ -56,7 +56,10 @@ def test_flatten_and_compare_outputs() -> None:
     assert len(flatten_outputs((a, [b, {"k": a}]))) == 3
     assert compare_outputs([a, b], [a, b], 1e-5, 1e-4) is None
     assert compare_outputs([a, b], [a], 1e-5, 1e-4) == "1 outputs, expected 2"
-    assert "output 1" in compare_outputs([a, b], [a, b + 1], 1e-5, 1e-4)
+    # Which output, counted from 1 with the count (a user read "output 3", 0-based, as the
+    # third), or by name when the caller has the names.
+    assert "output number 2 of 2:" in compare_outputs([a, b], [a, b + 1], 1e-5, 1e-4)
+    assert "output 'y':" in compare_outputs([a, b], [a, b + 1], 1e-5, 1e-4, ("x", "y"))
 
 
 # --- verify's strict rules (issue 16): a check must be able to fail ----------------------
