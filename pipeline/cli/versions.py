@@ -272,6 +272,12 @@ def use_trust(args: argparse.Namespace) -> None:
     keys = getattr(args, "trust", None)
     if not keys:
         return
+    folders = [str(k) for k in keys if Path(k).is_dir()]
+    if folders:
+        raise PipelineError(
+            f"--trust takes key files, not folders ({', '.join(folders)}): repeat it for each "
+            "public key (--trust keys/a.pub --trust keys/b.pub)."
+        )
     missing = [str(k) for k in keys if not Path(k).is_file()]
     if missing:
         raise PipelineError(f"--trust: no such key file: {', '.join(missing)}.")

@@ -186,3 +186,15 @@ def test_a_private_key_in_the_trust_folder_is_called_out(
     shutil.copy(keys["alice"], store / "trust" / "alice.pem")
     with pytest.raises(signing.SignatureError, match="is a PRIVATE key: remove it now"):
         signing.Policy.load(store)
+
+
+def test_trust_given_a_folder_says_to_name_each_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It said "no such key file: keys" of a folder that exists and holds keys.
+    from pipeline.cli import main
+
+    (tmp_path / "keys").mkdir()
+    assert main(["status", "--trust", str(tmp_path / "keys"), "--run-dir", str(tmp_path)]) == 1
+    said = capsys.readouterr().err
+    assert "takes key files, not folders" in said and "no such key file" not in said, said
