@@ -17,9 +17,12 @@ instead was read as the top N.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from pipeline_runtime.oip import Request
 
 CLASSIFICATION = "classification"
 
@@ -54,6 +57,12 @@ def chosen(
         binary = parameters.get("binary_data", default)
         plan.append((name, flag(binary, f"'binary_data' of output {name!r}")))
     return plan
+
+
+def plan(request: Request, names: Sequence[str]) -> list[tuple[str, bool]]:
+    """`chosen` for an OIP request: its `outputs` and its `binary_data_output`."""
+    asked = ((o["name"], o.get("parameters")) for o in request.outputs)
+    return chosen(asked, names, request.parameters.get("binary_data_output", False))
 
 
 def flag(value: Any, what: str) -> bool:

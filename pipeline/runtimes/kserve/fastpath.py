@@ -35,7 +35,7 @@ from prometheus_client import Histogram
 
 from pipeline.runtimes.kserve.security import ASGIApp, Receive, Scope, Send
 from pipeline_runtime import oip
-from pipeline_runtime.asked import AskedError, chosen
+from pipeline_runtime.asked import AskedError, plan
 
 log = logging.getLogger("pipeline.runtimes.kserve")
 
@@ -146,7 +146,7 @@ def encode(
     plan: list[tuple[str, bool]] | None = None,
 ) -> tuple[bytes, int | None]:
     """The answer as JSON, or as the binary extension for the outputs asked in binary;
-    `plan`: what `chosen` said of the request, when already asked."""
+    `plan`: what `_plan` said of the request, when already asked."""
     arrays = dict(zip(model.output_names, outputs, strict=True))
     if plan is None:
         plan = _plan(request, model)
@@ -185,11 +185,8 @@ def encode(
 
 def _plan(request: oip.Request, model: Model) -> list[tuple[str, bool]]:
     """What the request asks of its answer (pipeline_runtime.asked), or its ClientError."""
-    asked = ((o["name"], o.get("parameters")) for o in request.outputs)
     try:
-        return chosen(
-            asked, model.output_names, request.parameters.get("binary_data_output", False)
-        )
+        return plan(request, model.output_names)
     except AskedError as err:
         raise ClientError(str(err)) from None
 

@@ -4,7 +4,7 @@ What a request may ask of its answer is the protocol's one rule (pipeline_runtim
 as the KServe runtime's routes): the outputs it names, in its order (all when it names
 none), each in binary or JSON as its flags say. What cannot be answered as asked (a name
 the model lacks, the classification extension, a flag that is not a boolean) is the
-client's error, refused before the model runs (`plan`; app.py answers 400).
+client's error, refused before the model runs (`asked.plan`; app.py answers 400).
 """
 
 from __future__ import annotations
@@ -14,13 +14,7 @@ import json
 import numpy as np
 
 from pipeline_runtime import oip
-from pipeline_runtime.asked import chosen
-
-
-def plan(request: oip.Request, outputs: list[str]) -> list[tuple[str, bool]]:
-    """The outputs to answer (name, in binary?), in order; AskedError for what cannot be."""
-    asked = ((o["name"], o.get("parameters")) for o in request.outputs)
-    return chosen(asked, outputs, request.parameters.get("binary_data_output", False))
+from pipeline_runtime.asked import plan
 
 
 def encode(

@@ -36,7 +36,7 @@ from pipeline.runtimes.ray.availability import Availability, Down
 from pipeline.runtimes.ray.constants import LOOPBACK_ENV, deployment_name
 from pipeline.serving import guard
 from pipeline_runtime import codec, oip
-from pipeline_runtime.asked import AskedError, unbatch
+from pipeline_runtime.asked import AskedError, plan, unbatch
 
 
 def _loopback_only() -> None:
@@ -257,7 +257,7 @@ class Ingress:
         except (oip.OipError, ValueError) as err:
             return _error(400, f"Not an Open Inference Protocol request: {err}")
         try:
-            answer.plan(parsed, model["outputs"])
+            plan(parsed, model["outputs"])
         except AskedError as err:
             return _error(400, str(err))
         why = await self.available.wait(name)
