@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pipeline import __version__
 from pipeline.cli.args import add_budget_args, input_specs, kwargs_arg, model_arg
-from pipeline.cli.deploy import add_deploy_command, add_serving_commands, terminated_as_exit
+from pipeline.cli.deploy import add_deploy_command, add_serving_commands
 from pipeline.cli.measure import add_bench_command, add_cpp_commands
 from pipeline.cli.train import add_train_command
 from pipeline.cli.verify import add_verify_command
@@ -312,10 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet_libraries(args.verbose)
     try:
         use_trust(args)
-        # A SIGTERM (a CI's or a user's `timeout`) runs every stage's cleanup: an export
-        # killed by it left 131 MB of staging and scratch folders beside its output.
-        with terminated_as_exit():
-            return int(args.func(args))
+        return int(args.func(args))
     except PipelineError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

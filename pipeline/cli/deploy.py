@@ -178,7 +178,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 for o in refused
             )
         )
-    with terminated_as_exit():  # a SIGTERM (CI's timeout) mid-start stops what it started
+    with _terminated_as_exit():  # a SIGTERM (CI's timeout) mid-start stops what it started
         server = rt.serve(options)
     if getattr(args, "argv", None):  # a hint that restarts it repeats its options
         server = dataclasses.replace(server, command=args.argv)
@@ -195,12 +195,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def terminated_as_exit() -> Iterator[None]:
-    """SIGTERM raises SystemExit while a command runs, so its cleanup runs: the runtime's
-    stopped_on_failure stops what a start started, export removes its staging folders (by
-    default the signal killed this process alone and left the runtime's host, Ray's
-    cluster or TorchServe running, or the folders on disk). The exit status stays a
-    signal's, 128 + 15."""
+def _terminated_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit while a start runs, so the runtime's stopped_on_failure
+    stops what it started (by default the signal killed this process alone and left the
+    runtime's host, Ray's cluster or TorchServe running)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
