@@ -196,6 +196,13 @@ def test_metrics_on_loopback_need_no_token(loopback_server: Server) -> None:
         assert kind != "counter" or name.endswith("_total"), name
         assert not re.search(r"_(ms|millis\w*|milliseconds|us|micro\w*)(_|$)", name), name
     assert "request_predict_seconds" in families  # kserve's latency histogram, in seconds
+    # ... and it counts REST requests too (the fast path answers them, not kserve's route).
+    predicted = {
+        s.labels["model_name"]: s.value
+        for s in families["request_predict_seconds"].samples
+        if s.name == "request_predict_seconds_count"
+    }
+    assert predicted.get(MODEL, 0) >= 1, predicted
     # Prometheus itself asks for OpenMetrics first, and gets it.
     om = httpx.get(f"{server.inference_url}/metrics", headers={"Accept": PROMETHEUS_ACCEPT})
     assert om.status_code == 200
