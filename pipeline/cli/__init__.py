@@ -198,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=(*export_formats, registry.ALL, registry.ALL_PRECISION),
         help=f"what to write; repeat for several (default: {' and '.join(default_formats)}). "
         "pt2 is torch.export + AOTInductor, compiled for --pt2-device (tens of seconds per "
-        "model); pte is ExecuTorch's on-device program (XNNPACK; verified, never served). "
+        "model); pte is ExecuTorch's on-device program (XNNPACK; verified, never served), "
+        "pte_int8 its int8 variant (XNNPACK's quantizer). "
         f"{registry.ALL}: every float32 format (pte when ExecuTorch is installed); "
         f"{registry.ALL_PRECISION}: every int8 and float16 one (judged at task level, see "
         "--accuracy-budget)",
@@ -255,9 +256,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--input",
         action="append",
-        metavar="NAME:DTYPE:SHAPE",
-        help="an input, in forward() order; repeat for several. A name in SHAPE is a dynamic "
-        "axis: --input image:float32:batch,3,32,32",
+        metavar="NAME:DTYPE:SHAPE[:LOW:HIGH]",
+        help="an input, in forward() order; repeat for several. DTYPE: float32, float64, "
+        "float16, bfloat16, int64, int32 or bool. A name in SHAPE is a dynamic axis. LOW:HIGH "
+        "(high exclusive) is where random inputs are drawn from (default -1:1 for floats, "
+        "0:10 for integers) and, for integers, what the servers accept: --input "
+        "image:float32:batch,3,32,32 or --input ids:int64:batch,seq:0:50",
     )
     g.add_argument(
         "--input-spec", type=Path, metavar="FILE", help="inputs (and outputs) from YAML or TOML"
