@@ -31,6 +31,7 @@ import numpy as np
 from pipeline_runtime import oip
 from pipeline_runtime.asked import unbatch
 from pipeline_runtime.binary import decode_image, numpy_arrays
+from pipeline_runtime.jsonarray import JSON_DTYPES, to_array
 from pipeline_runtime.request import (
     MAX_ELEMENTS,
     MAX_IMAGE_PIXELS,
@@ -59,9 +60,6 @@ __all__ = [
     "parse_body",
 ]
 
-# The numpy dtypes the handlers' JSON carries (each with its range checks in `_to_array`);
-# the Open Inference Protocol's datatype table is `pipeline_runtime.oip`'s, the only one.
-_JSON_DTYPES = ("float32", "float64", "float16", "int64", "int32", "bool")
 V2_DATATYPES, V2_NAMES = oip.DATATYPES, oip.NAMES  # for callers that read them from here
 
 
@@ -72,21 +70,6 @@ class Decoded:
     arrays: dict[str, np.ndarray]
     protocol: str  # "json", "v2" or "image"
     unbatched: bool  # the client left out the batch axis; answer without it
-
-
-def _depth(value: Any, limit: int) -> int:
-    depth, level = 0, [value]
-    while level:
-        depth += 1
-        if depth > limit:
-            return depth
-        level = [
-            v
-            for item in level
-            if isinstance(item, list | dict)
-            for v in (item.values() if isinstance(item, dict) else item)
-        ]
-    return depth
 
 
 def parse_body(body: Any) -> tuple[Any, str]:
@@ -133,59 +116,6 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not allowed in input tensors")
 
 
-def _to_array(value: Any, spec: InputSpec) -> np.ndarray:
-    if isinstance(value, bool | int | float):
-        value = [value]
-    if not isinstance(value, list):
-        raise RequestError(
-            f"Input {spec.name!r} must be a (nested) list of numbers, got {type(value).__name__}.",
-            expected=spec.describe(),
-        )
-    if _depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
-        raise RequestError(f"Input {spec.name!r} is nested too deeply.", expected=spec.describe())
-    try:
-        if spec.dtype not in _JSON_DTYPES:
-            raise KeyError(spec.dtype)
-        target = np.dtype(spec.dtype).type
-        raw = np.array(value)
-        if raw.dtype.kind not in "biuf":  # strings, objects, ragged lists
-            raise ValueError("not numbers")
-        if (
-            np.issubdtype(target, np.integer)
-            and raw.dtype.kind == "f"
-            and not np.all(raw == np.round(raw))
-        ):
-            raise RequestError(
-                f"Input {spec.name!r} is {spec.dtype}: fractional values are not integers.",
-                expected=spec.describe(),
-            )
-        if np.issubdtype(target, np.integer) and raw.dtype.kind in "iuf":
-            # Found by fuzzing: casting 1e300, Infinity or 2**63 to int64 does not
-            # fail, it silently wraps (to -2**63). Refuse values the dtype cannot hold.
-            info = np.iinfo(target)
-            if raw.dtype.kind == "f":  # float(info.max) rounds up to 2**63: exclusive bound
-                fits = (raw >= info.min) & (raw < -float(info.min))
-            else:
-                fits = (raw >= info.min) & (raw <= info.max)
-            if not fits.all():
-                raise RequestError(
-                    f"Input {spec.name!r} has values outside the {spec.dtype} range.",
-                    expected=spec.describe(),
-                )
-        with np.errstate(over="ignore", invalid="ignore"):  # overflow → Inf, refused below
-            array = raw.astype(target)
-    except KeyError:
-        raise RequestError(
-            f"The model's input dtype {spec.dtype} is not supported over JSON."
-        ) from None
-    except (ValueError, TypeError, OverflowError):
-        raise RequestError(
-            f"Input {spec.name!r} must be a rectangular nested list of {spec.dtype} numbers.",
-            expected=spec.describe(),
-        ) from None
-    return array
-
-
 @dataclass(frozen=True)
 class _JsonTensor:
     """An OIP JSON tensor as sent, unchecked (oip_arrays checks each field)."""
@@ -205,7 +135,7 @@ def oip_arrays(
     The one server-side reader of OIP inputs: the KServe runtime's (REST and gRPC, as
     `oip.Tensor` or kserve's `InferInput`: name, datatype, shape, data or as_numpy) and
     the TorchServe handler's OIP JSON. JSON values go through the same range checks as
-    the handlers' JSON (`_to_array`): 1.5 or 1e300 for an INT64 input is refused, not
+    the handlers' JSON (`jsonarray.to_array`): 1.5 or 1e300 for an INT64 input is refused, not
     truncated or wrapped as numpy's cast would."""
     names = [s.name for s in specs]
     got = [getattr(t, "name", None) for t in tensors]
@@ -244,9 +174,9 @@ def oip_arrays(
         # JSON values (a list; or, for a JSON tensor, whatever 'data' holds) are range-checked
         # as the handlers' JSON are; raw bytes (binary extension, gRPC) are read by as_numpy
         # (kserve's gRPC InferInput holds them beside an empty `data` list).
-        values = isinstance(data, list) and bool(data) and spec.dtype in _JSON_DTYPES
+        values = isinstance(data, list) and bool(data) and spec.dtype in JSON_DTYPES
         if not hasattr(item, "as_numpy") or values:
-            flat = _to_array(data, spec).reshape(-1) if isinstance(data, list) else None
+            flat = to_array(data, spec).reshape(-1) if isinstance(data, list) else None
             if flat is None or flat.size != size:
                 raise RequestError(
                     f"Input {spec.name!r}: 'data' must hold {size} values for shape {shape}.",
@@ -288,13 +218,13 @@ def _collect(body: Any, specs: Sequence[InputSpec]) -> tuple[dict[str, np.ndarra
                 f"Inputs must be named {names}, got {sorted(map(str, inputs))}.",
                 expected=[s.describe() for s in specs],
             )
-        return {n: _to_array(inputs[n], by_name[n]) for n in names}, "json"
+        return {n: to_array(inputs[n], by_name[n]) for n in names}, "json"
     if len(specs) != 1:
         raise RequestError(
             f'This model takes {len(specs)} inputs; send them by name: {{"inputs": {{{", ".join(repr(n) for n in names)}: ...}}}}.',
             expected=[s.describe() for s in specs],
         )
-    return {specs[0].name: _to_array(inputs, specs[0])}, "json"
+    return {specs[0].name: to_array(inputs, specs[0])}, "json"
 
 
 def check_arrays(

@@ -244,3 +244,30 @@ def test_a_token_past_the_declared_vocabulary_is_refused_before_the_model(
     # Only a declared range bounds: an integer input's default sampling range does not.
     free = [pl_codec.InputSpec("tokens", ("batch", "seq"), "int64", 0.0, 10.0)]
     assert pl_codec.decode_request(body, free, False).arrays["tokens"].tolist() == [[token, 1]]
+
+
+def test_true_and_false_are_not_numbers_nor_five_a_bool() -> None:
+    """numpy reads true/false as 1/0 and 5 as True; a request is refused instead, over the
+    handlers' JSON and the Open Inference Protocol's alike (Triton refuses them too)."""
+    ints = [pl_codec.InputSpec("tokens", ("batch", 2), "int64")]
+    mask = [pl_codec.InputSpec("mask", ("batch", 2), "bool")]
+
+    def oip(datatype: str, data: list) -> dict:
+        return {"inputs": [{"name": "x", "shape": [1, 2], "datatype": datatype, "data": data}]}
+
+    refused = [
+        ({"inputs": [[True, False]]}, CELL[:1], "send numbers, not true/false"),
+        ({"inputs": [[True, 0.5]]}, CELL[:1], "send numbers, not true/false"),  # a mix too
+        ({"inputs": [[1, False]]}, ints, "send numbers, not true/false"),
+        (oip("FP32", [True, False]), CELL[:1], "send numbers, not true/false"),
+        ({"inputs": [[5, 0]]}, mask, "send true/false"),
+    ]
+    for body, specs, fragment in refused:
+        with pytest.raises(pl_codec.RequestError, match=fragment) as err:
+            pl_codec.decode_request(body, specs, False)
+        assert err.value.status == 400
+        with pytest.raises(pl_codec.RequestError, match=fragment):  # the same as bytes
+            pl_codec.decode_request(json.dumps(body).encode(), specs, False)
+    for sent in ([[True, False]], [[1, 0]]):
+        got = pl_codec.decode_request({"inputs": sent}, mask, False).arrays["mask"]
+        assert got.dtype == np.bool_ and got.tolist() == [[True, False]]

@@ -179,6 +179,8 @@ def spec_shaped(draw: st.DrawFn, spec: InputSpec, leaves: st.SearchStrategy) -> 
 def expect_values(decoded: pl_codec.Decoded, spec: InputSpec, flat: list[Any]) -> None:
     """Accepted numbers are the numbers sent: exact for integers, float32-rounded for floats."""
     got = decoded.arrays[spec.name].reshape(-1)
+    # true/false are not numbers: a float or integer input refuses them (no 1.0 and 0.0).
+    assert not any(isinstance(v, bool) for v in flat), flat
     if spec.dtype == "int64":
         assert [int(v) for v in got] == [int(v) for v in flat]  # no silent wrap-around
         assert all(v == int(v) for v in flat)
