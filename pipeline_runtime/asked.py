@@ -25,6 +25,10 @@ if TYPE_CHECKING:
     from pipeline_runtime.oip import Request
 
 CLASSIFICATION = "classification"
+# What the server metadata (`GET /v2`, gRPC ServerMetadata) lists: the protocol's extensions
+# every OIP runtime here offers (Triton's name for the binary one). Not the model repository
+# (versions change through the run folder) nor classification (refused, above).
+EXTENSIONS = ["binary_tensor_data"]
 
 
 class AskedError(ValueError):

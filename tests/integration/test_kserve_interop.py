@@ -263,8 +263,9 @@ def test_health_readiness_and_metadata_over_http(server, exported) -> None:
         assert client.is_server_live() and client.is_server_ready()
         meta = client.get_server_metadata(headers=auth)
         assert meta["name"] and meta["version"]
-        # kserve listed model_repository_extension, whose routes answer 404 here.
-        assert meta["extensions"] == []
+        # kserve listed model_repository_extension, whose routes answer 404 here; the
+        # binary tensor extension is offered (the fast path reads and writes it).
+        assert meta["extensions"] == ["binary_tensor_data"]
         for fmt in SERVED_FORMATS:
             name = f"digits_{fmt}"
             assert client.is_model_ready(name, headers=auth)

@@ -80,6 +80,7 @@ from pipeline.runtimes.kserve.versioned import (  # noqa: E402
 from pipeline.serving import live  # noqa: E402
 from pipeline.serving.guard import Keys  # noqa: E402
 from pipeline_runtime import tracing  # noqa: E402
+from pipeline_runtime.asked import EXTENSIONS  # noqa: E402
 from pipeline_runtime.files import IntegrityError  # noqa: E402
 
 log = logging.getLogger("pipeline.runtimes.kserve")
@@ -274,8 +275,8 @@ def _install_metadata(models: dict[str, VersionedModel]) -> None:
 
     def metadata(self: DataPlane) -> dict[str, Any]:
         # kserve lists the model repository extension always; its routes are closed here
-        # (versions change through the run folder), so the server offers none.
-        return {**plain(self), "extensions": []}
+        # (versions change through the run folder). The binary one is the fast path's.
+        return {**plain(self), "extensions": list(EXTENSIONS)}
 
     DataPlane.metadata = metadata  # type: ignore[method-assign]
 

@@ -36,7 +36,7 @@ from pipeline.runtimes.ray.availability import Availability, Down
 from pipeline.runtimes.ray.constants import LOOPBACK_ENV, deployment_name
 from pipeline.serving import guard
 from pipeline_runtime import codec, oip
-from pipeline_runtime.asked import AskedError, plan, unbatch
+from pipeline_runtime.asked import EXTENSIONS, AskedError, plan, unbatch
 
 
 def _loopback_only() -> None:
@@ -220,7 +220,9 @@ class Ingress:
         if refusal is not None:
             return _refused(refusal)
         if path.rstrip("/") == "/v2":
-            return _json({"name": "pipeline-ray", "version": serve.__name__, "extensions": []})
+            return _json(
+                {"name": "pipeline-ray", "version": serve.__name__, "extensions": EXTENSIONS}
+            )
         route = _ROUTE.match(path)
         if route is None:
             return _error(404, f"No route {path}; see /v2/models/<name>/infer.")
