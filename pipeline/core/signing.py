@@ -227,9 +227,13 @@ def state(version_dir: Path, policy: Policy | None = None) -> State:
     except ValueError as err:  # the library names the files: "Hash mismatch for 'model.onnx'…"
         return State(CHANGED, policy.name(fp), _changed(str(err)))
     except Exception as err:  # noqa: BLE001 - a bundle that does not verify is not trusted
+        # The key hint is the bundle's own claim: a forged one names a trusted key. No
+        # signer then, only what the bundle claims, so nobody reads "changed by alice".
         why = _first_line(str(err)) or type(err).__name__  # a forged key hint says nothing
         return State(
-            CHANGED, policy.name(fp), f"the signature does not verify with that key: {why}"
+            CHANGED,
+            None,
+            f"the signature names the key {policy.name(fp)} but does not verify with it: {why}",
         )
     moved = _moved(version_dir)
     return State(CHANGED, policy.name(fp), moved) if moved else State(SIGNED, policy.name(fp))

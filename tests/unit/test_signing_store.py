@@ -175,7 +175,25 @@ def test_a_malformed_bundle_is_refused_in_one_line(keys: dict[str, Path], tmp_pa
     (folder / signing.SIGNATURE).write_text(json.dumps(bundle))
     found = signing.state(folder, signing.Policy.load(store, [_pub(keys["alice"])]))
     assert found.state == signing.CHANGED and "\n" not in found.detail, found
-    assert found.detail.startswith("the signature does not verify"), found
+    assert "does not verify" in found.detail, found
+
+
+def test_a_forged_key_hint_is_not_shown_as_the_signer(
+    keys: dict[str, Path], tmp_path: Path
+) -> None:
+    # Mallory signs and writes alice's fingerprint into the bundle's key hint: refused,
+    # but status said "changed by alice (...)", naming as signer a key that never signed.
+    store = tmp_path / "store"
+    folder = _version(store)
+    signing.sign(folder, keys["mallory"])
+    alice = signing.fingerprint(keys["alice"].with_suffix(".pub").read_bytes())
+    bundle = json.loads((folder / signing.SIGNATURE).read_text())
+    bundle["verificationMaterial"]["publicKey"]["hint"] = alice
+    (folder / signing.SIGNATURE).write_text(json.dumps(bundle))
+    found = signing.state(folder, signing.Policy.load(store, [_pub(keys["alice"])]))
+    assert found.state == signing.CHANGED and found.signer is None, found
+    assert found.detail.startswith(f"the signature names the key alice ({alice[:16]}) but"), found
+    assert not found.describe().startswith("changed by"), found.describe()
 
 
 def test_a_private_key_in_the_trust_folder_is_called_out(
