@@ -9,6 +9,7 @@ of them opened an export its own way.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,16 @@ def open_export(
         # A self-contained export (a version in the store, `pipeline publish`) carries its
         # own copy; its sha256 is checked below like any other.
         ckpt_path = export_dir / OWN_CHECKPOINT
+    if checkpoint is None and not ckpt_path.is_file():
+        # An export folder moved or copied without its checkpoint: the generic "train one"
+        # advice of load_checkpoint was wrong here, the checkpoint exists somewhere.
+        raise ArtifactError(
+            f"{export_dir} was exported from the checkpoint {manifest.checkpoint.path!r} "
+            f"(relative to the export folder; sha256 {manifest.checkpoint.sha256[:12]}…), "
+            f"which is not at {os.path.normpath(ckpt_path)}: eager PyTorch needs its weights. "
+            "Pass --checkpoint PATH (the same file; its sha256 is checked), or keep the "
+            "export folder beside it; `pipeline publish` makes a copy that carries its own."
+        )
     loaded = load_checkpoint(ckpt_path)
     if loaded.meta["weights_sha256"] != manifest.checkpoint.sha256:
         raise ArtifactError(

@@ -62,3 +62,17 @@ def test_commands_without_an_export_dir_keep_their_model_defaults() -> None:
     assert (
         build_parser().parse_args(["bench"]).model is None
     )  # bench's own default: its list of models
+
+
+def test_an_export_moved_without_its_checkpoint_says_so(tmp_path: Path) -> None:
+    # It said "Train one with `pipeline train`", of a checkpoint that exists elsewhere.
+    from pipeline.core.errors import ArtifactError
+    from pipeline.export.opened import open_export
+
+    export = _export(tmp_path / "copied" / "export", "lstm_tagger")
+    with pytest.raises(ArtifactError) as err:
+        open_export(export)
+    said = str(err.value)
+    assert "exported from the checkpoint '../checkpoint.pt'" in said, said
+    assert str(tmp_path / "copied" / "checkpoint.pt") in said and "--checkpoint PATH" in said
+    assert "pipeline train" not in said
