@@ -8,7 +8,11 @@ target (rename within one filesystem is atomic on POSIX).
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
+import shutil
+import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,12 +21,18 @@ from typing import Any
 
 from pipeline_runtime.files import sha256_file
 
+log = logging.getLogger(__name__)
+# Every staging folder's name carries its maker, "~<pid>@<host>~", so one left behind by a
+# process that was killed (SIGKILL, a timeout, a lost machine) can be told from one in use.
+_OWNER = re.compile(r"~(\d+)@([^~/]+)~")
+
 __all__ = [
     "atomic_path",
     "atomic_write",
     "readable_tree",
     "sha256_file",
     "staging_dir",
+    "sweep_abandoned",
     "write_json",
     "write_secret",
 ]
@@ -39,9 +49,41 @@ def staging_dir(prefix: str, parent: Path) -> Path:
     with an ordinary mkdir's mode (umask applied): mkdtemp's 0700 stayed on the export,
     the version or the deployment it became, and a container's unprivileged user (the
     deploy's Dockerfile runs as uid 1000) could not read what COPY put in the image."""
-    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    owner = f"~{os.getpid()}@{socket.gethostname()}~"
+    folder = Path(tempfile.mkdtemp(prefix=f"{prefix}{owner}", dir=parent))
     folder.chmod(0o777 & ~_umask())
     return folder
+
+
+def sweep_abandoned(parent: Path) -> list[Path]:
+    """Remove the hidden staging folders in `parent` (`staging_dir`'s) whose maker, a process
+    on this host, is gone: what an export, publish or deploy stopped mid-way left behind
+    (cleanup runs on an error or Ctrl-C, not on SIGKILL or a default SIGTERM). Folders
+    of live processes and of other hosts (a shared disk) are kept."""
+    host, removed = socket.gethostname(), []
+    try:
+        entries = [p for p in Path(parent).iterdir() if p.name.startswith(".")]
+    except OSError:
+        return []
+    for path in entries:
+        owner = _OWNER.search(path.name)
+        if owner is None or owner[2] != host or _alive(int(owner[1])):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+            log.info("removed %s, left by process %s, which was stopped mid-way", path, owner[1])
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # another user's process; a pid past any
+        return True
+    return True
 
 
 def readable_tree(root: Path) -> None:

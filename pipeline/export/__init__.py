@@ -6,7 +6,6 @@ import datetime as dt
 import logging
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import torch
 from pipeline.core import paths
 from pipeline.core.checkpoint import Checkpoint, sidecar_path
 from pipeline.core.errors import ExportError, PipelineError
-from pipeline.core.fileio import atomic_write, sha256_file, staging_dir
+from pipeline.core.fileio import atomic_write, sha256_file, staging_dir, sweep_abandoned
 from pipeline.core.manifest import (
     MANIFEST_NAME,
     ArtifactRecord,
@@ -156,7 +155,7 @@ def _write_artifacts(
             made.append(calibration_for(entry, None))
         return made[0]
 
-    scratch = Path(tempfile.mkdtemp(prefix=".export-scratch-", dir=staging.parent))
+    scratch = staging_dir(".export-scratch-", staging.parent)
     try:
         return each_format(
             config,
@@ -210,7 +209,8 @@ def export(config: ExportConfig) -> ExportResult:
     made = not ckpt_path.parent.exists()  # removed again, if left empty, when export fails
     if config.weights is not None or config.random_init:
         ckpt_path.parent.mkdir(parents=True, exist_ok=True)
-        pending = Path(tempfile.mkdtemp(prefix=".checkpoint-pending-", dir=ckpt_path.parent))
+        sweep_abandoned(ckpt_path.parent)
+        pending = staging_dir(".checkpoint-pending-", ckpt_path.parent)
     try:
         checkpoint = checkpoint_for(
             entry,
@@ -283,6 +283,7 @@ def _export(
 
     out_dir = Path(config.out_dir) if config.out_dir else paths.export_dir(entry.name)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    sweep_abandoned(out_dir.parent)  # an earlier export's, killed mid-way
     staging = staging_dir(f".{out_dir.name}.staging-", out_dir.parent)
     try:
         artifacts, failed = _write_artifacts(

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.core import paths, signing
 from pipeline.core.checkpoint import sidecar_path
 from pipeline.core.errors import PipelineError
-from pipeline.core.fileio import staging_dir, write_json
+from pipeline.core.fileio import staging_dir, sweep_abandoned, write_json
 from pipeline.core.manifest import read_manifest
 
 if TYPE_CHECKING:
@@ -218,6 +218,7 @@ def publish(
     folder.mkdir(parents=True, exist_ok=True)
     # Every numbered folder counts, published or not: a number is never used twice.
     number = max([0, *(int(p.name) for p in folder.iterdir() if p.name.isdigit())]) + 1
+    sweep_abandoned(folder)  # an earlier publish's, killed mid-way
     staging = staging_dir(f".{number}.", folder)
     try:
         target = staging / "v"

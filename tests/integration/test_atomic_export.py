@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import pipeline.formats.onnx as onnx_format
+from pipeline.core.fileio import staging_dir
 from pipeline.export import ExportConfig, ExportResult, export
 from pipeline.train import TrainResult
 from pipeline.verify import VerifyConfig, verify
@@ -100,3 +106,55 @@ def test_an_export_interrupted_while_swapping_in_keeps_the_previous_one(
     # Re-exported in the default formats: the same files, less the fixture's .pt2 and .pte.
     assert _digests(out_dir).keys() == before.keys() - {"model.pt2", "model.pte"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+
+
+def test_an_export_killed_mid_way_has_its_folders_swept_by_the_next(tmp_path: Path) -> None:
+    """SIGKILL (or a timeout's default SIGTERM) runs no cleanup: the staging, scratch and
+    pending-checkpoint folders stayed, hidden, one set per killed export, a compiled .pt2
+    included. The next export removes those whose process is gone, and only those."""
+    out_dir, ckpt = tmp_path / "export", tmp_path / "ckpt" / "checkpoint.pt"
+    argv = ["--model", "digits_mlp", "--random-init", "--checkpoint", str(ckpt)]
+    # .pt2 compiles for seconds: the export is surely mid-way when its folders are seen.
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "export",
+            *argv,
+            "--out-dir",
+            str(out_dir),
+            "--format",
+            "pt2",
+        ],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and child.poll() is None:
+            hidden = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+            if any(".export-scratch-" in n for n in hidden):  # staging and scratch both made
+                break
+            time.sleep(0.05)
+        assert child.poll() is None, "the export ended before it could be killed"
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait(timeout=60)
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("."))
+    assert any(".export.staging-" in n for n in left), left  # what a kill leaves
+    assert any(".checkpoint-pending-" in n for p in [ckpt.parent] for n in os.listdir(p))
+    mine = staging_dir(".export.staging-", tmp_path)  # a live process's: kept
+    export(
+        ExportConfig(
+            model="digits_mlp",
+            random_init=True,
+            checkpoint=ckpt,
+            out_dir=out_dir,
+            formats=("onnx",),
+        )
+    )
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [mine.name]
+    assert [n for n in os.listdir(ckpt.parent) if n.startswith(".")] == []
+    assert (out_dir / "model.onnx").is_file()

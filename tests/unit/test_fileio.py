@@ -1,9 +1,19 @@
 import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from pipeline.core.fileio import atomic_write, sha256_file, write_json
+from pipeline.core.fileio import (
+    atomic_write,
+    sha256_file,
+    staging_dir,
+    sweep_abandoned,
+    write_json,
+)
 
 
 def test_atomic_write_keeps_old_file_when_writer_fails(tmp_path: Path) -> None:
@@ -37,3 +47,23 @@ def test_atomic_write_gives_ordinary_permissions(tmp_path: Path) -> None:
     finally:
         os.umask(umask)
     assert target.stat().st_mode & 0o777 == 0o644
+
+
+def test_sweep_removes_only_what_a_dead_process_on_this_host_left(tmp_path: Path) -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    host = socket.gethostname()
+    left = tmp_path / f".export.staging-~{dead.stdout.strip()}@{host}~abcd1234"
+    elsewhere = tmp_path / f".export.staging-~{dead.stdout.strip()}@not-{host}~abcd1234"
+    plain = tmp_path / ".export.staging-abcd1234"  # no owner in its name: never ours to judge
+    for folder in (left, elsewhere, plain):
+        (folder / "sub").mkdir(parents=True)
+    live = staging_dir(".export.staging-", tmp_path)
+    assert f"~{os.getpid()}@{host}~" in live.name
+    assert sweep_abandoned(tmp_path) == [left]
+    assert sorted(tmp_path.iterdir()) == sorted([elsewhere, plain, live])
+    assert sweep_abandoned(tmp_path / "missing") == []

@@ -27,7 +27,7 @@ import yaml
 
 from pipeline.core import signing
 from pipeline.core.errors import PipelineError
-from pipeline.core.fileio import readable_tree, staging_dir
+from pipeline.core.fileio import readable_tree, staging_dir, sweep_abandoned
 from pipeline.core.manifest import read_manifest
 from pipeline.runtimes.kserve import leanimage
 from pipeline.runtimes.kserve import manifests as m
@@ -108,6 +108,7 @@ def deploy_kserve(config: m.DeployConfig, *, force: bool = False) -> DeployResul
         check(doc, what=rel)  # before anything is written
 
     out.parent.mkdir(parents=True, exist_ok=True)
+    sweep_abandoned(out.parent)  # an earlier deploy's, killed mid-way
     staging = staging_dir(f".{out.name}.", out.parent)
     try:
         for rel, doc in docs.items():
