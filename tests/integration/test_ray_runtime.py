@@ -206,7 +206,9 @@ def test_a_run_joins_the_cluster_under_a_path_of_its_own(
     its own on the cluster's proxy, with its own token."""
     server, second = cluster[0], joined["server"]
     assert second.inference_url.startswith(server.inference_url + "/pipeline-"), second
-    assert "this run answers there" in joined["stdout"]
+    assert "this run answers there" in joined["stdout"]  # the cluster's proxy: not --port
+    logs = re.search(r"\(Ray's own: (\S+)\)", joined["stdout"])  # this session's, not the latest
+    assert logs and Path(logs[1]).is_dir() and "session_latest" not in logs[1], joined["stdout"]
     verified = run_cli(
         "verify", "--export-dir", joined["export_dir"], "--backend", "ray",
         "--run-dir", joined["run_dir"], "--report", tmp_path / "parity.json",
@@ -280,6 +282,34 @@ def test_a_joined_run_asking_for_gpus_the_cluster_lacks_is_refused(
     )  # fmt: skip
     assert proc.returncode != 0
     assert "--ray-replica-gpus 1: the cluster has 0 GPU(s)" in proc.stderr, proc.stderr[-3000:]
+    assert httpx.get(f"{server.inference_url}/v2/health/ready", timeout=10).status_code == 200
+
+
+def test_a_joined_run_that_cannot_deploy_says_why_and_leaves_nothing_on_the_cluster(
+    cluster, exported: ExportResult, tmp_path: Path
+) -> None:
+    """A replica that cannot load at start: serve showed a traceback ("Failed to update the
+    deployments"), not the replica's error, and left its application on the shared
+    cluster (DEPLOY_FAILED, its ingress running), where `pipeline stop` could not reach
+    it. Now the error is said and the application removed before serve exits."""
+    server, _ = cluster
+    export_dir = copy_export(exported, tmp_path / "export")
+    (export_dir / "model.onnx").write_bytes(b"changed on disk")
+    proc = run_cli(
+        "serve", "--runtime", "ray", "--ray-export-dir", export_dir, "--ray-format", "onnx",
+        "--ray-address", _state(server)["address"], "--ray-replica-cpus", "0",
+        "--port", free_port(), "--run-dir", tmp_path / "run",
+    )  # fmt: skip
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0, said[-3000:]
+    assert "was not deployed" in said and "modified after export" in said, said[-3000:]
+    assert "Traceback" not in said, said[-3000:]
+    app = re.search(r"removed (pipeline-[0-9a-f]{8}) from the cluster", said)
+    assert app, said[-3000:]
+    # Its path on the proxy is the cluster's own run's again (the route "/"): a 404 there.
+    auth = {"Authorization": f"Bearer {_key(server)}"}
+    gone = httpx.get(f"{server.inference_url}/{app[1]}/v2/health/live", headers=auth, timeout=30)
+    assert gone.status_code == 404, gone.text
     assert httpx.get(f"{server.inference_url}/v2/health/ready", timeout=10).status_code == 200
 
 

@@ -144,3 +144,37 @@ def test_a_cluster_address_that_answers_nothing_is_said_at_once(tmp_path: Path) 
     with pytest.raises(ServeError, match=f"Cannot reach the Ray cluster at {address}"):
         start(RayConfig(models=[{"name": "m"}], address=address), tmp_path, {})
     assert not (tmp_path / "server.json").exists()  # refused before anything was started
+
+
+def test_serves_deployment_messages_are_said_on_one_line_with_what_to_do() -> None:
+    """What the host logs while its application deploys (pipeline/runtimes/ray/deploying.py):
+    a replica's traceback as its first and last lines; an unplaced replica with the fix."""
+    from pipeline.runtimes.ray.deploying import UNPLACED_HINT, explained, short
+
+    failed = (
+        "The deployment failed to start 3 times in a row. See controller logs.\n"
+        'Traceback (most recent call last):\n  File "app.py", line 1, in load\n'
+        "pipeline.core.errors.ArtifactError: model.onnx was modified after export\n"
+    )
+    said = short(failed)
+    assert "\n" not in said and said.startswith("The deployment failed to start")
+    assert said.endswith("ArtifactError: model.onnx was modified after export"), said
+    assert UNPLACED_HINT not in explained(failed)
+    waiting = (
+        "Deployment 'model-digits_lenet' in application 'pipeline-40b35517' has 1 replicas "
+        "that have taken more than 30s to be scheduled. Resources required for each "
+        'replica: {"CPU": 1.0}, total resources available: {}.'
+    )
+    assert explained(waiting).endswith(f"({UNPLACED_HINT})")
+    assert "--ray-replica-cpus 0" in UNPLACED_HINT
+
+
+def test_the_other_proxy_note_is_for_another_proxy_not_for_the_runs_own_path() -> None:
+    # Every joined run printed "the cluster's Serve proxy was already running", also the
+    # one that started Serve on --port: the URLs compared held the run's path.
+    from pipeline.runtimes.ray.launch import elsewhere
+
+    asked = "http://127.0.0.1:24080"
+    assert not elsewhere(f"{asked}/pipeline-40b35517", asked)
+    assert not elsewhere(asked, asked)
+    assert elsewhere("http://127.0.0.1:8000/pipeline-40b35517", asked)

@@ -289,7 +289,8 @@ class RayServe(runtime.Runtime):
             f"  REST:    {server.inference_url}/v2/models/<model>/infer",
             f"  token:   {run_dir / INFERENCE_KEY_FILE} (send 'Authorization: Bearer <its "
             "inference key>')",
-            f"  logs:    {run_dir / 'logs'} (Ray's own: /tmp/ray/session_latest/logs)",
+            f"  logs:    {run_dir / 'logs'} (Ray's own: "
+            f"{server.extras.get('ray_logs') or '/tmp/ray/session_latest/logs'})",
             f"stop it with `pipeline stop{run_dir_flag(run_dir)}`",
         ]
         if server.extras.get("asked"):

@@ -162,6 +162,7 @@ def write_state(run_dir: Path, config: dict[str, Any], cluster: Any, app: str, u
         "nodes": nodes,
         "replicas": {m["name"]: replicas(actors, m["name"], app) for m in config["models"]},
         "serve_pids": serve_processes(actors),
+        "ray_logs": config.get("ray_logs"),
     }
     text = json.dumps(state, indent=1)
     path = run_dir / STATE_FILE
@@ -216,11 +217,16 @@ def main(argv: list[str]) -> int:
     from ray import serve
 
     from pipeline.runtimes.ray.app import build
+    from pipeline.runtimes.ray.deploying import wait_running
 
     began = time.monotonic()
     cluster = None if config["address"] else _start_cluster(config)
     address = cluster.address if cluster is not None else config["address"]
-    ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    context = ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    # Ray's own logs are this session's (a joined cluster's may be under any --temp-dir),
+    # not /tmp/ray/session_latest, which is whichever session on the host started last.
+    session = context.address_info.get("session_dir")
+    config["ray_logs"] = str(Path(session) / "logs") if session else None
     cluster_s = time.monotonic() - began
     log.info("cluster up at %s in %.1f s", address, cluster_s)
     short = gpus_short(float(config.get("replica_gpus") or 0), ray.cluster_resources())
@@ -248,7 +254,18 @@ def main(argv: list[str]) -> int:
     route = "/" if cluster is not None else f"/{app}"
     url = url if route == "/" else url + route
     deployed = time.monotonic()
-    serve.run(build(config, head), name=app, route_prefix=route)
+    on_stop()  # before deploying: ray.init installed its own SIGTERM handler, which only dies
+    serve._run(build(config, head), name=app, route_prefix=route, _blocking=False)
+    why = wait_running(app, stop)
+    if why is not None:  # nothing of this run may stay on the cluster, nor be left running
+        log.error("%s was not deployed: %s", app, why)
+        if cluster is None:  # someone else's cluster: remove what this run put there
+            serve.delete(app)
+            log.info("removed %s from the cluster at %s", app, address)
+            return 0 if stop else 1
+        _end_descendants(3.0)
+        logging.shutdown()
+        os._exit(0 if stop else 1)
     # Cold start, in parts (docs/ray.md): the nodes up and joined, Serve's controller and
     # proxy, the application's replicas loaded and warmed up.
     timings = {
@@ -258,7 +275,6 @@ def main(argv: list[str]) -> int:
     }
     (run_dir / "ray_timings.json").write_text(json.dumps(timings))
     write_state(run_dir, config, cluster, app, url)
-    on_stop()  # again: ray.init installs its own SIGTERM handler, which only dies
     log.info(
         "serving %s as %s in %.1f s",
         [m["name"] for m in config["models"]],

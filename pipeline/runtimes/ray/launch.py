@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -166,21 +167,34 @@ def start(
     with launcher.stopped_on_failure(run_dir):
         launcher.wait_until(ready, proc, run_dir / "logs" / "ray.out", timeout_s, "The Ray runtime")
         served_at = _url(run_dir, url)
-        if served_at != url:  # a joined cluster's proxy, under this run's own path
-            extras = {**server.extras, "asked": url}
-            server = dataclasses.replace(
-                server, inference_url=served_at, metrics_url=served_at, extras=extras
-            )
-            server.record()
+        extras = {**server.extras, "ray_logs": _state(run_dir).get("ray_logs")}
+        # A joined cluster's proxy serves this run under its own path; "asked" only when the
+        # proxy is another one (Serve already ran there), not for the path alone.
+        if elsewhere(served_at, url):
+            extras["asked"] = url
+        server = dataclasses.replace(
+            server, inference_url=served_at, metrics_url=served_at, extras=extras
+        )
+        server.record()
     return server
+
+
+def elsewhere(served_at: str, asked: str) -> bool:
+    """Whether a run answers on another proxy than the one it asked for (`--port`): not
+    when only this run's path on the proxy differs (a joined cluster's Serve it started)."""
+    return urlsplit(served_at)[:2] != urlsplit(asked)[:2]
+
+
+def _state(run_dir: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads((run_dir / STATE_FILE).read_text()))
+    except (OSError, ValueError, TypeError):
+        return {}
 
 
 def _url(run_dir: Path, default: str) -> str:
     """Where the host says Serve's proxy listens (ray_state.json), else `default`."""
-    try:
-        return str(json.loads((run_dir / STATE_FILE).read_text())["url"])
-    except (OSError, ValueError, KeyError):
-        return default
+    return str(_state(run_dir).get("url") or default)
 
 
 def replica_cpus(config: RayConfig) -> float:
