@@ -108,6 +108,10 @@ def _next(
     return live.LiveState(state.generation + 1, models)
 
 
+def _serving(state: live.LiveState, name: str) -> str:
+    return state.models[name].versions[state.models[name].default].export_dir
+
+
 def _without(mv: live.ModelVersions, number: int) -> live.ModelVersions:
     kept = {k: v for k, v in mv.versions.items() if k != number}
     return replace(mv, versions=kept, canary=None, percent=0.0)
@@ -119,17 +123,13 @@ def rollout(config: RolloutConfig, say: Say = print) -> live.LiveState:
     with _exclusive(Path(config.run_dir)):
         server, rt, state = running(Path(config.run_dir))
         names = served_names(server, state, config.model)
+        versions.refuse_other_store(_serving(state, names[0]), config.store)
         if config.promote:
             return _promote(config, rt, server, state, names, say)
         version = versions.get(config.model, int(config.version or 0), config.store)
         _trusted(version.dir, server)
         for n in names:
-            if (
-                versions.number_of(
-                    Path(state.models[n].versions[state.models[n].default].export_dir)
-                )
-                is None
-            ):
+            if versions.number_of(Path(_serving(state, n))) is None:
                 raise RolloutRefusedError(
                     f"{n} is served from an export folder, not a published version: publish "
                     f"it (`pipeline publish --model {config.model}`) and restart the server "
@@ -359,6 +359,7 @@ def rollback(
             )
             return int(pointer.default or 0)
         names = served_names(server, state, model)
+        versions.refuse_other_store(_serving(state, names[0]), store)
         canary = state.models[names[0]].canary
         if canary is not None:
             _versions(rt).apply_live(

@@ -84,6 +84,23 @@ class Pointer:
         return {"default": self.default, "history": self.history}
 
 
+def refuse_other_store(served_dir: str | Path, store: Path) -> None:
+    """A rollout or rollback takes its versions from the store the server serves, whose
+    checks, trust policy and default pointer apply: another `--store` loaded that store's
+    version N into the server as N (its own store's N had other weights), past the
+    server's trust policy, and moved the other store's pointer. `served_dir`: the
+    version the server serves now (an export folder outside any store: not checked here)."""
+    if number_of(Path(served_dir)) is None:
+        return
+    serving = signing.store_of(Path(served_dir))
+    if Path(serving).resolve() != Path(store).resolve():
+        raise VersionError(
+            f"The server serves this model from the store {serving}; --store {store} is "
+            "another one. Versions are rolled out and back within the store the server "
+            f"serves: pass --store {serving} (or serve from {store})."
+        )
+
+
 def number_of(export_dir: Path) -> int | None:
     """The version a store folder holds (its publish.json), None for an export folder."""
     try:

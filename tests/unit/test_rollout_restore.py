@@ -67,3 +67,30 @@ def test_a_live_check_that_cannot_run_unloads_the_version(
     assert set(restored.models[MODEL].versions) == {1} and restored.models[MODEL].default == 1
     assert restored.generation > loaded.generation
     assert versions.read_pointer(MODEL, store).default == 1
+
+
+def test_a_rollout_or_rollback_from_another_store_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A user's trial (2026-11-29): `rollout --version 1 --store s2` loaded s2's version 1
+    # into a server serving model_store (another version 1 there), past its trust policy,
+    # and moved s2's pointer; a plain rollback then kept s2's weights as model_store's v1.
+    store, other = tmp_path / "store", tmp_path / "s2"
+    one = _published(store, 1)
+    _published(store, 2), _published(other, 1), _published(other, 2)
+    for where in (store, other):
+        versions.write_pointer(MODEL, versions.Pointer(1, []), where)
+    served = {MODEL: live.ModelVersions({1: live.Loaded(1, str(one), "onnx")}, 1)}
+    server = Server(runtime="kserve", pid=0, run_dir=str(tmp_path / "run"), inference_url="",
+                    metrics_url="", models=[MODEL],
+                    served={MODEL: ServedInfo(MODEL, "onnx")})  # fmt: skip
+    recorder = _Recorder()
+    rt = SimpleNamespace(versions=recorder, name="kserve")
+    monkeypatch.setattr(rollout, "running", lambda run_dir: (server, rt, live.LiveState(3, served)))
+    config = rollout.RolloutConfig(MODEL, tmp_path / "run", version=2, store=other)
+    with pytest.raises(versions.VersionError, match=f"pass --store {store.resolve()}"):
+        rollout.rollout(config, say=lambda _: None)
+    with pytest.raises(versions.VersionError, match="another one"):
+        rollout.rollback(MODEL, tmp_path / "run", other, say=lambda _: None)
+    assert recorder.applied == []  # nothing loaded, nothing moved
+    assert versions.read_pointer(MODEL, other).default == 1
