@@ -48,6 +48,8 @@ def store(two_versions: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def served(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     run_dir = tmp_path_factory.mktemp("ts-rollout-run") / "run"
+    # What an earlier start left in the workers' TMPDIR (each .pt2 load unpacked ~2.5 MB).
+    (run_dir / "tmp" / "aotinductor_earlier").mkdir(parents=True)
     argv = [
         "serve", "--model", MODEL, "--store", str(store), "--run-dir", str(run_dir),
         "--live-versions", "--port", str(free_port()), "--management-port", str(free_port()),
@@ -68,6 +70,7 @@ def test_an_unsigned_store_without_a_policy_serves_with_one_warning(served: Serv
     assert said.count("has no trust policy") == 1, said  # archive and serve: one warning
     health = httpx.get(f"{served.inference_url}/ping", timeout=10)
     assert health.status_code == 200
+    assert not (Path(served.run_dir) / "tmp" / "aotinductor_earlier").exists()  # cleared
 
 
 def _registered(server: Server) -> list[str]:
@@ -81,6 +84,16 @@ def test_canary_promote_and_rollback_on_torchserve_lose_nothing(
 ) -> None:
     assert live_state(served).models[ARCHIVE].default == 1  # the archive says version 1
     run_dir = Path(served.run_dir)
+    # The gateway names the answering version from the first request (it named none
+    # until a rollout wrote the live state: loadtest --by-version counted them as None).
+    first = httpx.post(
+        f"{served.inference_url}/predictions/{MODEL}", json={"inputs": [[[0.0] * 28] * 28]},
+        headers=auth_headers(served, "inference"), timeout=30,
+    )  # fmt: skip
+    assert first.status_code == 200 and first.headers.get(VERSION_HEADER) == "1", first.headers
+    # TorchServe's copy of version 2 kept by an earlier server (promoted, then stopped):
+    # registering it again failed, "Model file already exists digits_lenet_onnx.v2.mar".
+    shutil.copy(store / f"{ARCHIVE}.mar", store / f"{ARCHIVE}.v2.mar")
     with LoadSpan(served, store) as load:
         rollout(
             as_canary(run_dir, store, 20, 1.0),

@@ -1,25 +1,24 @@
 """Start and stop a real TorchServe over model_store/, with secure defaults.
 
-`start()` writes `config.properties` into a run folder, starts TorchServe in
-its own process group with that folder as working directory (so its token
-key file lands there and nowhere else), waits until every model has a READY
-worker, and records the process in `server.json`. When a model does not load,
-it raises with the worker's own log lines (TorchServe's API only says the
-model failed; the reason is in `model_log.log`) and stops the server.
+`start()` writes `config.properties` into a run folder, starts TorchServe in its own
+process group with that folder as working directory (so its token key file lands there
+and nowhere else), waits until every model has a READY worker, and records the process
+in `server.json`. When a model does not load, it raises with the worker's own log lines
+(TorchServe's API only says the model failed; the reason is in `model_log.log`) and
+stops the server.
 
-The record of a running server and `stop()` live in server.py; workers'
-readiness, scaling and warm-up in workers.py.
+The record and `stop()` live in server.py; workers' readiness, scaling and warm-up in
+workers.py.
+Clients never talk to TorchServe directly: `pipeline.runtimes.torchserve.gateway` owns the
+public inference port (401 for a missing token, JSON 413, optional HTTPS) and forwards to
+TorchServe's inference API on a private loopback port.
 
-Clients never talk to TorchServe directly: `pipeline.runtimes.torchserve.gateway` owns the public
-inference port (401 for a missing token, JSON 413, optional HTTPS) and
-forwards to TorchServe's inference API on a private loopback port.
-
-Secure defaults: TorchServe on 127.0.0.1 only (the gateway too, unless the
-user names another host, with a warning), token authorization on, the
-model-management API (register/delete) off, `allowed_urls` limited to the
-local model store, explicit request/response size limits, one thread per
-worker. The management key, which can still scale workers, stays in the
-owner-only `key_file.json`; clients get `inference_key.json` (server.py).
+Secure defaults: TorchServe on 127.0.0.1 only (the gateway too, unless the user names
+another host, with a warning), token authorization on, the model-management API
+(register/delete) off, `allowed_urls` limited to the local model store, explicit
+request/response size limits, one thread per worker. The management key, which can
+still scale workers, stays in the owner-only `key_file.json`; clients get
+`inference_key.json` (server.py).
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from typing import Any
 
 from pipeline.core import signing
 from pipeline.core.paths import DEFAULT_STORE
-from pipeline.runtimes.torchserve import properties
+from pipeline.runtimes.torchserve import liveops, properties
 from pipeline.runtimes.torchserve import shadow as shadow_
 from pipeline.runtimes.torchserve import store as store_
 from pipeline.runtimes.torchserve.constants import CONFIG_PROPERTIES, KEY_FILE, NAME
@@ -118,11 +117,7 @@ class ServeConfig:
 
 def private_config(store: Path, run_dir: Path, **settings: Any) -> ServeConfig:
     """A server of its own (loadtest, bench): loopback, free ports, `settings` on top."""
-    ports = {
-        "inference_port": free_port(),
-        "management_port": free_port(),
-        "metrics_port": free_port(),
-    }
+    ports = {k: free_port() for k in ("inference_port", "management_port", "metrics_port")}
     return ServeConfig(store=store, run_dir=run_dir, **{**ports, **settings})
 
 
@@ -241,7 +236,9 @@ def start(config: ServeConfig) -> Server:
         ) from None
     store_.refuse_untied(store, models)  # under a trust policy
     run_dir = launcher.prepare(launch)
-    (run_dir / "tmp").mkdir(exist_ok=True)
+    # The last start's temp files go: each .pt2 load unpacked ~2.5 MB there, left behind.
+    shutil.rmtree(run_dir / "tmp", ignore_errors=True)
+    (run_dir / "tmp").mkdir()
     # Before anything starts: an archive without its export is refused here.
     shadow_env = shadow_.environment(config.shadow, store, models, run_dir) if config.shadow else {}
     for stale in (KEY_FILE, INFERENCE_KEY_FILE):
@@ -305,6 +302,8 @@ def start(config: ServeConfig) -> Server:
             server.record()
         if workers > 1:
             scale(server, [m for m in models if m not in failed], workers)
+        if config.live_versions:  # so the gateway names the answering version from the start
+            live.write(run_dir, liveops.initial_state(server))
         server = _start_gateway(server, config, run_dir)
         warm_up(server, store, [m for m in models if m not in failed])
     return server

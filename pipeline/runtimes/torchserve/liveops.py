@@ -52,6 +52,20 @@ def live_state(server: Server) -> live.LiveState | None:
     return live.LiveState(0, models)
 
 
+def initial_state(server: Server) -> live.LiveState:
+    """What a server started with --live-versions serves, as the gateway's first state:
+    each archive of a published version at its number (the gateway then names the
+    answering version from the first request; it named none until a rollout). An archive
+    of no version of the store stays TorchServe's to route."""
+    state = live_state(server) or live.LiveState(0, {})
+    published = {
+        name: mv
+        for name, mv in state.models.items()
+        if all(v.export_dir for v in mv.versions.values())
+    }
+    return live.LiveState(0, published)
+
+
 def _workers(server: Server, name: str, version: int) -> int:
     described = management(server, "GET", f"/models/{name}/{version}")
     return max(1, len(described.json()[0].get("workers", []))) if described.is_success else 1
@@ -104,6 +118,10 @@ def apply_live(server: Server, state: live.LiveState, timeout_s: float) -> None:
             if have and number in have.versions:
                 continue
             mar = rollout_archive(name, where, store)
+            # TorchServe copies a registered file into its store and refuses a name already
+            # there ("Model file already exists"): a copy an earlier server kept (the version
+            # promoted, then the server stopped) is not registered now, so it goes.
+            (store / mar.name).unlink(missing_ok=True)
             answer = management(
                 server,
                 "POST",

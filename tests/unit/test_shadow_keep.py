@@ -1,0 +1,35 @@
+"""The shadow check keeps up to KEEP_MAX divergent samples per run folder. Each sample is
+three files (inputs .npz, answers .npz, .json); counting every .npz stopped it at half."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.serving import shadowref
+from pipeline_runtime.shadowwire import Sample
+
+
+def test_keep_stops_at_keep_max_samples_not_at_half(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shadowref, "_manifest_model", lambda export_dir: "digits_lenet")
+    sample = Sample(
+        "digits_lenet",
+        1,
+        "onnx",
+        str(tmp_path / "export"),
+        {"image": np.zeros((1, 1, 28, 28), np.float32)},
+        [np.zeros((1, 10), np.float32)],
+    )
+    kept = [
+        shadowref.keep(tmp_path, sample, [np.ones((1, 10), np.float32)], "diverged")
+        for _ in range(shadowref.KEEP_MAX + 3)
+    ]
+    assert all(kept[: shadowref.KEEP_MAX]) and not any(kept[shadowref.KEEP_MAX :]), kept
+    folder = tmp_path / shadowref.SHADOW_DIR
+    assert len(list(folder.glob("*.json"))) == shadowref.KEEP_MAX
+    replay = np.load(kept[0])  # the inputs alone, as verify --inputs reads them
+    assert list(replay) == ["image"]
