@@ -31,6 +31,17 @@ def batch_bound(manifest: Manifest, fmt: str) -> int | None:
     return min(found) if found else None
 
 
+def axis_bounds(manifest: Manifest, fmt: str) -> dict[str, int]:
+    """The largest size each named axis but the batch takes in artifact `fmt` (a .pt2's
+    `bounded_axes`): requests past it are refused (request.Limits.max_axes). The batch
+    axis is not refused: passes are split to its bound instead (`within_bound`)."""
+    if fmt not in manifest.artifacts:
+        return {}
+    bounded = manifest.artifact(fmt).details.get("bounded_axes") or {}
+    batch = {s.shape[s.batch_axis] for s in manifest.inputs if s.batch_axis is not None}
+    return {str(axis): int(n) for axis, n in bounded.items() if axis not in batch}
+
+
 def within_bound(
     forward: Forward,
     input_axes: dict[str, int | None],

@@ -124,7 +124,8 @@ class PipelineHandler(BaseHandler):
         self.output_axes = [o.batch_axis or 0 for o in self.contract.outputs]
         yaml_config = getattr(context, "model_yaml_config", None) or {}
         self.limits = codec.Limits(
-            max_samples=max_samples(props.get("batch_size", 1), yaml_config.get("handler"))
+            max_samples=max_samples(props.get("batch_size", 1), yaml_config.get("handler")),
+            max_axes=bounded.axis_bounds(self.contract, self.format_key),
         )
         logger.info(
             "requests take at most %d samples and %d bytes of inputs",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -58,6 +58,10 @@ class Limits:
 
     max_samples: int | None = None  # along the batch axis; None: no limit
     max_bytes: int = MAX_INPUT_BYTES  # every input tensor together, as decoded
+    # The largest size a named axis other than the batch takes in the artifact served (a
+    # .pt2's `bounded_axes`, pipeline_runtime.bounded.axis_bounds): past it the package
+    # fails (a 500); refused with a 400 first.
+    max_axes: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_samples is not None and self.max_samples < 1:
@@ -165,6 +169,16 @@ def _check_limits(
             "per request. Split it into smaller requests.",
             status=413,
         )
+    for spec in specs:
+        for dim, n in zip(spec.shape, shapes[spec.name], strict=True):
+            bound = limits.max_axes.get(dim) if isinstance(dim, str) else None
+            if bound is not None and n > bound:
+                raise RequestError(
+                    f"Input {spec.name!r} has {n} along {dim!r}; the artifact served takes at "
+                    f"most {bound} there (the size it was compiled for): send at most {bound}, "
+                    "or serve another format.",
+                    expected=spec.describe() | {"max_sizes": {dim: bound}},
+                )
     total = sum(math.prod(shapes[s.name]) * _itemsize(s.dtype) for s in specs)
     if total > limits.max_bytes:
         raise RequestError(

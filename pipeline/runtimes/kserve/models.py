@@ -9,6 +9,7 @@ import logging
 import os
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from pipeline.runtimes.kserve.batching import Batcher
 from pipeline.runtimes.kserve.config import RuntimeConfig, ServedExport
 from pipeline.runtimes.kserve.fastpath import ClientError
 from pipeline.serving import loading
-from pipeline_runtime import codec, oip, tracing
+from pipeline_runtime import bounded, codec, oip, tracing
 from pipeline_runtime.asked import unbatch
 from pipeline_runtime.request import MAX_SAMPLES_ENV, SAMPLES_PER_BATCH
 
@@ -127,6 +128,7 @@ class ExportModel(kserve.Model):
         )
         self.device = loaded.device
         manifest = loaded.manifest
+        self.limits = replace(self.limits, max_axes=bounded.axis_bounds(manifest, served.format))
         self.format = served.format
         self.export_dir = str(served.export_dir)
         self.platform = loaded.platform

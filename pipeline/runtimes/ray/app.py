@@ -35,7 +35,7 @@ from pipeline.runtimes.ray import answer
 from pipeline.runtimes.ray.availability import Availability, Down
 from pipeline.runtimes.ray.constants import LOOPBACK_ENV, deployment_name
 from pipeline.serving import guard
-from pipeline_runtime import codec, oip
+from pipeline_runtime import bounded, codec, oip
 from pipeline_runtime.asked import EXTENSIONS, AskedError, plan, unbatch
 
 
@@ -194,7 +194,7 @@ class Ingress:
                 "outputs": manifest.output_names,
                 "per_sample": manifest.per_sample,
                 "version": str(served.get("version") or 1),
-                "limits": codec.Limits(),
+                "limits": codec.Limits(max_axes=bounded.axis_bounds(manifest, served["format"])),
                 "metadata": {
                     "name": served["name"],
                     "versions": [str(served.get("version") or 1)],
