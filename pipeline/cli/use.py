@@ -40,7 +40,9 @@ def add_client_commands(sub: argparse._SubParsersAction, formats: list[str]) -> 
         description="Send --requests requests at --concurrency over loopback to a served model, "
         "check every answer against the eager model, and report failures, p50/p99 latency, "
         "throughput, worker memory before and after, and (with --kill-worker-after) how long "
-        "the runtime took to replace a SIGKILLed worker. Exits 1 if any request failed or was wrong.",
+        "the runtime took to replace a SIGKILLed worker. Exits 1 if any request failed, was "
+        "wrong or got a 5xx, or if --time-limit ended the run before every request was sent "
+        "(the verdict line says which).",
     )
     p.add_argument(
         "--model",
@@ -57,7 +59,12 @@ def add_client_commands(sub: argparse._SubParsersAction, formats: list[str]) -> 
     )
     p.add_argument("--requests", type=int, default=20_000, help="default: 20000")
     p.add_argument("--concurrency", type=int, default=32, help="default: 32")
-    p.add_argument("--time-limit", type=float, default=600.0, help="seconds (default: 600)")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=600.0,
+        help="seconds (default: 600); a run it ends before every request was sent fails",
+    )
     p.add_argument(
         "--kill-worker-after",
         type=int,

@@ -130,7 +130,16 @@ class Packaging(abc.ABC):
 class Nodes(abc.ABC):
     """A runtime spread over a cluster's nodes, one of which can be lost: `loadtest
     --kill-node-after` kills a worker node that serves the model and reports how long
-    until the model answered from the survivors."""
+    until the model answered from the survivors. The cluster replaces a lost replica
+    itself where it has room (Ray Serve's controller does: docs/ray.md)."""
+
+    # What `loadtest --kill-worker-after` says on such a runtime when it does not declare
+    # `Runtime.replaces_workers`: the refusal said it did not replace a killed worker and
+    # that Kubernetes would, where the cluster replaces a killed replica itself.
+    worker_kill_refused: str = (
+        "it replaces a killed replica itself, but loadtest kills a single worker only on "
+        "a runtime that declares it does; lose a node under load with --kill-node-after"
+    )
 
     @abc.abstractmethod
     def serving(self, server: Server, name: str) -> list[str]:

@@ -14,16 +14,22 @@ precision's minimum), one verdict per output. Top-1 agreement is reported, not j
 the run's random inputs are too few to resolve an accuracy budget in points (one
 disagreement among the default 64 is 1.6 points; the digits CNN's int8 ONNX agrees on
 61 of 64 random inputs, at 36 dB).
+
+With --by-version each answer is held to eager of the version it names (`ByVersion`),
+whose folder is opened when that version first answers.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from pipeline.core.budget import Budget
+from pipeline.core.errors import PipelineError
 from pipeline.core.tasklevel import judge_cases
 from pipeline.core.verdict import SQNR, Verdict
 from pipeline.export.opened import ExportedModel
@@ -101,3 +107,52 @@ def pooled_for(exported: ExportedModel, fmt: str | None) -> PooledAnswers | None
     record = exported.manifest.artifacts.get(fmt)
     budget = Budget.from_json(record.get("budget") if record else None)
     return PooledAnswers(fmt, precision, list(exported.manifest.output_names), budget)
+
+
+Outputs = list[dict[str, torch.Tensor]]
+
+
+class UncheckedVersionError(Exception):
+    """An answer's version has no eager outputs to hold it to: the store does not hold it,
+    or its folder cannot be opened (the message says which)."""
+
+
+class ByVersion:
+    """The eager outputs of a load run's inputs, by the version that answers (--by-version).
+
+    A version's folder is opened when that version first answers, not before: opening
+    every folder of the store at start ended the run on a broken folder of a version the
+    server never served (a user's copy of another model's export as version 3). Without
+    a store, or for an answer that names no version, `exported`'s outputs."""
+
+    def __init__(self, exported: ExportedModel, inputs: list, store: Path | None) -> None:
+        self.model, self.inputs, self.store = exported.name, inputs, store
+        self._known: dict[str | None, Outputs | str] = {None: [exported.eager(x) for x in inputs]}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def of(self, named: str | None) -> Outputs:
+        """The outputs an answer of version `named` must match; UncheckedVersionError when none
+        can be had. Computed once per version, off the event loop (an export's eager runs)."""
+        if self.store is None or named is None:
+            named = None
+        elif named not in self._known:
+            async with self._locks.setdefault(named, asyncio.Lock()):
+                if named not in self._known:
+                    self._known[named] = await asyncio.to_thread(self._eager_of, named)
+        found = self._known[named]
+        if isinstance(found, str):
+            raise UncheckedVersionError(found)
+        return found
+
+    def _eager_of(self, named: str) -> Outputs | str:
+        from pipeline.serving import versions
+
+        assert self.store is not None  # of() asks only with a store
+        held = {str(v.number): v for v in versions.versions(self.model, self.store)}
+        if named not in held:
+            return f"version {named}, which {self.store} does not hold, answered"
+        try:
+            opened = held[named].open()
+        except (PipelineError, OSError, ValueError) as err:
+            return f"version {named} answered, but its folder cannot be opened to check it: {err}"
+        return [opened.eager(x) for x in self.inputs]

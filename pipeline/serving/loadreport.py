@@ -48,13 +48,27 @@ class LoadReport:
 
     @property
     def passed(self) -> bool:
-        return (
-            self.failed == 0
-            and self.server_errors == 0
-            and self.wrong == 0
-            and self.not_sent == 0
-            and all(v["passed"] for v in self.judged)
-        )
+        return not self.why_failed()
+
+    def why_failed(self) -> list[str]:
+        """What failed the run, each as the verdict line names it (none when it passed).
+        A run the time limit ended fails too: fewer requests than asked were checked."""
+        why = [
+            f"{n} {what}"
+            for n, what in (
+                (self.failed, "request(s) failed"),
+                (self.server_errors, "answer(s) of 500 or more"),
+                (self.wrong, "answer(s) wrong"),
+            )
+            if n
+        ]
+        if self.not_sent:
+            why.append(
+                f"{self.not_sent} request(s) not sent: --time-limit ended the run first, and a "
+                "run passes only when every one of its --requests was answered and right"
+            )
+        why += [f"{v['output']} outside its budget" for v in self.judged if not v["passed"]]
+        return why
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "passed": self.passed}
@@ -99,7 +113,7 @@ class LoadReport:
             )
         lines += self._judged_lines()
         lines += [f"  error: {e}" for e in self.errors]
-        lines.append("  PASSED" if self.passed else "  FAILED")
+        lines.append("  PASSED" if self.passed else f"  FAILED: {'; '.join(self.why_failed())}")
         return "\n".join(lines)
 
     def _judged_lines(self) -> list[str]:

@@ -41,7 +41,7 @@ from pipeline.core.compare import compare_tensor
 from pipeline.core.errors import PipelineError
 from pipeline.export.opened import ExportedModel, open_export
 from pipeline.serving import client, runtime, served, wire
-from pipeline.serving.loadjudge import pooled_for
+from pipeline.serving.loadjudge import ByVersion, UncheckedVersionError, pooled_for
 from pipeline.serving.loadreport import LoadReport
 from pipeline.serving.server import Server, default_run_dir
 
@@ -134,15 +134,12 @@ def _percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1]
 
 
-Expected = dict[str | None, list[dict[str, torch.Tensor]]]
-
-
 def _inputs_pool(
     config: LoadConfig, exported: ExportedModel, rt: runtime.Runtime
-) -> tuple[list[wire.Body], Expected]:
+) -> tuple[list[wire.Body], ByVersion]:
     """`pool` bodies in `rt`'s protocol with the eager outputs each must get back: by the
-    version that answers (None: any, `exported`'s; with `config.store`, every published
-    version's own eager outputs as well)."""
+    version that answers (`exported`'s; with `config.store`, each answering version's own,
+    its folder opened when it first answers)."""
     bodies, pool = [], []
     for i in range(config.pool):
         inputs = exported.sample(1, seed=config.seed + i)
@@ -150,14 +147,7 @@ def _inputs_pool(
         body = rt.protocol.encode(inputs, binary=kind == "npy")
         bodies.append(rt.protocol.encode_as(body, content_type))
         pool.append(inputs)
-    expected: Expected = {None: [exported.eager(x) for x in pool]}
-    if config.store is not None:
-        from pipeline.serving import versions
-
-        for v in versions.versions(exported.name, config.store):
-            opened = v.open()
-            expected[str(v.number)] = [opened.eager(x) for x in pool]
-    return bodies, expected
+    return bodies, ByVersion(exported, pool, config.store)
 
 
 async def _watch_recovery(
@@ -229,18 +219,15 @@ async def _run(
         try:
             named = wire.answer_version(answer.response)
             report.by_version[str(named)] = report.by_version.get(str(named), 0) + 1
-            if config.store is None or named is None:
-                named = None
-            if named not in expected:
-                raise KeyError(f"version {named}, which {config.store} does not hold, answered")
+            eager = (await expected.of(named))[k]
             got = runtime.of(server).protocol.answer(answer.response)
             if pooled is not None:
-                problem = pooled.add(expected[named][k], got)
+                problem = pooled.add(eager, got)
                 ok = not problem
             else:
                 ok = all(
                     compare_tensor(
-                        expected[named][k][o.name],
+                        eager[o.name],
                         got[o.name].to(getattr(torch, o.dtype)),
                         tolerance.atol,
                         tolerance.rtol,
@@ -248,6 +235,8 @@ async def _run(
                     for o in outputs
                 )
                 problem = "outputs outside tolerance"
+        except UncheckedVersionError as err:
+            ok, problem = False, str(err)
         except (ValueError, KeyError, TypeError, RuntimeError) as err:
             ok, problem = False, f"unreadable answer: {err}"
         if not ok:
@@ -329,6 +318,23 @@ async def _run(
     report.worker_rss_mb_after = _rss_mb(report.worker_pids_after)
 
 
+def _refuse_kills(config: LoadConfig, rt: runtime.Runtime) -> None:
+    """A kill `rt` does not offer, refused before the run with what it does instead."""
+    if config.kill_worker_after is not None and not rt.replaces_workers:
+        # A cluster runtime replaces a killed replica itself: say so (its own wording).
+        why = (
+            rt.nodes.worker_kill_refused
+            if rt.nodes is not None
+            else "it does not declare that it replaces a killed worker itself"
+        )
+        raise LoadTestError(f"--kill-worker-after is not offered on {rt.title}: {why}.")
+    if config.kill_node_after is not None and rt.nodes is None:
+        raise LoadTestError(
+            f"--kill-node-after needs a runtime spread over a cluster's nodes; {rt.title} runs "
+            "on one machine (serve with --runtime ray --ray-nodes 2 --ray-replicas 2)."
+        )
+
+
 def run(config: LoadConfig, exported: ExportedModel | None = None) -> LoadReport:
     """One load run against the server recorded in `config.run_dir`. `exported`: the
     export in `config.export_dir`, when the caller has opened it."""
@@ -341,16 +347,7 @@ def run(config: LoadConfig, exported: ExportedModel | None = None) -> LoadReport
             f"The server does not serve {config.served}; it serves {', '.join(server.models)}."
         )
     rt = runtime.of(server)
-    if config.kill_worker_after is not None and not rt.replaces_workers:
-        raise LoadTestError(
-            f"--kill-worker-after needs a runtime that replaces a killed worker itself; "
-            f"{rt.title} does not (in a cluster, Kubernetes restarts its pod)."
-        )
-    if config.kill_node_after is not None and rt.nodes is None:
-        raise LoadTestError(
-            f"--kill-node-after needs a runtime spread over a cluster's nodes; {rt.title} runs "
-            "on one machine (serve with --runtime ray --ray-nodes 2 --ray-replicas 2)."
-        )
+    _refuse_kills(config, rt)
     readable = rt.protocol.encodings
     unread = [e for e in config.encodings if readable is not None and e not in readable]
     if unread:

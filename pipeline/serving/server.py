@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import shlex
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -54,21 +54,29 @@ def store_flag(store: Path | str) -> str:
     return "" if Path(store) == paths.DEFAULT_STORE else f" --store {store}"
 
 
-def restart_command(server: Server | None, fallback: str, *, before: str = "") -> str:
+def option_values(options: list[str], flag: str) -> list[str]:
+    """Every value of `flag` in a recorded command line (`--flag V` and `--flag=V`)."""
+    spaced = [options[i + 1] for i, o in enumerate(options[:-1]) if o == flag]
+    return spaced + [o.split("=", 1)[1] for o in options if o.startswith(flag + "=")]
+
+
+def restart_command(
+    server: Server | None, fallback: str, *, before: str = "", adding: Sequence[str] = ()
+) -> str:
     """The command that stops `server` and starts it again as it was started: `pipeline
-    stop` of its run folder, then its recorded serve command. `before` (TorchServe's
-    `archive ...`) runs first, into the server's store. `fallback` when the server
-    recorded no command (records from before it did, or no server)."""
+    stop` of its run folder, then its recorded serve command, `adding` after its options
+    (a model it must serve too, an option whose value came from the environment).
+    `before` (TorchServe's `archive ...`) runs first, into the server's store. `fallback`
+    when the server recorded no command (records from before it did, or no server)."""
     if server is None or "serve" not in server.command:
         return f"pipeline {before} && {fallback}" if before else fallback
     options = server.command[server.command.index("serve") + 1 :]
     steps = [
         f"pipeline stop{run_dir_flag(server.run_dir)}",
-        shlex.join(["pipeline", *server.command]),
+        shlex.join(["pipeline", *server.command, *adding]),
     ]
     if before:
-        store = next((options[i + 1] for i, o in enumerate(options[:-1]) if o == "--store"), None)
-        store = next((o.split("=", 1)[1] for o in options if o.startswith("--store=")), store)
+        store = next(iter(option_values(options, "--store")[::-1]), None)
         steps.insert(0, f"pipeline {before}{store_flag(store) if store else ''}")
     return " && ".join(steps)
 

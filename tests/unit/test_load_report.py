@@ -22,7 +22,7 @@ def _report(by_version: dict[str, int], wrong: int, checked: bool) -> LoadReport
 def test_wrong_answers_from_several_versions_point_to_by_version() -> None:
     said = _report({"1": 750, "2": 250}, 250, checked=False).summary()
     assert "answers by version: 1: 750, 2: 250" in said and HINT in said, said
-    assert said.endswith("FAILED")
+    assert said.endswith("FAILED: 250 answer(s) wrong"), said
 
 
 def test_the_hint_is_only_where_it_applies() -> None:
@@ -38,7 +38,7 @@ def test_a_time_limit_that_ended_the_run_is_said_and_not_sent_is_its_own_column(
     said = report.summary()
     assert said.startswith("digits_lenet: 243 of 5000 requests at concurrency 4 in 1.1 s"), said
     assert "the time limit ended the run with 4757 request(s) not sent" in said
-    assert said.endswith("FAILED")
+    assert said.splitlines()[-1].startswith("  FAILED: 4757 request(s) not sent: --time-limit")
     header, _, row = to_markdown([report]).splitlines()
     cells = dict(zip(header.split("|"), row.split("|"), strict=True))
     assert cells[" failed "] == " 0 " and cells[" not sent "] == " 4757 ", cells

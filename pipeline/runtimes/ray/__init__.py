@@ -330,11 +330,31 @@ class RayServe(runtime.Runtime):
     def fix_command(
         self, model: str, server: Server | None = None, export_dir: Path | None = None
     ) -> str:
-        from pipeline.serving.server import restart_command
+        from pipeline.core.defaults import DEFAULT_MODEL
+        from pipeline.serving.server import option_values, restart_command
 
-        return restart_command(
-            server, f"pipeline stop && pipeline serve --runtime ray --model {model}"
-        )
+        fallback = f"pipeline stop && pipeline serve --runtime ray --model {model}"
+        if server is None or "serve" not in server.command:
+            return restart_command(server, fallback)
+        options = server.command[server.command.index("serve") + 1 :]
+        models = option_values(options, "--model")
+        adding: list[str] = []
+        # Without --model or --ray-export-dir it served the default model: keep serving it.
+        if not models and not option_values(options, "--ray-export-dir"):
+            models = [DEFAULT_MODEL]
+            adding += ["--model", DEFAULT_MODEL] if model != DEFAULT_MODEL else []
+        if model not in models:  # the model asked for, beside what it serves
+            adding += ["--model", model]
+        # A cluster joined through $RAY_ADDRESS is not on the recorded command line: a
+        # fresh shell without it would start a local cluster instead (the host's state
+        # file says which cluster it joined).
+        from pipeline.runtimes.ray.status import read
+
+        known = read(server)
+        joined = known.get("address") if known.get("owns_cluster") is False else None
+        if joined and not option_values(options, "--ray-address"):
+            adding += ["--ray-address", str(joined)]
+        return restart_command(server, fallback, adding=adding)
 
     def bench(
         self, model: str, exported: ExportedModel, settings: BenchSettings
