@@ -4,9 +4,8 @@ versions without a restart, and only after the new version answered right throug
 A rollout (the KServe runtime's, or any runtime with the versions capability):
 
 1. loads the version beside the one serving, on every worker; nothing routes to it;
-2. checks it through the live server by its own versioned route against its own golden
-   I/O and probes (verify's served-parity check, REST and gRPC) - a failure unloads it
-   again and refuses the rollout, the old version never stopped answering;
+2. checks it through the live server by its own versioned route against its golden I/O
+   and probes (verify's served-parity check): a failure unloads it and refuses the rollout;
 3. moves traffic: all of it (the store's default pointer moves too), or with `--canary
    PCT` that share of unversioned requests, watched for `--watch` seconds: an error rate
    or p99 beyond the bounds rolls the canary back by itself. `--promote` later moves the
@@ -32,7 +31,7 @@ from pipeline.serving.capabilities import Versions
 from pipeline.serving.provenance import ServedInfo
 from pipeline.serving.rolloutconfig import Bounds as Bounds  # re-exported: callers import it here
 from pipeline.serving.rolloutconfig import RolloutConfig, judge
-from pipeline.serving.server import ServeError, Server, run_dir_flag, store_flag
+from pipeline.serving.server import ServeError, Server, restart_command, run_dir_flag, store_flag
 
 Say = Callable[[str], None]
 
@@ -67,6 +66,12 @@ def running(run_dir: Path) -> tuple[Server, runtime.Runtime, live.LiveState]:
         raise ServeError(f"No server is running from {run_dir}; start one with `pipeline serve`.")
     rt = runtime.of(server)
     state = rt.versions.live_state(server) if rt.versions else None
+    if state is None and rt.versions is not None:  # it can, started so: say how
+        again = restart_command(server, "pipeline serve", adding=["--live-versions"])
+        raise PipelineError(
+            f"{rt.title} changes versions while it serves when started with "
+            f"--live-versions; this one was not. Restart it so: `{again}`"
+        )
     if state is None:
         raise PipelineError(
             f"{rt.title} cannot change versions while it serves; restart it with `pipeline "

@@ -94,3 +94,23 @@ def test_a_rollout_or_rollback_from_another_store_is_refused(
         rollout.rollback(MODEL, tmp_path / "run", other, say=lambda _: None)
     assert recorder.applied == []  # nothing loaded, nothing moved
     assert versions.read_pointer(MODEL, other).default == 1
+
+
+def test_torchserve_started_without_live_versions_is_told_how_to_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It said "cannot change versions while it serves; restart it with `pipeline serve`",
+    # never naming --live-versions, with which TorchServe can.
+    from pipeline.core.errors import PipelineError
+
+    run_dir = tmp_path / "run"
+    server = Server(runtime="torchserve", pid=0, run_dir=str(run_dir), inference_url="",
+                    metrics_url="", models=[f"{MODEL}_onnx"],
+                    command=["serve", "--model", MODEL, "--run-dir", str(run_dir)])  # fmt: skip
+    monkeypatch.setattr(Server, "load", classmethod(lambda cls, where: server))
+    monkeypatch.setattr(Server, "alive", lambda self: True)
+    with pytest.raises(PipelineError) as err:
+        rollout.running(run_dir)
+    said = str(err.value)
+    assert "when started with --live-versions" in said, said
+    assert f"pipeline serve --model {MODEL} --run-dir {run_dir} --live-versions" in said, said
