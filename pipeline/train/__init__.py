@@ -20,7 +20,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.fileio import atomic_write
 from pipeline.core.paths import is_external
 from pipeline.core.seeding import seed_everything, seed_worker
-from pipeline.train import distributed
+from pipeline.train import distributed, guard
 from pipeline.train import report as train_report
 from pipeline.train import state as train_state
 from pipeline.train.config import DEFAULTS as DEFAULTS
@@ -80,6 +80,8 @@ def train(config: TrainConfig) -> TrainResult:
     entry = entry_for(config)
     config = config.resolved(dict(entry.train_defaults))
     config.validate()
+    out = Path(config.out) if config.out else paths.checkpoint_path(entry.name)
+    guard.check_out(out)
     world = distributed.from_env()
     device = resolve_device(config.device)
     if device.type == "cuda" and world.distributed:
@@ -90,17 +92,41 @@ def train(config: TrainConfig) -> TrainResult:
             f"{world.size} processes."
         )
     distributed.setup(world, device)
+    lock = guard.OutputLock(out)
     try:
-        return _train(config, entry, world, device)
+        problem = None
+        if world.is_main:  # the one process that writes; the others share what it found
+            try:
+                lock.acquire()
+            except PipelineError as err:
+                problem = str(err)
+        distributed.agree(world, _agreed_settings(config, entry, world), problem)
+        return _train(config, entry, world, device, out)
     finally:
+        lock.release()
         distributed.teardown(world)
 
 
+def _agreed_settings(
+    config: TrainConfig, entry: ZooEntry, world: distributed.World
+) -> dict[str, Any]:
+    """What every rank of one run must have been started with."""
+    return {
+        "model": entry.name,
+        **_resume_key(config, world),
+        "resume": config.resume,
+        "stop_after_epoch": config.stop_after_epoch,
+    }
+
+
 def _train(
-    config: TrainConfig, entry: ZooEntry, world: distributed.World, device: torch.device
+    config: TrainConfig,
+    entry: ZooEntry,
+    world: distributed.World,
+    device: torch.device,
+    out: Path,
 ) -> TrainResult:
     task = get_task(entry.task) if entry.task else None
-    out = Path(config.out) if config.out else paths.checkpoint_path(entry.name)
     generator = seed_everything(config.seed)  # the same seed on every rank: identical replicas
     model = entry.build().to(device)
     if task is None:
@@ -110,9 +136,13 @@ def _train(
 
     train_set, val_set = task.datasets(entry.name)
     local_batch = config.batch_size // world.size
+    note = guard.equivalence_note(len(train_set), config.batch_size, world.size)
+    if note and world.is_main:
+        tqdm.write(f"note: {note}")
     # DistributedSampler in every mode: its order depends only on (seed, epoch),
     # so one process over batch B sees exactly the union of what N processes
-    # see over batches B/N, and a resumed run picks up the same order.
+    # see over batches B/N (unless the note above says otherwise), and a resumed
+    # run picks up the same order.
     sampler = DistributedSampler(
         train_set, num_replicas=world.size, rank=world.rank, shuffle=True, seed=config.seed
     )
@@ -152,7 +182,8 @@ def _train(
     if config.resume:
         state = train_state.load_state(state_file)
         ours = {"model": entry.name, **_resume_key(config, world)}
-        theirs = {"model": state["model_name"], **state["config"]}
+        # A state from before a setting joined the key was written with its default.
+        theirs = {"model": state["model_name"], **_KEY_DEFAULTS, **state["config"]}
         changed = {k: (theirs.get(k), v) for k, v in ours.items() if theirs.get(k) != v}
         if changed:
             shown = ", ".join(
@@ -168,6 +199,13 @@ def _train(
         scaler.load_state_dict(state["scaler"])
         train_state.restore_rng(state["rng"], generator)
         history = list(state["history"])
+        threads = state.get("intra_op_threads")
+        if world.is_main and threads not in (None, torch.get_num_threads()):
+            tqdm.write(
+                f"note: the run was started with {threads} intra-op threads and resumes with "
+                f"{torch.get_num_threads()}; its weights will not be byte-identical to an "
+                f"uninterrupted run's (resume with OMP_NUM_THREADS={threads} for that)"
+            )
         start_epoch = int(state["epoch"]) + 1
         if world.is_main:
             tqdm.write(
@@ -283,8 +321,14 @@ def _resume_key(config: TrainConfig, world: distributed.World) -> dict[str, Any]
         "batch_size": config.batch_size,
         "lr": config.lr,
         "amp": config.amp,
+        "clip_grad_norm": config.clip_grad_norm,
+        "weight_decay": config.weight_decay,
         "world_size": world.size,
     }
+
+
+# What a state written before these settings joined the resume key was trained with.
+_KEY_DEFAULTS: dict[str, Any] = {"clip_grad_norm": None, "weight_decay": 1e-4}
 
 
 def _write_epoch(
@@ -317,6 +361,8 @@ def _write_epoch(
         "device": str(device),
         "world_size": world.size,
         "amp": config.amp,
+        # Bytes repeat only at the same intra-op thread count (torchrun sets 1).
+        "intra_op_threads": torch.get_num_threads(),
     }
     checkpoint = save_checkpoint(
         out,
@@ -336,6 +382,7 @@ def _write_epoch(
             "rng": train_state.capture_rng(generator),
             "history": history,
             "seconds": seconds,
+            "intra_op_threads": torch.get_num_threads(),
         },
     )
     return checkpoint

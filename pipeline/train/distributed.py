@@ -14,9 +14,12 @@ import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from pipeline.core.errors import PipelineError
 
 
 @dataclass(frozen=True)
@@ -93,3 +96,34 @@ def all_sum(values: list[float], device: torch.device, world: World) -> list[flo
 def barrier(world: World) -> None:
     if world.distributed:
         dist.barrier()
+
+
+def agree(world: World, settings: dict[str, Any], problem: str | None = None) -> None:
+    """Raise the same PipelineError on every rank when the ranks were started with other
+    settings than rank 0, or when one of them found a `problem` (rank 0's lock or output
+    folder): launchers with another --lr trained silently on rank 0's, and another --epochs
+    ended in a gloo error on one side and a "successful" checkpoint on the other."""
+    gathered: list[Any] = [(settings, problem)]
+    if world.distributed:
+        gathered = [None] * world.size
+        dist.all_gather_object(gathered, (settings, problem))
+    first = gathered[0][0]
+    differing = []
+    for key, value in first.items():
+        others = [(rank, s.get(key)) for rank, (s, _) in enumerate(gathered) if s.get(key) != value]
+        if others:
+            shown = ", ".join(f"{v!r} on rank {rank}" for rank, v in others)
+            differing.append(f"{key}: {value!r} on rank 0, {shown}")
+    if differing:
+        raise PipelineError(
+            f"The {world.size} training processes were started with different settings ("
+            + "; ".join(differing)
+            + "). Start every launcher (each torchrun, on every machine) with the same "
+            "`pipeline train` arguments."
+        )
+    found = [(rank, p) for rank, (_, p) in enumerate(gathered) if p]
+    if found:
+        rank, message = found[0]
+        raise PipelineError(
+            message if rank == world.rank else f"rank {rank} stopped the run: {message}"
+        )
