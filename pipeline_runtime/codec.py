@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from pipeline_runtime import oip
-from pipeline_runtime.asked import unbatch
+from pipeline_runtime.asked import AskedError, chosen, unbatch
 from pipeline_runtime.binary import decode_image, numpy_arrays
 from pipeline_runtime.jsonarray import JSON_DTYPES, to_array
 from pipeline_runtime.request import (
@@ -70,6 +70,8 @@ class Decoded:
     arrays: dict[str, np.ndarray]
     protocol: str  # "json", "v2" or "image"
     unbatched: bool  # the client left out the batch axis; answer without it
+    # The outputs an OIP request asked for, in its order (None: every output).
+    asked: tuple[str, ...] | None = None
 
 
 def parse_body(body: Any) -> tuple[Any, str]:
@@ -268,12 +270,18 @@ def warm_up_inputs(
 
 
 def decode_request(
-    body: Any, specs: Sequence[InputSpec], accepts_images: bool, limits: Limits | None = None
+    body: Any,
+    specs: Sequence[InputSpec],
+    accepts_images: bool,
+    limits: Limits | None = None,
+    outputs: Sequence[str] = (),
 ) -> Decoded:
     """One request body → checked arrays. Raises RequestError with a 4xx status.
 
     `limits` bound the samples and decoded bytes of one request; .npy/.npz
     bodies are checked against them from their headers, before any array is read.
+    `outputs`: the model's output names, against which an OIP request's `outputs` are
+    checked (pipeline_runtime.asked; its answer then holds those alone).
     """
     value, kind = parse_body(body)
     if kind in ("npy", "npz"):
@@ -294,9 +302,36 @@ def decode_request(
             for i in value["inputs"]
         ]
         arrays, unbatched = oip_arrays(tensors, specs, limits)
-    else:
-        arrays, unbatched = check_arrays(arrays, specs, limits)
+        return Decoded(arrays, protocol, unbatched, _asked(value, outputs))
+    arrays, unbatched = check_arrays(arrays, specs, limits)
     return Decoded(arrays, protocol, unbatched)
+
+
+def _asked(body: dict[str, Any], names: Sequence[str]) -> tuple[str, ...] | None:
+    """The outputs an OIP JSON request asks for (None: all), checked as every runtime
+    checks them (asked.chosen). Answered in JSON: this route has no binary extension."""
+    wanted = body.get("outputs")
+    if not names or wanted is None:
+        return None
+    if not isinstance(wanted, list) or not all(isinstance(o, dict) for o in wanted):
+        raise RequestError('\'outputs\' must be a list of objects, e.g. [{"name": "logits"}].')
+    parameters = body.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise RequestError("'parameters' must be an object.")
+    try:
+        plan = chosen(
+            ((o.get("name"), o.get("parameters")) for o in wanted),
+            names,
+            parameters.get("binary_data_output", False),
+        )
+    except AskedError as err:
+        raise RequestError(str(err)) from None
+    if any(binary for _, binary in plan):
+        raise RequestError(
+            "This route answers JSON only (the binary tensor extension is served on the "
+            "/v2/models/<name>/infer routes): ask for the outputs without binary_data."
+        )
+    return tuple(name for name, _ in plan) if wanted else None
 
 
 def encode_outputs(
@@ -307,17 +342,23 @@ def encode_outputs(
     unbatched: bool,
     topk: int = 0,
     per_sample: Sequence[str] = (),
+    asked: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Raw outputs (and top-k classes for classifiers) as a JSON-able dict."""
+    """Raw outputs (and top-k classes for classifiers) as a JSON-able dict; `asked`: the
+    outputs an OIP request named, in its order (Decoded.asked; None: every one)."""
     if unbatched:
         outputs = unbatch(outputs, names, per_sample)
+    scores = outputs[0]  # top-k is of the model's first output, whichever were asked for
+    if asked is not None:
+        by_name = dict(zip(names, outputs, strict=True))
+        names, outputs = list(asked), [by_name[n] for n in asked]
     if protocol == "v2":
         tensors = tuple(oip.Tensor.from_array(n, o) for n, o in zip(names, outputs, strict=True))
         body: dict[str, Any] = oip.Response(tensors, model_name=model_name).to_json()
     else:
         body = {"outputs": {n: o.tolist() for n, o in zip(names, outputs, strict=True)}}
     if topk:
-        logits = np.asarray(outputs[0], dtype=np.float64)
+        logits = np.asarray(scores, dtype=np.float64)
         rows = logits[None] if logits.ndim == 1 else logits
         shifted = np.exp(rows - rows.max(axis=-1, keepdims=True))
         probs = shifted / shifted.sum(axis=-1, keepdims=True)

@@ -217,7 +217,11 @@ class PipelineHandler(BaseHandler):
                         status=415,
                     )
                 decoded = codec.decode_request(
-                    body, self.specs, accepts_images=self.image_size is not None, limits=self.limits
+                    body,
+                    self.specs,
+                    accepts_images=self.image_size is not None,
+                    limits=self.limits,
+                    outputs=self.contract.output_names,
                 )
                 if decoded.protocol == "image":
                     decoded = self._image_inputs(decoded)
@@ -340,6 +344,7 @@ class PipelineHandler(BaseHandler):
                     decoded.unbatched,
                     self.topk,
                     self.contract.per_sample,
+                    decoded.asked,
                 )
             )
         return answers

@@ -253,10 +253,13 @@ def test_a_form_body_torchserve_emptied_gets_a_415_not_empty_body(
 
     service, _ = served
     rows = [
-        {"requestId": b"r0", "parameters": [], "headers": [
-            {"name": b"Content-Type", "value": b"application/x-www-form-urlencoded"}]},
+        {
+            "requestId": b"r0",
+            "parameters": [],
+            "headers": [{"name": b"Content-Type", "value": b"application/x-www-form-urlencoded"}],
+        },
         {"requestId": b"r1", "parameters": [], "headers": []},
-    ]  # fmt: skip
+    ]
     processors, inputs, ids = Service.retrieve_data_for_inference(rows)
     service.context.request_ids = ids
     service.context.request_processor = processors
@@ -304,3 +307,38 @@ def test_the_sample_limit_comes_from_env_then_model_config_then_batch_size(
     for bad_value in (0, True, 2.5, "x"):
         with pytest.raises(ValueError, match=r"model-config\.yaml"):
             max_samples(8, {"max_samples": bad_value})
+
+
+def test_an_oip_request_gets_the_outputs_it_asked_for_or_a_400(served: tuple[Any, Path]) -> None:
+    """As the KServe and Ray runtimes answer (pipeline_runtime.asked): TorchServe answered
+    every output, and 200 for an output name the model does not have."""
+    service, export_dir = served
+    xs = torch.randn(4, 1, 3)
+    tensor = {
+        "name": "xs",
+        "shape": list(xs.shape),
+        "datatype": "FP32",
+        "data": xs.flatten().tolist(),
+    }
+
+    def body(**extra: Any) -> bytes:
+        return json.dumps({"inputs": [tensor], **extra}).encode()
+
+    answers = _handle(
+        service,
+        [
+            body(outputs=[{"name": "logits"}]),
+            body(outputs=[{"name": "nope"}]),
+            body(outputs=[{"name": "logits"}], parameters={"binary_data_output": True}),
+            body(outputs="logits"),
+        ],
+    )
+    assert [status for status, _ in answers] == [200, 400, 400, 400], answers
+    (ok,) = answers[0][1]["outputs"]
+    assert ok["name"] == "logits"
+    torch.testing.assert_close(
+        torch.tensor(ok["data"]).reshape(ok["shape"]), _expected(export_dir, xs)
+    )
+    assert "No output named ['nope']" in answers[1][1]["error"]
+    assert "JSON only" in answers[2][1]["error"]
+    assert "'outputs' must be a list" in answers[3][1]["error"]
