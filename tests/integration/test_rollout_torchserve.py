@@ -91,6 +91,11 @@ def test_canary_promote_and_rollback_on_torchserve_lose_nothing(
         headers=auth_headers(served, "inference"), timeout=30,
     )  # fmt: skip
     assert first.status_code == 200 and first.headers.get(VERSION_HEADER) == "1", first.headers
+    unknown = httpx.post(
+        f"{served.inference_url}/predictions/{MODEL}/9", json={"inputs": [[[0.0] * 28] * 28]},
+        headers=auth_headers(served, "inference"), timeout=30,
+    )  # fmt: skip
+    assert unknown.status_code == 404 and VERSION_HEADER not in unknown.headers  # none answered
     # TorchServe's copy of version 2 kept by an earlier server (promoted, then stopped):
     # registering it again failed, "Model file already exists digits_lenet_onnx.v2.mar".
     shutil.copy(store / f"{ARCHIVE}.mar", store / f"{ARCHIVE}.v2.mar")

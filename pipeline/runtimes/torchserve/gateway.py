@@ -8,20 +8,19 @@ the way HTTP clients expect (401 with `WWW-Authenticate`, JSON 413, JSON 404
 for anything that is not an inference route), optionally over HTTPS, then
 forwards to TorchServe, which stays on 127.0.0.1 behind its own token.
 
-Bodies are forwarded with the media type `pipeline.runtimes.torchserve.bodies.upstream_body`
-gives them, so TorchServe never decodes a form itself (curl's default type).
+Bodies go upstream with the media type `bodies.upstream_body` gives them, so TorchServe
+never decodes a form itself (curl's default type).
 
 Routes: `POST /predictions/<model>[/<version>]` (token required; <model> is an archive
 name, or a model's name when one archive of it is served: `digits_lenet` reaches
-`digits_lenet_onnx` when that is what `pipeline serve` chose) and
-`GET /ping` (no token: health probes should not need a secret, and the answer
-says nothing about the models). Everything else is 404.
+`digits_lenet_onnx` when that is what `pipeline serve` chose) and `GET /ping` (no token:
+health probes need no secret, and it says nothing about the models). Else: 404.
 
-The token is TorchServe's own inference key (read from `key_file.json` in the
-run folder; clients get it from `inference_key.json`), compared in constant time and re-read
-when the file changes; the token, body-limit and error-shape decisions are
-`pipeline.serving.guard`'s, shared with the KServe runtime. A
-worker that dies under a request makes TorchServe answer `500 Worker died.`;
+The token is TorchServe's own inference key (read from `key_file.json` in the run folder;
+clients get it from `inference_key.json`), compared in constant time and re-read when the
+file changes; the token, body-limit and error-shape decisions are
+`pipeline.serving.guard`'s, shared with the KServe runtime. A worker that dies under a
+request makes TorchServe answer `500 Worker died.`;
 inference is a pure function, so the gateway turns that (and an unreachable
 TorchServe) into `503` with `Retry-After`, which clients retry.
 
@@ -312,7 +311,8 @@ def build_app(config: GatewayConfig) -> web.Application:
         finally:
             ok = resp is not None and resp.status < 500
             router.finished(archive, version, began, ok, counted=asked is None)
-        resp.headers[VERSION_HEADER] = version  # which version answered (loadtest --by-version)
+        if resp.status != 404:  # which version answered (loadtest --by-version); none did
+            resp.headers[VERSION_HEADER] = version
         return resp
 
     async def ping(request: web.Request) -> web.StreamResponse:
