@@ -232,9 +232,12 @@ def replay_command(sample: Sample, npz: Path) -> str:
 
     backend = registry.get(sample.format).backend
     model = _manifest_model(Path(sample.export_dir))
+    # Its own report beside the sample: the default (<artifacts>/<model>/parity.json) is the
+    # export's own, which `pipeline publish` reads as the export's passing verify.
+    report = npz.with_name(npz.stem + ".parity.json")
     return (
         f"pipeline verify --model {model} --export-dir {sample.export_dir} "
-        f"--backend {backend} --inputs {npz}"
+        f"--backend {backend} --inputs {npz} --report {report}"
     )
 
 

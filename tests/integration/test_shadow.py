@@ -132,11 +132,14 @@ def test_an_artifact_altered_while_serving_diverges_after_a_restart(
     assert kept, "no divergent sample kept"
     about = json.loads(kept[-1].read_text())
     assert about["request_id"].startswith("req-") and "allowance" in about["what"]
-    # The kept sample replays: verify on its inputs fails the altered ONNX file.
+    # The kept sample replays: verify on its inputs fails the altered ONNX file. Its report
+    # goes beside the sample, not over the export's own parity.json (publish reads that).
     replay = about["replay"].split()[1:]  # drop "pipeline"
-    proc = run_cli(*replay, "--report", tmp_path / "parity.json", "--batch-sizes", "1")
+    report_path = Path(replay[replay.index("--report") + 1])
+    assert report_path.parent == kept[-1].parent, replay
+    proc = run_cli(*replay, "--batch-sizes", "1")
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-    report = json.loads((tmp_path / "parity.json").read_text())
+    report = json.loads(report_path.read_text())
     failed = [r for r in report["rows"] if not r["passed"] and r["inputs"].startswith("kept ")]
     assert failed, "the replay did not fail on the kept inputs"
 

@@ -315,3 +315,16 @@ def test_a_versions_route_of_a_model_not_served_is_a_404_not_kserves_501() -> No
         assert json.loads(sent[1]["body"]) == {"error": "Model with name nope does not exist."}
     assert not seen
     assert _asgi(app, "/v2/models/nope/infer", []) == [] and seen == ["/v2/models/nope/infer"]
+
+
+def test_a_request_without_an_id_gets_one_id_for_its_answer_and_its_shadow_sample() -> None:
+    # The answer carried a generated id while the shadow check's sample (and its log line)
+    # had none ("request id -"), so a divergence could not be tied to the answer.
+    versions = _Versions()
+    app = FastInfer(_passed_through()[0].app, {"m": versions})
+    sent = []
+    for body in (_json_body(), _json_body(id="mine-1")):
+        _, message = _asgi(app, "/v2/models/m/infer", [{"type": "http.request", "body": body}])
+        sent.append(json.loads(message["body"])["id"])
+    handed = versions.by_number[1].request_ids
+    assert handed == sent and handed[1] == "mine-1" and handed[0], (handed, sent)

@@ -145,9 +145,11 @@ def encode(
     model: Model,
     outputs: list[np.ndarray],
     plan: list[tuple[str, bool]] | None = None,
+    rid: str | None = None,
 ) -> tuple[bytes, int | None]:
     """The answer as JSON, or as the binary extension for the outputs asked in binary;
-    `plan`: what `_plan` said of the request, when already asked."""
+    `plan`: what `_plan` said of the request, when already asked; `rid`: the answer's id
+    (default: the request's, else a new one)."""
     arrays = dict(zip(model.output_names, outputs, strict=True))
     if plan is None:
         plan = _plan(request, model)
@@ -171,7 +173,7 @@ def encode(
     header = {
         "model_name": model.name,
         "model_version": str(model.version),
-        "id": request.id or str(uuid.uuid4()),
+        "id": rid or request.id or str(uuid.uuid4()),
         "outputs": items,
     }
     try:
@@ -230,9 +232,12 @@ class FastInfer:
             arrays, unbatched = model.check(request.inputs)
             plan = _plan(request, model)  # before the forward pass: a refusal costs none
             model.observe("decode", time.perf_counter() - started)
-            outputs = await model.run(arrays, unbatched, request.id or "")
+            # One id for the answer and the shadow check's sample: a client that sent none
+            # gets a generated one, which its sample and log line carry too.
+            rid = request.id or str(uuid.uuid4())
+            outputs = await model.run(arrays, unbatched, rid)
             encoding = time.perf_counter()
-            answer, json_length = encode(request, model, outputs, plan)
+            answer, json_length = encode(request, model, outputs, plan, rid)
             model.observe("encode", time.perf_counter() - encoding)
             status, content_type = 200, b"application/json"
             if json_length is not None:
