@@ -344,4 +344,6 @@ def _why_served(info: ServedInfo, artifacts_dir: Path | None) -> str:
         return why_served(manifest, info.format, fastest)
     if info.fastest and info.fastest.get("format") == info.format:
         return str(info.fastest.get("why") or "bench's fastest verified backend when archived")
-    return "the first archived format in registry order (no bench result recorded with it)"
+    # Not a guess at why: it may have been named (`serve --models <archive>`), or archived
+    # alone; the archive records no reason.
+    return "as archived (no bench result or reason recorded with it)"

@@ -9,6 +9,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+from pipeline.core import signing
 from pipeline.core.manifest import GOLDEN_KEY, MANIFEST_NAME, read_manifest
 from pipeline.runtimes.torchserve.archive import RUNTIME_DIR, handler_source
 from pipeline.runtimes.torchserve.constants import ARCHIVE_INFO
@@ -64,8 +65,9 @@ def to_rebuild(mar: Path, version_dir: Path, key: str, number: int) -> bool:
     built again from it: True when it differs, said on stderr with what differed."""
     found = differences(mar, version_dir, key)
     if found:
+        kind = "signed version" if signing.signer_of(version_dir) else "version"
         print(
-            f"warning: {mar} is not what archiving signed version {number} gives "
+            f"warning: {mar} is not what archiving {kind} {number} gives "
             f"({'; '.join(found[:3])}): archived again from it",
             file=sys.stderr,
         )

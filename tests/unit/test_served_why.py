@@ -1,0 +1,52 @@
+"""Why a served format is served, as `pipeline serve` and `status` say it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.serving.provenance import ServedInfo
+from pipeline.serving.served import _why_served
+from pipeline_runtime.manifest import (
+    ArtifactRecord,
+    CheckpointRef,
+    Manifest,
+    ModelRecord,
+    TensorRecord,
+    Tolerance,
+)
+
+
+def test_a_served_format_without_a_recorded_reason_is_not_given_one(tmp_path: Path) -> None:
+    # It said "the first archived format in registry order" of a .pt2 served by name.
+    said = _why_served(
+        ServedInfo("digits_lenet", "pt2", sha256="ab" * 32), tmp_path / "no-artifacts"
+    )
+    assert said == "as archived (no bench result or reason recorded with it)", said
+
+
+def test_a_kept_archive_of_an_unsigned_version_is_not_called_signed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The rebuild warning said "signed version 1" in a store nothing was signed in.
+    from pipeline.runtimes.torchserve.signed import to_rebuild
+
+    version_dir = tmp_path / "store" / "digits_lenet" / "3"
+    version_dir.mkdir(parents=True)
+    onnx = ArtifactRecord("model.onnx", "onnx", "0" * 64)
+    manifest = Manifest(
+        model=ModelRecord("digits_lenet"),
+        inputs=(TensorRecord("image", ("batch", 1, 28, 28), "float32"),),
+        outputs=(TensorRecord("logits", ("batch", 10), "float32"),),
+        tolerance=Tolerance(1e-5, 1e-4),
+        checkpoint=CheckpointRef("checkpoint.pt", "0" * 64),
+        artifacts={"onnx": onnx},
+        created="2026-11-29T00:00:00+00:00",
+    )
+    (version_dir / "manifest.json").write_text(manifest.dumps())
+    mar = tmp_path / "digits_lenet_onnx.v3.mar"
+    mar.write_bytes(b"not a zip")
+    assert to_rebuild(mar, version_dir, "onnx", 3)
+    said = capsys.readouterr().err
+    assert "is not what archiving version 3 gives" in said and "signed" not in said, said
