@@ -205,6 +205,16 @@ def export(config: ExportConfig) -> ExportResult:
     calibration = load_file(config.calibration, entry) if config.calibration else None
     _refuse_another_file(entry.name, Path(config.out_dir or paths.export_dir(entry.name)))
     ckpt_path = Path(config.checkpoint) if config.checkpoint else paths.checkpoint_path(entry.name)
+    untrained = entry.source == "zoo" and entry.task is None and not ckpt_path.exists()
+    if untrained and config.weights is None and not config.random_init:
+        # What `train` would write for a model with nothing to train: its seeded weights.
+        log.info(
+            "%s has nothing to train: exporting its seeded initial weights (as --random-init "
+            "--seed %d)",
+            entry.name,
+            config.seed,
+        )
+        config = replace(config, random_init=True)
     pending: Path | None = None
     made = not ckpt_path.parent.exists()  # removed again, if left empty, when export fails
     if config.weights is not None or config.random_init:

@@ -158,3 +158,19 @@ def test_an_export_killed_mid_way_has_its_folders_swept_by_the_next(tmp_path: Pa
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [mine.name]
     assert [n for n in os.listdir(ckpt.parent) if n.startswith(".")] == []
     assert (out_dir / "model.onnx").is_file()
+
+
+def test_a_model_with_nothing_to_train_exports_without_a_checkpoint(tmp_path: Path) -> None:
+    """README: the models with nothing to train export from their seeded initial weights.
+    `pipeline export --model lstm_tagger` said the checkpoint does not exist instead."""
+    from pipeline.core.checkpoint import load_checkpoint
+
+    ckpt = tmp_path / "ckpt" / "checkpoint.pt"
+    result = export(
+        ExportConfig(
+            model="my_decision_gate", checkpoint=ckpt, out_dir=tmp_path / "export",
+            formats=("onnx",),
+        )
+    )  # fmt: skip
+    assert (result.out_dir / "model.onnx").is_file()
+    assert load_checkpoint(ckpt).meta["init"] == "random"  # what `train` would have written
