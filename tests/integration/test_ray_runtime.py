@@ -164,6 +164,10 @@ def test_bad_requests_get_4xx_json_and_the_server_keeps_serving(cluster) -> None
     r = httpx.post(f"{url}/v2/models/digits_lenet/infer", content=big, headers=auth, timeout=30)
     assert r.status_code == 413 and "max_request_size" in r.json()["error"], r.text
     assert httpx.get(f"{url}/v2/health/ready", timeout=10).json() == {"ready": True}
+    # The KServe runtime's reader and words (pipeline_runtime.oiprest), not int()'s.
+    r = httpx.post(f"{url}/v2/models/digits_lenet/infer", content=b"{}", timeout=30,
+                   headers=auth | {"Inference-Header-Content-Length": "abc"})  # fmt: skip
+    assert r.status_code == 400 and "is not a number" in r.json()["error"], r.text
     meta = httpx.get(f"{url}/v2", headers=auth, timeout=10).json()
     assert meta["extensions"] == ["binary_tensor_data"], meta  # the binary extension: read
 

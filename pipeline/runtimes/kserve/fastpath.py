@@ -35,7 +35,7 @@ from kserve.metrics import PREDICT_HIST_TIME
 from prometheus_client import Histogram
 
 from pipeline.runtimes.kserve.security import ASGIApp, Receive, Scope, Send
-from pipeline_runtime import oip
+from pipeline_runtime import oip, oiprest
 from pipeline_runtime.asked import AskedError, plan
 
 log = logging.getLogger("pipeline.runtimes.kserve")
@@ -87,57 +87,11 @@ class ClientError(Exception):
 
 
 def parse(body: bytes, headers: Mapping[bytes, bytes]) -> oip.Request:
-    """A REST infer body → typed request: binary exactly when the length header is there."""
-    length = headers.get(LENGTH_HEADER)
-    split = len(body)
-    if length is not None:
-        try:
-            split = int(length)
-        except ValueError:
-            raise ClientError(f"{oip.HEADER_LENGTH} is not a number: {length[:40]!r}.") from None
-        if not 0 < split <= len(body):
-            raise ClientError(f"{oip.HEADER_LENGTH} is {split}; the body has {len(body)} bytes.")
-    if not body:
-        raise ClientError("The request has no body; send an Open Inference Protocol request.")
+    """A REST infer body → typed request (pipeline_runtime.oiprest, the Ray ingress's too)."""
     try:
-        parsed = orjson.loads(body[:split])
-    except orjson.JSONDecodeError as err:
-        if length is not None and split < len(body) and _is_json(body):
-            raise ClientError(_stale_length(split, len(body))) from None
-        hint = (
-            "" if length is not None else f" (binary tensors need the {oip.HEADER_LENGTH} header)"
-        )
-        raise ClientError(f"The body is not JSON{hint}: {err}") from None
-    try:
-        return oip.Request.from_json(parsed, body[split:])
-    except (oip.OipError, RecursionError) as err:
-        raise ClientError(f"Malformed request: {err}") from None
-
-
-def _is_json(body: bytes) -> bool:
-    try:
-        orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return False
-    return True
-
-
-def _stale_length(split: int, size: int) -> str:
-    """The 400 for a JSON body sent with a length header left over from a binary request.
-
-    Issue 28's intermittent 400 ("unexpected end of data ... (char 171)"): Triton's
-    HTTP client (and kserve's InferenceRESTClient, for a binary InferRequest) writes
-    Inference-Header-Content-Length into the `headers` dict the caller passes and never takes it out, so a JSON request made after a binary one
-    with the same dict carries the binary request's length (171 bytes for digits).
-    The extension says the header means binary, so this stays a 400; the message
-    names the cause, which the bare JSON error did not."""
-    return (
-        f"{oip.HEADER_LENGTH} says the JSON part is {split} bytes, but the whole "
-        f"{size}-byte body is one JSON document: the header looks left over from an "
-        "earlier binary request. Triton's HTTP client (tritonclient) and kserve's "
-        "InferenceRESTClient add it to the headers dict you pass and keep it there: pass "
-        "a fresh dict to each call, or drop the header from a JSON request."
-    )
+        return oiprest.parse(body, headers.get(LENGTH_HEADER))
+    except oiprest.BodyError as err:
+        raise ClientError(str(err)) from None
 
 
 def encode(

@@ -35,7 +35,7 @@ from pipeline.runtimes.ray import answer
 from pipeline.runtimes.ray.availability import Availability, Down
 from pipeline.runtimes.ray.constants import LOOPBACK_ENV, deployment_name
 from pipeline.serving import guard
-from pipeline_runtime import bounded, codec, oip
+from pipeline_runtime import bounded, codec, oip, oiprest
 from pipeline_runtime.asked import EXTENSIONS, AskedError, plan, unbatch
 
 
@@ -250,14 +250,13 @@ class Ingress:
         body = guard.decode_body(body, request.headers.get("Content-Encoding"), self.limit)
         if isinstance(body, guard.Refusal):
             return _refused(body)
-        length = request.headers.get(oip.HEADER_LENGTH)
         try:
-            parsed = oip.Request.from_rest(body, int(length) if length is not None else None)
+            parsed = oiprest.parse(body, request.headers.get(oip.HEADER_LENGTH))
             arrays, unbatched = codec.oip_arrays(parsed.inputs, model["specs"], model["limits"])
         except codec.RequestError as err:
             return _error(413 if err.status == 413 else 400, str(err))
-        except (oip.OipError, ValueError) as err:
-            return _error(400, f"Not an Open Inference Protocol request: {err}")
+        except (oip.OipError, ValueError) as err:  # oiprest.BodyError: the KServe runtime's words
+            return _error(400, str(err))
         try:
             plan(parsed, model["outputs"])
         except AskedError as err:
