@@ -223,7 +223,9 @@ def _collect(body: Any, specs: Sequence[InputSpec]) -> tuple[dict[str, np.ndarra
         return {n: to_array(inputs[n], by_name[n]) for n in names}, "json"
     if len(specs) != 1:
         raise RequestError(
-            f'This model takes {len(specs)} inputs; send them by name: {{"inputs": {{{", ".join(repr(n) for n in names)}: ...}}}}.',
+            f"This model takes {len(specs)} inputs; send them by name: "
+            + json.dumps({"inputs": {n: "[...]" for n in names}}).replace('"[...]"', "[...]")
+            + ".",
             expected=[s.describe() for s in specs],
         )
     return {specs[0].name: to_array(inputs, specs[0])}, "json"

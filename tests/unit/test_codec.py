@@ -271,3 +271,10 @@ def test_true_and_false_are_not_numbers_nor_five_a_bool() -> None:
     for sent in ([[True, False]], [[1, 0]]):
         got = pl_codec.decode_request({"inputs": sent}, mask, False).arrays["mask"]
         assert got.dtype == np.bool_ and got.tolist() == [[True, False]]
+
+
+def test_the_by_name_hint_is_the_json_to_send() -> None:
+    # It read {"inputs": {'x', 'h': ...}}: a Python set and dict, in single quotes.
+    with pytest.raises(pl_codec.RequestError) as err:
+        pl_codec.decode_request({"inputs": [[1.0] * 4]}, CELL, False)
+    assert str(err.value).endswith('send them by name: {"inputs": {"x": [...], "h": [...]}}.')
