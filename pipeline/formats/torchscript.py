@@ -61,7 +61,10 @@ def _where(w: warnings.WarningMessage) -> str:
 
 def _first_line(err: BaseException | Warning | str) -> str:
     text = str(err).strip()
-    return text.splitlines()[0][:300] if text else type(err).__name__
+    if not text:
+        return type(err).__name__
+    line = text.splitlines()[0]  # cut at a word, marked: "use a `NamedTuple` inste" read as said
+    return line if len(line) <= 300 else line[:300].rsplit(" ", 1)[0] + " […]"
 
 
 def try_trace(

@@ -101,3 +101,13 @@ def test_hybrid_scripts_the_gate_traces_the_cell_scripts_the_loop() -> None:
     for _, probe in probes:
         for expected, got in zip(model(probe["xs"]), result.module(probe["xs"]), strict=True):
             torch.testing.assert_close(got, expected)
+
+
+def test_a_long_reason_is_cut_at_a_word_and_marked() -> None:
+    # "... use a `NamedTuple` inste; scripted": cut mid-word, unmarked, read as said.
+    from pipeline.formats.torchscript import _first_line
+
+    said = _first_line("word " * 70 + "use a `NamedTuple` instead\nsecond line")
+    assert said.endswith(" […]") and len(said) <= 305, said
+    assert said.removesuffix(" […]").split(" ")[-1] == "word", said
+    assert _first_line("short one\nsecond") == "short one"
