@@ -26,6 +26,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.manifest import MANIFEST_NAME, read_manifest
 from pipeline.formats import base as registry
 from pipeline.serving import runtime as runtimes
+from pipeline.serving import versions
 from pipeline.serving.provenance import ServedInfo, fastest_entry
 from pipeline.serving.server import ServeError, Server
 from pipeline_runtime import formats, jitgate
@@ -234,6 +235,14 @@ def stale(
     origin = _origin(info.exported, info.checkpoint_sha256)
     this = _origin(manifest.created, manifest.checkpoint.sha256)
     model = manifest.model.name
+    published = _published_as(info, server)
+    if published is not None:  # a restart serves that store's default again: no way out
+        return (
+            f"The server answers {model} ({name}) from version {published.number} of its store "
+            f"({published.dir}), not from {export_dir} ({older}; served: {origin}; this "
+            f"export: {this}): check what it serves with --export-dir {published.dir}, or "
+            "`pipeline publish` this export and `pipeline rollout` it."
+        )
     runtime = server.runtime if server is not None else runtime
     fix = f"`{runtimes.get(runtime or runtimes.default()).fix_command(model, server, export_dir)}`"
     return (
@@ -242,6 +251,22 @@ def stale(
         "(or, where the server serves a published version, `pipeline publish` this export "
         "and `pipeline rollout` it: a restart serves the store's default again)."
     )
+
+
+def _published_as(info: ServedInfo, server: Server | None) -> versions.Version | None:
+    """The store version whose artifact the server serves (by sha256), None when none is:
+    the server's store (TorchServe records it), else the default store."""
+    if server is None or not info.sha256:
+        return None
+    store = Path(server.extras.get("store") or paths.DEFAULT_STORE)
+    for version in reversed(versions.versions(info.model, store)):
+        try:
+            held = read_manifest(version.dir).artifacts.get(info.format)
+        except PipelineError:
+            continue
+        if held is not None and held.sha256 == info.sha256:
+            return version
+    return None
 
 
 def stale_of(

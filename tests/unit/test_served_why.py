@@ -50,3 +50,48 @@ def test_a_kept_archive_of_an_unsigned_version_is_not_called_signed(
     assert to_rebuild(mar, version_dir, "onnx", 3)
     said = capsys.readouterr().err
     assert "is not what archiving version 3 gives" in said and "signed" not in said, said
+
+
+def _manifest_with(folder: Path, onnx_sha: str, created: str) -> Manifest:
+    manifest = Manifest(
+        model=ModelRecord("digits_lenet"),
+        inputs=(TensorRecord("image", ("batch", 1, 28, 28), "float32"),),
+        outputs=(TensorRecord("logits", ("batch", 10), "float32"),),
+        tolerance=Tolerance(1e-5, 1e-4),
+        checkpoint=CheckpointRef("checkpoint.pt", "c" * 64),
+        artifacts={"onnx": ArtifactRecord("model.onnx", "onnx", onnx_sha)},
+        created=created,
+    )
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text(manifest.dumps())
+    return manifest
+
+
+def test_a_server_on_a_published_version_is_not_told_to_restart(tmp_path: Path) -> None:
+    # A user's loop: the server serves the store's default (version 1) while the working
+    # export is newer; "run `pipeline stop && pipeline serve ...` to serve this export"
+    # served version 1 again, and the same message came back.
+    import json
+
+    from pipeline.serving.served import stale
+    from pipeline.serving.server import Server
+
+    store = tmp_path / "store"
+    one = store / "digits_lenet" / "1"
+    _manifest_with(one, "a" * 64, "2026-11-28T00:00:00+00:00")
+    (one / "publish.json").write_text(json.dumps({"model": "digits_lenet", "version": 1}))
+    mine = _manifest_with(tmp_path / "export", "b" * 64, "2026-11-29T00:00:00+00:00")
+    info = ServedInfo("digits_lenet", "onnx", sha256="a" * 64, exported="2026-11-28T00:00:00+00:00")
+    server = Server(
+        runtime="kserve",
+        pid=0,
+        run_dir=str(tmp_path / "run"),
+        inference_url="",
+        metrics_url="",
+        models=["digits_lenet"],
+        served={"digits_lenet": info},
+        extras={"store": str(store)},
+    )
+    said = stale("digits_lenet", info, mine, tmp_path / "export", server=server)
+    assert said and f"from version 1 of its store ({one.resolve()})" in said, said
+    assert f"--export-dir {one.resolve()}" in said and "pipeline stop" not in said, said
