@@ -16,7 +16,7 @@ from tqdm import tqdm
 from pipeline.core import paths
 from pipeline.core.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from pipeline.core.device import resolve_device
-from pipeline.core.errors import PipelineError
+from pipeline.core.errors import PipelineError, UnknownModelError
 from pipeline.core.fileio import atomic_write
 from pipeline.core.paths import is_external
 from pipeline.core.seeding import seed_everything, seed_worker
@@ -67,7 +67,15 @@ def entry_for(config: TrainConfig) -> ZooEntry:
             f"`pipeline export --model {config.model} --weights FILE` (or --random-init); "
             "docs/own-model.md walks it through export, verify, serving and a request."
         )
-    return resolve_entry(config.model, kwargs=config.model_kwargs)
+    try:
+        return resolve_entry(config.model, kwargs=config.model_kwargs)
+    except UnknownModelError as err:  # its "your own model can be given as" is export's offer
+        said = str(err).split("; your own model can be given as")[0]
+        raise UnknownModelError(
+            f"{said}. `pipeline train` trains these built-in models only; your own model is "
+            "trained in your code and exported with `pipeline export --weights FILE` "
+            "(docs/own-model.md)."
+        ) from None
 
 
 def train(config: TrainConfig) -> TrainResult:

@@ -153,3 +153,17 @@ def test_under_ddp_the_writing_rank_takes_the_lock_and_every_rank_stops(
     assert zero == 1 and "Another `pipeline train` (process 4242)" in said0, said0
     assert one == 1 and "rank 0 stopped the run: Another `pipeline train`" in said1, said1
     assert not list(tmp_path.rglob("checkpoint.pt"))
+
+
+def test_an_unknown_model_is_not_offered_what_train_refuses() -> None:
+    # train said "your own model can be given as path/to/file.py:ClassName", which it
+    # then refuses (`pipeline train` has no task for it).
+    from pipeline.core.errors import UnknownModelError
+    from pipeline.train import entry_for
+    from pipeline.train.config import TrainConfig
+
+    with pytest.raises(UnknownModelError) as err:
+        entry_for(TrainConfig(model="nosuch"))
+    said = str(err.value)
+    assert "Known models: digits_lenet" in said and "file.py:ClassName" not in said, said
+    assert "pipeline export --weights FILE" in said, said
