@@ -90,7 +90,11 @@ class OutputLock:
             # The file stays: removing it would let a third run lock a new inode while a
             # second still waits on the old one.
             os.ftruncate(self._fd, 0)
-            os.close(self._fd)  # closing drops the flock
+            # Unlocked, not only closed: a forked DataLoader worker still alive holds a copy
+            # of the descriptor, and the flock stays while any copy is open (the next run
+            # in this process was refused as "another process").
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
             self._fd = None
 
 
