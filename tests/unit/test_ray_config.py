@@ -178,3 +178,10 @@ def test_the_other_proxy_note_is_for_another_proxy_not_for_the_runs_own_path() -
     assert not elsewhere(f"{asked}/pipeline-40b35517", asked)
     assert not elsewhere(asked, asked)
     assert elsewhere("http://127.0.0.1:8000/pipeline-40b35517", asked)
+
+
+def test_a_wrong_count_names_only_its_own_option() -> None:
+    # --ray-replicas 0 said "--ray-nodes must be 0 or more; --ray-replicas and
+    # --ray-max-batch-size at least 1", naming two options the user had not given.
+    with pytest.raises(ValueError, match=r"^--ray-replicas must be at least 1; got 0\.$"):
+        _config(ray_replicas=0)

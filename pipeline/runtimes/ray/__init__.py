@@ -234,10 +234,17 @@ class RayServe(runtime.Runtime):
     def _config(own: argparse.Namespace, threads: int | None, error: type[Exception]) -> Any:
         from pipeline.runtimes.ray.launch import RayConfig
 
-        if own.ray_nodes < 0 or own.ray_replicas < 1 or own.ray_max_batch_size < 1:
-            raise error(
-                "--ray-nodes must be 0 or more; --ray-replicas and --ray-max-batch-size at least 1."
-            )
+        least = {"--ray-nodes": 0, "--ray-replicas": 1, "--ray-max-batch-size": 1}
+        got = dict(
+            zip(least, (own.ray_nodes, own.ray_replicas, own.ray_max_batch_size), strict=True)
+        )
+        wrong = [
+            f"{k} must be {'0 or more' if least[k] == 0 else 'at least 1'}; got {v}"
+            for k, v in got.items()
+            if v < least[k]
+        ]
+        if wrong:  # only the option that is wrong, with what it got
+            raise error("; ".join(wrong) + ".")
         if own.ray_replica_cpus is not None and own.ray_replica_cpus < 0:
             raise error(f"--ray-replica-cpus must be 0 or more; got {own.ray_replica_cpus}.")
         if own.ray_replica_gpus < 0:
