@@ -205,7 +205,9 @@ def export(config: ExportConfig) -> ExportResult:
     calibration = load_file(config.calibration, entry) if config.calibration else None
     _refuse_another_file(entry.name, Path(config.out_dir or paths.export_dir(entry.name)))
     ckpt_path = Path(config.checkpoint) if config.checkpoint else paths.checkpoint_path(entry.name)
-    untrained = entry.source == "zoo" and entry.task is None and not ckpt_path.exists()
+    # Not for a --checkpoint given: a mistyped path must stay an error, not random weights.
+    untrained = entry.source == "zoo" and entry.task is None and config.checkpoint is None
+    untrained = untrained and not ckpt_path.exists()
     if untrained and config.weights is None and not config.random_init:
         # What `train` would write for a model with nothing to train: its seeded weights.
         log.info(

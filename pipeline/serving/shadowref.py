@@ -203,7 +203,7 @@ def keep(run_dir: Path, sample: Sample, eager: list[np.ndarray], what: str) -> s
     """The sample's inputs and both answers, and how to replay it; "" past the bound."""
     folder = run_dir / SHADOW_DIR
     folder.mkdir(exist_ok=True)
-    if len(list(folder.glob("*.json"))) >= KEEP_MAX:  # one per sample (two .npz each)
+    if len(list(folder.glob("*.answers.npz"))) >= KEEP_MAX:  # one per sample (not replays')
         return ""
     size = sum(a.nbytes for a in (*sample.inputs.values(), *sample.outputs, *eager))
     if size > KEEP_MAX_BYTES:

@@ -160,17 +160,27 @@ def test_an_export_killed_mid_way_has_its_folders_swept_by_the_next(tmp_path: Pa
     assert (out_dir / "model.onnx").is_file()
 
 
-def test_a_model_with_nothing_to_train_exports_without_a_checkpoint(tmp_path: Path) -> None:
+def test_a_model_with_nothing_to_train_exports_without_a_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """README: the models with nothing to train export from their seeded initial weights.
     `pipeline export --model lstm_tagger` said the checkpoint does not exist instead."""
     from pipeline.core.checkpoint import load_checkpoint
 
-    ckpt = tmp_path / "ckpt" / "checkpoint.pt"
+    monkeypatch.setenv("PIPELINE_ARTIFACTS", str(tmp_path / "artifacts"))
+    ckpt = tmp_path / "artifacts" / "my_decision_gate" / "checkpoint.pt"  # the default one
     result = export(
-        ExportConfig(
-            model="my_decision_gate", checkpoint=ckpt, out_dir=tmp_path / "export",
-            formats=("onnx",),
-        )
-    )  # fmt: skip
+        ExportConfig(model="my_decision_gate", out_dir=tmp_path / "export", formats=("onnx",))
+    )
     assert (result.out_dir / "model.onnx").is_file()
     assert load_checkpoint(ckpt).meta["init"] == "random"  # what `train` would have written
+
+
+def test_a_mistyped_checkpoint_is_still_an_error_not_random_weights(tmp_path: Path) -> None:
+    from pipeline.core.errors import CheckpointError
+
+    typo = tmp_path / "typo" / "checkpont.pt"
+    with pytest.raises(CheckpointError, match="does not exist"):
+        export(ExportConfig(model="lstm_tagger", checkpoint=typo, out_dir=tmp_path / "e",
+                            formats=("onnx",)))  # fmt: skip
+    assert not typo.exists()

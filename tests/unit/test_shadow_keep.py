@@ -30,6 +30,11 @@ def test_keep_stops_at_keep_max_samples_not_at_half(
     ]
     assert all(kept[: shadowref.KEEP_MAX]) and not any(kept[shadowref.KEEP_MAX :]), kept
     folder = tmp_path / shadowref.SHADOW_DIR
-    assert len(list(folder.glob("*.json"))) == shadowref.KEEP_MAX
+    assert len(list(folder.glob("*.answers.npz"))) == shadowref.KEEP_MAX
+    # A replay's report lands beside the samples: it takes no sample's place.
+    for path in list(folder.glob("*.answers.npz"))[:3]:
+        path.unlink()
+        Path(str(path).replace(".answers.npz", ".parity.json")).write_text("{}")
+    assert shadowref.keep(tmp_path, sample, [np.ones((1, 10), np.float32)], "diverged")
     replay = np.load(kept[0])  # the inputs alone, as verify --inputs reads them
     assert list(replay) == ["image"]

@@ -238,7 +238,7 @@ def start(config: ServeConfig) -> Server:
     run_dir = launcher.prepare(launch)
     # The last start's temp files go: each .pt2 load unpacked ~2.5 MB there, left behind.
     shutil.rmtree(run_dir / "tmp", ignore_errors=True)
-    (run_dir / "tmp").mkdir()
+    (run_dir / "tmp").mkdir(exist_ok=True)  # what rmtree could not remove stays
     # Before anything starts: an archive without its export is refused here.
     shadow_env = shadow_.environment(config.shadow, store, models, run_dir) if config.shadow else {}
     for stale in (KEY_FILE, INFERENCE_KEY_FILE):
