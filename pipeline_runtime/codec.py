@@ -311,27 +311,34 @@ def decode_request(
 
 def _asked(body: dict[str, Any], names: Sequence[str]) -> tuple[str, ...] | None:
     """The outputs an OIP JSON request asks for (None: all), checked as every runtime
-    checks them (asked.chosen). Answered in JSON: this route has no binary extension."""
+    checks them (asked.chosen). Answered in JSON: this server has no binary extension."""
     wanted = body.get("outputs")
-    if not names or wanted is None:
+    parameters = body.get("parameters")
+    if not names or (wanted is None and parameters is None):
         return None
-    if not isinstance(wanted, list) or not all(isinstance(o, dict) for o in wanted):
-        raise RequestError('\'outputs\' must be a list of objects, e.g. [{"name": "logits"}].')
-    parameters = body.get("parameters") or {}
-    if not isinstance(parameters, dict):
+    if wanted is not None and not (
+        isinstance(wanted, list)
+        and all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in wanted)
+        and all(isinstance(o.get("parameters"), dict | None) for o in wanted)
+    ):
+        raise RequestError(
+            "'outputs' must be a list of objects, each with a string 'name' (and an object of "
+            'parameters), e.g. [{"name": "logits"}].'
+        )
+    if not isinstance(parameters, dict | None):
         raise RequestError("'parameters' must be an object.")
     try:
         plan = chosen(
-            ((o.get("name"), o.get("parameters")) for o in wanted),
+            ((o["name"], o.get("parameters")) for o in wanted or ()),
             names,
-            parameters.get("binary_data_output", False),
+            (parameters or {}).get("binary_data_output", False),
         )
     except AskedError as err:
         raise RequestError(str(err)) from None
     if any(binary for _, binary in plan):
         raise RequestError(
-            "This route answers JSON only (the binary tensor extension is served on the "
-            "/v2/models/<name>/infer routes): ask for the outputs without binary_data."
+            "This server answers JSON only (it has no binary tensor extension): ask for the "
+            "outputs without binary_data or binary_data_output."
         )
     return tuple(name for name, _ in plan) if wanted else None
 

@@ -331,9 +331,13 @@ def test_an_oip_request_gets_the_outputs_it_asked_for_or_a_400(served: tuple[Any
             body(outputs=[{"name": "nope"}]),
             body(outputs=[{"name": "logits"}], parameters={"binary_data_output": True}),
             body(outputs="logits"),
+            body(outputs=[{"name": None}, {"name": "logits"}]),
+            body(outputs=[{"name": ["a"]}]),
+            body(outputs=[{"name": "logits"}], parameters=5),
+            body(parameters={"binary_data_output": True}),  # no outputs listed: the same rule
         ],
     )
-    assert [status for status, _ in answers] == [200, 400, 400, 400], answers
+    assert [status for status, _ in answers] == [200] + [400] * 7, answers
     (ok,) = answers[0][1]["outputs"]
     assert ok["name"] == "logits"
     torch.testing.assert_close(
@@ -342,3 +346,7 @@ def test_an_oip_request_gets_the_outputs_it_asked_for_or_a_400(served: tuple[Any
     assert "No output named ['nope']" in answers[1][1]["error"]
     assert "JSON only" in answers[2][1]["error"]
     assert "'outputs' must be a list" in answers[3][1]["error"]
+    for _, answer in answers[4:6]:  # a 400 that says so, not a decoding TypeError
+        assert "each with a string 'name'" in answer["error"], answer
+    assert "'parameters' must be an object" in answers[6][1]["error"]
+    assert "JSON only" in answers[7][1]["error"]

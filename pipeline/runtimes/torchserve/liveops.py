@@ -53,17 +53,12 @@ def live_state(server: Server) -> live.LiveState | None:
 
 
 def initial_state(server: Server) -> live.LiveState:
-    """What a server started with --live-versions serves, as the gateway's first state:
-    each archive of a published version at its number (the gateway then names the
-    answering version from the first request; it named none until a rollout). An archive
-    of no version of the store stays TorchServe's to route."""
-    state = live_state(server) or live.LiveState(0, {})
-    published = {
-        name: mv
-        for name, mv in state.models.items()
-        if all(v.export_dir for v in mv.versions.values())
-    }
-    return live.LiveState(0, published)
+    """What a server started with --live-versions serves, as the gateway's first state
+    (the gateway then names the answering version from the first request; it named none
+    until a rollout). Every archive is in it, so a rollout still says of one that is no
+    version of the store that it is served from an export folder; the gateway leaves
+    those to TorchServe's own routing (versions.Router.route)."""
+    return live_state(server) or live.LiveState(0, {})
 
 
 def _workers(server: Server, name: str, version: int) -> int:

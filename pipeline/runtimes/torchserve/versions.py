@@ -34,7 +34,9 @@ class Router:
         if version:
             return version
         mv = self.state.models.get(archive) if self.state else None
-        if mv is None:
+        # An archive of no store version (its TorchServe version is the archiver's "1.0",
+        # not a number): TorchServe's own default answers, as without live versions.
+        if mv is None or not mv.versions[mv.default].export_dir:
             return None
         split = self.splitters.setdefault(archive, live.Splitter())
         if mv.canary is not None and split.to_canary(mv.percent):
