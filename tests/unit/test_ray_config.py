@@ -178,6 +178,7 @@ def test_the_other_proxy_note_is_for_another_proxy_not_for_the_runs_own_path() -
     assert not elsewhere(f"{asked}/pipeline-40b35517", asked)
     assert not elsewhere(asked, asked)
     assert elsewhere("http://127.0.0.1:8000/pipeline-40b35517", asked)
+    assert not elsewhere("http://127.0.0.1:24080/pipeline-40b35517", "http://0.0.0.0:24080")
 
 
 def test_a_wrong_count_names_only_its_own_option() -> None:

@@ -50,3 +50,16 @@ def test_a_server_of_the_default_model_keeps_serving_it(tmp_path: Path) -> None:
 
     argv = _serve_step(runtime.get(RAY).fix_command("lstm_tagger", _server(tmp_path)))
     assert argv[-4:] == ["--model", DEFAULT_MODEL, "--model", "lstm_tagger"], argv
+
+
+def test_a_model_served_from_an_export_folder_is_not_added_twice(tmp_path: Path) -> None:
+    # Started with --ray-export-dir of digits_lenet: the hint appended --model digits_lenet,
+    # serving it twice.
+    from dataclasses import replace
+
+    from pipeline.serving.provenance import ServedInfo
+
+    server = _server(tmp_path, "--ray-export-dir", "/e/digits")
+    server = replace(server, served={"digits_lenet": ServedInfo("digits_lenet", "onnx")})
+    argv = _serve_step(runtime.get(RAY).fix_command("digits_lenet", server))
+    assert "--model" not in argv, argv

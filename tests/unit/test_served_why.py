@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,14 @@ def test_a_server_on_a_published_version_is_not_told_to_restart(tmp_path: Path) 
     said = stale("digits_lenet", info, mine, tmp_path / "export", server=server)
     assert said and f"from version 1 of its store ({one.resolve()})" in said, said
     assert f"--export-dir {one.resolve()}" in said and "pipeline stop" not in said, said
+    # The store named on its command line (the KServe runtime records no store of its own).
+    server = replace(
+        server, extras={}, command=["serve", "--runtime", "kserve", "--store", str(store)]
+    )
+    said = stale("digits_lenet", info, mine, tmp_path / "export", server=server)
+    assert said and "from version 1 of its store" in said, said
+    # Started on an export folder whose bytes were published since: that folder is what it
+    # serves, and a restart is still the way to serve the newer export.
+    server = replace(server, command=["serve", "--runtime", "kserve", "--export-dir", "/old"])
+    said = stale("digits_lenet", info, mine, tmp_path / "export", server=server)
+    assert said and "of its store" not in said and "pipeline stop" in said, said

@@ -254,13 +254,14 @@ class ExportModel(kserve.Model):
         except ClientError as err:  # as bad inputs are refused: gRPC's INVALID_ARGUMENT
             raise Refused(err.reason, err.status) from None
         self.observe("decode", time.perf_counter() - started)
-        outputs = await self.run(arrays, unbatched, payload.id or "")
+        rid = payload.id or str(uuid.uuid4())  # the answer's and the shadow sample's, as REST
+        outputs = await self.run(arrays, unbatched, rid)
         started = time.perf_counter()
         response = oip.Response(
             tuple(
                 oip.Tensor.from_array(n, o) for n, o in zip(self.output_names, outputs, strict=True)
             ),
-            id=payload.id or str(uuid.uuid4()),
+            id=rid,
             model_name=self.name,
             model_version=str(self.version),
         )

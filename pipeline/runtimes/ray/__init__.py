@@ -350,7 +350,8 @@ class RayServe(runtime.Runtime):
         if not models and not option_values(options, "--ray-export-dir"):
             models = [DEFAULT_MODEL]
             adding += ["--model", DEFAULT_MODEL] if model != DEFAULT_MODEL else []
-        if model not in models:  # the model asked for, beside what it serves
+        # The model asked for, beside what it serves (by name, or from an export folder).
+        if model not in models and model not in {i.model for i in server.served.values()}:
             adding += ["--model", model]
         # A cluster joined through $RAY_ADDRESS is not on the recorded command line: a
         # fresh shell without it would start a local cluster instead (the host's state

@@ -182,7 +182,13 @@ def start(
 def elsewhere(served_at: str, asked: str) -> bool:
     """Whether a run answers on another proxy than the one it asked for (`--port`): not
     when only this run's path on the proxy differs (a joined cluster's Serve it started)."""
-    return urlsplit(served_at)[:2] != urlsplit(asked)[:2]
+
+    def where(url: str) -> tuple[str, int | None]:
+        parts = urlsplit(url)  # a wildcard --host is answered on loopback (the host's url)
+        host = "127.0.0.1" if parts.hostname in ("0.0.0.0", "::") else parts.hostname
+        return str(host), parts.port
+
+    return where(served_at) != where(asked)
 
 
 def _state(run_dir: Path) -> dict[str, Any]:
