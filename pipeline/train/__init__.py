@@ -190,9 +190,10 @@ def _train(
     if config.resume:
         state = train_state.load_state(state_file)
         ours = {"model": entry.name, **_resume_key(config, world)}
-        # A state from before a setting joined the key was written with its default.
-        theirs = {"model": state["model_name"], **_KEY_DEFAULTS, **state["config"]}
-        changed = {k: (theirs.get(k), v) for k, v in ours.items() if theirs.get(k) != v}
+        # A state from before a setting joined the key does not say what it was: not judged
+        # (assuming the default refused a run resumed with the very flag it started with).
+        theirs = {"model": state["model_name"], **state["config"]}
+        changed = {k: (theirs[k], v) for k, v in ours.items() if k in theirs and theirs[k] != v}
         if changed:
             shown = ", ".join(
                 f"{k}: {old!r} then, {new!r} now" for k, (old, new) in changed.items()
@@ -333,10 +334,6 @@ def _resume_key(config: TrainConfig, world: distributed.World) -> dict[str, Any]
         "weight_decay": config.weight_decay,
         "world_size": world.size,
     }
-
-
-# What a state written before these settings joined the resume key was trained with.
-_KEY_DEFAULTS: dict[str, Any] = {"clip_grad_norm": None, "weight_decay": 1e-4}
 
 
 def _write_epoch(

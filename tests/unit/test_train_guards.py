@@ -75,6 +75,21 @@ def test_resume_with_another_clip_grad_norm_is_refused(tmp_path: Path) -> None:
     assert done.checkpoint.meta["train_config"]["clip_grad_norm"] == 0.01
 
 
+def test_a_state_from_before_clip_grad_norm_was_recorded_resumes_with_it(tmp_path: Path) -> None:
+    """Such a state does not say whether the run clipped: taking the default (None) for it
+    refused the very flag the run started with ("None then, 1.0 now")."""
+    from pipeline.train import state as train_state
+
+    out = tmp_path / "checkpoint.pt"
+    train(_config(out, epochs=2, stop_after_epoch=1, clip_grad_norm=1.0))
+    path = train_state.state_path(out)
+    older = train_state.load_state(path)
+    del older["config"]["clip_grad_norm"]  # as a state written before it joined the key
+    train_state.save_state(path, older)
+    done = train(_config(out, epochs=2, resume=True, clip_grad_norm=1.0))
+    assert done.checkpoint.meta["train_config"]["clip_grad_norm"] == 1.0
+
+
 def test_the_thread_count_is_recorded_and_a_resume_under_another_warns(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
