@@ -22,9 +22,23 @@ from typing import Any
 from pipeline_runtime.files import sha256_file
 
 log = logging.getLogger(__name__)
-# Every staging folder's name carries its maker, "~<pid>@<host>~", so one left behind by a
-# process that was killed (SIGKILL, a timeout, a lost machine) can be told from one in use.
-_OWNER = re.compile(r"~(\d+)@([^~/]+)~")
+# Every staging folder's name carries its maker, "~<pid>.<pid namespace>@<host>~", so one
+# left behind by a process that was killed (SIGKILL, a timeout) can be told from one in use.
+# The namespace: two containers sharing a folder and a hostname (host networking) number
+# their processes apart, and one's live pid is nothing in the other's.
+_OWNER = re.compile(r"~(\d+)\.(\d+)@([^~/]+)~")
+
+
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:  # no /proc: nothing is swept, as for another host's folders
+        return 0
+
+
+def _owner() -> str:
+    return f"~{os.getpid()}.{_pid_namespace()}@{socket.gethostname()}~"
+
 
 __all__ = [
     "atomic_path",
@@ -49,8 +63,7 @@ def staging_dir(prefix: str, parent: Path) -> Path:
     with an ordinary mkdir's mode (umask applied): mkdtemp's 0700 stayed on the export,
     the version or the deployment it became, and a container's unprivileged user (the
     deploy's Dockerfile runs as uid 1000) could not read what COPY put in the image."""
-    owner = f"~{os.getpid()}@{socket.gethostname()}~"
-    folder = Path(tempfile.mkdtemp(prefix=f"{prefix}{owner}", dir=parent))
+    folder = Path(tempfile.mkdtemp(prefix=f"{prefix}{_owner()}", dir=parent))
     folder.chmod(0o777 & ~_umask())
     return folder
 
@@ -59,15 +72,17 @@ def sweep_abandoned(parent: Path) -> list[Path]:
     """Remove the hidden staging folders in `parent` (`staging_dir`'s) whose maker, a process
     on this host, is gone: what an export, publish or deploy stopped mid-way left behind
     (cleanup runs on an error or Ctrl-C, not on SIGKILL or a default SIGTERM). Folders
-    of live processes and of other hosts (a shared disk) are kept."""
-    host, removed = socket.gethostname(), []
+    of live processes and of other hosts or pid namespaces (a shared disk) are kept."""
+    host, space, removed = socket.gethostname(), _pid_namespace(), []
     try:
         entries = [p for p in Path(parent).iterdir() if p.name.startswith(".")]
     except OSError:
         return []
     for path in entries:
         owner = _OWNER.search(path.name)
-        if owner is None or owner[2] != host or _alive(int(owner[1])):
+        if owner is None or (owner[3], int(owner[2])) != (host, space) or not space:
+            continue
+        if _alive(int(owner[1])):
             continue
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)

@@ -56,14 +56,17 @@ def test_sweep_removes_only_what_a_dead_process_on_this_host_left(tmp_path: Path
         text=True,
         check=True,
     )
-    host = socket.gethostname()
-    left = tmp_path / f".export.staging-~{dead.stdout.strip()}@{host}~abcd1234"
-    elsewhere = tmp_path / f".export.staging-~{dead.stdout.strip()}@not-{host}~abcd1234"
+    host, pid = socket.gethostname(), dead.stdout.strip()
+    space = os.stat("/proc/self/ns/pid").st_ino
+    left = tmp_path / f".export.staging-~{pid}.{space}@{host}~abcd1234"
+    elsewhere = tmp_path / f".export.staging-~{pid}.{space}@not-{host}~abcd1234"
+    # Another container on this host and folder: its pids are not ours to judge.
+    other_space = tmp_path / f".export.staging-~{pid}.{space + 1}@{host}~abcd1234"
     plain = tmp_path / ".export.staging-abcd1234"  # no owner in its name: never ours to judge
-    for folder in (left, elsewhere, plain):
+    for folder in (left, elsewhere, other_space, plain):
         (folder / "sub").mkdir(parents=True)
     live = staging_dir(".export.staging-", tmp_path)
-    assert f"~{os.getpid()}@{host}~" in live.name
+    assert f"~{os.getpid()}.{space}@{host}~" in live.name
     assert sweep_abandoned(tmp_path) == [left]
-    assert sorted(tmp_path.iterdir()) == sorted([elsewhere, plain, live])
+    assert sorted(tmp_path.iterdir()) == sorted([elsewhere, other_space, plain, live])
     assert sweep_abandoned(tmp_path / "missing") == []
