@@ -67,11 +67,10 @@ def running(run_dir: Path) -> tuple[Server, runtime.Runtime, live.LiveState]:
     rt = runtime.of(server)
     state = rt.versions.live_state(server) if rt.versions else None
     if state is None and rt.versions is not None:  # it can, started so: say how
-        again = restart_command(server, "pipeline serve", adding=["--live-versions"])
-        raise PipelineError(
-            f"{rt.title} changes versions while it serves when started with "
-            f"--live-versions; this one was not. Restart it so: `{again}`"
-        )
+        flag = "--live-versions"  # (a server without a recorded command: the bare command)
+        again = restart_command(server, f"pipeline serve {flag}", adding=[flag])
+        said = f"{rt.title} changes versions while it serves when started with {flag}"
+        raise PipelineError(f"{said}; this one was not. Restart it so: `{again}`")
     if state is None:
         raise PipelineError(
             f"{rt.title} cannot change versions while it serves; restart it with `pipeline "
