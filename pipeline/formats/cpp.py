@@ -119,6 +119,14 @@ def cmake_args(build_dir: Path | None = None) -> list[str]:
     # Absolute: CMake reads relative paths against the build folder, not ours.
     build_dir = Path(build_dir or DEFAULT_BUILD_DIR).resolve()
     cuda_home = os.environ.get("CUDA_HOME")
+    if cuda_home and not Path(cuda_home, "bin", "nvcc").exists():
+        # It outranks the wheels: a stale one failed deep in LibTorch's CMake config, in a
+        # sentence cut off before the cause.
+        raise CppError(
+            f"CUDA_HOME={cuda_home} has no bin/nvcc, and it takes the place of the CUDA "
+            "compiler `make venv` installs from NVIDIA's wheels: unset CUDA_HOME to use those, "
+            "or point it at a CUDA toolkit."
+        )
     toolkit = None if cuda_home else wheel_toolkit(build_dir / "cuda-toolkit")
     roots = _system_roots()
     cuda_root = cuda_home or (str(toolkit) if toolkit else None)

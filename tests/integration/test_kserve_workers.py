@@ -229,7 +229,9 @@ def test_traces_continue_the_clients_trace_over_rest_and_grpc(
     spans = receiver.spans_of(trace_id, SPANS | {"grpc ModelInfer"})
     (root,) = [s for s in spans if s.parent_id == parent]
     assert root.name == "grpc ModelInfer"
-    assert {s.name for s in spans if s.parent_id == root.span_id} == SPANS
+    grpc_children = {s.name: s for s in spans if s.parent_id == root.span_id}
+    assert set(grpc_children) == SPANS
+    assert grpc_children["auth"].attributes.get("auth.result") == "ok"  # as REST's says
 
 
 def test_readiness_is_400_until_every_worker_serves(exported: ExportResult, tmp_path: Path) -> None:

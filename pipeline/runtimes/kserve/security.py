@@ -255,4 +255,5 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
                 "A valid inference token is required: send metadata 'authorization: Bearer <key>'.",
             )
 
+        deny.auth_result = "UNAUTHENTICATED"  # type: ignore[attr-defined]  # traced.py's auth span
         return grpc.unary_unary_rpc_method_handler(deny)

@@ -88,7 +88,9 @@ class TracingInterceptor(grpc.aio.ServerInterceptor):
             with tracer.server_span(
                 "grpc ModelInfer", carrier, attributes, start_time=began_ns
             ) as span:
-                tracer.record("auth", began, checked)
+                # As REST's auth span: the token interceptor's verdict (its refusal says so).
+                result = getattr(inner, "auth_result", "ok")
+                tracer.record("auth", began, checked, {"auth.result": result})
                 await context.send_initial_metadata(
                     ((tracing.TRACERESPONSE, tracing.traceresponse(span)),)
                 )
