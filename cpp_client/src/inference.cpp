@@ -1,4 +1,5 @@
 #include "inference.h"
+#include "tensor_io.h"
 
 // torch::jit::load and torch::jit::Module without the rest of <torch/script.h>
 // (all of ATen's operators, custom ops and classes): the narrow headers build faster.
@@ -126,7 +127,7 @@ class TorchScriptRunner final : public Runner {
 
 class Pt2Runner final : public Runner {
  public:
-  Pt2Runner(const std::string& path, const c10::Device& device) {
+  Pt2Runner(const std::string& path, const c10::Device& device) : path_(path) {
     const std::string what = "cannot load AOTInductor package " + path + ": ";
     if (!std::ifstream(path)) throw std::runtime_error(what + "no such file, or it cannot be read");
     std::string error;
@@ -170,6 +171,23 @@ class Pt2Runner final : public Runner {
     }
   }
 
+  // A package records its inputs by position only; the export folder it sits in names them:
+  // golden.pt's inputs, in forward() order. Without it a {name: tensor} file was bound in
+  // its own insertion order, silently swapping inputs TorchScript binds by name.
+  std::vector<std::string> InputNames() const override {
+    const auto slash = path_.find_last_of('/');
+    const std::string golden =
+        (slash == std::string::npos ? std::string() : path_.substr(0, slash + 1)) + "golden.pt";
+    if (!std::ifstream(golden)) return {};
+    std::vector<std::string> names;
+    try {
+      LoadCases(golden, &names);
+    } catch (const std::exception&) {
+      return {};
+    }
+    return names;
+  }
+
   Case Run(const Case& inputs) override {
     // Compiled kernels assume the contiguous strides they were traced with;
     // torch.save keeps a transposed tensor's strides.
@@ -191,6 +209,7 @@ class Pt2Runner final : public Runner {
   }
 
  private:
+  std::string path_;
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
 };
 

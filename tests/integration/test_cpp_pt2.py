@@ -314,3 +314,24 @@ def test_cuda_package_runs_with_device_cuda(
     )
     assert proc.returncode == 7, proc.stderr
     assert "was compiled for cpu and cannot run on --device cuda" in proc.stderr
+
+
+def test_a_named_inputs_file_is_bound_by_name_in_an_export_folder(
+    binary: Path, packages: dict[str, tuple[torch.nn.Module, Path]], tmp_path: Path
+) -> None:
+    """A {name: tensor} file in another order than forward()'s: TorchScript binds it by
+    name, a .pt2 bound it in the file's order (x and h swapped, exit 0). In an export
+    folder the package's golden.pt names its inputs."""
+    eager, package = packages["cell"]
+    folder = tmp_path / "export"
+    folder.mkdir()
+    shutil.copy(package, folder / "model.pt2")
+    x, h = torch.randn(3, 4), torch.randn(3, 4) * 5
+    torch.save({"inputs": {"x": x[:1], "h": h[:1]}}, folder / "golden.pt")  # forward()'s order
+    torch.save({"h": h, "x": x}, tmp_path / "reversed.pt")
+    proc = _client(binary, "--model", folder / "model.pt2", "--inputs", tmp_path / "reversed.pt",
+                   "--outputs", tmp_path / "out.pt", "--repeat", "1", "--warmup", "0")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (got,) = torch.load(tmp_path / "out.pt", weights_only=True)
+    with torch.no_grad():
+        torch.testing.assert_close(got[0], eager(x, h)[0], atol=ATOL, rtol=RTOL)
