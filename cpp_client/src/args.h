@@ -23,7 +23,7 @@ struct Args {
 // Parses argv; on a usage error returns nullopt and fills `error`.
 std::optional<Args> ParseArgs(int argc, char** argv, std::string* error);
 
-// The usage text, printed to stderr on errors and for --help.
+// The usage text: on stdout for --help, on stderr with an error.
 std::string Usage(const char* program);
 
 }  // namespace client

@@ -49,9 +49,13 @@ int Fail(int code, const std::string& message) {
 int main(int argc, char** argv) {
   std::string error;
   const auto args = client::ParseArgs(argc, argv, &error);
+  if (!args && error.empty()) {  // --help: asked for, so on stdout (`--help | less` works)
+    std::cout << client::Usage(argv[0]);
+    return 0;
+  }
   if (!args) {
-    std::cerr << (error.empty() ? "" : "error: " + error + "\n") << client::Usage(argv[0]);
-    return error.empty() ? 0 : kUsageError;
+    std::cerr << "error: " << error << "\n" << client::Usage(argv[0]);
+    return kUsageError;
   }
 
   // Before anything else: a library may register operators (torchvision::nms) the model needs.

@@ -113,6 +113,9 @@ def test_errors_name_the_file_and_the_problem(
     assert proc.returncode == 2  # an unknown flag last was "missing value after --verbose"
     assert "unknown argument --verbose (see --help)" in proc.stderr
 
+    proc = _client(binary, "--help")  # asked for: on stdout, so `--help | less` shows it
+    assert proc.returncode == 0 and "--inputs" in proc.stdout and not proc.stderr, proc
+
 
 class _Difference(torch.nn.Module):
     def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
