@@ -34,18 +34,7 @@ def test_a_kept_archive_of_an_unsigned_version_is_not_called_signed(
     from pipeline.runtimes.torchserve.signed import to_rebuild
 
     version_dir = tmp_path / "store" / "digits_lenet" / "3"
-    version_dir.mkdir(parents=True)
-    onnx = ArtifactRecord("model.onnx", "onnx", "0" * 64)
-    manifest = Manifest(
-        model=ModelRecord("digits_lenet"),
-        inputs=(TensorRecord("image", ("batch", 1, 28, 28), "float32"),),
-        outputs=(TensorRecord("logits", ("batch", 10), "float32"),),
-        tolerance=Tolerance(1e-5, 1e-4),
-        checkpoint=CheckpointRef("checkpoint.pt", "0" * 64),
-        artifacts={"onnx": onnx},
-        created="2026-11-29T00:00:00+00:00",
-    )
-    (version_dir / "manifest.json").write_text(manifest.dumps())
+    _manifest_with(version_dir, "0" * 64, "2026-11-29T00:00:00+00:00")
     mar = tmp_path / "digits_lenet_onnx.v3.mar"
     mar.write_bytes(b"not a zip")
     assert to_rebuild(mar, version_dir, "onnx", 3)
