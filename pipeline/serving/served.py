@@ -28,7 +28,7 @@ from pipeline.formats import base as registry
 from pipeline.serving import runtime as runtimes
 from pipeline.serving import versions
 from pipeline.serving.provenance import ServedInfo, fastest_entry
-from pipeline.serving.server import ServeError, Server, option_values
+from pipeline.serving.server import ServeError, Server, option_values, serve_options
 from pipeline_runtime import formats, jitgate
 from pipeline_runtime.manifest import ArtifactRecord, Manifest
 
@@ -258,9 +258,7 @@ def _published_as(info: ServedInfo, server: Server | None) -> versions.Version |
     the server's store (TorchServe records it), else the default store."""
     if server is None or not info.sha256:
         return None
-    started = (
-        server.command[server.command.index("serve") + 1 :] if "serve" in server.command else []
-    )
+    started = serve_options(server)
     # Started on an export folder: what it serves is that folder, even when the same bytes
     # were published since (a publish copies them), and a restart serves it again.
     if any(o.endswith("export-dir") or "export-dir=" in o for o in started):

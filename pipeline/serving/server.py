@@ -60,6 +60,13 @@ def option_values(options: list[str], flag: str) -> list[str]:
     return spaced + [o.split("=", 1)[1] for o in options if o.startswith(flag + "=")]
 
 
+def serve_options(server: Server | None) -> list[str]:
+    """The options of the `pipeline serve` command `server` was started with ([] when it
+    recorded none)."""
+    command = server.command if server is not None else []
+    return command[command.index("serve") + 1 :] if "serve" in command else []
+
+
 def restart_command(
     server: Server | None, fallback: str, *, before: str = "", adding: Sequence[str] = ()
 ) -> str:
@@ -70,7 +77,7 @@ def restart_command(
     when the server recorded no command (records from before it did, or no server)."""
     if server is None or "serve" not in server.command:
         return f"pipeline {before} && {fallback}" if before else fallback
-    options = server.command[server.command.index("serve") + 1 :]
+    options = serve_options(server)
     steps = [
         f"pipeline stop{run_dir_flag(server.run_dir)}",
         shlex.join(["pipeline", *server.command, *adding]),

@@ -338,12 +338,12 @@ class RayServe(runtime.Runtime):
         self, model: str, server: Server | None = None, export_dir: Path | None = None
     ) -> str:
         from pipeline.core.defaults import DEFAULT_MODEL
-        from pipeline.serving.server import option_values, restart_command
+        from pipeline.serving.server import option_values, restart_command, serve_options
 
         fallback = f"pipeline stop && pipeline serve --runtime ray --model {model}"
         if server is None or "serve" not in server.command:
             return restart_command(server, fallback)
-        options = server.command[server.command.index("serve") + 1 :]
+        options = serve_options(server)
         models = option_values(options, "--model")
         adding: list[str] = []
         # Without --model or --ray-export-dir it served the default model: keep serving it.
