@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from ts.handler_utils.timer import timed
 from ts.torch_handler.base_handler import BaseHandler
 
-from pipeline_runtime import bounded, codec, handlershadow, handlertrace, runners
+from pipeline_runtime import bounded, codec, failure, handlershadow, handlertrace, runners
 from pipeline_runtime.files import IntegrityError, check_sha256
 from pipeline_runtime.manifest import MANIFEST_NAME, Manifest, TensorRecord
 from pipeline_runtime.request import MAX_SAMPLES_ENV, SAMPLES_PER_BATCH
@@ -310,7 +310,9 @@ class PipelineHandler(BaseHandler):
                     self._run_group(data, [i], results)
                 return
             logger.exception("inference failed for 1 request")
-            results[members[0]] = codec.RequestError(f"Inference failed: {err}", status=500)
+            results[members[0]] = codec.RequestError(
+                f"Inference failed: {failure.summary(err)}", status=500
+            )
             return
         start = 0
         first = self.specs[0]

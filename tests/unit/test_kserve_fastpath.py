@@ -328,3 +328,26 @@ def test_a_request_without_an_id_gets_one_id_for_its_answer_and_its_shadow_sampl
         sent.append(json.loads(message["body"])["id"])
     handed = versions.by_number[1].request_ids
     assert handed == sent and handed[1] == "mine-1" and handed[0], (handed, sent)
+
+
+class _Failing(_Model):
+    async def run(self, arrays: dict, unbatched: bool, request_id: str = "") -> list:
+        raise RuntimeError(  # what a TorchScript model raises: the server's source and paths
+            "The following operation failed in the TorchScript interpreter.\n"
+            "Traceback of TorchScript (most recent call last):\n"
+            '  File "/srv/models/m/code.py", line 4, in forward\n'
+            "    return x.view(3, 7)\n"
+            "RuntimeError: shape '[3, 7]' is invalid for input of size 10\n"
+        )
+
+
+def test_the_models_failure_is_a_json_500_saying_the_error_not_its_traceback() -> None:
+    versions = _Versions()
+    versions.by_number[1] = _Failing()
+    app = FastInfer(_passed_through()[0].app, {"m": versions})
+    body = _json_body()
+    start, message = _asgi(app, "/v2/models/m/infer", [{"type": "http.request", "body": body}])
+    assert start["status"] == 500 and versions.recorded == [(1, False)]
+    assert json.loads(message["body"]) == {
+        "error": "Inference failed: RuntimeError: shape '[3, 7]' is invalid for input of size 10"
+    }

@@ -88,3 +88,46 @@ def test_the_classification_extension_is_refused_not_ignored() -> None:
     request = _request(outputs=[{"name": "y", "parameters": {"classification": 2}}])
     with pytest.raises(AskedError, match="classification extension is not supported"):
         plan(request, NAMES)
+
+
+def test_the_models_failure_is_a_json_500_saying_the_error_not_the_replicas_traceback() -> None:
+    """A model that raised answered Serve's own text 500 (no JSON message), unlike every
+    other runtime. The ingress, without Serve: its request path up to the replica's answer."""
+    import asyncio
+
+    from ray.exceptions import RayTaskError
+    from starlette.requests import Request
+
+    from pipeline.runtimes.ray.app import Ingress
+    from pipeline.runtimes.ray.availability import Availability
+    from pipeline.serving import guard
+    from pipeline_runtime import codec
+
+    async def failed(arrays: dict[str, np.ndarray]) -> list[np.ndarray]:
+        remote = 'Traceback (most recent call last):\n  File "/srv/app.py", line 9, in forward'
+        raise RayTaskError("handle_request", remote, IndexError("index 99 is out of bounds"))
+
+    class Handle:  # the deployment handle's one call the ingress makes
+        def remote(self, arrays: dict[str, np.ndarray]) -> Any:
+            return failed(arrays)
+
+    ingress = object.__new__(Ingress.func_or_class)
+    ingress.available = object.__new__(Availability)
+    ingress.available.down = {}
+    ingress.limit, ingress.handles = guard.BodyLimit(1 << 20), {"m": Handle()}
+    spec = codec.InputSpec("x", ("batch", 1), "float32")
+    model = {"specs": [spec], "limits": codec.Limits(), "outputs": ["y"]}
+    body = json.dumps(
+        {"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [0.5]}]}
+    ).encode()
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict:
+        return messages.pop(0)
+
+    scope = {"type": "http", "method": "POST", "path": "/v2/models/m/infer", "headers": []}
+    answer = asyncio.run(ingress._infer(Request(scope, receive), "m", model))
+    assert answer.status_code == 500 and answer.media_type == "application/json"
+    assert json.loads(answer.body) == {
+        "error": "Inference failed: IndexError: index 99 is out of bounds"
+    }

@@ -35,7 +35,7 @@ from kserve.metrics import PREDICT_HIST_TIME
 from prometheus_client import Histogram
 
 from pipeline.runtimes.kserve.security import ASGIApp, Receive, Scope, Send
-from pipeline_runtime import oip, oiprest
+from pipeline_runtime import failure, oip, oiprest
 from pipeline_runtime.asked import AskedError, plan
 
 log = logging.getLogger("pipeline.runtimes.kserve")
@@ -202,7 +202,7 @@ class FastInfer:
         except Exception as err:  # the model failed: the server's fault, said in JSON
             log.exception("inference failed for %s", match[1])
             status, content_type = 500, b"application/json"
-            answer = _error(f"Inference failed: {type(err).__name__}: {err}")
+            answer = _error(f"Inference failed: {failure.summary(err)}")
         await _answer(send, status, content_type, answer, extra)
         if model is not None:
             if match[2] is None:  # the split's traffic: what a canary is judged on

@@ -19,6 +19,7 @@ cluster the runtime starts (HEAD_RESOURCE), so losing a worker node never loses 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
@@ -35,7 +36,7 @@ from pipeline.runtimes.ray import answer
 from pipeline.runtimes.ray.availability import Availability, Down
 from pipeline.runtimes.ray.constants import LOOPBACK_ENV, deployment_name
 from pipeline.serving import guard
-from pipeline_runtime import bounded, codec, oip, oiprest
+from pipeline_runtime import bounded, codec, failure, oip, oiprest
 from pipeline_runtime.asked import EXTENSIONS, AskedError, plan, unbatch
 
 
@@ -61,6 +62,7 @@ _loopback_only()
 
 _ROUTE = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?(?:/(infer|ready))?/?$")
 JSON = "application/json"
+log = logging.getLogger(__name__)
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -277,6 +279,10 @@ class Ingress:
                 503,
                 {"Retry-After": "1"},
             )
+        except Exception as err:  # the model failed: the server's fault, said in JSON
+            # Serve's proxy would answer a text 500; the replica's traceback goes to the log.
+            log.exception("inference failed for %s", name)
+            return _error(500, f"Inference failed: {failure.summary(err)}")
         if unbatched:
             outputs = unbatch(outputs, model["outputs"], model["per_sample"])
         meta = {"model_name": name, "model_version": model["version"]}
