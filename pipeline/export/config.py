@@ -170,12 +170,17 @@ class ExportConfig:
             raise ExportError("Give either --weights or --random-init, not both.")
 
 
+def _digits(text: str) -> bool:
+    # ASCII only: "²" passes isdigit() and fails int().
+    return text.isascii() and text.isdigit()
+
+
 def parse_fix_axes(values: Any) -> dict[str, int]:
     """["seq=32"] → {"seq": 32}, or an error that shows the form."""
     out: dict[str, int] = {}
     for value in values:
         axis, sep, size = str(value).partition("=")
-        if not sep or not axis.strip() or not size.strip().isdigit() or int(size) < 1:
+        if not sep or not axis.strip() or not _digits(size.strip()) or int(size) < 1:
             raise ExportError(
                 f"--fix-axis {value!r}: write AXIS=N with a named dynamic axis and a size of at "
                 "least 1, e.g. --fix-axis seq=32."

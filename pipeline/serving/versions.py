@@ -211,6 +211,14 @@ class Published:
     signer: str | None = None  # the signing key's fingerprint, when signed
 
 
+def next_number(folder: Path) -> int:
+    """The number a new version in the model's `folder` gets. Every numbered folder counts,
+    published or not ("03" too): a number is never used twice."""
+    # ASCII digits: a folder "²" passed isdigit() and failed int(), and publish with it.
+    used = [int(p.name) for p in folder.iterdir() if p.name.isascii() and p.name.isdigit()]
+    return max([0, *used]) + 1
+
+
 def publish(
     model: str,
     export_dir: Path,
@@ -233,8 +241,7 @@ def publish(
     parity = json.loads(Path(report).read_text())
     folder = model_folder(model, store)
     folder.mkdir(parents=True, exist_ok=True)
-    # Every numbered folder counts, published or not: a number is never used twice.
-    number = max([0, *(int(p.name) for p in folder.iterdir() if p.name.isdigit())]) + 1
+    number = next_number(folder)
     sweep_abandoned(folder)  # an earlier publish's, killed mid-way
     staging = staging_dir(f".{number}.", folder)
     try:

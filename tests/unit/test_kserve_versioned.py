@@ -118,3 +118,15 @@ def test_a_clients_unknown_model_or_bad_request_is_one_info_line_not_an_error(
         assert context.aborted == [(code, str(ex))]
         assert [r.levelno for r in caplog.records] == [logging.INFO], caplog.text
         assert str(ex) in caplog.records[0].getMessage()
+
+
+def test_a_rest_version_is_a_canonical_number_or_a_404_never_a_500(kv) -> None:
+    """REST's pick took "02" as version 2 (TorchServe says 404), and "²" passed isdigit()
+    and failed int(): a 500 on /v2/models/m/versions/%C2%B2/infer."""
+    model = kv.VersionedModel("m", live.ModelVersions({}, 1), {1: "one", 2: "two"})
+    assert model.pick("2") == "two" and model.pick(None) == "one"
+    for version in ("02", "²", "٣", "0", "-1", "2.0", " 2"):
+        with pytest.raises(kv.Refused) as err:
+            model.pick(version)
+        assert err.value.status == 404, version
+        assert str(err.value) == f"Model 'm' has no version {version!r}; it serves 1, 2.", version

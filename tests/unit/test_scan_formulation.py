@@ -141,6 +141,6 @@ def test_torch_export_keeps_the_sequence_axis_of_the_formulation_dynamic() -> No
 
 def test_fix_axis_values_are_axis_equals_a_positive_size() -> None:
     assert parse_fix_axes(["seq=32", " time = 4"]) == {"seq": 32, "time": 4}
-    for bad in ("seq", "seq=0", "=4", "seq=-1", "seq=x"):
+    for bad in ("seq", "seq=0", "=4", "seq=-1", "seq=x", "seq=²"):  # "²": isdigit(), not int()
         with pytest.raises(ExportError, match="write AXIS=N"):
             parse_fix_axes([bad])

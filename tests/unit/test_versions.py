@@ -338,3 +338,13 @@ def test_a_deploy_of_the_working_export_warns_when_the_store_serves_another(
     versions.write_pointer(model, versions.Pointer(2, []), store)
     assert versions.not_the_default(model, work, store) is None  # the same artifacts
     assert versions.not_the_default(model, work, tmp_path / "none") is None  # no store
+
+
+def test_a_new_version_number_skips_every_numbered_folder_and_no_other_name_breaks_it(
+    tmp_path: Path,
+) -> None:
+    # A folder "²" passed isdigit() and failed int(): publish died with a ValueError.
+    for name in ("1", "03", "²", "٣", "x7", ".4.staging"):
+        (tmp_path / name).mkdir()
+    assert versions.next_number(tmp_path) == 4
+    assert versions.next_number(tmp_path / "03") == 1

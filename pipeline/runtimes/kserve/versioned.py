@@ -27,6 +27,7 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 from kserve.protocol.grpc.servicer import InferenceServicer
 
+from pipeline.core.signing import version_number
 from pipeline.runtimes.kserve.config import ServedExport
 from pipeline.runtimes.kserve.models import ExportModel, Refused
 from pipeline.serving import live
@@ -62,7 +63,10 @@ class VersionedModel(kserve.Model):
     def pick(self, version: str | None) -> ExportModel:
         """The version a request names, else the default (or the canary, for its share)."""
         if version:
-            found = self.loaded.get(int(version)) if version.isdigit() else None
+            # Only a canonical number: "02" is no version ("2" is; TorchServe says 404 too),
+            # and "²" passed isdigit() and failed int() (a 500).
+            number = version_number(version)
+            found = self.loaded.get(number) if number is not None else None
             if found is None:
                 raise Refused(
                     f"Model {self.name!r} has no version {version!r}; it serves "
