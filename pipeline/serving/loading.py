@@ -101,7 +101,10 @@ def load(
 def check_device(device: str) -> None:
     """Raise ArtifactError unless `device` is "auto", "cpu", "cuda" or "cuda:N"."""
     kind, _, index = device.partition(":")
-    if device in ("auto", "cpu", "cuda") or (kind == "cuda" and index.isdigit()):
+    # ASCII digits: "cuda:²" passed isdigit() and failed int() later.
+    if device in ("auto", "cpu", "cuda") or (
+        kind == "cuda" and index.isascii() and index.isdigit()
+    ):
         return
     raise ArtifactError(f"Unknown device {device!r}: use auto, cpu, cuda or cuda:N.")
 

@@ -348,3 +348,13 @@ def test_a_new_version_number_skips_every_numbered_folder_and_no_other_name_brea
         (tmp_path / name).mkdir()
     assert versions.next_number(tmp_path) == 4
     assert versions.next_number(tmp_path / "03") == 1
+
+
+def test_a_device_index_is_ascii_digits() -> None:
+    from pipeline.core.errors import ArtifactError
+    from pipeline.serving.loading import check_device
+
+    check_device("cuda:1")
+    for device in ("cuda:²", "cuda:", "cuda:-1", "gpu"):  # "²" passed isdigit(), failed int()
+        with pytest.raises(ArtifactError, match="use auto, cpu, cuda or cuda:N"):
+            check_device(device)
