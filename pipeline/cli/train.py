@@ -87,11 +87,19 @@ def _cmd_train(args: argparse.Namespace) -> int:
                     f"to give each its own {flag}."
                 )
     configs = [TrainConfig.from_args(args, model) for model in models]
+    refused = None
     for config in configs:  # every name checked before the first one trains
-        entry_for(config)
+        try:
+            entry_for(config)
+        except PipelineError as err:
+            # Under torchrun, said to every rank once the group is up (train): raised here,
+            # another machine's launcher waited for this one for half an hour.
+            if not distributed.from_env().distributed:
+                raise
+            refused = refused or str(err)
     with distributed.held():  # under torchrun, one process group for every model
         for config in configs:
-            _report(train(config), several=len(configs) > 1)
+            _report(train(config, refused), several=len(configs) > 1)
     return 0
 
 

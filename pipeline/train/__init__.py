@@ -78,53 +78,52 @@ def entry_for(config: TrainConfig) -> ZooEntry:
         ) from None
 
 
-def train(config: TrainConfig) -> TrainResult:
+def train(config: TrainConfig, refused: str | None = None) -> TrainResult:
     """Train `config.model` and write its checkpoint (and resumable state) atomically.
 
     Under `torchrun` every rank runs this; DistributedDataParallel keeps the
     replicas in step, metrics are summed across ranks and only rank 0 writes.
     `--batch-size` is the global batch: each of N ranks takes batch_size / N.
+    `refused`: what this rank's caller found wrong, said to every rank.
     """
-    entry = entry_for(config)
-    config = config.resolved(dict(entry.train_defaults))
-    config.validate()
-    out = Path(config.out) if config.out else paths.checkpoint_path(entry.name)
-    guard.check_out(out)
     world = distributed.from_env()
     device = resolve_device(config.device)
     if device.type == "cuda" and world.distributed:
         device = torch.device("cuda", world.local_rank)  # one GPU per process
-    if config.batch_size % world.size:
-        raise PipelineError(
-            f"--batch-size {config.batch_size} is the global batch and must divide evenly over "
-            f"{world.size} processes."
-        )
-    distributed.setup(world, device)
-    lock = guard.OutputLock(out)
+    # A rank's own refusal is said to every rank once the group is up: raised before it,
+    # it ended this launcher's processes only, and another machine's waited in the group's
+    # rendezvous for half an hour with nothing printed.
+    problem, settings = refused, {}
     try:
-        problem = None
-        if world.is_main:  # the one process that writes; the others share what it found
+        entry = entry_for(config)
+        config = config.resolved(dict(entry.train_defaults))
+        config.validate()
+        out = Path(config.out) if config.out else paths.checkpoint_path(entry.name)
+        guard.check_out(out)
+        if config.batch_size % world.size:
+            raise PipelineError(
+                f"--batch-size {config.batch_size} is the global batch and must divide evenly "
+                f"over {world.size} processes."
+            )
+        settings = guard.agreed_settings(config, entry, world)
+    except PipelineError as err:
+        if not world.distributed:
+            raise
+        problem = problem or str(err)
+    distributed.setup(world, device)
+    lock = guard.OutputLock(out) if problem is None else None
+    try:
+        if world.is_main and lock is not None:  # the one process that writes
             try:
                 lock.acquire()
             except PipelineError as err:
                 problem = str(err)
-        distributed.agree(world, _agreed_settings(config, entry, world), problem)
+        distributed.agree(world, settings, problem)
         return _train(config, entry, world, device, out)
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
         distributed.teardown(world)
-
-
-def _agreed_settings(
-    config: TrainConfig, entry: ZooEntry, world: distributed.World
-) -> dict[str, Any]:
-    """What every rank of one run must have been started with."""
-    return {
-        "model": entry.name,
-        **_resume_key(config, world),
-        "resume": config.resume,
-        "stop_after_epoch": config.stop_after_epoch,
-    }
 
 
 def _train(
@@ -189,7 +188,7 @@ def _train(
     state_file = train_state.state_path(out)
     if config.resume:
         state = train_state.load_state(state_file)
-        ours = {"model": entry.name, **_resume_key(config, world)}
+        ours = {"model": entry.name, **guard.resume_key(config, world)}
         # A state from before a setting joined the key does not say what it was: not judged
         # (assuming the default refused a run resumed with the very flag it started with).
         theirs = {"model": state["model_name"], **state["config"]}
@@ -322,20 +321,6 @@ def _train(
     return TrainResult(checkpoint, history, seconds, completed, plot, summary)
 
 
-def _resume_key(config: TrainConfig, world: distributed.World) -> dict[str, Any]:
-    """Settings a resumed run must share with the run it continues."""
-    return {
-        "seed": config.seed,
-        "epochs": config.epochs,
-        "batch_size": config.batch_size,
-        "lr": config.lr,
-        "amp": config.amp,
-        "clip_grad_norm": config.clip_grad_norm,
-        "weight_decay": config.weight_decay,
-        "world_size": world.size,
-    }
-
-
 def _write_epoch(
     config: TrainConfig,
     entry: ZooEntry,
@@ -378,7 +363,7 @@ def _write_epoch(
         train_state.state_path(out),
         {
             "model_name": entry.name,
-            "config": _resume_key(config, world),
+            "config": guard.resume_key(config, world),
             "epoch": epoch,
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),

@@ -99,14 +99,21 @@ def barrier(world: World) -> None:
 
 
 def agree(world: World, settings: dict[str, Any], problem: str | None = None) -> None:
-    """Raise the same PipelineError on every rank when the ranks were started with other
-    settings than rank 0, or when one of them found a `problem` (rank 0's lock or output
-    folder): launchers with another --lr trained silently on rank 0's, and another --epochs
-    ended in a gloo error on one side and a "successful" checkpoint on the other."""
+    """Raise the same PipelineError on every rank when one of them found a `problem` (its
+    arguments, rank 0's lock or output folder) or the ranks were started with other
+    settings than rank 0: launchers with another --lr trained silently on rank 0's, and
+    another --epochs ended in a gloo error on one side and a "successful" checkpoint on the
+    other. A problem is said first: a rank that refused its arguments has no settings."""
     gathered: list[Any] = [(settings, problem)]
     if world.distributed:
         gathered = [None] * world.size
         dist.all_gather_object(gathered, (settings, problem))
+    found = [(rank, p) for rank, (_, p) in enumerate(gathered) if p]
+    if found:
+        rank, message = found[0]
+        raise PipelineError(
+            message if rank == world.rank else f"rank {rank} stopped the run: {message}"
+        )
     first = gathered[0][0]
     differing = []
     for key, value in first.items():
@@ -120,10 +127,4 @@ def agree(world: World, settings: dict[str, Any], problem: str | None = None) ->
             + "; ".join(differing)
             + "). Start every launcher (each torchrun, on every machine) with the same "
             "`pipeline train` arguments."
-        )
-    found = [(rank, p) for rank, (_, p) in enumerate(gathered) if p]
-    if found:
-        rank, message = found[0]
-        raise PipelineError(
-            message if rank == world.rank else f"rank {rank} stopped the run: {message}"
         )

@@ -11,10 +11,14 @@ import contextlib
 import fcntl
 import os
 from pathlib import Path
+from typing import Any
 
 from pipeline.core.checkpoint import sidecar_path
 from pipeline.core.errors import PipelineError
+from pipeline.train import distributed
 from pipeline.train import state as train_state
+from pipeline.train.config import TrainConfig
+from pipeline.zoo.spec import ZooEntry
 
 
 def companions(out: Path) -> dict[str, Path]:
@@ -124,3 +128,29 @@ def equivalence_note(samples: int, batch_size: int, processes: int) -> str | Non
             "avoids it."
         )
     return None
+
+
+def agreed_settings(
+    config: TrainConfig, entry: ZooEntry, world: distributed.World
+) -> dict[str, Any]:
+    """What every rank of one run must have been started with."""
+    return {
+        "model": entry.name,
+        **resume_key(config, world),
+        "resume": config.resume,
+        "stop_after_epoch": config.stop_after_epoch,
+    }
+
+
+def resume_key(config: TrainConfig, world: distributed.World) -> dict[str, Any]:
+    """Settings a resumed run must share with the run it continues."""
+    return {
+        "seed": config.seed,
+        "epochs": config.epochs,
+        "batch_size": config.batch_size,
+        "lr": config.lr,
+        "amp": config.amp,
+        "clip_grad_norm": config.clip_grad_norm,
+        "weight_decay": config.weight_decay,
+        "world_size": world.size,
+    }

@@ -155,6 +155,25 @@ def test_ranks_started_with_other_settings_all_refuse_before_training(tmp_path: 
     assert not list(tmp_path.rglob("checkpoint.pt"))
 
 
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--out", "ck.png"], "--out ck.png would be overwritten by the run's loss plot"),
+        (["--model", "nosuch"], "Unknown model 'nosuch'"),
+    ],
+)
+def test_one_ranks_refused_arguments_stop_every_rank_at_once(
+    tmp_path: Path, extra: list[str], said: str
+) -> None:
+    """A rank that refused its own arguments (another launcher's --out, a model name only
+    its machine lacks) raised before the process group was up: its launcher ended, and the
+    other machine's ranks waited in the group's rendezvous for 30 minutes, printing nothing."""
+    (zero, said0), (one, said1) = _two_ranks(tmp_path, [], extra)
+    assert one == 1 and said in said1 and "stopped the run" not in said1, said1
+    assert zero == 1 and f"rank 1 stopped the run: {said}" in said0, said0
+    assert not list(tmp_path.rglob("checkpoint.pt"))
+
+
 def test_under_ddp_the_writing_rank_takes_the_lock_and_every_rank_stops(
     tmp_path: Path,
 ) -> None:
