@@ -335,9 +335,14 @@ def _refuse_kills(config: LoadConfig, rt: runtime.Runtime) -> None:
         )
 
 
-def run(config: LoadConfig, exported: ExportedModel | None = None) -> LoadReport:
+def run(
+    config: LoadConfig,
+    exported: ExportedModel | None = None,
+    say: Callable[[str], Any] = log.debug,
+) -> LoadReport:
     """One load run against the server recorded in `config.run_dir`. `exported`: the
-    export in `config.export_dir`, when the caller has opened it."""
+    export in `config.export_dir`, when the caller has opened it. `say` hears the run's
+    start, once every option and the server have been checked."""
     config.validate()
     server = Server.load(Path(config.run_dir or default_run_dir()))
     if not server.alive():
@@ -366,6 +371,7 @@ def run(config: LoadConfig, exported: ExportedModel | None = None) -> LoadReport
         raise LoadTestError(why)
     report = LoadReport(name, config.requests, config.concurrency)
     report.checked_by_version = config.store is not None
+    say(f"{config.requests} requests at concurrency {config.concurrency} ...")
     asyncio.run(_run(config, server, name, report, exported))
     return report
 
@@ -377,12 +383,10 @@ def run_served(
     server of its own (the export in `config.format`, by default the format `pipeline
     serve` would serve, served on free loopback ports, stopped afterwards)."""
     if not private:
-        say(f"{config.requests} requests at concurrency {config.concurrency} ...")
-        return run(config)
+        return run(config, say=say)
     rt = runtime.get(config.runtime or runtime.default())
     exported = open_export(config.export_dir)
     fmt = config.format or served.export_format(exported.manifest)
     say(f"starting a private server ({rt.title}) for {exported.name} ({fmt}) ...")
     with rt.private(exported, fmt) as server:
-        say(f"{config.requests} requests at concurrency {config.concurrency} ...")
-        return run(replace(config, run_dir=Path(server.run_dir)), exported)
+        return run(replace(config, run_dir=Path(server.run_dir)), exported, say)

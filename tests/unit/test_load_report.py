@@ -4,6 +4,8 @@ held to one export are "wrong" with no word on why (a user's loadtest during a c
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from pipeline.core.budget import Budget
@@ -73,3 +75,21 @@ def test_a_reduced_answer_of_another_shape_is_wrong_at_once() -> None:
     problem = _pooled().add({"logits": torch.zeros(1, 10)}, {"logits": torch.zeros(1, 9)})
     assert problem == "output 'logits' has shape (1, 9), eager's (1, 10)"
     assert _pooled().add({"logits": torch.zeros(1, 10)}, {}) == "output 'logits' missing"
+
+
+def test_the_runs_start_is_said_only_once_its_options_and_server_are_checked(
+    tmp_path: Path,
+) -> None:
+    # "5000 requests at concurrency 4 ..." was printed, then the options were refused.
+    import pytest
+
+    from pipeline.serving.loadtest import LoadConfig, LoadTestError, run_served
+    from pipeline.serving.server import ServeError
+
+    said: list[str] = []
+    bad = LoadConfig(export_dir=tmp_path, requests=10, kill_worker_after=50, run_dir=tmp_path)
+    with pytest.raises(LoadTestError, match="--kill-worker-after"):
+        run_served(bad, say=said.append)
+    with pytest.raises(ServeError, match="No server is running"):
+        run_served(LoadConfig(export_dir=tmp_path, requests=10, run_dir=tmp_path), say=said.append)
+    assert said == []
