@@ -68,6 +68,12 @@ def publish_export(config: PublishConfig, say: Callable[[str], None] = print) ->
             raise PipelineError(
                 f"Not published: verify failed ({checked.path}).\n{checked.failure_message()}"
             )
+    twin = versions.holding(config.model, export_dir, config.store)
+    if twin is not None:
+        say(
+            f"note: version {twin.number} of {config.model} already holds these artifacts "
+            f"(the same sha256s, {twin.dir}); publishing them again as a new version"
+        )
     return versions.publish(
         config.model,
         export_dir,

@@ -282,6 +282,24 @@ def publish(
     return Published(version, folder / str(number) / REPORT, first, signer)
 
 
+def _digests(artifacts: dict[str, Any]) -> dict[str, str]:
+    return {key: a.sha256 for key, a in artifacts.items()}
+
+
+def holding(model: str, export_dir: Path, store: Path = paths.DEFAULT_STORE) -> Version | None:
+    """The published version whose artifacts are `export_dir`'s, byte for byte (by their
+    recorded sha256s), if any: publishing an export twice made two identical versions and
+    said nothing, and a rollout between them changes nothing."""
+    mine = _digests(read_manifest(Path(export_dir)).artifacts)
+    for version in versions(model, store):
+        try:
+            if _digests(read_manifest(version.dir).artifacts) == mine:
+                return version
+        except PipelineError:
+            continue  # a broken version is not this export; serve and rollout say why
+    return None
+
+
 def not_the_default(model: str, export_dir: Path, store: Path = paths.DEFAULT_STORE) -> str | None:
     """A warning when `store` serves `model` at a default version whose artifacts are not
     those of `export_dir` (a deployment of the working export, after a rollback, packed
@@ -294,7 +312,7 @@ def not_the_default(model: str, export_dir: Path, store: Path = paths.DEFAULT_ST
         mine = read_manifest(Path(export_dir)).artifacts
     except PipelineError:
         return None  # no readable export or store here: the deploy says what is missing
-    if {k: a.sha256 for k, a in mine.items()} == {k: a.sha256 for k, a in theirs.items()}:
+    if _digests(mine) == _digests(theirs):
         return None
     return (
         f"{export_dir} is not version {version.number} of {model}, the store's default that "

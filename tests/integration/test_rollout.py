@@ -294,6 +294,9 @@ def test_publishing_an_unsigned_version_under_a_trust_policy_is_warned_of_at_onc
     out, err = capsys.readouterr()
     assert "has a trust policy" in err and "this version is not signed" in err, err
     assert f"--version 3 --store {mine}`" in out, out
+    # Version 1's files again: two identical versions were made without a word.
+    assert f"note: version 1 of {MODEL} already holds these artifacts" in out, out
+    assert "version 2 of" not in out, out
 
 
 def test_a_rollback_whose_version_does_not_load_leaves_the_live_state_as_it_was(
