@@ -80,7 +80,7 @@ class Receiver:
         in it inherits the variables; the test process itself never traces)."""
         return inherited(self.environ(service))
 
-    def spans_of(self, trace_id: str, names: set[str], timeout_s: float = 15.0) -> list[Span]:
+    def spans_of(self, trace_id: str, names: set[str], timeout_s: float = 60.0) -> list[Span]:
         """The trace's spans, once every name in `names` has arrived (or the timeout)."""
         deadline = time.monotonic() + timeout_s
         while True:
@@ -106,15 +106,19 @@ def start() -> Receiver:
             if self.path != "/v1/traces":
                 self.send_error(404)
                 return
-            spans = decode(body)
-            with receiver.lock:
-                receiver.spans.extend(spans)
+            # Answered before the body is decoded: under a loaded CI machine the exporters
+            # gave up waiting (BrokenPipe here), retried with backoff, and a worker's
+            # spans arrived after the test had stopped waiting for them.
             answer = ExportTraceServiceResponse().SerializeToString()
             self.send_response(200)
             self.send_header("Content-Type", "application/x-protobuf")
             self.send_header("Content-Length", str(len(answer)))
             self.end_headers()
             self.wfile.write(answer)
+            self.wfile.flush()
+            spans = decode(body)
+            with receiver.lock:
+                receiver.spans.extend(spans)
 
         def log_message(self, *args: Any) -> None:  # quiet
             pass

@@ -213,7 +213,7 @@ def test_traces_run_from_the_gateway_into_the_handler(
         assert resp.headers["traceresponse"].split("-")[1] == trace_id
         sent.append((trace_id, parent))
     for trace_id, parent in sent:
-        spans = receiver.spans_of(trace_id, GATEWAY_SPANS | HANDLER_SPANS | {"handle"}, 30)
+        spans = receiver.spans_of(trace_id, GATEWAY_SPANS | HANDLER_SPANS | {"handle"}, 90)
         (root,) = [s for s in spans if s.parent_id == parent]
         assert root.name == "POST /predictions/{model}" and root.service == "torchserve-tests"
         children = {s.name: s for s in spans if s.parent_id == root.span_id}
