@@ -165,6 +165,27 @@ def test_under_a_policy_torchserve_refuses_archives_no_signed_version_vouches_fo
         ts_store.refuse_untied(store, ["renamed"])
 
 
+def test_under_a_policy_a_published_models_archive_under_another_name_is_refused(
+    keys: dict[str, Path], tmp_path: Path
+) -> None:
+    # A copy of a published model's archive with its handler changed, saved as a.mar: the
+    # check archived the signed version again as <model>_onnx.mar beside it, and TorchServe
+    # ran a.mar's handler (a user's trial, 2026-11-29).
+    store = tmp_path / "store"
+    signing.sign(_version(store), keys["alice"])
+    _trust(store, keys["alice"].with_suffix(".pub"))
+    canonical = f"{MODEL}_onnx"
+    for name in ("a", canonical):
+        _mar(store / f"{name}.mar", {"model": MODEL, "format": "onnx"})
+    found = ts_store.untied(store, ["a", canonical])
+    assert found == [
+        f"a.mar (its archive.json names {MODEL} in onnx, archived as {canonical}.mar; no "
+        "check reads an archive under another name)"
+    ]
+    assert ts_store.follow_defaults(store, ["a"]) == []  # not archived again beside it
+    assert sorted(p.name for p in store.glob("*.mar")) == sorted(["a.mar", f"{canonical}.mar"])
+
+
 def test_a_malformed_bundle_is_refused_in_one_line(keys: dict[str, Path], tmp_path: Path) -> None:
     # status printed pydantic's multi-line report inside the version's line.
     store = tmp_path / "store"

@@ -124,8 +124,8 @@ def follow_defaults(store: Path, archives: Iterable[str]) -> list[str]:
     rewritten = []
     for name, info in archive_infos(store, archives).items():
         published = versions.default(info.model, store)
-        if published is None:
-            continue
+        if published is None or misnamed(name, info):
+            continue  # a misnamed one would be archived again under its own name (untied)
         trusted = signing.require(published.dir)  # the trust policy, when there is one
         mar = Path(store) / f"{name}.mar"
         # At the default version, it is kept unless a trust policy is in force and it no
@@ -151,25 +151,42 @@ def follow_defaults(store: Path, archives: Iterable[str]) -> list[str]:
     return rewritten
 
 
+def misnamed(name: str, info: ServedInfo) -> bool:
+    """Whether archive `name` is not the name archiving its model and format gives."""
+    return name != _canonical(info)
+
+
 def untied(store: Path, archives: Iterable[str]) -> list[str]:
     """Under a trust policy, which of `archives` no published version vouches for: those
-    without archive.json, or whose archive.json names a model the store does not publish.
-    follow_defaults checks every other one against its signed version; these were served
-    unchecked, handler code and all (an archive.json renamed to another model was enough)."""
+    without archive.json, whose archive.json names a model the store does not publish, or
+    that are not named as archiving that model gives. follow_defaults checks every other
+    one against its signed version; these were served unchecked, handler code and all (an
+    archive.json renamed to another model was enough, and a copy of a published model's
+    archive under another file name: the check rebuilt `<model>_<fmt>.mar` beside it)."""
     if not signing.Policy.load(Path(store)).declared:
         return []
     infos = archive_infos(store, archives)
-    return [
-        f"{name}.mar ("
-        + (
-            f"its archive.json names {infos[name].model}, which {store} does not publish"
-            if name in infos
-            else "it has no archive.json"
-        )
-        + ")"
-        for name in archives
-        if name not in infos or versions.default(infos[name].model, store) is None
-    ]
+    found = []
+    for name in archives:
+        info = infos.get(name)
+        if info is None:
+            found.append(f"{name}.mar (it has no archive.json)")
+        elif versions.default(info.model, store) is None:
+            found.append(
+                f"{name}.mar (its archive.json names {info.model}, which {store} does not publish)"
+            )
+        elif misnamed(name, info):
+            found.append(
+                f"{name}.mar (its archive.json names {info.model} in {info.format}, archived "
+                f"as {_canonical(info)}.mar; no check reads an archive under another name)"
+            )
+    return found
+
+
+def _canonical(info: ServedInfo) -> str:
+    from pipeline.runtimes.torchserve.archive import archive_name
+
+    return archive_name(info.model, info.format)
 
 
 def refuse_untied(store: Path, archives: Iterable[str]) -> None:
