@@ -96,7 +96,9 @@ def _hashing() -> Any:  # model_signing's hashing.Config
     # Imported here, not at the top: model-signing imports sigstore, slow to import.
     from model_signing import hashing
 
-    return hashing.Config().set_ignored_paths(paths=[SIGNATURE])
+    # Git's paths too: model-signing skips .git/ and .gitignore by default, so files put
+    # there after signing were never looked at.
+    return hashing.Config().set_ignored_paths(paths=[SIGNATURE], ignore_git_paths=False)
 
 
 def sign(folder: Path, private_key: Path, password: str | None = None) -> str:
@@ -175,6 +177,14 @@ class Policy:
                     else f"The trusted key {path} is not a PEM public key ({err})."
                 ) from None
         return cls(keys, tuple(sources), declared)
+
+    def within(self, pinned: Sequence[str]) -> Policy:
+        """This policy, trusting at most the fingerprints `pinned` (a running server's, from
+        its start): a key added to trust/ since does not count, one removed is revoked, and
+        a trust folder deleted since trusts nobody rather than turning the checks off."""
+        keys = {fp: key for fp, key in self.keys.items() if fp in pinned}
+        held = f"{len(keys)} of the {len(pinned)} key(s) `serve` started with"
+        return Policy(keys, (*(self.sources or ("no trust folder now",)), held))
 
     def name(self, fp: str | None) -> str | None:
         if fp is None:
@@ -282,11 +292,14 @@ def _first_line(message: str) -> str:
 _warned: set[str] = set()
 
 
-def require(version_dir: Path, also: Sequence[str] = ()) -> State | None:
+def require(
+    version_dir: Path, also: Sequence[str] = (), pinned: dict[str, list[str]] | None = None
+) -> State | None:
     """Check a version the store hands to serve, rollout, rollback, archive or deploy: raise
     SignatureError when the trust policy refuses it; without a policy, warn once per store
     and go on. A folder that is not a published version (an export folder) is not checked:
-    None. `also`: keys trusted beyond this command's --trust (a running server's)."""
+    None. `also`: keys trusted beyond this command's --trust (a running server's);
+    `pinned`: a running server's `pins`, the most its workers trust."""
     version_dir = Path(version_dir)
     if not is_version(version_dir):
         if given_keys() and str(version_dir) not in _warned:  # --trust, and nothing to check
@@ -299,7 +312,7 @@ def require(version_dir: Path, also: Sequence[str] = ()) -> State | None:
             )
         return None
     store = store_of(version_dir)
-    policy = Policy.load(store, [*given_keys(), *also])
+    policy = _pinned(Policy.load(store, [*given_keys(), *also]), store, pinned)
     if not policy.declared:
         if str(store) not in _warned:
             _warned.add(str(store))
@@ -313,25 +326,54 @@ def require(version_dir: Path, also: Sequence[str] = ()) -> State | None:
     return _refuse_untrusted(version_dir, policy)
 
 
-def unheld(keys: Sequence[str], held: Sequence[str], store: Path) -> list[str]:
+def unheld(
+    keys: Sequence[str], held: Sequence[str], store: Path, pinned: dict[str, list[str]] | None
+) -> list[str]:
     """Those of `keys` (paths) whose fingerprint is neither among `held`'s nor in `store`'s
-    trust folder: what a command's --trust adds beyond a running server's policy."""
-    have = Policy.load(store, list(held)).keys
+    trust folder (within a running server's `pinned`): what a command's --trust adds
+    beyond a running server's policy."""
+    have = _pinned(Policy.load(store, list(held)), store, pinned).keys
     return [k for k in keys if fingerprint(Path(k).read_bytes()) not in have]
 
 
-def recheck(version_dir: Path, trust: Sequence[str]) -> State | None:
+def pins(version_dirs: Sequence[Path], trust: Sequence[str]) -> dict[str, list[str]]:
+    """The keys each store's trust policy holds as `serve` starts ({store: fingerprints},
+    for the stores of `version_dirs` that have a policy), which its workers' `recheck`
+    trusts at most: deleting the trust folder, or adding a key to it, changed what a
+    running server's restarted worker accepted."""
+    found: dict[str, list[str]] = {}
+    for version_dir in map(Path, version_dirs):
+        if is_version(version_dir):
+            store = store_of(version_dir)
+            policy = Policy.load(store, trust)
+            if policy.declared:
+                found[str(store)] = sorted(policy.keys)
+    return found
+
+
+def recheck(
+    version_dir: Path, trust: Sequence[str], pinned: dict[str, list[str]] | None = None
+) -> State | None:
     """The check again, as a runtime's worker loads a version: a KServe worker restarted
     or a Ray replica placed again (on another node, perhaps) reads the store long after
     `serve` checked it, and whoever can write to the store may have changed it since.
     `trust`: the keys `serve` was given (a replica on another node has not its
-    environment), beside the store's own trust folder. Raises SignatureError as `require`
-    does; without a policy it says nothing (`serve` warned) and returns None."""
+    environment), beside the store's own trust folder; `pinned`: `pins` as `serve`
+    started. Raises SignatureError as `require` does; without a policy it says nothing
+    (`serve` warned) and returns None."""
     version_dir = Path(version_dir)
     if not is_version(version_dir):
         return None
-    policy = Policy.load(store_of(version_dir), trust)
+    store = store_of(version_dir)
+    policy = _pinned(Policy.load(store, trust), store, pinned)
     return _refuse_untrusted(version_dir, policy) if policy.declared else None
+
+
+def _pinned(policy: Policy, store: Path, pinned: dict[str, list[str]] | None) -> Policy:
+    """`policy`, within the keys `pinned` holds for `store` (if it holds any)."""
+    if pinned and str(store) in pinned:
+        return policy.within(pinned[str(store)])
+    return policy
 
 
 def _refuse_untrusted(version_dir: Path, policy: Policy) -> State:

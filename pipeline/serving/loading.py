@@ -58,14 +58,20 @@ def lean(fmt: str, manifest: Manifest) -> bool:
 
 
 def load(
-    export_dir: Path, fmt: str, threads: int, trust: Sequence[str] = (), device: str = "auto"
+    export_dir: Path,
+    fmt: str,
+    threads: int,
+    trust: Sequence[str] = (),
+    device: str = "auto",
+    pinned: dict[str, list[str]] | None = None,
 ) -> Loaded:
     """Artifact `fmt` of `export_dir`, sha256 checked, on `device` (module docstring) with
     `threads` threads. A store's version is checked against the trust policy first
-    (`trust`: the keys `serve` was given, beside the store's own; signing.recheck): a
-    worker may load it long after `serve` checked it."""
+    (`trust`: the keys `serve` was given, beside the store's own; `pinned`: the keys the
+    store's policy held as `serve` started; signing.recheck): a worker may load it long
+    after `serve` checked it."""
     check_device(device)
-    signing.recheck(export_dir, trust)
+    signing.recheck(export_dir, trust, pinned)
     manifest = read_manifest(export_dir)
     if fmt in manifest.unwritten or fmt not in manifest.artifacts:
         raise ArtifactError(

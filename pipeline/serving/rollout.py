@@ -197,23 +197,24 @@ def rollout(config: RolloutConfig, say: Say = print) -> live.LiveState:
 
 
 def _trusted(version_dir: Path, server: Server) -> None:
-    """Check `version_dir` as `server`'s workers will when they load it: against the keys
-    `serve --trust` gave it (else the store's trust folder) and this command's --trust,
-    which may add no key the server lacks (its workers would refuse what this passed)."""
+    """Check `version_dir` as `server`'s workers will load it (signing.recheck), with this
+    command's --trust, which may add no key the server lacks (its workers would refuse)."""
+    store = signing.store_of(version_dir)
     if signing.is_version(version_dir) and (
-        beyond := signing.unheld(signing.given_keys(), server.trust, signing.store_of(version_dir))
+        beyond := signing.unheld(signing.given_keys(), server.trust, store, server.pins)
     ):
         raise RolloutRefusedError(
             f"--trust {' '.join(beyond)}: the running server's workers check versions against "
             + (
-                "the keys `pipeline serve --trust` gave it, not this command's; restart "
-                "`pipeline serve` with it."
+                "the keys `pipeline serve --trust` gave it"
                 if server.trust
-                else "the store's trust folder, not this command's; add the key to the "
-                "store's trust/ folder (read at every load) or restart `pipeline serve` with it."
+                else "the keys its store's trust/ held as `pipeline serve` started"
+                if str(store) in server.pins
+                else "the store's trust/ folder (read at every load: add the key there)"
             )
+            + ", not this command's; restart `pipeline serve` with it."
         )
-    signing.require(version_dir, server.trust)
+    signing.require(version_dir, server.trust, server.pins)
 
 
 def _record_default(server: Server, names: list[str], version: versions.Version) -> None:

@@ -120,6 +120,9 @@ class Server:
     # The public keys `serve --trust` gave it: its workers check a version they load
     # against these and the store's trust folder, so a rollout checks with them too.
     trust: list[str] = field(default_factory=list)
+    # The keys each store's trust policy held as it started (signing.pins): its workers
+    # trust at most those.
+    pins: dict[str, list[str]] = field(default_factory=dict)
     # The `pipeline` arguments that started it (serve's command line, global options
     # first): a hint that restarts it keeps its port, models and folders.
     command: list[str] = field(default_factory=list)

@@ -323,6 +323,40 @@ def test_a_rollback_whose_version_does_not_load_leaves_the_live_state_as_it_was(
     _reset(served, store)
 
 
+def test_a_key_added_to_trust_after_serve_started_does_not_count_in_its_workers(
+    served: Server, store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whoever can write to the store signs a version with their own key and adds that key
+    to trust/: the server trusts at most the keys trust/ held as `serve` started
+    (signing.pins, in server.json and each worker's config), so the rollout refuses it,
+    and so do the workers (the rollout's own check bypassed): version 1 keeps serving.
+    Before, both read trust/ afresh: the key counted (and a deleted trust/ turned a
+    worker's check off)."""
+    _reset(served, store)
+    mallory = tmp_path / "mallory.key"
+    signing.keygen(mallory)
+    v2 = versions.get(MODEL, 2, store)
+    signed = versions.publish(
+        MODEL, v2.dir, v2.dir / versions.REPORT, v2.checkpoint, store, sign=mallory
+    )
+    added = store / signing.TRUST_FOLDER / "mallory.pub"
+    shutil.copy2(mallory.with_suffix(".pub"), added)
+    number = signed.version.number
+    config = RolloutConfig(MODEL, Path(served.run_dir), version=number, store=store)
+    try:
+        with pytest.raises(signing.SignatureError, match=r"1 of the 1 key\(s\) `serve` started"):
+            rollout(config, say=lambda _: None)
+        monkeypatch.setattr(rollout_module, "_trusted", lambda *_: None)  # the workers' own
+        with pytest.raises(RolloutRefusedError, match=f"Version {number} did not load"):
+            rollout(config, say=lambda _: None)
+        mv = runtime.get("kserve").versions.live_state(served).models[MODEL]
+        assert (mv.default, sorted(mv.versions)) == (1, [1])
+    finally:
+        added.unlink()
+        _reset(served, store)
+        shutil.rmtree(signed.version.dir)
+
+
 def _triton_grpc(server: Server, *args: str | Path) -> dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, "-m", "tests.triton_grpc", args[0], server.extras["grpc_url"],

@@ -322,7 +322,14 @@ def test_a_rollout_checks_with_the_running_servers_keys_and_refuses_keys_it_lack
     _trust(store, mallory)
     with pytest.raises(RolloutRefusedError, match="restart `pipeline serve` with it"):
         _trusted(other, _server([str(alice)]))
-    assert _trusted(other, _server([])) is None
+    assert _trusted(other, _server([])) is None  # a server that recorded no pins
+    # A server started under the folder's policy trusts at most the keys it held then.
+    pinned = replace(_server([]), pins={str(store): [signing.fingerprint(alice.read_bytes())]})
+    with pytest.raises(RolloutRefusedError, match="trust/ held as `pipeline serve` started"):
+        _trusted(other, pinned)  # mallory given with --trust too (the environment's)
+    monkeypatch.delenv(signing.TRUST_ENV)
+    with pytest.raises(signing.SignatureError, match=r"0 of the 1 key\(s\) `serve` started with"):
+        _trusted(other, pinned)  # mallory in trust/, added since; alice never there
 
 
 def test_trust_given_for_an_export_folder_says_nothing_was_checked(

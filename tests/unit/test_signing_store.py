@@ -237,3 +237,48 @@ def test_trust_given_a_folder_says_to_name_each_key(
     assert main(["status", "--trust", str(tmp_path / "keys"), "--run-dir", str(tmp_path)]) == 1
     said = capsys.readouterr().err
     assert "takes key files, not folders" in said and "no such key file" not in said, said
+
+
+def test_a_running_server_trusts_at_most_the_keys_its_store_held_as_it_started(
+    keys: dict[str, Path], tmp_path: Path
+) -> None:
+    """A KServe worker restarted (or a Ray replica placed again) rechecks its version
+    against the store's trust folder as it is then: deleting trust/ turned the check off
+    (a tampered version served, the log silent), and a key added to it counted."""
+    store = tmp_path / "store"
+    folder = _version(store)
+    signing.sign(folder, keys["alice"])
+    _trust(store, keys["alice"].with_suffix(".pub"))
+    pinned = signing.pins([folder, tmp_path], [])  # tmp_path: an export folder, no store
+    alice = signing.fingerprint(keys["alice"].with_suffix(".pub").read_bytes())
+    assert pinned == {str(store): [alice]}
+    assert signing.recheck(folder, [], pinned).trusted
+
+    shutil.rmtree(store / "trust")  # the policy deleted, the version then changed
+    (folder / "model.onnx").write_bytes(b"changed")
+    assert signing.recheck(folder, []) is None  # unpinned: what a worker did before
+    with pytest.raises(signing.SignatureError, match="no trust folder now, 0 of the 1 key"):
+        signing.recheck(folder, [], pinned)
+
+    signing.sign(folder, keys["mallory"])  # re-signed by a key added to trust/ since
+    _trust(store, keys["mallory"].with_suffix(".pub"))
+    assert signing.recheck(folder, []).trusted
+    with pytest.raises(signing.SignatureError, match="0 of the 1 key"):
+        signing.recheck(folder, [], pinned)
+
+
+def test_files_in_git_paths_are_signed_and_checked_like_any_other(
+    keys: dict[str, Path], tmp_path: Path
+) -> None:
+    # model-signing skips .git/ and .gitignore unless told not to: added after signing,
+    # they were never noticed.
+    store = tmp_path / "store"
+    folder = _version(store)
+    (folder / ".gitattributes").write_text("* binary\n")
+    signing.sign(folder, keys["alice"])
+    _trust(store, keys["alice"].with_suffix(".pub"))
+    assert signing.state(folder).trusted  # signed with it
+    (folder / ".git").mkdir()
+    (folder / ".git" / "config").write_text("[core]\n")
+    found = signing.state(folder)
+    assert found.state == signing.CHANGED and ".git/config" in found.detail, found

@@ -87,6 +87,9 @@ class RuntimeConfig:
     # The public keys --trust gave `serve` (launch.start fills them in): a worker checks a
     # store version against them and the store's trust folder as it loads it.
     trust: list[str] = field(default_factory=list)
+    # The keys each store's policy held as `serve` started (signing.pins): a worker trusts
+    # at most those, so a trust folder deleted or added to since changes nothing.
+    pins: dict[str, list[str]] = field(default_factory=dict)
 
     def write(self, path: Path) -> None:
         data = asdict(self)

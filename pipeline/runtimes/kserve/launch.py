@@ -133,6 +133,9 @@ def start(
         config,
         token_file=str(keys[INFERENCE].path),
         trust=config.trust or signing.given_keys(),
+        pins=signing.pins(
+            [Path(m.export_dir) for m in config.models], config.trust or signing.given_keys()
+        ),
         tls_cert=str(Path(config.tls_cert).resolve()) if config.tls_cert else None,
         tls_key=str(Path(config.tls_key).resolve()) if config.tls_key else None,
     )
@@ -163,6 +166,7 @@ def start(
         runtime=NAME,
         markers=[CONFIG_FILE],
         trust=list(config.trust),
+        pins=config.pins,
         # What this start did with each key, for `describe` (never the key itself).
         extras={
             "grpc_url": f"{host}:{config.grpc_port}",

@@ -124,7 +124,12 @@ class ExportModel(kserve.Model):
         self.limits = codec.Limits(max_samples=max_samples(config.max_batch_size))
         self.inflight = 0
         loaded = loading.load(
-            Path(served.export_dir), served.format, config.threads, config.trust, config.device
+            Path(served.export_dir),
+            served.format,
+            config.threads,
+            config.trust,
+            config.device,
+            config.pins,
         )
         self.device = loaded.device
         manifest = loaded.manifest

@@ -105,7 +105,12 @@ class Model:
         # On the GPU Ray assigned (its CUDA_VISIBLE_DEVICES), or on CPU without one.
         device = "cuda" if served.get("gpus") else "cpu"
         loaded = load(
-            Path(served["export_dir"]), served["format"], threads, served["trust"], device
+            Path(served["export_dir"]),
+            served["format"],
+            threads,
+            served["trust"],
+            device,
+            served.get("pins"),
         )
         manifest = loaded.manifest
         self.device = loaded.device
@@ -324,7 +329,10 @@ def build(config: dict[str, Any], head_resource: str | None) -> Any:
             options["max_replicas_per_node"] = config["max_replicas_per_node"]
         batch = {"max_batch_size": config["max_batch_size"], "wait_ms": config["batch_wait_ms"]}
         handles[served["name"]] = Model.options(**options).bind(
-            served | {"trust": config.get("trust", []), "gpus": gpus}, config["threads"], batch
+            served
+            | {"trust": config.get("trust", []), "pins": config.get("pins", {}), "gpus": gpus},
+            config["threads"],
+            batch,
         )
     ingress_options: dict[str, Any] = {"num_cpus": 0}
     if head_resource:

@@ -72,6 +72,9 @@ class RayConfig:
     # The public keys --trust gave `serve` (start fills them in): each replica checks a
     # store version against them and the store's trust folder as it loads it, on any node.
     trust: list[str] = field(default_factory=list)
+    # The keys each store's policy held as `serve` started (signing.pins): the replicas
+    # trust at most those, wherever and whenever they are placed.
+    pins: dict[str, list[str]] = field(default_factory=dict)
 
 
 def served_model(
@@ -126,6 +129,7 @@ def start(
         fileio.write_secret(token, {"inference": {"key": secrets.token_urlsafe(24)}})
     config.token_file = str(token)
     config.trust = config.trust or signing.given_keys()
+    config.pins = signing.pins([Path(m["export_dir"]) for m in config.models], config.trust)
     config.replica_cpus = replica_cpus(config)
     (run_dir / READY_FILE).unlink(missing_ok=True)
     conf = run_dir / CONFIG_FILE
@@ -152,6 +156,7 @@ def start(
         markers=[CONFIG_FILE],
         served=infos,
         trust=list(config.trust),
+        pins=config.pins,
         extras={"cluster": config.address or _local(config)},
     )
     server.record()
