@@ -293,21 +293,27 @@ _warned: set[str] = set()
 
 
 def require(
-    version_dir: Path, also: Sequence[str] = (), pinned: dict[str, list[str]] | None = None
+    version_dir: Path,
+    also: Sequence[str] = (),
+    pinned: dict[str, list[str]] | None = None,
+    store: Path | None = None,
 ) -> State | None:
     """Check a version the store hands to serve, rollout, rollback, archive or deploy: raise
     SignatureError when the trust policy refuses it; without a policy, warn once per store
     and go on. A folder that is not a published version (an export folder) is not checked:
     None. `also`: keys trusted beyond this command's --trust (a running server's);
-    `pinned`: a running server's `pins`, the most its workers trust."""
+    `pinned`: a running server's `pins`, the most its workers trust; `store`: the command's
+    --store, whose policy makes an export folder worth a warning too."""
     version_dir = Path(version_dir)
     if not is_version(version_dir):
-        if given_keys() and str(version_dir) not in _warned:  # --trust, and nothing to check
+        # A policy (--trust, or the store's trust/), and nothing to check: said once.
+        policed = given_keys() or (store is not None and Policy.load(Path(store), []).declared)
+        if policed and str(version_dir) not in _warned:
             _warned.add(str(version_dir))
             print(
-                f"warning: {version_dir} is an export folder, not a published version: --trust "
-                "checks versions from a store only, so nothing was checked here (publish it "
-                "with `pipeline publish --sign KEY` and use it from the store)",
+                f"warning: {version_dir} is an export folder, not a published version: the "
+                "trust policy checks versions from a store only, so nothing was checked here "
+                "(publish it with `pipeline publish --sign KEY` and use it from the store)",
                 file=sys.stderr,
             )
         return None

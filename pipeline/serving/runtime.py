@@ -141,8 +141,10 @@ class ServeOptions:
         from pipeline.serving import versions
 
         published = versions.default(model, self.store)
-        if published is None:
-            return paths.export_dir(model, self.artifacts_dir)
+        if published is None:  # under the store's policy: said that nothing is checked
+            folder = paths.export_dir(model, self.artifacts_dir)
+            signing.require(folder, store=self.store)
+            return folder
         signing.require(published.dir)  # the trust policy, when the store or --trust has one
         return published.dir
 

@@ -344,3 +344,21 @@ def test_trust_given_for_an_export_folder_says_nothing_was_checked(
     assert signing.require(folder) is None and signing.require(folder) is None
     err = capsys.readouterr().err
     assert err.count("is an export folder, not a published version") == 1, err
+
+
+def test_a_stores_own_policy_also_says_an_unpublished_export_was_not_checked(
+    keys: dict[str, Path], tmp_path: Path, capsys
+) -> None:
+    """`serve --store S --model M` with M unpublished in S, whose trust/ is a policy, served
+    the export folder without a word (with --trust, the same said it; a user's trial)."""
+    from pipeline.serving.runtime import ServeOptions
+
+    store = tmp_path / "store"
+    options = ServeOptions(run_dir=tmp_path, artifacts_dir=tmp_path / "art", store=store)
+    assert options.export_dir_of(MODEL) == tmp_path / "art" / MODEL / "export"
+    assert capsys.readouterr().err == ""  # no policy: nothing to say
+    store.mkdir()
+    _trust(store, keys["alice"].with_suffix(".pub"))
+    assert options.export_dir_of(MODEL) == tmp_path / "art" / MODEL / "export"
+    err = capsys.readouterr().err
+    assert "is an export folder, not a published version: the trust policy" in err, err
