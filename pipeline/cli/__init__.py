@@ -77,7 +77,15 @@ def _cmd_export(args: argparse.Namespace) -> int:
     weights = "imported" if config.weights else "random" if config.random_init else "checkpoint"
     held = (
         settled(
-            config.out_dir, config.model, config.formats, config.checkpoint, weights, config.seed
+            config.out_dir,
+            config.model,
+            config.formats,
+            config.checkpoint,
+            weights,
+            config.seed,
+            fix_axes=config.fix_axes,
+            opset=config.opset,
+            inputs=config.inputs,
         )
         if args.if_missing
         else None
@@ -236,7 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do nothing when the export folder already holds every asked-for format, "
         "or recorded it as failed (exit status 3 then), made from the same weights (the "
-        "checkpoint, or --random-init with the same --seed; --weights always exports)",
+        "checkpoint, or --random-init with the same --seed; --weights always exports) and "
+        "the same --fix-axis, --opset and --input",
     )
     p.add_argument(
         "--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset (default: {DEFAULT_OPSET})"

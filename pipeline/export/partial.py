@@ -12,11 +12,15 @@ artifact judged outside its accuracy budget is partial the same way: listed unde
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.core.checkpoint import read_sidecar
 from pipeline.core.errors import ArtifactError, PipelineError
 from pipeline.core.manifest import Manifest, read_manifest
 from pipeline.formats import base as registry
+
+if TYPE_CHECKING:
+    from pipeline.zoo.spec import TensorSpec
 
 # `pipeline export`'s exit status when at least one requested format was written
 # and at least one failed. 1 stays "failed, nothing written"; 2 is argparse's.
@@ -79,6 +83,9 @@ def settled(
     checkpoint: Path | None = None,
     weights: str = "checkpoint",
     seed: int = 0,
+    fix_axes: dict[str, int] | None = None,
+    opset: int | None = None,
+    inputs: list[TensorSpec] | None = None,
 ) -> Manifest | None:
     """The export in `out_dir` if it settles every one of `formats` from the same weights,
     else None (for --if-missing).
@@ -89,7 +96,10 @@ def settled(
     The weights must be the ones exported: `weights` "checkpoint" (the file at
     `checkpoint`, whose sidecar's sha256 the manifest must record: a retrained
     one is exported again), "random" (the same, made by --random-init with `seed`) or
-    "imported" (--weights FILE: never settled, the file may hold new weights).
+    "imported" (--weights FILE: never settled, the file may hold new weights). And with
+    the same settings: `fix_axes` (--fix-axis), `opset` and `inputs` (--input) as each
+    format held records them; --if-missing kept a .pte fixed to seq=16 when asked for a
+    dynamic one, and said "nothing to do" to the --fix-axis a partial export advised.
     """
     try:
         manifest = read_manifest(out_dir)
@@ -97,6 +107,8 @@ def settled(
         return None
     done = set(manifest.artifacts) | set(manifest.failed)
     if manifest.model.name != model or not set(formats) <= done:
+        return None
+    if not _same_settings(manifest, formats, dict(fix_axes or {}), opset, inputs):
         return None
     if weights == "imported" or checkpoint is None:
         return None
@@ -107,3 +119,29 @@ def settled(
     if weights == "random" and (meta.get("init") != "random" or meta.get("seed") != seed):
         return None
     return manifest if meta.get("weights_sha256") == manifest.checkpoint.sha256 else None
+
+
+def _same_settings(
+    manifest: Manifest,
+    formats: tuple[str, ...],
+    fix_axes: dict[str, int],
+    opset: int | None,
+    inputs: list[TensorSpec] | None,
+) -> bool:
+    """Whether the export in `manifest` was made with these settings, as far as it records
+    them: every held format's fixed axes and ONNX opset, and the declared inputs."""
+    if inputs is not None:
+        asked = [(s.name, tuple(s.shape), str(s.dtype).removeprefix("torch.")) for s in inputs]
+        if asked != [(r.name, tuple(r.shape), r.dtype) for r in manifest.inputs]:
+            return False
+    for key in formats:
+        held = manifest.artifacts.get(key)
+        if held is None:  # a recorded failure: --fix-axis is how one is tried again
+            if fix_axes:
+                return False
+            continue
+        if dict(held.details.get("fixed_axes") or {}) != fix_axes:
+            return False
+        if opset is not None and held.details.get("opset", opset) != opset:
+            return False
+    return True
