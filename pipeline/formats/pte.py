@@ -163,18 +163,36 @@ def _first_line(err: Exception) -> str:
     return next((ln.strip() for ln in str(err).splitlines() if ln.strip()), "")
 
 
+def lowering_error(err: BaseException, limit: int = 400) -> str:
+    """`err` in one line with the exception it came from: ExecuTorch wraps a pass's failure
+    in "An error occurred when running the 'X' pass" (the cause, e.g. an IndexError, was
+    only in the chain), and splits its explanations over lines (the first alone read "…
+    This may occur when", where ExecuTorch's own sentence ends)."""
+    said = " ".join(ln.strip() for ln in str(err).splitlines() if ln.strip())
+    said = re.sub(r"\s*This may occur when\s*$", "", said)
+    root, seen = err, {id(err)}
+    while (nxt := root.__cause__ or root.__context__) is not None and id(nxt) not in seen:
+        root, seen = nxt, seen | {id(nxt)}
+    if root is not err and _first_line(root) and _first_line(root) not in said:  # type: ignore[arg-type]
+        said += f" (from {type(root).__name__}: {_first_line(root)})"  # type: ignore[arg-type]
+    return said if len(said) <= limit else said[: limit - 1] + "…"
+
+
 def not_lowered(
     err: Exception, model: nn.Module, example: Inputs, entry: ZooEntry, method: str
 ) -> ExportError:
     """ExportError for a graph ExecuTorch cannot lower, naming the operator and, where the
     model calls it, the model's own line."""
-    first = _first_line(err)
-    op = re.search(r"aten\.(\w+)\.\w+ is not in Core ATen", first)
+    said = lowering_error(err)
+    op = re.search(r"aten\.(\w+)\.\w+ is not in Core ATen", said)
     where = op_lines(model, example, entry, {f"aten.{op.group(1)}"}, prefix=True) if op else []
     hint = f" (called at {'; '.join(where)})" if where else ""
+    axes = sorted({a for s in entry.inputs for a in s.dynamic_axes().values()} - {"batch"})
+    if "dynamic dimension" in said and axes:  # XNNPACK's reshape takes one dynamic axis
+        fixes = " ".join(f"--fix-axis {a}=N" for a in axes)
+        hint += f" Export with {fixes} to make the .pte for one length of each."
     return ExportError(
-        f"ExecuTorch could not lower {entry.name!r} ({method}): {type(err).__name__}: "
-        f"{first[:300]}{hint}"
+        f"ExecuTorch could not lower {entry.name!r} ({method}): {type(err).__name__}: {said}{hint}"
     )
 
 
@@ -272,7 +290,7 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
     except Exception as err:  # noqa: BLE001 - the partitioner's refusal: lower without it
         if type(err).__name__ == "SpecViolationError":  # not XNNPACK's: the graph itself
             raise not_lowered(err, model, example, entry, program.method) from None
-        refused = f"{type(err).__name__}: {_first_line(err)[:200]}"
+        refused = f"{type(err).__name__}: {lowering_error(err, 300)}"
         log.info(".pte: XNNPACK refused the graph (%s); lowering to the CPU kernels only", refused)
         backend = "portable"
         try:

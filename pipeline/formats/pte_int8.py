@@ -125,7 +125,7 @@ def export(model: nn.Module, ctx: ExportContext) -> ArtifactRecord:
     except Exception as err:  # noqa: BLE001 - the quantizer's failure is this format's
         raise ExportError(
             f"XNNPACK's quantizer could not quantise {entry.name!r}: {type(err).__name__}: "
-            f"{reduced.first_line(err)[:300]}. Use --format pte (float32)."
+            f"{pte.lowering_error(err, 300)}. Use --format pte (float32)."
         ) from None
     log.info(".pte int8: calibrated on %d samples; lowering to ExecuTorch with XNNPACK…", samples)
     program = export_program(converted, example, entry, fixed=tuple(ctx.fix_axes), bounds=sizes)

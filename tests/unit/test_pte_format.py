@@ -132,3 +132,29 @@ def test_validation_batches_are_ones_each_artifact_takes() -> None:
     assert max(sizes) == 64 and sum(sizes) == 361  # the last one shorter: dynamic batch
     whole = [x["image"].shape[0] for x, _ in validation_batches(entry, 3, whole=True)]
     assert set(whole) == {3} and sum(whole) == 360  # one size only: the remainder left out
+
+
+def test_a_lowering_failure_says_its_cause_and_the_way_out() -> None:
+    """pte_int8 said "XNNPACK reshape only supports 1 dynamic dimension. This may occur
+    when." (ExecuTorch's sentence ends there) with no way out, and "An error occurred when
+    running the 'ChannelsLastTaggedReshapePass' pass" without the IndexError behind it."""
+    from pipeline.formats.pte import lowering_error, not_lowered
+
+    try:
+        try:
+            torch.zeros(())[0]
+        except IndexError as cause:
+            raise Exception(
+                "An error occurred when running the 'ChannelsLastTaggedReshapePass' pass "
+                "after the following passes: []"
+            ) from cause
+    except Exception as err:  # noqa: BLE001 - the wrapped failure, as ExecuTorch raises it
+        said = lowering_error(err)
+    assert "pass after the following passes: [] (from IndexError: invalid index of a 0-dim" in said
+    reshape = RuntimeError(
+        "XNNPACK reshape only supports 1 dynamic dimension. This may occur when \n"
+    )
+    entry = get_entry("lstm_tagger")  # dynamic batch and seq
+    message = str(not_lowered(reshape, None, None, entry, "export"))  # type: ignore[arg-type]
+    assert "1 dynamic dimension. Export with --fix-axis seq=N to make the .pte for" in message
+    assert "This may occur" not in message and "batch=N" not in message
