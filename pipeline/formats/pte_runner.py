@@ -207,9 +207,7 @@ def run(
                 if proc.returncode < 0
                 else f"exited {proc.returncode}"
             )
-            # The runtime's own log names a missing operator or a failed kernel's check.
-            told = [ln for ln in proc.stderr.splitlines() if "cpuinfo" not in ln]
-            raise CppError(f"{BINARY} {how}: {' | '.join(told)[-600:]}")
+            raise CppError(f"{BINARY} {how}: {runner_said(proc.stderr)}")
         results = []
         for i in range(len(cases)):
             folder = outputs / str(i)
@@ -222,3 +220,24 @@ def run(
             for r in results
         ]
     return CppRun(outputs=results, stats=json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+# The runtime's log lines that say why a run failed, before the dump that follows them.
+_WHY = re.compile(r"Check failed|[Mm]issing|OperatorMissing|failed|[Ee]rror")
+_STAMP = re.compile(r"^[EWI] \d+:\d+:\d+\.\d+ ")  # "E 00:00:00.001649 " of each log line
+
+
+def runner_said(stderr: str, limit: int = 600) -> str:
+    """What the runner's stderr says of its failure, in one line: the runtime's lines that
+    name a failed kernel check or a missing operator first, then its last line (the
+    runner's own). The last 600 characters alone were the arguments ExecuTorch dumps after
+    a failed kernel ("arg 1 with type id 4"), the kernel's "Check failed" cut off."""
+    told = [
+        _STAMP.sub("", ln.strip())
+        for ln in stderr.splitlines()
+        if ln.strip() and "cpuinfo" not in ln
+    ]
+    why = [ln for ln in told if _WHY.search(ln)]
+    said = list(dict.fromkeys(why[:3] + told[-1:]))
+    text = " | ".join(said)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -158,3 +158,29 @@ def test_a_lowering_failure_says_its_cause_and_the_way_out() -> None:
     message = str(not_lowered(reshape, None, None, entry, "export"))  # type: ignore[arg-type]
     assert "1 dynamic dimension. Export with --fix-axis seq=N to make the .pte for" in message
     assert "This may occur" not in message and "batch=N" not in message
+
+
+def test_the_runners_failure_is_told_by_the_kernels_check_not_the_argument_dump() -> None:
+    # What pte_runner printed for a token id past the vocabulary (a user's trial): the
+    # last 600 characters were ExecuTorch's "arg N with type id M" lines alone.
+    from pipeline.formats.pte_runner import runner_said
+
+    dump = "".join(
+        f"E 00:00:00.00166{i} executorch:method.cpp:1493] arg {i} with type id 1\n"
+        for i in range(7)
+    )
+    stderr = (
+        "[cpuinfo_utils.cpp:71] Reading file /sys/devices/soc0/image_version\n"
+        "E 00:00:00.001649 executorch:op_embedding.cpp:43] Check failed (indices_ptr[i] < "
+        "weight_height): indices_ptr[1] 70 >= weight.size(0) 50\n"
+        "E 00:00:00.001657 executorch:method.cpp:1483] KernelCall failed at instruction 0:0 "
+        "in operator aten::embedding.out: 0x12\n" + dump + "pte_runner: case 0: forward failed: "
+        "Error::InvalidArgument\n"
+    )
+    said = runner_said(stderr)
+    assert said.startswith(
+        "executorch:op_embedding.cpp:43] Check failed (indices_ptr[i] < weight_height): "
+        "indices_ptr[1] 70 >= weight.size(0) 50 | executorch:method.cpp:1483] KernelCall"
+    ), said
+    assert said.endswith("| pte_runner: case 0: forward failed: Error::InvalidArgument")
+    assert "type id" not in said and "cpuinfo" not in said
