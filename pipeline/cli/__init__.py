@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     export_formats, default_formats = registry.keys(), registry.default_keys()
     parser = Parser(
         prog="pipeline",
-        description="Train a PyTorch model, export it to TorchScript, ONNX and .pt2, serve it "
+        description="Train a PyTorch model, export it to TorchScript, ONNX, .pt2 and .pte, serve it "
         f"({', '.join(d.title for d in runtimes.declared())}), run it from C++, and prove "
         "every backend computes what eager PyTorch computes.",
         epilog=_EPILOG.format(

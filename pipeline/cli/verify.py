@@ -58,7 +58,8 @@ def add_verify_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--with-cpp",
         action="store_true",
-        help="with the default backends, also run the LibTorch C++ client on every format it runs",
+        help="with the default backends, also run the C++ clients on every format they run: "
+        "the LibTorch client (TorchScript, .pt2) and the ExecuTorch runner (.pte, no LibTorch)",
     )
     p.add_argument(
         "--cpp-build-dir",

@@ -169,9 +169,14 @@ def load_backends(
     if fmt.key in exported.manifest.unwritten:
         exported.path(fmt.key)  # raises, with the reason export recorded
     if fmt.key not in exported.manifest.artifacts:
+        # Every format it holds too: an export replaces the folder (`--format pte_int8`
+        # alone, as this said, deleted the model.pte beside it).
+        held = [k for k in registry.keys() if k in exported.manifest.artifacts]
+        flags = " ".join(f"--format {k}" for k in [*held, fmt.key])
         raise ArtifactError(
             f"The manifest in {exported.dir} has no {fmt.key!r} artifact for backend {name!r}; "
-            f"re-run `pipeline export --format {fmt.key}`."
+            f"re-run `pipeline export {flags}` (an export replaces the folder: name every "
+            "format to keep)."
         )
     return [RunnerBackend(name, exported.load(fmt.key, device), fmt.key)]
 
