@@ -171,7 +171,7 @@ def load_backends(
     if fmt.key not in exported.manifest.artifacts:
         # Every format it holds too: an export replaces the folder (`--format pte_int8`
         # alone, as this said, deleted the model.pte beside it).
-        held = [k for k in registry.keys() if k in exported.manifest.artifacts]
+        held = [f.key for f in registry.all_formats() if f.key in exported.manifest.artifacts]
         flags = " ".join(f"--format {k}" for k in [*held, fmt.key])
         raise ArtifactError(
             f"The manifest in {exported.dir} has no {fmt.key!r} artifact for backend {name!r}; "
