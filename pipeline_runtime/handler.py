@@ -28,6 +28,7 @@ the format's descriptor (pipeline_runtime.formats) picks the loader.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -40,7 +41,15 @@ import torch.nn.functional as F
 from ts.handler_utils.timer import timed
 from ts.torch_handler.base_handler import BaseHandler
 
-from pipeline_runtime import bounded, codec, failure, handlershadow, handlertrace, runners
+from pipeline_runtime import (
+    bounded,
+    codec,
+    failure,
+    handlershadow,
+    handlertrace,
+    responses,
+    runners,
+)
 from pipeline_runtime.files import IntegrityError, check_sha256
 from pipeline_runtime.manifest import MANIFEST_NAME, Manifest, TensorRecord
 from pipeline_runtime.request import MAX_SAMPLES_ENV, SAMPLES_PER_BATCH
@@ -326,7 +335,18 @@ class PipelineHandler(BaseHandler):
             start += n
 
     @timed
-    def postprocess(self, data: list[Result]) -> list[dict[str, Any]]:
+    def postprocess(self, data: list[Result]) -> list[str]:
+        """Each request's answer as JSON text, measured against the frontend's response
+        limit (responses.fit): TorchServe encoded dicts itself (indented, several times
+        the size) and dropped the worker for a batch past the limit."""
+        answers = [json.dumps(a) for a in self._answers(data)]
+        for refused in responses.fit([len(a) for a in answers], responses.limit()):
+            logger.warning("request %d of the batch: %s", refused.index, refused.message)
+            self.context.set_response_status(refused.status, "Answer too large", refused.index)
+            answers[refused.index] = json.dumps({"error": refused.message})
+        return answers
+
+    def _answers(self, data: list[Result]) -> list[dict[str, Any]]:
         answers = []
         for idx, item in enumerate(data):
             self.context.set_response_content_type(idx, "application/json")

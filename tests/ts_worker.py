@@ -121,4 +121,8 @@ def infer(
     service.context.request_processor = processors
     service.context.metrics.request_ids = ids
     answers = service._entry_point(inputs, service.context)
-    return [(service.context.get_response_status(i)[0], a) for i, a in enumerate(answers)]
+    # The handler hands back JSON text (what TorchServe sends as it is); describe, a dict.
+    return [
+        (service.context.get_response_status(i)[0], json.loads(a) if isinstance(a, str) else a)
+        for i, a in enumerate(answers)
+    ]

@@ -153,6 +153,13 @@ class TorchServe(runtime.Runtime):
         group.add_argument(
             "--gpu", action="store_true", help="give workers a GPU when CUDA is present"
         )
+        group.add_argument(
+            "--max-response-size",
+            type=argtypes.positive_int,
+            default=16 * 1024 * 1024,
+            help="bytes a worker may answer one batch with (TorchServe's max_response_size; "
+            "default: 16 MiB); a larger answer is its request's 500, naming its size",
+        )
         shadowopts.add_arguments(group)  # --shadow, --shadow-max-rate
         group.add_argument(
             "--live-versions",
@@ -186,6 +193,7 @@ class TorchServe(runtime.Runtime):
                 threads_per_worker=options.threads_per_worker,
                 workers_per_model=own.workers_per_model,
                 max_request_size=options.max_request_size,
+                max_response_size=own.max_response_size,
                 gpu=own.gpu,
                 tls_cert=options.tls_cert,
                 tls_key=options.tls_key,

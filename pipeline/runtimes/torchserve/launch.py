@@ -54,6 +54,7 @@ from pipeline.serving.server import (
     default_run_dir,
     run_dir_flag,
 )
+from pipeline_runtime import responses
 
 __all__ = [
     "ServeConfig",
@@ -260,6 +261,7 @@ def start(config: ServeConfig) -> Server:
         "OMP_NUM_THREADS": str(threads),
         "MKL_NUM_THREADS": str(threads),
         "PIPELINE_WORKER_THREADS": str(threads),
+        responses.MAX_RESPONSE_ENV: str(config.max_response_size),  # the handler's to keep
         "PYTHONWARNINGS": "ignore::FutureWarning",
     }
     exe = Path(sys.executable).parent / "torchserve"

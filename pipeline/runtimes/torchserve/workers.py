@@ -76,8 +76,9 @@ def warm_up(server: Server, store: Path, models: list[str]) -> None:
             resp = client.post(
                 server, name, body, "application/octet-stream", timeout=60, retries=2
             )
-            if resp.status_code != 200:
-                log.warning("warm-up request to %s answered %d", name, resp.status_code)
+            if resp.status_code != 200:  # what the handler said: an answer too large, say
+                said = " ".join(resp.text.split())[:400]
+                log.warning("warm-up request to %s answered %d: %s", name, resp.status_code, said)
         except Exception as err:  # noqa: BLE001 - a warm-up failure must not stop the server
             log.warning("could not warm up %s: %s", name, err)
 
