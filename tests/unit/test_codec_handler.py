@@ -371,8 +371,9 @@ def test_answers_past_the_response_limit_are_refused_not_the_worker(
     monkeypatch.setenv(responses.MAX_RESPONSE_ENV, str(limit))
     answers = _handle(service, bodies)
     assert [status for status, _ in answers] == [500, 503, 200], answers
-    assert f"The answer is {sizes[0]} bytes, over this server's response limit" in (
-        answers[0][1]["error"]
+    assert (
+        f"The answer is {sizes[0]} bytes, over this server's response limit"
+        in (answers[0][1]["error"])
     )
     assert "--max-response-size" in answers[0][1]["error"]
     assert "send it again" in answers[1][1]["error"]
