@@ -70,9 +70,10 @@ def collate(outputs: Sequence[dict[str, Any]], fields: Sequence[str]) -> list[to
 
 
 def split_samples(named: dict[str, Any], fields: Sequence[str]) -> list[dict[str, Any]]:
-    """The inverse of `collate` on named arrays or tensors: one dict of fields per sample."""
+    """The inverse of `collate` on named arrays or tensors: one dict of fields per sample.
+    A request sent without its batch axis is answered with `counts` a scalar: one sample."""
     out, start = [], 0
-    for n in [int(c) for c in named[COUNTS]]:
+    for n in [int(c) for c in np.atleast_1d(np.asarray(named[COUNTS]))]:
         out.append({f: named[f][start : start + n] for f in fields})
         start += n
     return out

@@ -4,6 +4,7 @@ it should, fails what it should, and refuses to judge ties."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -43,6 +44,11 @@ def test_per_sample_outputs_collate_batch_major_with_counts_and_split_back() -> 
     assert torch.equal(back[2]["boxes"], images[2]["boxes"])
     flat = collate(images, FIELDS)
     assert [t.shape[0] for t in flat] == [5, 5, 5, 3]
+    # A request without its batch axis: counts is a scalar (asked.unbatch); it failed with
+    # "iteration over a 0-d array" (a user's trial).
+    one = _named([images[2]])
+    (alone,) = split_samples({**one, "counts": np.asarray(3)}, FIELDS)
+    assert torch.equal(alone["boxes"], images[2]["boxes"])
 
 
 def test_the_same_detections_pass_with_every_one_firm() -> None:
