@@ -292,7 +292,8 @@ def decode_request(
     if kind == "image":
         if not accepts_images:
             raise RequestError(
-                "This model does not take images; send JSON tensors.",
+                "This model does not take images; send its input tensors as JSON, or as a NumPy "
+                ".npy/.npz body (binary: a fraction of JSON's size, for large inputs).",
                 status=415,
                 expected={"inputs": [s.describe() for s in specs]},
             )
