@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from pipeline.core import paths
-from pipeline.core.checkpoint import Checkpoint, sidecar_path
+from pipeline.core.checkpoint import Checkpoint, read_sidecar, sidecar_path
 from pipeline.core.errors import ExportError, PipelineError
 from pipeline.core.fileio import atomic_write, sha256_file, staging_dir, sweep_abandoned
 from pipeline.core.manifest import (
@@ -95,6 +95,26 @@ def _check_dict_names(names: tuple[str, ...], outputs: Any) -> None:
             f"The model returns a dict with keys {', '.join(map(str, keys))}, but its outputs "
             f"are named {', '.join(names)}: outputs are taken in the dict's order, so name "
             "them by its keys in that order, or leave --output out (the keys name them)."
+        )
+
+
+def _refuse_replacing(ckpt_path: Path, out_dir: Path) -> None:
+    """--weights or --random-init with --out-dir elsewhere wrote the checkpoint the export
+    beside it was made from (`<model>/export`): its verify then failed ("not the checkpoint
+    it was exported from"). Refused when that export is another folder than `out_dir`."""
+    beside = ckpt_path.parent / "export"
+    if not ckpt_path.is_file() or not beside.is_dir() or beside.resolve() == out_dir.resolve():
+        return
+    try:
+        made_from = read_manifest(beside).checkpoint.sha256
+        held = read_sidecar(ckpt_path)["weights_sha256"]
+    except PipelineError:
+        return  # not an export of this checkpoint: nothing of it to break
+    if made_from == held:
+        raise ExportError(
+            f"This would replace {ckpt_path}, the checkpoint {beside} was exported from (its "
+            "verify would then fail). Give these weights their own file with --checkpoint "
+            f"PATH (e.g. {out_dir.with_name(out_dir.name + '-checkpoint.pt')}), or export into {beside}."
         )
 
 
@@ -206,7 +226,8 @@ def export(config: ExportConfig) -> ExportResult:
     _refuse_another_file(entry.name, Path(config.out_dir or paths.export_dir(entry.name)))
     ckpt_path = Path(config.checkpoint) if config.checkpoint else paths.checkpoint_path(entry.name)
     # Not for a --checkpoint given: a mistyped path must stay an error, not random weights.
-    untrained = entry.source == "zoo" and entry.task is None and config.checkpoint is None
+    default = config.checkpoint is None or config.checkpoint_default
+    untrained = entry.source == "zoo" and entry.task is None and default
     untrained = untrained and not ckpt_path.exists()
     if untrained and config.weights is None and not config.random_init:
         # What `train` would write for a model with nothing to train: its seeded weights.
@@ -220,6 +241,7 @@ def export(config: ExportConfig) -> ExportResult:
     pending: Path | None = None
     made = not ckpt_path.parent.exists()  # removed again, if left empty, when export fails
     if config.weights is not None or config.random_init:
+        _refuse_replacing(ckpt_path, Path(config.out_dir or paths.export_dir(entry.name)))
         ckpt_path.parent.mkdir(parents=True, exist_ok=True)
         sweep_abandoned(ckpt_path.parent)
         pending = staging_dir(".checkpoint-pending-", ckpt_path.parent)

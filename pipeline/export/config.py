@@ -56,6 +56,9 @@ def _unavailable(keys: set[str]) -> set[str]:
 class ExportConfig:
     model: str = DEFAULT_MODEL
     checkpoint: Path | None = None  # default: artifacts/<model>/checkpoint.pt
+    # `checkpoint` is that default (no --checkpoint given): the CLI fills the path in with
+    # its --artifacts-dir, and a model with nothing to train may then make it.
+    checkpoint_default: bool = False
     out_dir: Path | None = None  # default: artifacts/<model>/export
     formats: tuple[str, ...] = DEFAULT_FORMATS
     method: Method = "auto"
@@ -117,6 +120,7 @@ class ExportConfig:
             random_init=args.random_init,
             seed=args.seed,
             checkpoint=args.checkpoint or paths.checkpoint_path(args.model, args.artifacts_dir),
+            checkpoint_default=args.checkpoint is None,
             out_dir=args.out_dir or paths.export_dir(args.model, args.artifacts_dir),
             formats=formats,
             pt2_device=args.pt2_device,

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,39 @@ def test_a_mistyped_checkpoint_is_still_an_error_not_random_weights(tmp_path: Pa
         export(ExportConfig(model="lstm_tagger", checkpoint=typo, out_dir=tmp_path / "e",
                             formats=("onnx",)))  # fmt: skip
     assert not typo.exists()
+
+
+def test_the_cli_exports_a_model_with_nothing_to_train_without_a_checkpoint() -> None:
+    # The CLI always filled in the default checkpoint path, which the seeded export took
+    # for a --checkpoint given: `pipeline export --model my_decision_gate` said the
+    # checkpoint does not exist, as before the fix above.
+    from pipeline.cli import build_parser
+
+    args = build_parser().parse_args(["export", "--model", "my_decision_gate"])
+    assert ExportConfig.from_args(args).checkpoint_default
+    args = build_parser().parse_args(["export", "--model", "x", "--checkpoint", "c.pt"])
+    assert not ExportConfig.from_args(args).checkpoint_default
+
+
+def test_weights_made_for_another_folder_do_not_replace_the_default_exports_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`export --out-dir X --random-init` (or --weights) wrote <model>/checkpoint.pt, the
+    checkpoint <model>/export was made from, and that export's verify then failed."""
+    from pipeline.core.errors import ExportError
+
+    monkeypatch.setenv("PIPELINE_ARTIFACTS", str(tmp_path / "artifacts"))
+    model = "gru_encoder"  # nothing to train, and weights a seed changes
+    default = ExportConfig(model=model, formats=("torchscript",), checkpoint_default=True)
+    first = export(default)
+    ckpt = tmp_path / "artifacts" / model / "checkpoint.pt"
+    kept = ckpt.read_bytes()
+    elsewhere = tmp_path / "x" / "export"
+    with pytest.raises(ExportError, match=f"This would replace {ckpt}, the checkpoint"):
+        export(replace(default, out_dir=elsewhere, random_init=True, seed=3))
+    assert ckpt.read_bytes() == kept and not elsewhere.exists()
+    own = tmp_path / "x" / "checkpoint.pt"
+    export(replace(default, out_dir=elsewhere, random_init=True, seed=3, checkpoint=own))
+    assert ckpt.read_bytes() == kept and own.is_file()
+    export(replace(default, random_init=True, seed=3))  # into the default folder: replaced
+    assert ckpt.read_bytes() != kept and first.out_dir.is_dir()
