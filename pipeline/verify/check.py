@@ -175,7 +175,8 @@ def check_cases(
                 too_large.setdefault(backend.name, (str(err), []))[1].append(label)
             except Exception as err:  # noqa: BLE001 - a crashing backend is a failed check
                 checked.rows += [
-                    Row.crashed(backend.name, label, n, err, tol.atol, tol.rtol) for n in names
+                    Row.crashed(backend.name, label, n, err, tol.atol, tol.rtol)
+                    for n in ([DETECTIONS] if detections else names)  # judged as one
                 ]
         for who, actual in answers:
             got = _by_name(actual, names)
@@ -197,8 +198,9 @@ def check_cases(
     checked.notes += [_too_large_note(n, why, ls) for n, (why, ls) in too_large.items()]
     for name, (why, labels) in too_large.items():  # nothing at all sent: not a pass
         if not any(r.backend == name for r in checked.rows):
+            first = DETECTIONS if detections else names[0]
             checked.rows.append(
-                Row.crashed(name, labels[0], names[0], TooLargeError(why), tol.atol, tol.rtol)
+                Row.crashed(name, labels[0], first, TooLargeError(why), tol.atol, tol.rtol)
             )
     if detections:
         checked.notes.append(DETECTION_RULE)

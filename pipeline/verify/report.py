@@ -91,6 +91,8 @@ class Row:
         c = self.comparison
         what = c.problem or f"max abs err {c.max_abs:.3g}, max rel err {c.max_rel:.3g}"
         kind = "" if c.passed or c.kind is Kind.TOLERANCE else f" [{c.kind}]"
+        if c.kind in (Kind.CRASHED, Kind.MISSING):  # nothing was held to a tolerance
+            return f"{self.where}: {what}{kind}"
         return f"{self.where}: {what} (atol {self.atol:g}, rtol {self.rtol:g}){kind}"
 
     def error(self) -> ParityError | None:

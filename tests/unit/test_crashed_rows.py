@@ -38,3 +38,10 @@ def test_a_grpc_error_gives_its_status_and_details() -> None:
 )
 def test_other_errors_give_their_first_line(err: BaseException, said: str) -> None:
     assert Row.crashed("b", "golden", "y", err, 1e-5, 1e-4).comparison.problem == said
+
+
+def test_a_crashed_row_quotes_no_tolerance_it_was_never_held_to() -> None:
+    # "boxes: raised TooLargeError: ... (atol 1e-05, rtol 0.0001) [crashed]" (a user's
+    # detector trial): nothing was compared, and a detector is judged as "detections".
+    said = Row.crashed("kserve/onnx", "golden", "detections", ValueError("x"), 1e-5, 1e-4)
+    assert said.describe() == "kserve/onnx / golden / detections: raised ValueError: x [crashed]"
