@@ -14,7 +14,7 @@ import torch
 
 from pipeline.core import paths
 from pipeline.core.checkpoint import Checkpoint, read_sidecar, sidecar_path
-from pipeline.core.errors import ExportError, PipelineError
+from pipeline.core.errors import ExportError, InputSpecError, PipelineError
 from pipeline.core.fileio import atomic_write, sha256_file, staging_dir, sweep_abandoned
 from pipeline.core.manifest import (
     MANIFEST_NAME,
@@ -287,8 +287,12 @@ def _export(
     golden_inputs: Inputs = entry.golden_inputs(generator)
     entry.check_inputs(golden_inputs)
     probes = entry.probe_inputs(generator, model)
-    for _, probe in probes:
-        entry.check_inputs(probe)
+    for label, probe in probes:
+        try:
+            entry.check_inputs(probe)
+        except InputSpecError as err:  # say which probe, and from which file
+            where = f" in {config.probes_file}" if config.probes_file else ""
+            raise InputSpecError(f"Probe {label!r}{where}: {err}") from None
     try:
         with torch.no_grad():
             raw_outputs = model(*golden_inputs.values())

@@ -14,7 +14,7 @@ import torch
 from pipeline.core import detections as detect
 from pipeline.core.budget import Budget
 from pipeline.core.compare import Comparison, Kind, compare_tensor
-from pipeline.core.errors import PipelineError, TooLargeError
+from pipeline.core.errors import InputSpecError, PipelineError, TooLargeError
 from pipeline.export import quality as task
 from pipeline.export.opened import ExportedModel
 from pipeline.formats import base as registry
@@ -150,7 +150,10 @@ def check_cases(
     skipped: dict[str, list[str]] = {}
     too_large: dict[str, tuple[str, list[str]]] = {}  # backend → (the refusal, its cases)
     for label, inputs, stored in cases:
-        exported.entry.check_inputs(inputs)
+        try:
+            exported.entry.check_inputs(inputs)
+        except InputSpecError as err:  # which of the cases (a --inputs file's, say)
+            raise InputSpecError(f"Inputs {label!r}: {err}") from None
         checked.inputs[label] = inputs
         try:
             expected = exported.eager(inputs)
