@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import dataclasses
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -191,6 +192,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     # budget (int8/float16 only when they keep to it), else the registry's first.
     for line in choice_lines(server, args.artifacts_dir):
         print(line)
+    from pipeline.serving.fits import oversize_lines
+
+    for line in oversize_lines(server, options.max_request_size, options.export_dir_of):
+        print(line, file=sys.stderr)
     return 0
 
 
