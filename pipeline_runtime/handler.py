@@ -338,7 +338,7 @@ class PipelineHandler(BaseHandler):
     def postprocess(self, data: list[Result]) -> list[str]:
         """Each request's answer as JSON text, measured against the frontend's response
         limit (responses.fit): TorchServe encoded dicts itself (indented, several times
-        the size) and dropped the worker for a batch past the limit."""
+        the size), and its frontend dropped the worker for an answer past the limit."""
         answers = [json.dumps(a) for a in self._answers(data)]
         for refused in responses.fit([len(a) for a in answers], responses.limit()):
             logger.warning("request %d of the batch: %s", refused.index, refused.message)

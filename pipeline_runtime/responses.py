@@ -1,13 +1,13 @@
-"""TorchServe's limit on what a worker hands back: a batch's answers within max_response_size.
+"""TorchServe's limit on what a worker hands back: each answer within max_response_size.
 
-A worker's answers to one batch travel to TorchServe's frontend as one message, and a
-message over `max_response_size` is a `TooLongFrameException` there: the frontend drops
-the worker, starts another, and the request (and every request batched with it) is
-answered 503 "workers kept dying". An answer that can never fit (a Mask R-CNN's masks
-as JSON: 30 MB for one 128×128 image) did that to every worker in a loop, while serve
-said the server was up. The handler now measures its answers first (`fit`): one that
-cannot fit alone is its request's 500, saying the size and the way out; answers that fit
-alone but not together are sent again by their clients (503).
+A worker's answers travel to TorchServe's frontend in one message, and an answer over
+`max_response_size` is a `TooLongFrameException` there (the frontend reads each answer's
+length and checks it alone): the frontend drops the worker, starts another, and the
+request (and every request batched with it) is answered 503 "workers kept dying". An
+answer that can never fit (a Mask R-CNN's masks as JSON: 30 MB for one 128x128 image) did
+that to every worker in a loop, while serve said the server was up. The handler now
+measures its answers first (`fit`): one too large is its own request's 500, saying the
+size and the way out, and the worker and the requests batched with it go on.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 # Set by `pipeline serve` (torchserve/launch.py) to the max_response_size it configured.
 MAX_RESPONSE_ENV = "PIPELINE_MAX_RESPONSE_SIZE"
-# The message's own framing around the answers: request ids, headers, content types.
-HEADROOM = 64 * 1024
+# What serve and `deploy kserve`'s config.properties give TorchServe unless told otherwise
+# (TorchServe's own default is 6,553,500): the handler's limit where no serve set one.
+DEFAULT_MAX_RESPONSE = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -28,46 +29,27 @@ class Refusal:
     message: str
 
 
-def limit() -> int | None:
-    """The frontend's max_response_size in bytes, as serve configured it (None: not said)."""
+def limit() -> int:
+    """The frontend's max_response_size in bytes, as serve configured it (else the default
+    serve and `deploy kserve` write)."""
     value = os.environ.get(MAX_RESPONSE_ENV, "")
-    return int(value) if value.isascii() and value.isdigit() and int(value) > 0 else None
+    ok = value.isascii() and value.isdigit() and int(value) > 0
+    return int(value) if ok else DEFAULT_MAX_RESPONSE
 
 
-def fit(sizes: list[int], most: int | None) -> list[Refusal]:
-    """The answers (by their encoded `sizes`) to replace by an error so that the rest fit
-    in one message of at most `most` bytes: each too large alone, then the largest of the
-    others until they fit."""
-    if most is None:
-        return []
-    budget = max(1, most - HEADROOM)
-    refused = [
+def fit(sizes: list[int], most: int) -> list[Refusal]:
+    """The answers (by their encoded `sizes`) to replace by an error: each over `most`."""
+    return [
         Refusal(
             i,
             500,
             f"The answer is {size} bytes, over this server's response limit of {most} bytes "
             "(TorchServe's max_response_size): send fewer samples per request, or restart "
-            f"`pipeline serve` with --max-response-size {_above(size + HEADROOM)} or more.",
+            f"`pipeline serve` with --max-response-size {_above(size)} or more.",
         )
         for i, size in enumerate(sizes)
-        if size > budget
+        if size > most
     ]
-    gone = {r.index for r in refused}
-    kept = sorted((i for i in range(len(sizes)) if i not in gone), key=lambda i: -sizes[i])
-    total = sum(sizes[i] for i in kept)
-    for i in kept:
-        if total <= budget:
-            break
-        total -= sizes[i]
-        refused.append(
-            Refusal(
-                i,
-                503,
-                f"The answers batched with this one came to more than this server's response "
-                f"limit of {most} bytes together; send it again (alone, its {sizes[i]} bytes fit).",
-            )
-        )
-    return refused
 
 
 def _above(size: int) -> int:

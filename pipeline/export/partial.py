@@ -121,6 +121,10 @@ def settled(
     return manifest if meta.get("weights_sha256") == manifest.checkpoint.sha256 else None
 
 
+# The torch.export formats, which --fix-axis compiles at one size (the others ignore it).
+FIX_AXIS_FORMATS = ("pt2", "pt2_int8", "pte", "pte_int8")
+
+
 def _same_settings(
     manifest: Manifest,
     formats: tuple[str, ...],
@@ -129,18 +133,20 @@ def _same_settings(
     inputs: list[TensorSpec] | None,
 ) -> bool:
     """Whether the export in `manifest` was made with these settings, as far as it records
-    them: every held format's fixed axes and ONNX opset, and the declared inputs."""
+    them: the fixed axes of each format --fix-axis applies to (the ONNX trace of a detector
+    fixes its own), the ONNX opset, and the declared inputs."""
     if inputs is not None:
         asked = [(s.name, tuple(s.shape), str(s.dtype).removeprefix("torch.")) for s in inputs]
         if asked != [(r.name, tuple(r.shape), r.dtype) for r in manifest.inputs]:
             return False
     for key in formats:
         held = manifest.artifacts.get(key)
+        fixable = key in FIX_AXIS_FORMATS
         if held is None:  # a recorded failure: --fix-axis is how one is tried again
-            if fix_axes:
+            if fix_axes and fixable:
                 return False
             continue
-        if dict(held.details.get("fixed_axes") or {}) != fix_axes:
+        if fixable and dict(held.details.get("fixed_axes") or {}) != fix_axes:
             return False
         if opset is not None and held.details.get("opset", opset) != opset:
             return False

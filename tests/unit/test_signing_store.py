@@ -282,3 +282,16 @@ def test_files_in_git_paths_are_signed_and_checked_like_any_other(
     (folder / ".git" / "config").write_text("[core]\n")
     found = signing.state(folder)
     assert found.state == signing.CHANGED and ".git/config" in found.detail, found
+
+
+def test_an_archive_renamed_from_its_model_is_refused_at_once(tmp_path: Path) -> None:
+    # TorchServe registers an archive under its MANIFEST.json modelName: serve of a.mar
+    # holding digits_lenet_onnx waited its whole start-up timeout for a model "a".
+    store = tmp_path / "store"
+    store.mkdir()
+    for name, inner in (("a", "digits_lenet_onnx"), ("digits_lenet_ts", "digits_lenet_ts")):
+        with zipfile.ZipFile(store / f"{name}.mar", "w") as zf:
+            zf.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": {"modelName": inner}}))
+    ts_store.refuse_untied(store, ["digits_lenet_ts"])  # named as its model: no policy, fine
+    with pytest.raises(ServeError, match=r"a\.mar holds the model 'digits_lenet_onnx' \(MAR-INF"):
+        ts_store.refuse_untied(store, ["a", "digits_lenet_ts"])

@@ -34,6 +34,7 @@ from pipeline.serving.capabilities import (
     Shadow,
     Versions,
 )
+from pipeline_runtime.responses import DEFAULT_MAX_RESPONSE
 
 if TYPE_CHECKING:
     from pipeline.export.opened import ExportedModel
@@ -156,8 +157,8 @@ class TorchServe(runtime.Runtime):
         group.add_argument(
             "--max-response-size",
             type=argtypes.positive_int,
-            default=16 * 1024 * 1024,
-            help="bytes a worker may answer one batch with (TorchServe's max_response_size; "
+            default=DEFAULT_MAX_RESPONSE,
+            help="bytes a worker may answer one request with (TorchServe's max_response_size; "
             "default: 16 MiB); a larger answer is its request's 500, naming its size",
         )
         shadowopts.add_arguments(group)  # --shadow, --shadow-max-rate

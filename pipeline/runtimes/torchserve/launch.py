@@ -90,7 +90,7 @@ class ServeConfig:
     grpc_management_port: int | None = None
     initial_worker_port: int | None = None
     max_request_size: int = 4 * 1024 * 1024  # bytes
-    max_response_size: int = 16 * 1024 * 1024
+    max_response_size: int = responses.DEFAULT_MAX_RESPONSE
     # None: from the machine (see worker_plan). Measured on 2 cores: two workers
     # with two threads each fell to ~9 requests/s, one thread per worker gave ~40.
     threads_per_worker: int | None = None

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pipeline_runtime.responses import DEFAULT_MAX_RESPONSE
+
 # The ports TorchServe listens on inside KServe's torchserve-kfs image.
 TS_INFERENCE_PORT = 8085
 TS_METRICS_PORT = 8082
@@ -69,6 +71,8 @@ def on_kserve(mar_name: str, *, host: str = POD_HOST, envelope: bool = False) ->
             else {"enable_envvars_config": "false"}
         ),
         "install_py_dep_per_model": "false",
+        # The handler's own limit (pipeline_runtime.responses): past it, its request's 500.
+        "max_response_size": str(DEFAULT_MAX_RESPONSE),
         "model_store": "/mnt/models/model-store",
         "model_snapshot": json.dumps(model_snapshot(mar_name), separators=(",", ":")),
     }

@@ -103,13 +103,23 @@ def aliases(server: Server) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
-def archive_version(mar: Path) -> str | None:
-    """The model version model-archiver wrote into `mar` (MAR-INF/MANIFEST.json)."""
+def _archived(mar: Path, key: str) -> str | None:
+    """`key` of the model model-archiver described in `mar` (MAR-INF/MANIFEST.json)."""
     try:
         with zipfile.ZipFile(mar) as zf:
-            return str(json.loads(zf.read("MAR-INF/MANIFEST.json"))["model"]["modelVersion"])
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+            return str(json.loads(zf.read("MAR-INF/MANIFEST.json"))["model"][key])
+    except (OSError, KeyError, TypeError, ValueError, zipfile.BadZipFile):
         return None
+
+
+def archive_model_name(mar: Path) -> str | None:
+    """The model name `mar` registers under in TorchServe."""
+    return _archived(mar, "modelName")
+
+
+def archive_version(mar: Path) -> str | None:
+    """The model version model-archiver wrote into `mar`."""
+    return _archived(mar, "modelVersion")
 
 
 def follow_defaults(store: Path, archives: Iterable[str]) -> list[str]:
@@ -190,7 +200,21 @@ def _canonical(info: ServedInfo) -> str:
 
 
 def refuse_untied(store: Path, archives: Iterable[str]) -> None:
-    """ServeError naming the `untied` archives, if any."""
+    """ServeError naming the `untied` archives, if any; and, policy or not, an archive whose
+    own model name (MAR-INF/MANIFEST.json) is not its file's: TorchServe registers it
+    under the former, and serve waited its whole start-up timeout for the latter."""
+    archives = list(archives)
+    renamed = [
+        f"{name}.mar holds the model {inner!r}"
+        for name in archives
+        if (inner := archive_model_name(Path(store) / f"{name}.mar")) not in (None, name)
+    ]
+    if renamed:
+        raise ServeError(
+            f"{'; '.join(renamed)} (MAR-INF/MANIFEST.json): TorchServe would serve it under "
+            "that name. Name the file after its model again, or archive it anew "
+            "(`pipeline archive --model MODEL`)."
+        )
     if found := untied(store, archives):
         raise ServeError(
             f"Refused under the trust policy: {'; '.join(found)}. TorchServe runs an "
