@@ -183,7 +183,7 @@ class Policy:
         its start): a key added to trust/ since does not count, one removed is revoked, and
         a trust folder deleted since trusts nobody rather than turning the checks off."""
         keys = {fp: key for fp, key in self.keys.items() if fp in pinned}
-        held = f"{len(keys)} of the {len(pinned)} key(s) `serve` started with"
+        held = f"{len(keys)} of the {len(pinned)} key(s) `serve` started with; restart it to trust one added since"
         return Policy(keys, (*(self.sources or ("no trust folder now",)), held))
 
     def name(self, fp: str | None) -> str | None:

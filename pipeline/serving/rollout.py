@@ -10,9 +10,7 @@ A rollout (the KServe runtime's, or any runtime with the versions capability):
    PCT` that share of unversioned requests, watched for `--watch` seconds: an error rate
    or p99 beyond the bounds rolls the canary back by itself. `--promote` later moves the
    rest (the bounds are judged once more first); `pipeline rollback` undoes either.
-
-A version taken out of service is dropped only once its in-flight requests finish.
-"""
+A version taken out of service is dropped only once its in-flight requests finish."""
 
 from __future__ import annotations
 
@@ -206,13 +204,15 @@ def _trusted(version_dir: Path, server: Server) -> None:
         raise RolloutRefusedError(
             f"--trust {' '.join(beyond)}: the running server's workers check versions against "
             + (
-                "the keys `pipeline serve --trust` gave it"
+                "the keys `pipeline serve --trust` gave it, not this command's; restart "
+                "`pipeline serve` with it."
                 if server.trust
-                else "the keys its store's trust/ held as `pipeline serve` started"
+                else "the keys its store's trust/ held as `pipeline serve` started, not this "
+                "command's; restart `pipeline serve` with it in trust/."
                 if str(store) in server.pins
-                else "the store's trust/ folder (read at every load: add the key there)"
+                else "the store's trust/ folder (read at every load), not this command's: add "
+                "the key there."
             )
-            + ", not this command's; restart `pipeline serve` with it."
         )
     signing.require(version_dir, server.trust, server.pins)
 
