@@ -337,11 +337,16 @@ class ParityReport:
             )
         console.print(table)
         tol = self.tolerance
-        console.print(
-            f"  tolerance: atol {tol['atol']:g}, rtol {tol['rtol']:g}"
-            + (f", atol scale {tol['atol_scale']:g}" if tol.get("atol_scale") else "")
-            + "; min atol / min rtol: the smallest that would have passed, the other held fixed"
-        )
+        if self.rows and all(r.output == DETECTIONS for r in self.rows):
+            # The detection rule's own bounds judged every row (its note says them).
+            console.print("  tolerance: the detection rule's, in the notes below")
+        else:
+            console.print(
+                f"  tolerance: atol {tol['atol']:g}, rtol {tol['rtol']:g}"
+                + (f", atol scale {tol['atol_scale']:g}" if tol.get("atol_scale") else "")
+                + "; min atol / min rtol: the smallest that would have passed, the other held "
+                "fixed"
+            )
         for line in BOUND_LEGEND:
             console.print(f"  {line}")
         if any(r.task is not None for r in self.rows):

@@ -190,3 +190,15 @@ def test_a_detection_rows_cells_are_the_rules_bounds_not_zeros(tmp_path: Path) -
     page = (tmp_path / "parity.md").read_text()
     assert "| detection rule | 75% left |  |  |  |  |  | pass |" in page, page  # no statistics
     assert not list((tmp_path / "parity_files").glob("*.png"))  # no |error| histogram
+
+
+def test_a_detectors_table_quotes_the_detection_rule_not_atol_and_rtol() -> None:
+    # Its footer said "tolerance: atol 1e-05, rtol 0.0001", bounds no detection row is
+    # held to (a user's detector trial); the rule is in the notes.
+    from pipeline.verify.report import DETECTIONS
+
+    crashed = Row.crashed("kserve/onnx", "golden", DETECTIONS, RuntimeError("x"), ATOL, RTOL)
+    lines = _table([crashed])
+    assert any("tolerance: the detection rule's, in the notes below" in ln for ln in lines)
+    assert not any("tolerance: atol" in ln for ln in lines)
+    assert any("tolerance: atol" in ln for ln in _table([_row(torch.zeros(3))]))
