@@ -181,9 +181,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         )
     with _terminated_as_exit():  # a SIGTERM (CI's timeout) mid-start stops what it started
         server = rt.serve(options)
-    if getattr(args, "argv", None):  # a hint that restarts it repeats its options
-        server = dataclasses.replace(server, command=args.argv)
-        server.record()
+    # Its store, for rollout, rollback and status run without --store (every runtime).
+    extras = {**server.extras, "store": str(Path(options.store).resolve())}
+    # A hint that restarts it repeats its options.
+    command = args.argv if getattr(args, "argv", None) else server.command
+    server = dataclasses.replace(server, extras=extras, command=command)
+    server.record()
     for line in rt.describe(server):
         print(line)
     from pipeline.serving.served import choice_lines

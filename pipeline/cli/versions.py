@@ -15,8 +15,26 @@ from pipeline.core.paths import DEFAULT_STORE
 log = logging.getLogger("pipeline")
 
 
-def _store_arg(p: argparse.ArgumentParser) -> None:
+def _store_arg(p: argparse.ArgumentParser, running: bool = False) -> None:
+    if running:  # the running server's own store unless told otherwise
+        p.add_argument("--store", type=Path, help="default: the running server's, else model_store")
+        return
     p.add_argument("--store", type=Path, default=DEFAULT_STORE, help="default: model_store")
+
+
+def _store(args: argparse.Namespace) -> Path:
+    """--store, else the store the server in the run folder was started with (recorded by
+    serve), else model_store: a server started with --store refused a rollout that did not
+    repeat it."""
+    if args.store is not None:
+        return Path(args.store)
+    from pipeline.serving.server import ServeError, Server
+
+    try:
+        recorded = Server.load(serve_run_dir(args)).extras.get("store")
+    except (ServeError, OSError, ValueError):
+        recorded = None
+    return Path(recorded) if recorded else DEFAULT_STORE
 
 
 def add_version_commands(sub: argparse._SubParsersAction) -> None:
@@ -99,7 +117,7 @@ def add_version_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--timeout", type=float, default=180.0, help="seconds for the workers to load a version"
     )
-    _store_arg(p)
+    _store_arg(p, running=True)
     run_dir_arg(p)
     p.set_defaults(func=_cmd_rollout)
 
@@ -112,7 +130,7 @@ def add_version_commands(sub: argparse._SubParsersAction) -> None:
         "back. With no server running only the pointer moves.",
     )
     model_arg(p)
-    _store_arg(p)
+    _store_arg(p, running=True)
     run_dir_arg(p)
     p.set_defaults(func=_cmd_rollback)
 
@@ -128,7 +146,7 @@ def add_version_commands(sub: argparse._SubParsersAction) -> None:
         "a served model is not ready; 0 otherwise (also "
         "when no server runs from the run dir).",
     )
-    _store_arg(p)
+    _store_arg(p, running=True)
     p.add_argument("--json", action="store_true", help="print JSON")
     run_dir_arg(p)
     p.set_defaults(func=_cmd_status)
@@ -183,7 +201,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
             model=args.model,
             run_dir=serve_run_dir(args),
             version=args.version,
-            store=args.store,
+            store=_store(args),
             canary=args.canary,
             promote=args.promote,
             watch_s=args.watch,
@@ -198,14 +216,14 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 def _cmd_rollback(args: argparse.Namespace) -> int:
     from pipeline.serving.rollout import rollback
 
-    rollback(args.model, serve_run_dir(args), args.store, say=print)
+    rollback(args.model, serve_run_dir(args), _store(args), say=print)
     return 0
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
     from pipeline.serving.status import status, status_lines, troubled
 
-    found = status(serve_run_dir(args), args.store)
+    found = status(serve_run_dir(args), _store(args))
     if args.json:
         print(json.dumps(found, indent=2))
     else:

@@ -218,6 +218,8 @@ def test_a_version_published_signed_rolls_out_and_serves(
     served: Server, store: Path, key: Path
 ) -> None:
     _reset(served, store)
+    # serve recorded its store: rollout, rollback and status without --store use it.
+    assert served.extras["store"] == str(store.resolve())
     v2 = versions.get(MODEL, 2, store)
     signed = versions.publish(
         MODEL, v2.dir, v2.dir / versions.REPORT, v2.checkpoint, store, sign=key

@@ -358,3 +358,30 @@ def test_a_device_index_is_ascii_digits() -> None:
     for device in ("cuda:²", "cuda:", "cuda:-1", "gpu"):  # "²" passed isdigit(), failed int()
         with pytest.raises(ArtifactError, match="use auto, cpu, cuda or cuda:N"):
             check_device(device)
+
+
+def test_rollout_and_status_take_the_running_servers_store_when_none_is_given(
+    tmp_path: Path,
+) -> None:
+    # `serve --store S` then `rollout` without --store was refused ("--store model_store
+    # is another one") and `status` showed no store: they now read the server's record.
+    from pipeline.cli import build_parser
+    from pipeline.cli.versions import _store
+    from pipeline.core.paths import DEFAULT_STORE
+    from pipeline.serving.server import Server
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    parser = build_parser()
+    for argv in (["status"], ["rollback", "--model", "m"], ["rollout", "--model", "m"]):
+        args = parser.parse_args([*argv, "--run-dir", str(run_dir)])
+        assert _store(args) == DEFAULT_STORE  # no server recorded there
+    Server(
+        runtime="kserve", pid=0, run_dir=str(run_dir), inference_url="", metrics_url="",
+        models=["m"], extras={"store": str(tmp_path / "mine")},
+    ).record()  # fmt: skip
+    for argv in (["status"], ["rollback", "--model", "m"], ["rollout", "--model", "m"]):
+        args = parser.parse_args([*argv, "--run-dir", str(run_dir)])
+        assert _store(args) == tmp_path / "mine", argv
+        given = parser.parse_args([*argv, "--run-dir", str(run_dir), "--store", "other"])
+        assert _store(given) == Path("other")
