@@ -1,12 +1,10 @@
 """ONNX export with a dynamic batch axis and a deliberately chosen opset.
 
-The `torch.export`-based exporter (`dynamo=True`) runs first. It cannot follow
-data-dependent Python control flow; for zoo models with a torch.cond
-formulation it exports that instead (ONNX `If`/`Scan`). Only models with no
-such formulation fall back to the TorchScript-based exporter (`dynamo=False`)
-on the *scripted* module, which turns `prim::If`/`prim::Loop` into ONNX
-`If`/`Loop` (it warns that it is deprecated).
-"""
+The `torch.export`-based exporter (`dynamo=True`) runs first. It cannot follow data-dependent
+Python control flow; for zoo models with a torch.cond formulation it exports that instead
+(ONNX `If`/`Scan`). Only models with no such formulation fall back to the TorchScript-based
+exporter (`dynamo=False`) on the *scripted* module, which turns `prim::If`/`prim::Loop`
+into ONNX `If`/`Loop` (it warns that it is deprecated)."""
 
 from __future__ import annotations
 
@@ -24,6 +22,7 @@ from pipeline.core.errors import ExportError, ExportRequestError
 from pipeline.core.noise import library_warnings
 from pipeline.formats.base import DEFAULT_OPSET, ExportContext, Format, register
 from pipeline.formats.explain import explain
+from pipeline.formats.onnxssa import make_ssa
 from pipeline.formats.program import captured_output, dynamic_shapes, op_lines, quiet
 from pipeline.zoo.spec import Inputs, ZooEntry
 from pipeline_runtime import formats, jitgate
@@ -75,6 +74,7 @@ def _export_dynamo(
     if program is None:  # pragma: no cover - dynamo=True always returns a program
         raise ExportError("torch.onnx.export returned no program")
     program.save(str(path))
+    make_ssa(path)  # an output named like a module: two values of that name (onnxssa.py)
 
 
 def _export_legacy(
