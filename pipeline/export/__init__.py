@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from pipeline.core import paths
-from pipeline.core.checkpoint import Checkpoint, read_sidecar, sidecar_path
-from pipeline.core.errors import ExportError, InputSpecError, PipelineError
+from pipeline.core.checkpoint import Checkpoint, sidecar_path
+from pipeline.core.errors import ExportError, InputSpecError
 from pipeline.core.fileio import atomic_write, sha256_file, staging_dir, sweep_abandoned
 from pipeline.core.manifest import (
     MANIFEST_NAME,
@@ -25,9 +25,9 @@ from pipeline.core.manifest import (
     Serving,
     TensorRecord,
     Tolerance,
-    read_manifest,
     tool_versions,
 )
+from pipeline.export import guards
 from pipeline.export.calibration import Calibration, calibration_for, load_file
 from pipeline.export.config import (
     DEFAULT_FORMATS as DEFAULT_FORMATS,
@@ -96,54 +96,6 @@ def _check_dict_names(names: tuple[str, ...], outputs: Any) -> None:
             f"are named {', '.join(names)}: outputs are taken in the dict's order, so name "
             "them by its keys in that order, or leave --output out (the keys name them)."
         )
-
-
-def _refuse_replacing(ckpt_path: Path, out_dir: Path) -> None:
-    """--weights or --random-init with --out-dir elsewhere wrote the checkpoint the export
-    beside it was made from (`<model>/export`): its verify then failed ("not the checkpoint
-    it was exported from"). Refused when that export is another folder than `out_dir`."""
-    beside = ckpt_path.parent / "export"
-    if not ckpt_path.is_file() or not beside.is_dir() or beside.resolve() == out_dir.resolve():
-        return
-    try:
-        made_from = read_manifest(beside).checkpoint.sha256
-        held = read_sidecar(ckpt_path)["weights_sha256"]
-    except PipelineError:
-        return  # not an export of this checkpoint: nothing of it to break
-    if made_from == held:
-        raise ExportError(
-            f"This would replace {ckpt_path}, the checkpoint {beside} was exported from (its "
-            "verify would then fail). Give these weights their own file with --checkpoint "
-            f"PATH (e.g. {out_dir.with_name(out_dir.name + '-checkpoint.pt')}), or export into {beside}."
-        )
-
-
-def _refuse_another_file(model: str, out_dir: Path) -> None:
-    """`a/net.py:Net` and `b/net.py:Net` share the folder net_Net: the second export
-    replaced the first's export and checkpoint without a word. Refused, naming both."""
-    mine = _model_file(model)
-    try:
-        held = read_manifest(out_dir) if mine and (out_dir / MANIFEST_NAME).is_file() else None
-    except PipelineError:
-        return  # an unreadable export is replaced, as before
-    # Its file still there and another: two models (a file moved since is the same one).
-    if (
-        held is not None
-        and held.model.file
-        and held.model.file != mine
-        and (Path(held.model.file).is_file())
-    ):
-        raise ExportError(
-            f"{out_dir} holds the export of {held.model.file} ({held.model.name}), another "
-            f"file than {mine}: both are named {paths.model_dir(model).name}. Export this "
-            "one with --out-dir and --checkpoint elsewhere (or rename its file)."
-        )
-
-
-def _model_file(name: str) -> str | None:
-    """The absolute path of a `file.py:Class` model, so verify works from any directory."""
-    where = name.rpartition(":")[0]
-    return str(Path(where).resolve()) if where.endswith(".py") else None
 
 
 def _write_artifacts(
@@ -223,7 +175,8 @@ def export(config: ExportConfig) -> ExportResult:
     # A --calibration file that does not fit the inputs is refused before anything is
     # written (a checkpoint included), whichever formats were asked for.
     calibration = load_file(config.calibration, entry) if config.calibration else None
-    _refuse_another_file(entry.name, Path(config.out_dir or paths.export_dir(entry.name)))
+    guards.refuse_another_file(entry.name, Path(config.out_dir or paths.export_dir(entry.name)))
+    guards.warn_unbounded(entry)  # token ids with no range: the servers cannot refuse bad ones
     ckpt_path = Path(config.checkpoint) if config.checkpoint else paths.checkpoint_path(entry.name)
     # Not for a --checkpoint given: a mistyped path must stay an error, not random weights.
     default = config.checkpoint is None or config.checkpoint_default
@@ -241,7 +194,7 @@ def export(config: ExportConfig) -> ExportResult:
     pending: Path | None = None
     made = not ckpt_path.parent.exists()  # removed again, if left empty, when export fails
     if config.weights is not None or config.random_init:
-        _refuse_replacing(ckpt_path, Path(config.out_dir or paths.export_dir(entry.name)))
+        guards.refuse_replacing(ckpt_path, Path(config.out_dir or paths.export_dir(entry.name)))
         ckpt_path.parent.mkdir(parents=True, exist_ok=True)
         sweep_abandoned(ckpt_path.parent)
         pending = staging_dir(".checkpoint-pending-", ckpt_path.parent)
@@ -363,7 +316,7 @@ def _export(
                 kwargs=checkpoint.model_kwargs,
                 task=entry.task,
                 source=entry.source,
-                file=_model_file(entry.name),
+                file=guards.model_file(entry.name),
                 init=checkpoint.meta.get("init", "trained"),
                 init_note=str(checkpoint.meta.get("init_note", "")),
             ),

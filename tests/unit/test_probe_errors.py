@@ -44,3 +44,25 @@ def test_a_probe_of_another_shape_is_named_with_its_file(tmp_path: Path) -> None
     assert str(err.value) == (
         f"Probe 'wide' in {probes}: Input 'x' must have shape (batch, 4), got (2, 5)."
     )
+
+
+def test_token_ids_with_no_declared_range_are_warned_of_at_export(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`--input ids:int64:batch,seq` (no range): the servers passed any id to the model; a
+    served .pt2 aborted its worker on one past the vocabulary, three a minute stopped the
+    KServe runtime, and export said nothing (a user's trial)."""
+    from pipeline.export.guards import warn_unbounded
+    from pipeline.zoo import resolve_entry
+    from pipeline.zoo.user import parse_input
+
+    (tmp_path / "net.py").write_text(SOURCE)
+    model = f"{tmp_path / 'net.py'}:Net"
+    for declared, warned in (("ids:int64:batch,seq", True), ("ids:int64:batch,seq:0:50", False)):
+        caplog.clear()
+        warn_unbounded(resolve_entry(model, inputs=[parse_input(declared)]))
+        said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(said) == int(warned), (declared, said)
+    warn_unbounded(resolve_entry(model, inputs=[parse_input("ids:int64:batch,seq")]))
+    assert "input 'ids' (int64) has no declared range" in caplog.text
+    assert "--input ids:...:0:VOCAB" in caplog.text
