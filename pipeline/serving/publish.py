@@ -11,6 +11,7 @@ from pathlib import Path
 from pipeline.core import paths
 from pipeline.core.errors import PipelineError
 from pipeline.core.manifest import read_manifest
+from pipeline.formats import base as registry
 from pipeline.serving import versions
 
 
@@ -41,6 +42,18 @@ def report_vouches(report: Path, export_dir: Path) -> str | None:
         return f"{report} is older than the export"
     if not data.get("passed"):
         return f"{report} records a failed verify"
+    # Every format the export holds, checked: a `verify --backend torchscript` report
+    # vouched for the .pt2 beside it, which nothing had run.
+    ran = {str(row.get("backend")) for row in data.get("rows", []) if isinstance(row, dict)}
+    manifest = read_manifest(export_dir)
+    held = [
+        f
+        for f in registry.all_formats()
+        if f.key in manifest.artifacts and f.key not in manifest.failed
+    ]
+    unchecked = [f.key for f in held if f.backend not in ran]
+    if unchecked:
+        return f"{report} did not check {', '.join(unchecked)}"
     return None
 
 

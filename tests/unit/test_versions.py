@@ -48,17 +48,43 @@ def test_the_pointer_moves_forward_and_back_through_its_history(tmp_path: Path) 
 def test_a_report_vouches_only_for_a_passing_check_of_this_export_written_after_it(
     tmp_path: Path,
 ) -> None:
+    from pipeline_runtime.manifest import (
+        ArtifactRecord,
+        CheckpointRef,
+        Manifest,
+        ModelRecord,
+        TensorRecord,
+        Tolerance,
+    )
+
     export_dir = tmp_path / "export"
     export_dir.mkdir()
-    (export_dir / "manifest.json").write_text("{}")
+    held = {
+        "torchscript": ArtifactRecord("model.torchscript.pt", "script", "0" * 64),
+        "pt2": ArtifactRecord("model.pt2", "aotinductor", "1" * 64),
+    }
+    manifest = Manifest(
+        model=ModelRecord("m"),
+        inputs=(TensorRecord("x", ("batch", 4), "float32"),),
+        outputs=(TensorRecord("y", ("batch", 2), "float32"),),
+        tolerance=Tolerance(1e-5, 1e-4),
+        checkpoint=CheckpointRef("../checkpoint.pt", "0" * 64),
+        artifacts=held,
+    )
+    (export_dir / "manifest.json").write_text(manifest.dumps())
     report = tmp_path / "parity.json"
     assert "no verify report" in report_vouches(report, export_dir)
     report.write_text(json.dumps({"export_dir": str(export_dir), "passed": False}))
     assert "failed verify" in report_vouches(report, export_dir)
     report.write_text(json.dumps({"export_dir": str(tmp_path / "other"), "passed": True}))
     assert "not" in report_vouches(report, export_dir)
-    report.write_text(json.dumps({"export_dir": str(export_dir), "passed": True}))
+    rows = [{"backend": "torchscript"}, {"backend": "pt2"}]
+    report.write_text(json.dumps({"export_dir": str(export_dir), "passed": True, "rows": rows}))
     assert report_vouches(report, export_dir) is None
+    # `verify --backend torchscript` passed: it vouched for the .pt2 nothing had run.
+    one = {"export_dir": str(export_dir), "passed": True, "rows": rows[:1]}
+    report.write_text(json.dumps(one))
+    assert report_vouches(report, export_dir) == f"{report} did not check pt2"
     later = report.stat().st_mtime + 10
     os.utime(export_dir / "manifest.json", (later, later))
     assert "older than the export" in report_vouches(report, export_dir)
