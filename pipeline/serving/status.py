@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from pipeline.core import signing
+from pipeline.core import paths, signing
 from pipeline.serving import runtime, versions
 from pipeline.serving.server import ServeError, Server
 
@@ -82,13 +82,7 @@ def status(run_dir: Path, store: Path) -> dict[str, Any]:
             # the main one alone running is no server to a client.
             "exited": {role: pid for role, pid in server.pids.items() if pid not in alive},
         }
-    if Path(store).is_dir():
-        for folder in sorted(Path(store).iterdir()):
-            pointer = folder / versions.POINTER
-            if folder.is_dir() and (
-                pointer.is_file() or any(versions.versions(folder.name, store))
-            ):
-                models.add(folder.name)
+    models |= stored_models(store, models)
     # The policy the server's workers check with: this command's --trust, else the keys
     # `serve --trust` gave the running server (status said "no trust policy" under one).
     trust = signing.given_keys() or (server.trust if server is not None else [])
@@ -97,6 +91,21 @@ def status(run_dir: Path, store: Path) -> dict[str, Any]:
         if held["versions"]:
             out["store"][model] = held
     return out
+
+
+def stored_models(store: Path, served: set[str]) -> set[str]:
+    """The models `store` holds versions of that are not among `served` (a served model's
+    folder is its name's slug, mine/clf.py:Clf → clf_Clf: it was listed twice)."""
+    if not Path(store).is_dir():
+        return set()
+    slugs = {paths.model_slug(m) for m in served}
+    return {
+        folder.name
+        for folder in Path(store).iterdir()
+        if folder.is_dir()
+        and folder.name not in slugs
+        and ((folder / versions.POINTER).is_file() or any(versions.versions(folder.name, store)))
+    }
 
 
 def _readiness(server: Server, rt: Any, name: str) -> tuple[bool, str] | None:

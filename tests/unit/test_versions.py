@@ -411,3 +411,18 @@ def test_rollout_and_status_take_the_running_servers_store_when_none_is_given(
         assert _store(args) == tmp_path / "mine", argv
         given = parser.parse_args([*argv, "--run-dir", str(run_dir), "--store", "other"])
         assert _store(given) == Path("other")
+
+
+def test_a_served_user_model_is_listed_once_with_its_store_folder(tmp_path: Path) -> None:
+    # status listed "mine/textclf.py:TextClassifier" (served) and "textclf_TextClassifier"
+    # (its store folder) as two models (a user's trial).
+    from pipeline.serving.status import stored_models
+
+    store = tmp_path / "store"
+    for name in ("textclf_TextClassifier", "other"):
+        (store / name).mkdir(parents=True)
+        versions.write_pointer(name, versions.Pointer(1, []), store)
+    (store / "trust").mkdir()  # not a model
+    assert stored_models(store, {"mine/textclf.py:TextClassifier"}) == {"other"}
+    assert stored_models(store, set()) == {"other", "textclf_TextClassifier"}
+    assert stored_models(tmp_path / "none", set()) == set()
