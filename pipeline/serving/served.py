@@ -237,11 +237,19 @@ def stale(
     model = manifest.model.name
     published = _published_as(info, server)
     if published is not None:  # a restart serves that store's default again: no way out
+        # Already a version (a rollback left it): roll it out, not a duplicate published.
+        twin = versions.holding(model, export_dir, published.dir.parent.parent)
+        way = (
+            f"`pipeline rollout --model {model} --version {twin.number}` (version "
+            f"{twin.number} holds this export)"
+            if twin is not None
+            else "`pipeline publish` this export and `pipeline rollout` it"
+        )
         return (
             f"The server answers {model} ({name}) from version {published.number} of its store "
             f"({published.dir}), not from {export_dir} ({older}; served: {origin}; this "
             f"export: {this}): check what it serves with --export-dir {published.dir}, or "
-            "`pipeline publish` this export and `pipeline rollout` it."
+            f"{way}."
         )
     runtime = server.runtime if server is not None else runtime
     fix = f"`{runtimes.get(runtime or runtimes.default()).fix_command(model, server, export_dir)}`"

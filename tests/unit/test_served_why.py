@@ -96,3 +96,30 @@ def test_a_server_on_a_published_version_is_not_told_to_restart(tmp_path: Path) 
     server = replace(server, command=["serve", "--runtime", "kserve", "--export-dir", "/old"])
     said = stale("digits_lenet", info, mine, tmp_path / "export", server=server)
     assert said and "of its store" not in said and "pipeline stop" in said, said
+
+
+def test_an_export_already_published_is_rolled_out_not_published_again(tmp_path: Path) -> None:
+    # After a rollback to version 1, the working export (version 2 already) was told to
+    # `pipeline publish` it again, which makes a duplicate version (a user's trial).
+    import json
+
+    from pipeline.serving.served import stale
+    from pipeline.serving.server import Server
+
+    store = tmp_path / "store"
+    for number, sha, when in ((1, "a", "2026-11-28"), (2, "b", "2026-11-29")):
+        folder = store / "digits_lenet" / str(number)
+        _manifest_with(folder, sha * 64, f"{when}T00:00:00+00:00")
+        (folder / "publish.json").write_text(
+            json.dumps({"model": "digits_lenet", "version": number})
+        )
+    mine = _manifest_with(tmp_path / "export", "b" * 64, "2026-11-29T00:00:00+00:00")
+    info = ServedInfo("digits_lenet", "onnx", sha256="a" * 64, exported="2026-11-28T00:00:00+00:00")
+    server = Server(
+        runtime="kserve", pid=0, run_dir=str(tmp_path / "run"), inference_url="",
+        metrics_url="", models=["digits_lenet"], served={"digits_lenet": info},
+        extras={"store": str(store)},
+    )  # fmt: skip
+    said = stale("digits_lenet", info, mine, tmp_path / "export", server=server)
+    assert said and "`pipeline rollout --model digits_lenet --version 2` (version 2 holds" in said
+    assert "`pipeline publish`" not in said, said
