@@ -7,6 +7,8 @@ ingress (which said "invalid literal for int()" of a bad length header).
 
 from __future__ import annotations
 
+import re
+
 import orjson
 
 from pipeline_runtime import oip
@@ -34,14 +36,35 @@ def parse(body: bytes, length: bytes | str | None) -> oip.Request:
     except orjson.JSONDecodeError as err:
         if length is not None and split < len(body) and _is_json(body):
             raise BodyError(_stale_length(split, len(body))) from None
-        hint = (
-            "" if length is not None else f" (binary tensors need the {oip.HEADER_LENGTH} header)"
-        )
-        raise BodyError(f"The body is not JSON{hint}: {err}") from None
+        raise BodyError(_not_json(body[:split], err, length is not None)) from None
     try:
         return oip.Request.from_json(parsed, body[split:])
     except (oip.OipError, RecursionError) as err:
         raise BodyError(f"Malformed request: {err}") from None
+
+
+def _not_json(text: bytes, err: orjson.JSONDecodeError, binary: bool) -> str:
+    """Why `text` is not the request's JSON, as a client can act on it: a NaN or Infinity
+    literal (or 1e400) was "the body is not JSON (binary tensors need the ... header):
+    number is infinity when parsed as double", and random bytes got the parser's "str is
+    not valid UTF-8: surrogates not allowed" (a user's trial)."""
+    if text.lstrip()[:1] in (b"{", b"["):  # JSON, broken: no binary hint
+        said = str(err)
+        if "infinity" in said or _NON_FINITE.search(text):
+            return (
+                "The body is not JSON: it holds NaN, Infinity or a number past float64's "
+                "range, which JSON cannot carry; send finite values"
+            )
+        return f"The body is not JSON: {said}"
+    if binary:
+        return f"The body is not JSON: {err}"
+    return (
+        f"The body is not JSON (binary tensors need the {oip.HEADER_LENGTH} header): it "
+        f"starts with {text[:8]!r}; the Open Inference Protocol over REST takes a JSON request"
+    )
+
+
+_NON_FINITE = re.compile(rb"[:\[,]\s*-?(NaN|Infinity)\b")
 
 
 def _is_json(body: bytes) -> bool:

@@ -46,7 +46,11 @@ def test_a_body_with_the_length_header_is_binary_and_read_in_place() -> None:
     [
         (b"", {}, "has no body"),
         (b"\x00\x01binary", {}, "binary tensors need the Inference-Header-Content-Length"),
-        (b'{"inputs": [', {}, "The body is not JSON"),
+        (b'{"inputs": [', {}, "The body is not JSON: unexpected end of data"),
+        # The JSON parser's own words were misleading for these (a user's trial):
+        (b'{"inputs": [{"data": [NaN]}]}', {}, "holds NaN, Infinity or a number past float64"),
+        (b'{"inputs": [{"data": [1e400]}]}', {}, "holds NaN, Infinity or a number past float64"),
+        (b"\xff\xfe\x00garbage", {}, "takes a JSON request"),
         (b'{"inputs": 3}', {}, "Malformed request"),
         (b"{}", {b"inference-header-content-length": b"abc"}, "is not a number"),
         (b"{}", {b"inference-header-content-length": b"9"}, "is 9; the body has 2 bytes"),
