@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -323,6 +324,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.setLevel(logging.DEBUG if args.verbose else logging.INFO)
     # Libraries' messages about their environment (pipeline/core/noise.py) only with -v.
     quiet_libraries(args.verbose)
+    # --artifacts-dir as the default of every lookup the command makes, and of the processes
+    # it starts: bench's fastest.json was read from ./artifacts by serve --runtime kserve
+    # and loadtest --serve, which took no artifacts folder of their own (a user's trial).
+    before = os.environ.get(paths.ARTIFACTS_ENV)
+    if getattr(args, "artifacts_dir", None) is not None:
+        os.environ[paths.ARTIFACTS_ENV] = str(Path(args.artifacts_dir).resolve())
     try:
         use_trust(args)
         return int(args.func(args))
@@ -335,3 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `pipeline ... | head`: the reader left; not an error
         sys.stderr.close()
         return 0
+    finally:  # main() called in-process (tests, scripts): the caller's environment again
+        if before is None:
+            os.environ.pop(paths.ARTIFACTS_ENV, None)
+        else:
+            os.environ[paths.ARTIFACTS_ENV] = before

@@ -22,10 +22,13 @@ DEFAULT_ARTIFACTS = Path("artifacts")
 DEFAULT_STORE = Path("model_store")
 
 
+ARTIFACTS_ENV = "PIPELINE_ARTIFACTS"  # the CLI sets it from --artifacts-dir, for its children
+
+
 def artifacts_root(override: Path | None = None) -> Path:
     if override is not None:
         return Path(override)
-    return Path(os.environ.get("PIPELINE_ARTIFACTS", DEFAULT_ARTIFACTS))
+    return Path(os.environ.get(ARTIFACTS_ENV, DEFAULT_ARTIFACTS))
 
 
 def is_external(name: str) -> bool:
