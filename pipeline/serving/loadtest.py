@@ -319,7 +319,14 @@ async def _run(
 
 
 def _refuse_kills(config: LoadConfig, rt: runtime.Runtime) -> None:
-    """A kill `rt` does not offer, refused before the run with what it does instead."""
+    """A kill `rt` does not offer (or an encoding it does not read), refused before the
+    run with what it does instead."""
+    readable = rt.protocol.encodings
+    unread = [e for e in config.encodings if readable is not None and e not in readable]
+    if unread:
+        raise LoadTestError(
+            f"{rt.title} reads the encodings {', '.join(readable or ())}, not {', '.join(unread)}."
+        )
     if config.kill_worker_after is not None and not rt.replaces_workers:
         # A cluster runtime replaces a killed replica itself: say so (its own wording).
         why = (
@@ -353,12 +360,6 @@ def run(
         )
     rt = runtime.of(server)
     _refuse_kills(config, rt)
-    readable = rt.protocol.encodings
-    unread = [e for e in config.encodings if readable is not None and e not in readable]
-    if unread:
-        raise LoadTestError(
-            f"{rt.title} reads the encodings {', '.join(readable or ())}, not {', '.join(unread)}."
-        )
     exported = exported or open_export(config.export_dir)
     name = config.served or client.resolve_model(server, exported.name, config.format)
     # Every answer would be checked against another model's outputs: say why, not "wrong".
@@ -385,6 +386,8 @@ def run_served(
     if not private:
         return run(config, say=say)
     rt = runtime.get(config.runtime or runtime.default())
+    config.validate()  # before a server is started for it: --requests 0 took 8 s to refuse
+    _refuse_kills(config, rt)
     exported = open_export(config.export_dir)
     fmt = config.format or served.export_format(exported.manifest)
     say(f"starting a private server ({rt.title}) for {exported.name} ({fmt}) ...")

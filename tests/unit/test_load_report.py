@@ -90,6 +90,14 @@ def test_the_runs_start_is_said_only_once_its_options_and_server_are_checked(
     bad = LoadConfig(export_dir=tmp_path, requests=10, kill_worker_after=50, run_dir=tmp_path)
     with pytest.raises(LoadTestError, match="--kill-worker-after"):
         run_served(bad, say=said.append)
+    # --serve: refused before a private server is started for the run (it took 8-25 s).
+    for bad, said_as in (({"requests": 0}, "--requests"), ({"kill_node_after": 5}, "cluster")):
+        with pytest.raises(LoadTestError, match=said_as):
+            run_served(
+                LoadConfig(**{"export_dir": tmp_path, "requests": 10, "runtime": "kserve", **bad}),
+                private=True,
+                say=said.append,
+            )
     with pytest.raises(ServeError, match="No server is running"):
         run_served(LoadConfig(export_dir=tmp_path, requests=10, run_dir=tmp_path), say=said.append)
     assert said == []
