@@ -7,7 +7,7 @@ its fastest verified backend at batch 1 and the registry format that backend
 runs, which is what `pipeline archive` reads to package one format:
 
     {"digits_lenet": {"backend": "onnxruntime", "format": "onnx", "median_ms": 0.04,
-                      "batch": 1, "ranking": ["onnxruntime", "cpp", ...],
+                      "batch": 1, "ranking": ["onnxruntime", "torchscript", ...],
                       "precision": "float32",
                       "candidates": [{"backend": "onnxruntime", "format": "onnx",
                                       "precision": "float32", "median_ms": 0.04}, ...],
@@ -38,6 +38,7 @@ from typing import Any
 
 from pipeline.core import paths
 from pipeline.core.fileio import write_json
+from pipeline.formats import base as registry
 from pipeline.formats.base import FLOAT32, precision_of, served_keys
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,10 @@ BATCH = 1  # ranked at batch 1: one request's latency, what a served model answe
 
 def fastest_of(cells: list[dict[str, Any]], *, exclude_suffix: str = "") -> dict[str, Any] | None:
     """The fastest verified backend at batch 1 among one model's CELLS (bench.json rows), or
-    None when none was verified. Backends ending in `exclude_suffix` are not candidates, nor
-    on-device formats (.pte), which no server runs."""
+    None when none was verified. Candidates are the backends the servers run, each format's
+    own (`onnxruntime` for onnx): not eager, a frozen TorchScript or an opset-20 conversion
+    (fastest.json named "onnxruntime (opset 20)", which no server runs), nor backends
+    ending in `exclude_suffix`, nor on-device formats (.pte)."""
     served = served_keys()
     ranked = sorted(
         (
@@ -58,6 +61,7 @@ def fastest_of(cells: list[dict[str, Any]], *, exclude_suffix: str = "") -> dict
             if c["batch"] == BATCH
             and c.get("verified")
             and c.get("format") in served
+            and c["backend"] == registry.get(c["format"]).backend
             and not (exclude_suffix and c["backend"].endswith(exclude_suffix))
         ),
         key=lambda c: c["median_ms"],

@@ -421,6 +421,7 @@ def test_fastest_is_the_quickest_verified_backend_at_batch_1_with_its_format() -
         _ranked("onnxruntime (1 thread)", 0.2, "onnx"),  # a served worker's twin
         _ranked("pt2", 0.05, "pt2", batch=32),  # ranked at batch 1 only
         _ranked("torchscript_frozen", 0.4, "torchscript"),
+        _ranked("onnxruntime (opset 20)", 0.25, "onnx"),
     ]
     best = fastest_of(rows, exclude_suffix=" (1 thread)")
     assert best is not None
@@ -430,7 +431,9 @@ def test_fastest_is_the_quickest_verified_backend_at_batch_1_with_its_format() -
         "format": "onnx",
         "median_ms": 0.3,
         "batch": 1,
-        "ranking": ["onnxruntime", "torchscript_frozen", "eager"],
+        # The servers' own runners only: eager, frozen TorchScript and an opset-20 copy
+        # are no artifact a server runs (fastest.json named "onnxruntime (opset 20)").
+        "ranking": ["onnxruntime"],
     }
     assert best["measured"].endswith("+00:00")  # ISO 8601, UTC
     # What serve needs to say why, and to choose again within a stricter accuracy budget.
