@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.core import paths
+from pipeline.core import argtypes, paths
 
 if TYPE_CHECKING:
     import torch
@@ -61,10 +61,19 @@ def add_cpp_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--model", action="append", required=True, help="an exported model; repeat for several"
     )
-    p.add_argument("--threads", type=int, default=1, help="intra-op threads for both (default: 1)")
+    p.add_argument(
+        "--threads", type=argtypes.positive_int, default=1, help="intra-op threads (default: 1)"
+    )
     p.add_argument("--warmup", type=int, default=20, help="default: 20")
-    p.add_argument("--repeat", type=int, default=200, help="timed runs per round (default: 200)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: 3)")
+    p.add_argument(
+        "--repeat",
+        type=argtypes.positive_int,
+        default=200,
+        help="timed runs per round (default: 200)",
+    )
+    p.add_argument(
+        "--rounds", type=argtypes.positive_int, default=3, help="interleaved rounds (default: 3)"
+    )
     p.add_argument("--json", type=Path, help="also write the results as JSON")
     p.add_argument(
         "--cpp-build-dir",
@@ -110,25 +119,32 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
         action="append",
         help=f"model(s) to measure served, by every --runtime (default: {' '.join(SERVED_MODELS)}; 'none' for none)",
     )
-    p.add_argument("--batch", type=int, action="append", help="batch sizes (default: 1 and 32)")
     p.add_argument(
-        "--threads", type=int, help="in-process intra-op threads (default: physical cores)"
+        "--batch",
+        type=argtypes.positive_int,
+        action="append",
+        help="batch sizes (default: 1 and 32)",
+    )
+    p.add_argument(
+        "--threads",
+        type=argtypes.positive_int,
+        help="in-process intra-op threads (default: physical cores)",
     )
     p.add_argument(
         "--rounds",
-        type=int,
+        type=argtypes.positive_int,
         default=defaults.rounds,
         help=f"interleaved rounds (default: {defaults.rounds})",
     )
     p.add_argument(
         "--repeat",
-        type=int,
+        type=argtypes.positive_int,
         default=defaults.repeat,
         help=f"timed calls per backend per round (default: {defaults.repeat})",
     )
     p.add_argument(
         "--served-requests",
-        type=int,
+        type=argtypes.positive_int,
         default=defaults.served_requests,
         help=f"per concurrency level, at most {defaults.served_level_budget_s:g} s each "
         f"(default: {defaults.served_requests})",

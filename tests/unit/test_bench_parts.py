@@ -465,3 +465,15 @@ def test_a_quick_bench_names_no_fastest_backend() -> None:
 
     assert BenchConfig.quick().write_fastest is False
     assert BenchConfig().write_fastest is True
+
+
+def test_every_export_is_looked_for_before_anything_is_measured(tmp_path: Path) -> None:
+    # `bench` measured digits for 25 s, then failed on the default model list's
+    # torchvision:resnet18, which had no export (a user's trial).
+    from pipeline.bench import run_bench
+    from pipeline.bench.config import BenchConfig
+    from pipeline.core.errors import PipelineError
+
+    config = BenchConfig(models=("digits_lenet", "my_cell"), artifacts_root=tmp_path, cpp=False)
+    with pytest.raises(PipelineError, match="No export of digits_lenet, my_cell in "):
+        run_bench(config)  # both named at once, before the setup phase measures anything
