@@ -194,8 +194,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
         phase_done(f"{model} in-process, one thread (the served workers' twins)")
 
     served: list[dict] = []
-    wanted = config.runtimes
-    chosen = [rt for rt in runtime.all_runtimes() if wanted is None or rt.name in wanted]
+    chosen = footprint.chosen(config.runtimes)
     settings = runtime.BenchSettings(
         concurrencies=config.concurrencies,
         requests_per_level=config.served_requests,
@@ -244,6 +243,7 @@ def run_bench(config: BenchConfig) -> BenchResult:
         budget_s=config.served_level_budget_s,
         rounds=config.peer_rounds,
         done=phase_done,
+        wanted=config.runtimes,
     )
     pareto_rows = [r for m in config.models for r in pareto.rows(m, exported_of(m), all_cells)]
 

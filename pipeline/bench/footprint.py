@@ -50,10 +50,18 @@ TRACING = {
 TRACED_FORMAT = "onnx"
 
 
-def footprints(model: str, exported: ExportedModel) -> tuple[list[dict], list[dict]]:
+def chosen(wanted: tuple[str, ...] | None) -> list[runtime.Runtime]:
+    """The runtimes bench's --runtime names (all when None): the footprint and shadow phases
+    started TorchServe and Ray for a `bench --runtime kserve` too."""
+    return [rt for rt in runtime.all_runtimes() if wanted is None or rt.name in wanted]
+
+
+def footprints(
+    model: str, exported: ExportedModel, wanted: tuple[str, ...] | None = None
+) -> tuple[list[dict], list[dict]]:
     """Per runtime and format: cold start and worker memory; and the ones that failed."""
     rows, skipped = [], []
-    for rt in runtime.all_runtimes():
+    for rt in chosen(wanted):
         for fmt in (f.key for f in exported.formats() if f.served):
             backend = f"{rt.name}/{fmt}"
             began = time.perf_counter()
@@ -135,7 +143,12 @@ def _peer_request(exported: ExportedModel) -> tuple[runtime.Runtime | None, wire
 
 
 def shadow_cost(
-    model: str, exported: ExportedModel, *, requests: int, budget_s: float
+    model: str,
+    exported: ExportedModel,
+    *,
+    requests: int,
+    budget_s: float,
+    wanted: tuple[str, ...] | None = None,
 ) -> list[dict]:
     """Each runtime that has the shadow check, with `--shadow 0.01` and without, SHADOW_ROUNDS alternating rounds
     each (issue 41): every round's rows, labelled by `shadow`, `round` and `backend`
@@ -145,7 +158,7 @@ def shadow_cost(
     inputs = exported.sample(1, seed=0)
     expected = exported.eager(inputs)
     rows = []
-    for rt in (r for r in runtime.all_runtimes() if r.shadow):
+    for rt in (r for r in chosen(wanted) if r.shadow):
         body = rt.protocol.encode(inputs)
         for r in range(SHADOW_ROUNDS):
             for rate in (0.0, SHADOW_RATE) if r % 2 == 0 else (SHADOW_RATE, 0.0):
@@ -284,6 +297,7 @@ def phase(
     rounds: int,
     skipped: list[dict],
     done: Any = None,
+    wanted: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """Both measurements for `models` (bench's peer models): bench.json's entries (the
     rows left out are added to `skipped`; `done(phase)` once per model measured)."""
@@ -291,13 +305,15 @@ def phase(
     traced: list[dict] = []
     shadowed: list[dict] = []
     for model in models:
-        got, left = footprints(model, exported_of(model))
+        got, left = footprints(model, exported_of(model), wanted)
         rows += got
         skipped += left
         traced += tracing_cost(
             model, exported_of(model), requests=requests, budget_s=budget_s, rounds=rounds
         )
-        shadowed += shadow_cost(model, exported_of(model), requests=requests, budget_s=budget_s)
+        shadowed += shadow_cost(
+            model, exported_of(model), requests=requests, budget_s=budget_s, wanted=wanted
+        )
         if done is not None:
             done(f"{model} footprint and tracing")
     return {

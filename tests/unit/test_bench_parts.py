@@ -477,3 +477,32 @@ def test_every_export_is_looked_for_before_anything_is_measured(tmp_path: Path) 
     config = BenchConfig(models=("digits_lenet", "my_cell"), artifacts_root=tmp_path, cpp=False)
     with pytest.raises(PipelineError, match="No export of digits_lenet, my_cell in "):
         run_bench(config)  # both named at once, before the setup phase measures anything
+
+
+def test_the_footprint_and_shadow_phases_measure_only_the_runtimes_asked_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `bench --runtime kserve` still started TorchServe and Ray for cold start, memory and
+    # the shadow check's cost: 354 s of a 449 s run (a user's trial).
+    from pipeline.bench import footprint
+
+    started: list[str] = []
+
+    class Runtime:
+        def __init__(self, name: str) -> None:
+            self.name, self.shadow = name, True
+
+        def private(self, *args: object, **kwargs: object) -> object:
+            started.append(self.name)
+            raise footprint.PipelineError("not started in a unit test")
+
+    fakes = [Runtime("torchserve"), Runtime("kserve"), Runtime("ray")]
+    monkeypatch.setattr(footprint.runtime, "all_runtimes", lambda: fakes)
+
+    class Exported:
+        def formats(self) -> list:
+            return [type("F", (), {"key": "onnx", "served": True})()]
+
+    rows, skipped = footprint.footprints("m", Exported(), ("kserve",))  # type: ignore[arg-type]
+    assert started == ["kserve"] and rows == [] and len(skipped) == 1
+    assert [rt.name for rt in footprint.chosen(None)] == ["torchserve", "kserve", "ray"]
