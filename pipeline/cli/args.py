@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from pipeline.core import paths
 from pipeline.core.cliargs import add_budget_args as add_budget_args
@@ -42,3 +47,23 @@ def run_dir_arg(p: argparse.ArgumentParser) -> None:
 
 def serve_run_dir(args: argparse.Namespace) -> Path:
     return args.run_dir or paths.artifacts_root(args.artifacts_dir) / "serve"
+
+
+@contextlib.contextmanager
+def terminated_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit inside the block, so what the command started is stopped
+    on the way out: a serve's runtime (stopped_on_failure), a bench's or a loadtest's
+    private server (by default the signal killed this process alone and left the
+    runtime's host, Ray's cluster, TorchServe or a KServe supervisor running)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -9,14 +9,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import signal
 import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.cli.args import run_dir_arg, serve_run_dir
+from pipeline.cli.args import run_dir_arg, serve_run_dir, terminated_as_exit
 from pipeline.cli.use import add_client_commands
 
 
@@ -179,7 +176,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 for o in refused
             )
         )
-    with _terminated_as_exit():  # a SIGTERM (CI's timeout) mid-start stops what it started
+    with terminated_as_exit():  # a SIGTERM (CI's timeout) mid-start stops what it started
         server = rt.serve(options)
     # Its store, for rollout, rollback and status run without --store (every runtime).
     extras = {**server.extras, "store": str(Path(options.store).resolve())}
@@ -200,25 +197,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     for line in oversize_lines(server, options.max_request_size, options.export_dir_of):
         print(line, file=sys.stderr)
     return 0
-
-
-@contextlib.contextmanager
-def _terminated_as_exit() -> Iterator[None]:
-    """SIGTERM raises SystemExit while a start runs, so the runtime's stopped_on_failure
-    stops what it started (by default the signal killed this process alone and left the
-    runtime's host, Ray's cluster or TorchServe running)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def terminated(signum: int, _frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def add_deploy_command(sub: argparse._SubParsersAction) -> None:

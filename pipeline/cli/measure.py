@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.cli.args import terminated_as_exit
 from pipeline.core import argtypes, paths
 
 if TYPE_CHECKING:
@@ -213,7 +214,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             served_requests=args.served_requests,
             **overrides,
         )
-    result = run_bench(config)
+    with terminated_as_exit():  # its private servers stopped on a SIGTERM too
+        result = run_bench(config)
     print(result.markdown_path.read_text())
     print(
         f"wrote {result.json_path}, {result.markdown_path}, " + ", ".join(map(str, result.charts))

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.cli.args import run_dir_arg, serve_run_dir
+from pipeline.cli.args import run_dir_arg, serve_run_dir, terminated_as_exit
 from pipeline.core import paths
 
 
@@ -136,7 +136,8 @@ def _cmd_loadtest(args: argparse.Namespace) -> int:
         store=args.store if args.by_version else None,
     )
     say = functools.partial(print, flush=True)
-    report = run_served(config, private=args.serve, say=say)
+    with terminated_as_exit():  # a --serve's private server stopped on a SIGTERM too
+        report = run_served(config, private=args.serve, say=say)
     print(report.summary())
     print(to_markdown([report]))
     if args.json:

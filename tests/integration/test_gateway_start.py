@@ -67,3 +67,45 @@ def test_a_serve_terminated_while_it_starts_leaves_nothing_running(
         proc.kill()
         proc.wait()
         stop(run_dir)
+
+
+def _running_under(folder: Path) -> list[int]:
+    import psutil
+
+    return [
+        p.pid
+        for p in psutil.process_iter(["pid", "cmdline"])
+        if any(str(folder) in part for part in (p.info.get("cmdline") or []))
+        and p.pid != os.getpid()
+    ]
+
+
+def test_a_loadtest_terminated_stops_the_private_server_it_started(
+    exported: ExportResult, tmp_path: Path
+) -> None:
+    """A SIGTERM to `loadtest --serve` (or `bench`) killed it alone: its private KServe
+    supervisor and worker, re-parented to init, kept serving (a user's trial)."""
+    argv = [sys.executable, "-m", "pipeline", "loadtest", "--serve", "--runtime", "kserve",
+            "--model", "digits_lenet", "--export-dir", str(exported.out_dir), "--requests", "1000000",
+            "--concurrency", "1", "--time-limit", "600"]  # fmt: skip
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # its private server's folder is in here
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        for _ in range(900):  # until the private server runs (bounded: 90 s)
+            if _running_under(tmp_path) or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert _running_under(tmp_path), "the private server never started"
+        time.sleep(2)  # into the run
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        for _ in range(300):
+            if not _running_under(tmp_path):
+                break
+            time.sleep(0.1)
+        assert _running_under(tmp_path) == []
+    finally:
+        proc.kill()
+        proc.wait()
+        for pid in _running_under(tmp_path):
+            os.kill(pid, signal.SIGKILL)
