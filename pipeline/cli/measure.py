@@ -6,6 +6,7 @@ Like the rest of the CLI, this only parses arguments and calls a stage function.
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -214,12 +215,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             served_requests=args.served_requests,
             **overrides,
         )
+    started = time.time()
     with terminated_as_exit():  # its private servers stopped on a SIGTERM too
         result = run_bench(config)
     print(result.markdown_path.read_text())
-    print(
-        f"wrote {result.json_path}, {result.markdown_path}, " + ", ".join(map(str, result.charts))
-    )
+    written = [result.json_path, result.markdown_path, *result.charts]
+    more = (result.fastest_path, result.json_path.parent / "kserve_workers.json")
+    written += [p for p in more if p is not None and p.is_file() and p.stat().st_mtime >= started]
+    print("wrote " + ", ".join(map(str, written)))
     return 0
 
 

@@ -86,7 +86,8 @@ def peer_targets(
                     1.2,
                     detail=f"{a['median_ms']:.2f} vs {b['median_ms']:.2f} ms",
                     where=f"p50: {_own(a['median_ms'], model_ms, name)}; "
-                    f"{_own(b['median_ms'], model_ms, 'the yardstick')}; {in_process}" + _split(a),
+                    f"{_own(b['median_ms'], model_ms, 'the yardstick')}; {in_process}"
+                    + (f"; {_split(a)}" if _split(a) else ""),
                 )
             )
         out += _resnet(cells, served, name)
