@@ -194,7 +194,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(line)
     from pipeline.serving.fits import oversize_lines
 
-    for line in oversize_lines(server, options.max_request_size, options.export_dir_of):
+    for line in oversize_lines(server, options.max_request_size, options.manifest_of):
         print(line, file=sys.stderr)
     return 0
 

@@ -9,22 +9,18 @@ Said at start for each served model whose inputs have a fixed size per sample.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
 from pipeline.core.errors import PipelineError
-from pipeline.core.manifest import read_manifest
 from pipeline.serving.server import Server
+from pipeline_runtime.manifest import Manifest
 
 
-def sample_bytes(export_dir: Path, fmt: str) -> int | None:
+def sample_bytes(manifest: Manifest, fmt: str) -> int | None:
     """The bytes one sample's inputs take as binary (`.npy`), or None when a non-batch
-    axis is dynamic (the size is the client's) or the export cannot be read."""
-    try:
-        specs = read_manifest(export_dir).input_specs(fmt)
-    except PipelineError:
-        return None
+    axis is dynamic (the size is the client's)."""
+    specs = manifest.input_specs(fmt)
     total = 0
     for spec in specs:
         dims = [d for d in spec.shape if d != "batch"]
@@ -34,12 +30,13 @@ def sample_bytes(export_dir: Path, fmt: str) -> int | None:
     return total
 
 
-def oversize_lines(server: Server, limit: int, export_dir_of: Callable[[str], Path]) -> list[str]:
-    """A warning per served model whose one sample cannot fit under `limit` bytes."""
+def oversize_lines(server: Server, limit: int, manifest_of: Callable[[str], Manifest]) -> list[str]:
+    """A warning per served model whose one sample cannot fit under `limit` bytes
+    (`manifest_of`: a model's export manifest, the one serve opened where it has it)."""
     lines = []
     for name, info in sorted(server.served.items()):
         try:
-            size = sample_bytes(export_dir_of(info.model), info.format)
+            size = sample_bytes(manifest_of(info.model), info.format)
         except (PipelineError, TypeError, ValueError):
             continue  # a bfloat16 input (no NumPy twin), a model not found: nothing to say
         if size is not None and size > limit:

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from pipeline.export.opened import ExportedModel
     from pipeline.serving.protocol import Protocol
     from pipeline.serving.server import Server
+    from pipeline_runtime.manifest import Manifest
 
 
 class RuntimeNameError(PipelineError):
@@ -123,6 +124,15 @@ class ServeOptions:
             for o in SHARED_OPTIONS
             if object.__getattribute__(self, o) != object.__getattribute__(defaults, o)
         ]
+
+    def manifest_of(self, model: str) -> Manifest:
+        """`model`'s export manifest: the one `exports` opened, else read from its folder."""
+        for opened in object.__getattribute__(self, "_exports") or ():
+            if opened.name == model:
+                return opened.manifest
+        from pipeline.core.manifest import read_manifest
+
+        return read_manifest(self.export_dir_of(model))
 
     def exports(self, default: str) -> list[ExportedModel]:
         """The exports of the models asked for (`default` when none was), opened once."""

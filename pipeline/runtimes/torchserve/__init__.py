@@ -264,8 +264,10 @@ class TorchServe(runtime.Runtime):
         from pipeline.serving.server import restart_command
 
         archive = f"archive --model {model}"
-        # The export the stale check read, where it is not the default one.
-        if export_dir and Path(export_dir).is_dir() and Path(export_dir) != paths.export_dir(model):
+        # The export the stale check read, where it is not the default one (./artifacts:
+        # the CLI's own --artifacts-dir is not the shell's where the hint is run).
+        default = paths.export_dir(model, paths.DEFAULT_ARTIFACTS)
+        if export_dir and Path(export_dir).is_dir() and Path(export_dir) != default:
             archive += f" --export-dir {shlex.quote(str(export_dir))}"
         return restart_command(server, "pipeline stop && pipeline serve", before=archive)
 
