@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pipeline.core import paths
+from pipeline.core import paths, signing
 from pipeline.core.errors import PipelineError
 from pipeline.core.manifest import MANIFEST_NAME, read_manifest
 from pipeline.formats import base as registry
@@ -238,7 +238,7 @@ def stale(
     published = _published_as(info, server)
     if published is not None:  # a restart serves that store's default again: no way out
         # Already a version (a rollback left it): roll it out, not a duplicate published.
-        twin = versions.holding(model, export_dir, published.dir.parent.parent)
+        twin = versions.holding(model, export_dir, signing.store_of(published.dir))
         way = (
             f"`pipeline rollout --model {model} --version {twin.number}` (version "
             f"{twin.number} holds this export)"
