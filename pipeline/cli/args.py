@@ -13,7 +13,7 @@ from typing import Any
 from pipeline.core import paths
 from pipeline.core.cliargs import add_budget_args as add_budget_args
 from pipeline.core.cliargs import model_arg as model_arg
-from pipeline.core.errors import PipelineError
+from pipeline.core.errors import InputArgumentError
 
 
 def kwargs_arg(p: argparse.ArgumentParser, what: str = "constructor keyword arguments") -> None:
@@ -31,7 +31,9 @@ def input_specs(args: argparse.Namespace) -> tuple[list | None, list[str] | None
     outputs = list(args.output or [])
     if args.input_spec:
         if inputs:
-            raise PipelineError("Give inputs either with --input or with --input-spec, not both.")
+            raise InputArgumentError(
+                "Give inputs either with --input or with --input-spec, not both."
+            )
         inputs, file_outputs = load_spec_file(args.input_spec)
         outputs = outputs or file_outputs
     return inputs or None, outputs or None

@@ -34,6 +34,13 @@ class InputSpecError(PipelineError):
     """Inputs whose names, shapes or dtypes do not match the model's spec."""
 
 
+class InputArgumentError(InputSpecError):
+    """--input/--output/--model-kwargs missing where the model needs them, or given where it
+    takes none: bad arguments, exit status 2 (as argparse's own), not a failed export."""
+
+    exit_code = 2
+
+
 class ParityError(PipelineError):
     """One or more backends disagree with eager PyTorch beyond tolerance."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 from dataclasses import dataclass, field
@@ -110,9 +111,13 @@ class ExportConfig:
             formats = tuple(k for k in known if k in asked) + tuple(
                 k for k in dict.fromkeys(chosen) if k not in known and k not in groups
             )
+        out_dir = args.out_dir or paths.export_dir(args.model, args.artifacts_dir)
+        kwargs = None if args.model_kwargs is None else parse_kwargs(args.model_kwargs)
+        if inputs is None:
+            inputs, outputs, kwargs = as_recorded(args.model, out_dir, outputs, kwargs)
         return cls(
             model=args.model,
-            model_kwargs=parse_kwargs(args.model_kwargs),
+            model_kwargs=kwargs or {},
             inputs=inputs,
             outputs=outputs,
             probes_file=args.probes,
@@ -121,7 +126,7 @@ class ExportConfig:
             seed=args.seed,
             checkpoint=args.checkpoint or paths.checkpoint_path(args.model, args.artifacts_dir),
             checkpoint_default=args.checkpoint is None,
-            out_dir=args.out_dir or paths.export_dir(args.model, args.artifacts_dir),
+            out_dir=out_dir,
             formats=formats,
             pt2_device=args.pt2_device,
             fix_axes=parse_fix_axes(getattr(args, "fix_axis", None) or ()),
@@ -191,6 +196,46 @@ def parse_fix_axes(values: Any) -> dict[str, int]:
             )
         out[axis.strip()] = int(size)
     return out
+
+
+def as_recorded(
+    model: str, out_dir: Path, outputs: list[str] | None, kwargs: dict[str, Any] | None
+) -> tuple[list[TensorSpec] | None, list[str] | None, dict[str, Any] | None]:
+    """A user's model exported again without --input: the inputs its last export into
+    `out_dir` recorded, and its output names and --model-kwargs unless given again, so that
+    the second export of `file.py:Class` needs only --model, as verify, archive and serve do."""
+    from pipeline.zoo.user import recorded_inputs
+    from pipeline_runtime.manifest import Manifest, ManifestError
+
+    if not paths.is_external(model) or model.startswith("torchvision:"):
+        return None, outputs, kwargs  # a zoo or torchvision model has its inputs already
+    try:
+        manifest = Manifest.read(out_dir)
+    except (OSError, ManifestError):
+        return None, outputs, kwargs  # nothing recorded: "its inputs must be given"
+    same = paths.model_slug(manifest.model.name) == paths.model_slug(model)
+    if manifest.model.source != "user" or not manifest.inputs or not same:
+        return None, outputs, kwargs  # another model's export there: refused later, saying so
+    inputs = recorded_inputs(manifest)
+    settings = [f"--input {_flag(spec)}" for spec in inputs]
+    if kwargs is None and manifest.model.kwargs:
+        kwargs = dict(manifest.model.kwargs)
+        settings.append(f"--model-kwargs '{json.dumps(kwargs)}'")
+    if not outputs:
+        outputs = manifest.output_names
+        settings += [f"--output {name}" for name in outputs]
+    log.info(
+        "settings as %s/manifest.json records them: %s (give --input to change them)",
+        out_dir,
+        " ".join(settings),
+    )
+    return inputs, outputs, kwargs
+
+
+def _flag(spec: TensorSpec) -> str:
+    """SPEC as its --input value (NAME:DTYPE:SHAPE, and LOW:HIGH for a declared id range)."""
+    text = f"{spec.name}:{str(spec.dtype).removeprefix('torch.')}:{','.join(map(str, spec.shape))}"
+    return f"{text}:{spec.low:g}:{spec.high:g}" if spec.bounded else text
 
 
 def _pt2_settings(artifacts_dir: Path | None) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from pipeline.core.defaults import DEFAULT_MODEL  # defined torch-free, for the CLI
-from pipeline.core.errors import InputSpecError, UnknownModelError
+from pipeline.core.errors import InputArgumentError, UnknownModelError
 from pipeline.core.paths import is_external
 from pipeline.zoo import recurrent, rnn
 from pipeline.zoo.data import DIGITS_CLASSES, DIGITS_SIZE, digits_sample
@@ -274,13 +274,13 @@ def resolve_entry(
         )
     entry = get_entry(name)
     if inputs or outputs:
-        raise InputSpecError(
+        raise InputArgumentError(
             f"{name!r} is a zoo model with a fixed input spec; --input/--input-spec/--output "
             "are for models given as module:Class."
         )
     if kwargs and any(entry.kwargs.get(k, object()) != v for k, v in kwargs.items()):
         # Their data, probes and input specs are built for these arguments.
-        raise InputSpecError(
+        raise InputArgumentError(
             f"{name!r} is a zoo model with fixed constructor arguments {dict(entry.kwargs)}; "
             "--model-kwargs is for models given as module:Class (copy the zoo class into your "
             "own module to change it)."

@@ -30,7 +30,7 @@ import torch
 import yaml
 from torch import nn
 
-from pipeline.core.errors import InputSpecError, UnknownModelError
+from pipeline.core.errors import InputArgumentError, InputSpecError, UnknownModelError
 from pipeline.zoo import detection
 from pipeline.zoo.spec import Inputs, TensorSpec, ZooEntry, parse_dtype
 from pipeline.zoo.user_class import import_class
@@ -288,7 +288,7 @@ def external_entry(
     else:
         builder = import_class(name)
         if not inputs:
-            raise InputSpecError(
+            raise InputArgumentError(
                 f"Model {name!r} is not in the zoo, so its inputs must be given: "
                 "--input NAME:DTYPE:SHAPE (for example --input x:float32:batch,16) "
                 "or --input-spec spec.yaml."
@@ -345,6 +345,15 @@ def _detector_entry(
     )
 
 
+def recorded_inputs(manifest: Manifest) -> list[TensorSpec]:
+    """The inputs an export recorded, as `--input` would give them (ranges and whether the
+    servers refuse ids outside them included)."""
+    return [
+        replace(_spec(i.name, i.dtype, list(i.shape), "manifest", i.low, i.high), bounded=i.bounded)
+        for i in manifest.inputs
+    ]
+
+
 def entry_from_manifest(manifest: Manifest) -> ZooEntry:
     """Rebuild an external model's entry from what export recorded."""
     model = manifest.model
@@ -353,9 +362,7 @@ def entry_from_manifest(manifest: Manifest) -> ZooEntry:
     if where.endswith(".py") and not Path(where).is_file() and model.file:
         # Exported from another working directory: use the absolute path recorded then.
         name = f"{model.file}:{cls}"
-    specs = [
-        _spec(i.name, i.dtype, list(i.shape), "manifest", i.low, i.high) for i in manifest.inputs
-    ]
+    specs = recorded_inputs(manifest)
     entry = external_entry(name, kwargs=model.kwargs, inputs=specs, outputs=manifest.output_names)
     return replace(entry, name=model.name)
 

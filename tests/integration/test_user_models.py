@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -28,6 +29,9 @@ def test_file_model_exports_and_verifies_from_the_command_line(tmp_path: Path) -
     """A class in a file outside the package, with kwargs, two inputs and a gate."""
     model = f"{USER_FILE}:TinyGated"
     art = tmp_path / "art"
+    proc = cli("--artifacts-dir", art, "export", "--model", model, "--random-init", cwd=tmp_path)
+    # No inputs and no export to take them from: bad arguments (2), as --help says.
+    assert proc.returncode == 2 and "inputs must be given: --input" in proc.stderr, proc.stderr
     proc = cli(
         "--artifacts-dir", art, "export", "--model", model, "--model-kwargs", '{"width": 16}',
         "--input", "x:float32:batch,6", "--input", "scale:float32:1", "--output", "scores",
@@ -39,7 +43,19 @@ def test_file_model_exports_and_verifies_from_the_command_line(tmp_path: Path) -
     proc = cli("--artifacts-dir", art, "verify", "--model", model, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "PASS" in proc.stdout
-    assert (art / "user_gated_TinyGated" / "export" / "manifest.json").is_file()
+    manifest = art / "user_gated_TinyGated" / "export" / "manifest.json"
+    # Exported again with --model alone, as verify: the inputs and output names recorded.
+    proc = cli("--artifacts-dir", art, "export", "--model", model, "--format", "onnx", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "records them: --input x:float32:batch,6 --input scale:float32:1 "
+        """--model-kwargs '{"width": 16}' --output scores (give --input"""
+    ) in proc.stderr
+    recorded = json.loads(manifest.read_text())
+    assert [(i["name"], i["shape"]) for i in recorded["inputs"]] == [
+        ("x", ["batch", 6]), ("scale", [1])
+    ]  # fmt: skip
+    assert [o["name"] for o in recorded["outputs"]] == ["scores"]
 
 
 def test_module_model_with_spec_file_weights_and_probes(tmp_path: Path) -> None:
