@@ -127,7 +127,8 @@ def add_verify_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--report",
         type=Path,
-        help="JSON report path (default: <artifacts>/<model>/parity.json); the Markdown report "
+        help="JSON report path (default: <artifacts>/<model>/parity.json, or X.parity.json "
+        "beside an --export-dir X); the Markdown report "
         "and its histograms go beside it (parity.md, parity_files/)",
     )
     add_budget_args(p)

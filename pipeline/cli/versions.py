@@ -49,7 +49,11 @@ def add_version_commands(sub: argparse._SubParsersAction) -> None:
     )
     model_arg(p, export_dir=True)
     p.add_argument("--export-dir", type=Path, help="default: <artifacts>/<model>/export")
-    p.add_argument("--report", type=Path, help="default: <artifacts>/<model>/parity.json")
+    p.add_argument(
+        "--report",
+        type=Path,
+        help="default: <artifacts>/<model>/parity.json, or X.parity.json beside an --export-dir X",
+    )
     p.add_argument("--checkpoint", type=Path, help="default: the one the manifest names")
     p.add_argument(
         "--sign",

@@ -67,5 +67,14 @@ def fastest_path(root: Path | None = None) -> Path:
     return bench_dir(root) / "fastest.json"
 
 
-def report_path(model: str, root: Path | None = None) -> Path:
-    return model_dir(model, root) / "parity.json"
+def report_path(model: str, root: Path | None = None, export: Path | None = None) -> Path:
+    """Verify's report of `export` (default: the model's own export folder):
+    <model>/parity.json, or beside another folder X, X.parity.json, so that checking a
+    second export never writes over the report publish reads for the first."""
+    default = model_dir(model, root) / "parity.json"
+    if export is None:
+        return default
+    there = Path(export).resolve()
+    if there == export_dir(model, root).resolve() or not there.name:
+        return default
+    return there.with_name(there.name + ".parity.json")

@@ -62,7 +62,9 @@ def publish_export(config: PublishConfig, say: Callable[[str], None] = print) ->
         raise PipelineError(f"--sign: there is no private key at {config.sign}.")
     export_dir = Path(config.export_dir or paths.export_dir(config.model, config.artifacts_dir))
     manifest = read_manifest(export_dir)  # a clear error when there is no export
-    report = Path(config.report or paths.report_path(config.model, config.artifacts_dir))
+    report = Path(
+        config.report or paths.report_path(config.model, config.artifacts_dir, config.export_dir)
+    )
     checkpoint = config.checkpoint or (export_dir / manifest.checkpoint.path).resolve()
     why = report_vouches(report, export_dir)
     if why is not None:

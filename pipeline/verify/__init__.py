@@ -98,7 +98,8 @@ class VerifyConfig:
             batch_sizes=tuple(args.batch_sizes),
             inputs=tuple(getattr(args, "inputs", ()) or ()),
             seed=args.seed,
-            report=args.report or paths.report_path(args.model, args.artifacts_dir),
+            report=args.report
+            or paths.report_path(args.model, args.artifacts_dir, args.export_dir),
             accuracy_budget=args.accuracy_budget,
             min_sqnr=args.min_sqnr,
             device=args.device,
@@ -284,7 +285,7 @@ def verify(
         checked.rows += check_task(
             exported, task_level, cases, tol, config.accuracy_budget, config.min_sqnr
         )
-    report_path = Path(config.report) if config.report else paths.report_path(exported.name)
+    report_path = Path(config.report or paths.report_path(exported.name, export=export_dir))
     report = ParityReport(
         model=exported.name,
         export_dir=str(export_dir),
