@@ -363,7 +363,8 @@ int main(int argc, char** argv) {
     else if (flag == "--inputs") inputs = value;
     else if (flag == "--outputs") outputs = value;
     else if (!Count(value, flag == "--warmup" ? 0 : 1, flag == "--warmup" ? &warmup : &repeat))
-      return Fail(kArgsError, flag + (flag == "--warmup" ? " must be 0 or more" : " must be at least 1"));
+      return Fail(kArgsError, flag + (flag == "--warmup" ? " must be 0 or more" : " must be at least 1") +
+                                  " (a whole number), got '" + value + "'");
   }
   if (model.empty() || inputs.empty()) return Fail(kArgsError, "--model and --inputs are required");
 

@@ -73,7 +73,7 @@ std::optional<Args> ParseArgs(int argc, char** argv, std::string* error) {
       args.device = value;
     } else if (flag == "--threads") {
       if (!ParseInt(value, /*min_value=*/1, &args.threads)) {
-        *error = "--threads must be a positive integer";
+        *error = "--threads must be a positive integer, got '" + std::string(value) + "'";
         return std::nullopt;
       }
     } else if (flag == "--load-library") {
@@ -84,12 +84,12 @@ std::optional<Args> ParseArgs(int argc, char** argv, std::string* error) {
       args.load_libraries.emplace_back(value);
     } else if (flag == "--warmup") {
       if (!ParseInt(value, /*min_value=*/0, &args.warmup)) {
-        *error = "--warmup must be 0 or more";
+        *error = "--warmup must be 0 or more (a whole number), got '" + std::string(value) + "'";
         return std::nullopt;
       }
     } else if (flag == "--repeat") {
       if (!ParseInt(value, /*min_value=*/1, &args.repeat)) {
-        *error = "--repeat must be at least 1";
+        *error = "--repeat must be at least 1 (a whole number), got '" + std::string(value) + "'";
         return std::nullopt;
       }
     }

@@ -100,7 +100,7 @@ def each_format(
                     if not found["within_budget"]:
                         # Kept for inspection, marked, and failed: export exits 3 (partial).
                         details["outside_budget"] = True
-                        outside[fmt.key] = outside_budget(found)
+                        outside[fmt.key] = outside_budget(found, served=fmt.served)
             written[fmt.key] = replace(record, details=details)
         except ExportRequestError:
             raise
@@ -118,8 +118,9 @@ def each_format(
     return written, {k: one_line(str(e)) for k, e in errors.items()} | outside
 
 
-def outside_budget(quality_record: dict[str, Any]) -> str:
-    """The `failed` entry of an artifact judged outside its budget: the rule that decided."""
+def outside_budget(quality_record: dict[str, Any], served: bool = True) -> str:
+    """The `failed` entry of an artifact judged outside its budget: the rule that decided.
+    `served`: whether archive and serve could choose the format at all (a `.pte` is not)."""
     checks = [c for c in quality_record.get("checks", []) if not c.get("passed")]
 
     def num(x: Any) -> str:  # 47.65 dB, not 47.65119495595491 (the record keeps them whole)
@@ -133,5 +134,5 @@ def outside_budget(quality_record: dict[str, Any]) -> str:
     )
     return (
         f"outside its accuracy budget ({said}). The file is kept for inspection, marked "
-        "outside_budget; verify fails it and archive/serve never choose it"
+        "outside_budget; verify fails it" + (" and archive/serve never choose it" if served else "")
     )

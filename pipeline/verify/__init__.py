@@ -31,7 +31,7 @@ from pipeline.verify.backends import (
     local_backends,
     where,
 )
-from pipeline.verify.check import Tol, check_cases, check_task, reduced, runs_on
+from pipeline.verify.check import Tol, check_cases, check_task, reduced, runs_on, skipped_notes
 from pipeline.verify.locate import locate_failures
 from pipeline.verify.page import write_page
 from pipeline.verify.report import ParityReport, Row
@@ -157,7 +157,7 @@ def _cases(
         (label, inputs, None)
         for label, inputs in random_cases(entry, config.batch_sizes, config.seed)
     ]
-    cases += [(f"kept {Path(f).name}", kept_inputs(Path(f), exported), None) for f in config.inputs]
+    cases += [(f"file {Path(f).name}", kept_inputs(Path(f), exported), None) for f in config.inputs]
     # An artifact compiled for one size of an axis (--fix-axis) gets inputs of that size.
     generator = torch.Generator().manual_seed(config.seed + 1)
     for sizes in {tuple(sorted(f.items())) for f in _fixed_sizes(exported)}:
@@ -282,6 +282,7 @@ def verify(
     checked.rows += unloadable
     task_level = [b for b in backends if reduced(b)]
     if task_level:
+        checked.notes += skipped_notes(exported, task_level, cases)
         checked.rows += check_task(
             exported, task_level, cases, tol, config.accuracy_budget, config.min_sqnr
         )

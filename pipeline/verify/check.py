@@ -132,6 +132,19 @@ def _skipped_note(exported: ExportedModel, backend: Backend, labels: list[str]) 
     )
 
 
+def skipped_notes(
+    exported: ExportedModel, backends: Sequence[Backend], cases: Sequence[Case]
+) -> list[str]:
+    """What check_cases notes of its backends, for the task-level ones (check_task): the
+    cases of sizes an artifact was not compiled for (an int8 `.pte`'s planned batch)."""
+    notes = []
+    for backend in backends:
+        labels = [label for label, inputs, _ in cases if not runs_on(exported, backend, inputs)]
+        if labels:
+            notes.append(_skipped_note(exported, backend, labels))
+    return notes
+
+
 def check_cases(
     exported: ExportedModel, backends: Sequence[Backend], cases: Sequence[Case], tol: Tol
 ) -> Checked:

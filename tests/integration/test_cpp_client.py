@@ -107,7 +107,7 @@ def test_errors_name_the_file_and_the_problem(
 
     proc = _client(binary, "--model", model, "--inputs", good_inputs, "--repeat", "0")
     assert proc.returncode == 2
-    assert "--repeat must be at least 1" in proc.stderr
+    assert "--repeat must be at least 1 (a whole number), got '0'" in proc.stderr
 
     proc = _client(binary, "--model", model, "--inputs", good_inputs, "--verbose")
     assert proc.returncode == 2  # an unknown flag last was "missing value after --verbose"

@@ -57,8 +57,9 @@ def test_the_runner_links_no_libtorch_and_reports_its_size(runner: Path) -> None
     ("extra", "said"),
     [
         (["--verbose"], "unknown flag --verbose"),  # last: it "needed a value"
-        (["--warmup", "abc"], "--warmup must be 0 or more"),  # atoi read 0
-        (["--repeat", "-5"], "--repeat must be at least 1"),  # clamped to 1 unsaid
+        (["--warmup", "abc"], "--warmup must be 0 or more (a whole number), got 'abc'"),
+        (["--repeat", "-5"], "--repeat must be at least 1 (a whole number), got '-5'"),
+        (["--repeat", "abc"], "--repeat must be at least 1 (a whole number), got 'abc'"),
     ],
 )
 def test_the_runner_names_a_bad_flag(runner: Path, extra: list[str], said: str) -> None:

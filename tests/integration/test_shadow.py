@@ -140,7 +140,7 @@ def test_an_artifact_altered_while_serving_diverges_after_a_restart(
     proc = run_cli(*replay, "--batch-sizes", "1")
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = json.loads(report_path.read_text())
-    failed = [r for r in report["rows"] if not r["passed"] and r["inputs"].startswith("kept ")]
+    failed = [r for r in report["rows"] if not r["passed"] and r["inputs"].startswith("file ")]
     assert failed, "the replay did not fail on the kept inputs"
 
 

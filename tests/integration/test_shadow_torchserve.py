@@ -136,7 +136,7 @@ def test_an_artifact_altered_before_the_archive_diverges_and_replays(
     replay = about["replay"].split()[1:]  # drop "pipeline"; in process: no second torch import
     assert main([*replay, "--report", str(tmp_path / "parity.json"), "--batch-sizes", "1"]) == 1
     report = json.loads((tmp_path / "parity.json").read_text())
-    failed = [r for r in report["rows"] if not r["passed"] and r["inputs"].startswith("kept ")]
+    failed = [r for r in report["rows"] if not r["passed"] and r["inputs"].startswith("file ")]
     assert failed, "the replay did not fail on the kept inputs"
 
 

@@ -141,6 +141,9 @@ def test_partial_message_names_what_was_kept_or_that_nothing_was(tmp_path: Path)
              "unit": "dB", "bound": 200.0, "on": "golden+probe+random"}  # fmt: skip
     why = outside_budget({"checks": [check]})
     assert "SQNR 47.65 dB against a bound of 200.00 dB" in why
+    assert why.endswith("verify fails it and archive/serve never choose it")
+    # An on-device format is never served: nothing to say of archive and serve.
+    assert outside_budget({"checks": [check]}, served=False).endswith("verify fails it")
     # Only the int8 format was asked for, and it came out outside its budget.
     both = _manifest(onnx_int8_static={})
     only = dataclasses.replace(
