@@ -69,3 +69,25 @@ def terminated_as_exit() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def store_arg(p: argparse.ArgumentParser, running: bool = False) -> None:
+    if running:  # the running server's own store unless told otherwise
+        p.add_argument("--store", type=Path, help="default: the running server's, else model_store")
+        return
+    p.add_argument("--store", type=Path, default=paths.DEFAULT_STORE, help="default: model_store")
+
+
+def running_store(args: argparse.Namespace) -> Path:
+    """--store, else the store the server in the run folder was started with (recorded by
+    serve), else model_store: a server started with --store refused a rollout that did not
+    repeat it."""
+    if args.store is not None:
+        return Path(args.store)
+    from pipeline.serving.server import ServeError, Server
+
+    try:
+        recorded = Server.load(serve_run_dir(args)).extras.get("store")
+    except (ServeError, OSError, ValueError):
+        recorded = None
+    return Path(recorded) if recorded else paths.DEFAULT_STORE

@@ -11,8 +11,15 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.cli.args import run_dir_arg, serve_run_dir, terminated_as_exit
+from pipeline.cli.args import (
+    run_dir_arg,
+    running_store,
+    serve_run_dir,
+    store_arg,
+    terminated_as_exit,
+)
 from pipeline.core import paths
+from pipeline.core.errors import PipelineError
 
 
 def add_client_commands(sub: argparse._SubParsersAction, formats: list[str]) -> None:
@@ -106,7 +113,7 @@ def add_client_commands(sub: argparse._SubParsersAction, formats: list[str]) -> 
         help="check each answer against eager of the version it names (its model_version), "
         "every published version in --store: a load run across `pipeline rollout`",
     )
-    p.add_argument("--store", type=Path, default=paths.DEFAULT_STORE, help="default: model_store")
+    store_arg(p, running=True)
     p.add_argument("--json", type=Path, help="also write the report as JSON")
     run_dir_arg(p)
     p.set_defaults(func=_cmd_loadtest)
@@ -117,10 +124,17 @@ def _cmd_loadtest(args: argparse.Namespace) -> int:
     from pipeline.serving.loadtest import LoadConfig, run_served
 
     export_dir = args.export_dir or paths.export_dir(args.model, args.artifacts_dir)
+    # The running server's store (as rollout's): model_store's versions judged the answers
+    # of a server started with --store, and every answer "failed" (a user's trial).
+    store = running_store(args) if not args.serve else args.store or paths.DEFAULT_STORE
+    if args.by_version and not Path(store).is_dir():
+        raise PipelineError(
+            f"--by-version: there is no store at {store} (give the server's --store)."
+        )
     if args.by_version and args.export_dir is None:
         from pipeline.serving import versions
 
-        published = versions.default(args.model, args.store)
+        published = versions.default(args.model, store)
         export_dir = published.dir if published else export_dir
     config = LoadConfig(
         export_dir=export_dir,
@@ -133,7 +147,7 @@ def _cmd_loadtest(args: argparse.Namespace) -> int:
         kill_node_after=args.kill_node_after,
         encodings=tuple(e.strip() for e in args.encodings.split(",") if e.strip()),
         runtime=args.runtime,
-        store=args.store if args.by_version else None,
+        store=store if args.by_version else None,
     )
     say = functools.partial(print, flush=True)
     with terminated_as_exit():  # a --serve's private server stopped on a SIGTERM too

@@ -9,32 +9,9 @@ import logging
 import sys
 from pathlib import Path
 
-from pipeline.cli.args import model_arg, run_dir_arg, serve_run_dir
-from pipeline.core.paths import DEFAULT_STORE
+from pipeline.cli.args import model_arg, run_dir_arg, running_store, serve_run_dir, store_arg
 
 log = logging.getLogger("pipeline")
-
-
-def _store_arg(p: argparse.ArgumentParser, running: bool = False) -> None:
-    if running:  # the running server's own store unless told otherwise
-        p.add_argument("--store", type=Path, help="default: the running server's, else model_store")
-        return
-    p.add_argument("--store", type=Path, default=DEFAULT_STORE, help="default: model_store")
-
-
-def _store(args: argparse.Namespace) -> Path:
-    """--store, else the store the server in the run folder was started with (recorded by
-    serve), else model_store: a server started with --store refused a rollout that did not
-    repeat it."""
-    if args.store is not None:
-        return Path(args.store)
-    from pipeline.serving.server import ServeError, Server
-
-    try:
-        recorded = Server.load(serve_run_dir(args)).extras.get("store")
-    except (ServeError, OSError, ValueError):
-        recorded = None
-    return Path(recorded) if recorded else DEFAULT_STORE
 
 
 def add_version_commands(sub: argparse._SubParsersAction) -> None:
@@ -67,7 +44,7 @@ def add_version_commands(sub: argparse._SubParsersAction) -> None:
         metavar="VAR",
         help="the environment variable holding --sign's key password (an encrypted key)",
     )
-    _store_arg(p)
+    store_arg(p)
     p.set_defaults(func=_cmd_publish)
 
     p = sub.add_parser(
@@ -121,7 +98,7 @@ def add_version_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--timeout", type=float, default=180.0, help="seconds for the workers to load a version"
     )
-    _store_arg(p, running=True)
+    store_arg(p, running=True)
     run_dir_arg(p)
     p.set_defaults(func=_cmd_rollout)
 
@@ -134,7 +111,7 @@ def add_version_commands(sub: argparse._SubParsersAction) -> None:
         "back. With no server running only the pointer moves.",
     )
     model_arg(p)
-    _store_arg(p, running=True)
+    store_arg(p, running=True)
     run_dir_arg(p)
     p.set_defaults(func=_cmd_rollback)
 
@@ -150,7 +127,7 @@ def add_version_commands(sub: argparse._SubParsersAction) -> None:
         "a served model is not ready; 0 otherwise (also "
         "when no server runs from the run dir).",
     )
-    _store_arg(p, running=True)
+    store_arg(p, running=True)
     p.add_argument("--json", action="store_true", help="print JSON")
     run_dir_arg(p)
     p.set_defaults(func=_cmd_status)
@@ -205,7 +182,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
             model=args.model,
             run_dir=serve_run_dir(args),
             version=args.version,
-            store=_store(args),
+            store=running_store(args),
             canary=args.canary,
             promote=args.promote,
             watch_s=args.watch,
@@ -220,14 +197,14 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 def _cmd_rollback(args: argparse.Namespace) -> int:
     from pipeline.serving.rollout import rollback
 
-    rollback(args.model, serve_run_dir(args), _store(args), say=print)
+    rollback(args.model, serve_run_dir(args), running_store(args), say=print)
     return 0
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
     from pipeline.serving.status import status, status_lines, troubled
 
-    found = status(serve_run_dir(args), _store(args))
+    found = status(serve_run_dir(args), running_store(args))
     if args.json:
         print(json.dumps(found, indent=2))
     else:

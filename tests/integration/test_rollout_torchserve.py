@@ -53,7 +53,7 @@ def served(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Se
     argv = [
         "serve", "--model", MODEL, "--store", str(store), "--run-dir", str(run_dir),
         "--live-versions", "--port", str(free_port()), "--management-port", str(free_port()),
-        "--metrics-port", str(free_port()), "--workers-per-model", "1",
+        "--metrics-port", str(free_port()), "--workers-per-model", "2",
     ]  # fmt: skip
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
@@ -71,6 +71,11 @@ def test_an_unsigned_store_without_a_policy_serves_with_one_warning(served: Serv
     health = httpx.get(f"{served.inference_url}/ping", timeout=10)
     assert health.status_code == 200
     assert not (Path(served.run_dir) / "tmp" / "aotinductor_earlier").exists()  # cleared
+
+
+def _workers(server: Server, version: int) -> int:
+    answer = management(server, "GET", f"/models/{ARCHIVE}/{version}")
+    return len(answer.json()[0]["workers"])
 
 
 def _registered(server: Server) -> list[str]:
@@ -105,6 +110,8 @@ def test_canary_promote_and_rollback_on_torchserve_lose_nothing(
             say=lambda _: None,
         )
         assert _registered(served) == ["1", "2"]
+        # As many workers as the default's (the archive's model-config capped them at 1).
+        assert _workers(served, 2) == _workers(served, 1) == 2
         url = f"{served.inference_url}/predictions/{MODEL}/2"
         answer = httpx.post(
             url, json={"inputs": [[[0.0] * 28] * 28]},
@@ -118,6 +125,7 @@ def test_canary_promote_and_rollback_on_torchserve_lose_nothing(
     answered = load.answered()
     assert answered.get("1", 0) > 0 and answered.get("2", 0) > 0, answered
     assert _registered(served) == ["1"]
+    assert _workers(served, 1) == 2  # registered again by the rollback: scaled too
     assert runtime.get("torchserve").versions.live_state(served).models[
         ARCHIVE
     ].versions.keys() == {1}

@@ -142,10 +142,14 @@ def test_the_toy_goes_through_rollout_with_the_shared_live_state(
         assert cli_main(["status", "--json", *where]) == 0
         served = json.loads(capsys.readouterr().out)["server"]["models"]["digits_lenet"]
         assert (served["versions"], served["default"]) == ([2], 2)
-        code = cli_main(["loadtest", "--model", "digits_lenet", "--requests", "40",
-                         "--concurrency", "4", "--by-version", *where])  # fmt: skip
+        # Without --store: the running server's (it judged by model_store's versions).
+        load = ["loadtest", "--model", "digits_lenet", "--requests", "40", "--concurrency", "4",
+                "--by-version", "--run-dir", str(run_dir)]  # fmt: skip
+        code = cli_main(load)
         said = capsys.readouterr()
         assert code == 0 and "answers by version: 2: 40" in said.out, said.out + said.err
+        assert cli_main([*load, "--store", str(tmp_path / "nowhere")]) == 1
+        assert f"there is no store at {tmp_path / 'nowhere'}" in capsys.readouterr().err
         assert cli_main(["rollback", "--model", "digits_lenet", *where]) == 0
         assert "version 1 is the default again" in capsys.readouterr().out
     finally:

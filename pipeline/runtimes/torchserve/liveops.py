@@ -13,6 +13,7 @@ is unregistered once the gateway says nothing runs on it any more.
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from pipeline.runtimes.torchserve.management import management
 from pipeline.runtimes.torchserve.signed import to_rebuild
 from pipeline.serving import live, versions
 from pipeline.serving.server import Server
+
+log = logging.getLogger(__name__)
 
 REGISTER_TIMEOUT_S = 240.0
 
@@ -132,6 +135,23 @@ def apply_live(server: Server, state: live.LiveState, timeout_s: float) -> None:
                 raise live.LiveError(
                     f"TorchServe did not register {name} version {number}: "
                     f"{answer.status_code} {answer.text[:300]}"
+                )
+            # The archive's model-config.yaml (minWorkers/maxWorkers 1) caps initial_workers:
+            # scaled as `serve` scales the default, or a canary ran on one worker of its two.
+            scaled = management(
+                server,
+                "PUT",
+                f"/models/{name}/{number}",
+                timeout=REGISTER_TIMEOUT_S,
+                params={"min_worker": workers, "max_worker": workers, "synchronous": "true"},
+            )
+            if not scaled.is_success:
+                log.warning(
+                    "%s version %d runs on fewer workers than the default's %d: %s",
+                    name,
+                    number,
+                    workers,
+                    scaled.text[:200],
                 )
     run_dir = Path(server.run_dir)
     live.write(run_dir, state)
