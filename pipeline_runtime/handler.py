@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import torch
 import torch.nn.functional as F
 from ts.handler_utils.timer import timed
@@ -339,7 +340,11 @@ class PipelineHandler(BaseHandler):
         """Each request's answer as JSON text, measured against the frontend's response
         limit (responses.fit): TorchServe encoded dicts itself (indented, several times
         the size), and its frontend dropped the worker for an answer past the limit."""
-        answers = [json.dumps(a) for a in self._answers(data)]
+        # orjson writes a NaN or Inf as null, as the KServe runtime answers: json.dumps wrote
+        # Infinity, which is no JSON (strict parsers refused the whole answer).
+        answers = [
+            orjson.dumps(a, option=orjson.OPT_SERIALIZE_NUMPY).decode() for a in self._answers(data)
+        ]
         for refused in responses.fit([len(a) for a in answers], responses.limit()):
             logger.warning("request %d of the batch: %s", refused.index, refused.message)
             self.context.set_response_status(refused.status, "Answer too large", refused.index)

@@ -122,7 +122,15 @@ def infer(
     service.context.metrics.request_ids = ids
     answers = service._entry_point(inputs, service.context)
     # The handler hands back JSON text (what TorchServe sends as it is); describe, a dict.
+    # Read strictly: Python's json takes NaN and Infinity, which no JSON parser must.
     return [
-        (service.context.get_response_status(i)[0], json.loads(a) if isinstance(a, str) else a)
+        (service.context.get_response_status(i)[0], _strict(a) if isinstance(a, str) else a)
         for i, a in enumerate(answers)
     ]
+
+
+def _strict(text: str) -> Any:
+    def refuse(word: str) -> None:
+        raise ValueError(f"the answer holds {word}, which is not JSON: {text[:200]}")
+
+    return json.loads(text, parse_constant=refuse)

@@ -174,19 +174,7 @@ class Pt2Runner final : public Runner {
   // A package records its inputs by position only; the export folder it sits in names them:
   // golden.pt's inputs, in forward() order. Without it a {name: tensor} file was bound in
   // its own insertion order, silently swapping inputs TorchScript binds by name.
-  std::vector<std::string> InputNames() const override {
-    const auto slash = path_.find_last_of('/');
-    const std::string golden =
-        (slash == std::string::npos ? std::string() : path_.substr(0, slash + 1)) + "golden.pt";
-    if (!std::ifstream(golden)) return {};
-    std::vector<std::string> names;
-    try {
-      LoadCases(golden, &names);
-    } catch (const std::exception&) {
-      return {};
-    }
-    return names;
-  }
+  std::vector<std::string> InputNames() const override { return GoldenNames(path_); }
 
   Case Run(const Case& inputs) override {
     // Compiled kernels assume the contiguous strides they were traced with;

@@ -101,7 +101,9 @@ int main(int argc, char** argv) {
   try {
     std::vector<std::string> keys;  // a {name: tensor} file's names: bound to forward()'s
     cases = client::LoadCases(args->inputs, &keys);
-    if (!keys.empty()) cases.front() = client::BindByName(cases.front(), keys, model->InputNames());
+    if (!keys.empty())
+      cases.front() = client::BindByName(cases.front(), keys,
+                                         {model->InputNames(), client::GoldenNames(args->model)});
   } catch (const std::exception& e) {
     return Fail(kInputsError, e.what());
   }

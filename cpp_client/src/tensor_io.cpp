@@ -8,6 +8,7 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
@@ -17,6 +18,9 @@ namespace client {
 namespace {
 
 std::vector<char> ReadFile(const std::string& path) {
+  // An ifstream opens a directory and fails at the first read ("basic_filebuf::underflow").
+  if (std::filesystem::is_directory(path))
+    throw std::runtime_error("inputs file " + path + " is a directory, not a torch.save file");
   std::ifstream file(path, std::ios::binary);
   if (!file) throw std::runtime_error("cannot open inputs file " + path);
   return {std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
@@ -84,15 +88,52 @@ std::vector<Case> LoadCases(const std::string& path, std::vector<std::string>* n
 }
 
 Case BindByName(const Case& one, const std::vector<std::string>& keys,
-                const std::vector<std::string>& wanted) {
-  if (keys.size() != wanted.size() || keys.size() != one.size()) return one;
-  Case bound;
-  for (const auto& name : wanted) {
-    const auto at = std::find(keys.begin(), keys.end(), name);
-    if (at == keys.end()) return one;  // not forward()'s names: insertion order, as written
-    bound.push_back(one[static_cast<size_t>(at - keys.begin())]);
+                const std::vector<std::vector<std::string>>& namings) {
+  const auto holds = [](const std::vector<std::string>& names, const std::string& name) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  };
+  for (const auto& wanted : namings) {
+    if (wanted.empty() || wanted.size() != keys.size() || keys.size() != one.size()) continue;
+    if (!std::all_of(keys.begin(), keys.end(), [&](const auto& k) { return holds(wanted, k); }))
+      continue;
+    Case bound;
+    for (const auto& name : wanted) {
+      const auto at = std::find(keys.begin(), keys.end(), name);
+      bound.push_back(one[static_cast<size_t>(at - keys.begin())]);
+    }
+    return bound;
   }
-  return bound;
+  const auto known = [&](const std::string& key) {
+    return std::any_of(namings.begin(), namings.end(),
+                       [&](const auto& names) { return holds(names, key); });
+  };
+  if (std::none_of(keys.begin(), keys.end(), known)) return one;  // the file's order, as written
+  const auto list = [](const std::vector<std::string>& names) {
+    std::string out = "[";
+    for (size_t i = 0; i < names.size(); ++i) out += (i ? ", " : "") + names[i];
+    return out + "]";
+  };
+  std::string expected;
+  for (const auto& names : namings)
+    if (!names.empty() && expected.find(list(names)) == std::string::npos)
+      expected += (expected.empty() ? "" : " or ") + list(names);
+  throw std::runtime_error("the inputs are named " + list(keys) + ", not as the model's " +
+                           expected + ": name each input as forward() does, or save a list " +
+                           "to give them in forward()'s order");
+}
+
+std::vector<std::string> GoldenNames(const std::string& model) {
+  const auto slash = model.find_last_of('/');
+  const std::string golden =
+      (slash == std::string::npos ? std::string() : model.substr(0, slash + 1)) + "golden.pt";
+  if (!std::ifstream(golden)) return {};
+  std::vector<std::string> names;
+  try {
+    LoadCases(golden, &names);
+  } catch (const std::exception&) {
+    return {};
+  }
+  return names;
 }
 
 void SaveCases(const std::string& path, const std::vector<Case>& cases) {

@@ -17,11 +17,17 @@ using Case = std::vector<at::Tensor>;  // the inputs (or outputs) of one forward
 // Throws std::runtime_error naming the file and what was found.
 std::vector<Case> LoadCases(const std::string& path, std::vector<std::string>* names = nullptr);
 
-// A dict case in the order of `wanted` (forward()'s argument names) when its keys are
-// those names in another order; unchanged otherwise (a golden file's keys are the
-// manifest's input names, in forward() order, whatever the arguments are called).
+// A dict case in the order of the first of `namings` (forward()'s argument names, then
+// golden.pt's, the manifest's names in forward() order) whose names its keys are. Keys
+// none of them holds are taken in the file's order (a golden file of another export);
+// keys some of which are known names and others not throw std::runtime_error naming both
+// (they were taken in the file's order: inputs swapped, exit 0).
 Case BindByName(const Case& one, const std::vector<std::string>& keys,
-                const std::vector<std::string>& wanted);
+                const std::vector<std::vector<std::string>>& namings);
+
+// The input names of the golden.pt in `model`'s folder (an export folder), in forward()
+// order; empty when there is none or it cannot be read.
+std::vector<std::string> GoldenNames(const std::string& model);
 
 // Writes a list of lists of tensors with torch::jit::pickle_save (torch.load reads it).
 void SaveCases(const std::string& path, const std::vector<Case>& cases);

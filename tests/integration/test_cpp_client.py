@@ -135,6 +135,14 @@ def test_a_dict_of_inputs_binds_by_forward_s_argument_names(binary: Path, tmp_pa
         assert proc.returncode == 0, proc.stderr
         (answer,) = torch.load(outputs)[0]
         torch.testing.assert_close(answer, torch.full((2, 3), expected))
+    # One name forward() has and one it has not (a typo): taken in the file's order, h was
+    # fed as x (exit 0, wrong numbers). Refused now, naming both.
+    torch.save({"h": torch.ones(2, 3), "X": 5 * torch.ones(2, 3)}, inputs)
+    proc = _client(binary, "--model", model, "--inputs", inputs, "--outputs", outputs)
+    assert proc.returncode == 4, proc.stderr
+    assert "the inputs are named [h, X], not as the model's [x, h]" in proc.stderr
+    proc = _client(binary, "--model", model, "--inputs", tmp_path)  # a folder, not a file
+    assert proc.returncode == 4 and f"inputs file {tmp_path} is a directory" in proc.stderr
 
 
 def test_built_with_the_wheels_nvcc_and_no_system_toolkit(binary: Path) -> None:

@@ -54,6 +54,9 @@ def test_deploy_writes_valid_manifests(deployed) -> None:
         (doc,) = iter_documents(path.read_text())
         check(doc, what=str(path))
     assert (out / "export" / "manifest.json").is_file()
+    # The image's runtime opens the TorchScript export with its eager model: the folder
+    # carries the checkpoint (it had none, and every such image stopped at start).
+    assert open_export(out / "export").checkpoint == out / "export" / "checkpoint.pt"
     assert (out / "src" / "pipeline" / "runtimes" / "kserve" / "config.py").is_file()
     assert (out / "torchserve" / "model-store" / "digits_lenet_ts.mar").is_file()
     rc = json.loads((out / "kserve.json").read_text())

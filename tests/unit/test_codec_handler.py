@@ -17,6 +17,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import torch
 from torch import nn
@@ -365,7 +366,8 @@ def test_answers_past_the_response_limit_are_refused_not_the_worker(
     service, _ = served
     big, small = torch.randn(4, 6, 3), torch.randn(4, 1, 3)  # 6 samples' answer, and 1's
     bodies = [{"inputs": big.tolist()}, {"inputs": small.tolist()}, {"inputs": small.tolist()}]
-    sizes = [len(json.dumps(answer)) for _, answer in _handle(service, bodies)]
+    # The size of each answer as the handler writes it (compact JSON, orjson's).
+    sizes = [len(orjson.dumps(answer)) for _, answer in _handle(service, bodies)]
     # The 6 samples' answer cannot fit; each other fits (the frontend checks each alone).
     monkeypatch.setenv(responses.MAX_RESPONSE_ENV, str(max(sizes[1:])))
     answers = _handle(service, bodies)
@@ -376,3 +378,13 @@ def test_answers_past_the_response_limit_are_refused_not_the_worker(
     )
     assert "--max-response-size 1048576 or more" in answers[0][1]["error"]
     assert len(answers[2][1]["outputs"]["logits"]) == 1
+
+
+def test_an_output_that_overflows_is_answered_as_json_null(served: tuple[Any, Path]) -> None:
+    """Finite inputs whose sum overflows float32: the answer said Infinity, which is not
+    JSON (orjson and browsers refused the whole answer); null, as the KServe runtime's."""
+    service, _ = served
+    ((status, answer),) = _handle(service, [{"inputs": [[[3e38, 3e38, 3e38]]] * 4}])
+    assert status == 200, answer
+    (row,) = answer["outputs"]["logits"]
+    assert None in row, row  # the overflowed logits; the finite ones stay numbers

@@ -131,3 +131,12 @@ def test_the_models_failure_is_a_json_500_saying_the_error_not_the_replicas_trac
     assert json.loads(answer.body) == {
         "error": "Inference failed: IndexError: index 99 is out of bounds"
     }
+
+
+def test_a_non_finite_output_is_json_null_not_infinity() -> None:
+    """json.dumps wrote Infinity and NaN, which strict JSON parsers refuse."""
+    arrays = [np.array([[np.inf, -np.inf], [np.nan, 1.0]], dtype=np.float32), ARRAYS[1]]
+    content, length = encode(_request(), META, NAMES, arrays)
+    assert length is None
+    body = json.loads(content, parse_constant=lambda word: pytest.fail(f"{word} in the answer"))
+    assert body["outputs"][0]["data"] == [None, None, None, 1.0]

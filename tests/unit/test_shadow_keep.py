@@ -3,6 +3,7 @@ three files (inputs .npz, answers .npz, .json); counting every .npz stopped it a
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -38,3 +39,23 @@ def test_keep_stops_at_keep_max_samples_not_at_half(
     assert shadowref.keep(tmp_path, sample, [np.ones((1, 10), np.float32)], "diverged")
     replay = np.load(kept[0])  # the inputs alone, as verify --inputs reads them
     assert list(replay) == ["image"]
+
+
+def test_the_same_inf_as_eager_is_no_divergence_another_is() -> None:
+    """A finite input that overflows the model answers Inf in eager and served alike: the
+    shadow check counted it as the artifact diverging (and the replay blamed the file)."""
+    from types import SimpleNamespace
+
+    manifest = SimpleNamespace(
+        output_names=["logits"], tolerance=SimpleNamespace(atol=1e-5, rtol=1e-4)
+    )
+    eager = [np.array([[np.inf, -np.inf, 1.0]], dtype=np.float32)]
+    share, _ = shadowref._elementwise(manifest, eager, [eager[0].copy()])
+    assert share == 0.0
+    share, _ = shadowref._elementwise(manifest, eager, [eager[0] + [0, 0, 1]])
+    assert share > 1.0  # the finite element still compared
+    for served in ([[np.inf, np.nan, 1.0]], [[np.inf, 0.0, 1.0]], [[1.0, 2.0, 3.0]]):
+        share, said = shadowref._elementwise(manifest, eager, [np.array(served, np.float32)])
+        assert share == math.inf and "is NaN or Inf where eager's is not, or the reverse" in said, (
+            served
+        )

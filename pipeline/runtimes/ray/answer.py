@@ -9,9 +9,8 @@ client's error, refused before the model runs (`asked.plan`; app.py answers 400)
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
+import orjson
 
 from pipeline_runtime import oip
 from pipeline_runtime.asked import plan
@@ -26,6 +25,6 @@ def encode(
     answered = [(tensors[name], binary) for name, binary in plan(request, names)]
     header = {**meta, **({"id": request.id} if request.id is not None else {})}
     header["outputs"] = [t.to_json(binary) for t, binary in answered]
-    head = json.dumps(header).encode()
+    head = orjson.dumps(header)  # NaN and Inf as null (json.dumps wrote Infinity: no JSON)
     tails = [t.raw() for t, binary in answered if binary]
     return (head + b"".join(tails), len(head)) if tails else (head, None)
