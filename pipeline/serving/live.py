@@ -23,7 +23,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,10 +205,11 @@ def write_stats(run_dir: Path, slot: int, tallies: Mapping[tuple[str, int], Tall
     )
 
 
-def read_stats(run_dir: Path) -> dict[tuple[str, int], Tally]:
-    """Every worker's tallies, summed per (served name, version)."""
+def read_stats(run_dir: Path, slot: int | None = None) -> dict[tuple[str, int], Tally]:
+    """Every worker's tallies (or `slot`'s alone), summed per (served name, version)."""
     total: dict[tuple[str, int], Tally] = {}
-    for path in (Path(run_dir) / FOLDER).glob("stats-*.json"):
+    pattern = f"stats-{'*' if slot is None else slot}.json"
+    for path in (Path(run_dir) / FOLDER).glob(pattern):
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -219,10 +220,17 @@ def read_stats(run_dir: Path) -> dict[tuple[str, int], Tally]:
     return total
 
 
+def _carried(run_dir: Path, slot: int) -> tuple[int | None, dict[tuple[str, int], Tally]]:
+    """What an earlier process of `slot` (a worker the supervisor restarted) acknowledged
+    and counted: its answers count toward the canary's judgement after it died too."""
+    generation = acks(run_dir).get(slot, {}).get("generation")
+    return generation, read_stats(run_dir, slot) if generation is not None else {}
+
+
 async def follow(
     run_dir: Path,
     slot: int,
-    tallies: Mapping[tuple[str, int], Tally],
+    tallies: MutableMapping[tuple[str, int], Tally],
     apply: Callable[[LiveState], Awaitable[str | None]],
     *,
     poll_s: float = 0.1,
@@ -233,6 +241,9 @@ async def follow(
     acknowledged as `slot`; `tallies` are written whenever they changed (at most every
     `stats_every_s`). The KServe runtime's workers, TorchServe's gateway and the toy run it."""
     seen: tuple[int, int, int] | None = None
+    # A restarted worker wrote empty tallies over its predecessor's: a canary judged after
+    # the restart had "answered 0 of the 20 requests", its failures before it lost too.
+    before, counted = _carried(run_dir, slot)
     written: dict[tuple[str, int], int] | None = None
     last_stats = 0.0
     while True:
@@ -255,6 +266,10 @@ async def follow(
                 except Exception as err:  # the process must outlive one bad state
                     log.exception("applying generation %d failed", state.generation)
                     error = f"{type(err).__name__}: {err}"
+                if before == state.generation and error is None:  # the same state again
+                    for key, tally in counted.items():
+                        tallies.setdefault(key, Tally()).merge(tally)
+                before, counted = None, {}
                 # The tallies as this state left them (a version loaded again starts from
                 # none), before the acknowledgement: a rollout that judges a canary right
                 # after read its previous incarnation's answers, up to stats_every_s old.

@@ -116,6 +116,8 @@ def _local_properties(text: str, port: int, model_store: Path) -> str:
     props["grpc_management_port"] = str(free_port())
     props["grpc_inference_address"] = props["grpc_management_address"] = "127.0.0.1"
     props["model_store"] = str(model_store)
+    assert props["allowed_urls"] == "file:///mnt/models/model-store/.*"
+    props["allowed_urls"] = f"file://{model_store}/.*"
     return "".join(f"{k}={v}\n" for k, v in props.items())
 
 
@@ -169,6 +171,11 @@ def test_torchserve_layout_answers_open_inference_protocol(
         }  # fmt: skip
         r = httpx.post(f"{base}/v2/models/{name}/infer", json=body, timeout=60)
         assert r.status_code == 200, r.text[:2000]
+        # No token on the pod's management API: an archive from elsewhere is refused.
+        remote = f"http://127.0.0.1:{free_port()}/evil.mar"
+        refused = httpx.post(f"{base}/models", params={"url": remote}, timeout=30)
+        assert refused.status_code == 404, refused.text
+        assert "does not match any allowed URL" in refused.text, refused.text
         answer = r.json()
         assert answer["model_name"] == name
         (out,) = answer["outputs"]

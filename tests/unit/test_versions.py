@@ -307,6 +307,45 @@ def test_a_state_is_acknowledged_only_once_the_tallies_it_left_are_written(
     asyncio.run(scenario())
 
 
+def test_a_restarted_worker_keeps_its_predecessor_s_answers_of_the_same_state(
+    tmp_path: Path,
+) -> None:
+    """A KServe worker killed mid-canary came back writing empty tallies over its file:
+    `rollout --promote` then said the canary "answered 0 of the 20 requests" (and any
+    failures it had counted were gone). The same state's answers are carried over; after
+    a state that changed while it was down, they are not."""
+    import asyncio
+
+    one = live.ModelVersions({1: live.Loaded(1, "/a", "onnx"), 2: live.Loaded(2, "/b", "onnx")}, 1)
+    earlier = live.Tally()
+    for ok in (True, True, False):
+        earlier.add(1.0, ok=ok)
+
+    async def apply(state: live.LiveState) -> str | None:
+        return None
+
+    async def restart(generation: int) -> dict[tuple[str, int], live.Tally]:
+        live.clear(tmp_path)
+        live.write(tmp_path, live.LiveState(5, {"m": one}))
+        live.ack(tmp_path, 0, 5)  # what the dead process had applied and counted
+        live.write_stats(tmp_path, 0, {("m", 2): earlier})
+        live.write(tmp_path, live.LiveState(generation, {"m": one}))
+        tallies: dict[tuple[str, int], live.Tally] = {}
+        dead = live.acks(tmp_path)[0]["at"]
+        task = asyncio.ensure_future(live.follow(tmp_path, 0, tallies, apply, poll_s=0.01))
+        for _ in range(200):
+            if live.acks(tmp_path)[0]["at"] != dead:  # acknowledged by the new process
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+        return tallies
+
+    kept = asyncio.run(restart(5))
+    assert (kept["m", 2].requests, kept["m", 2].failed) == (3, 1)
+    assert live.read_stats(tmp_path)["m", 2].requests == 3  # written, not emptied
+    assert ("m", 2) not in asyncio.run(restart(6))  # another state: counted afresh
+
+
 def test_status_names_a_dead_gateway_of_a_running_server(tmp_path: Path) -> None:
     """`kill -9` of TorchServe's gateway: status said the server was fine (exit 0) while
     every request got "connection refused"; only the main process was checked."""
@@ -392,21 +431,24 @@ def test_rollout_and_status_take_the_running_servers_store_when_none_is_given(
     # `serve --store S` then `rollout` without --store was refused ("--store model_store
     # is another one") and `status` showed no store: they now read the server's record.
     from pipeline.cli import build_parser
-    from pipeline.cli.versions import _store
+    from pipeline.cli.args import running_store as _store
     from pipeline.core.paths import DEFAULT_STORE
     from pipeline.serving.server import Server
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
+    # loadtest --by-version too: it judged by model_store's versions (a user's trial).
+    COMMANDS = (["status"], ["rollback", "--model", "m"], ["rollout", "--model", "m"],
+                ["loadtest", "--model", "m", "--by-version"])  # fmt: skip
     parser = build_parser()
-    for argv in (["status"], ["rollback", "--model", "m"], ["rollout", "--model", "m"]):
+    for argv in COMMANDS:
         args = parser.parse_args([*argv, "--run-dir", str(run_dir)])
         assert _store(args) == DEFAULT_STORE  # no server recorded there
     Server(
         runtime="kserve", pid=0, run_dir=str(run_dir), inference_url="", metrics_url="",
         models=["m"], extras={"store": str(tmp_path / "mine")},
     ).record()  # fmt: skip
-    for argv in (["status"], ["rollback", "--model", "m"], ["rollout", "--model", "m"]):
+    for argv in COMMANDS:
         args = parser.parse_args([*argv, "--run-dir", str(run_dir)])
         assert _store(args) == tmp_path / "mine", argv
         given = parser.parse_args([*argv, "--run-dir", str(run_dir), "--store", "other"])

@@ -74,6 +74,10 @@ def on_kserve(mar_name: str, *, host: str = POD_HOST, envelope: bool = False) ->
         # The handler's own limit (pipeline_runtime.responses): past it, its request's 500.
         "max_response_size": str(DEFAULT_MAX_RESPONSE),
         "model_store": "/mnt/models/model-store",
+        # The management API listens beside inference on the pod's address (the wrapper's
+        # layout) with no token: TorchServe's default allowed_urls took any http(s) URL, so
+        # whoever reached the pod could register a remote archive and run its code.
+        "allowed_urls": "file:///mnt/models/model-store/.*",
         "model_snapshot": json.dumps(model_snapshot(mar_name), separators=(",", ":")),
     }
 
