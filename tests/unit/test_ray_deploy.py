@@ -117,3 +117,19 @@ def test_a_rayservice_that_could_never_be_ready_is_refused(kw: dict, said: str) 
     with pytest.raises(d.DeployError, match=re.escape(said)):
         d.check_sizes(_config(**kw))
     d.check_sizes(_config(replicas=4, workers=2, max_workers=4, cpu="2"))  # room for all four
+
+
+def test_the_image_builds_as_rays_user_with_cpu_torch_on_cpu() -> None:
+    # A user's trial (2026-11-29): Ray's image runs as `ray` (uid 1000), and setuptools
+    # failed in the root-owned source folder ("could not create 'build'"); and the CPU
+    # image pulled PyPI's CUDA build of torch.
+    lines = d.dockerfile(_config()).splitlines()
+    copy = next(i for i, line in enumerate(lines) if "src/ /opt/pipeline/src/" in line)
+    assert lines[copy].startswith("COPY --chown=ray:users src/ "), lines[copy]
+    index = next(i for i, line in enumerate(lines) if '--index-url "$TORCH_INDEX"' in line)
+    assert index < copy  # torch before the project, whose pins then keep it
+    assert "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu" in lines
+    pinned = {w.strip('"') for w in lines[index].split()}
+    assert {"torch==2.14.1", "torchvision==0.29.1"} <= pinned  # pyproject.toml's pins
+    gpu = d.dockerfile(_config(gpu=True))
+    assert "COPY --chown=ray:users src/ " in gpu and "TORCH_INDEX" not in gpu

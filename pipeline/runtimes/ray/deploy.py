@@ -210,13 +210,43 @@ def check(manifest: dict[str, Any], what: str = "rayservice.yaml") -> None:
         raise DeployError(f"{what} is not a valid KubeRay {KIND}:\n  {crd.listed(found)}")
 
 
+# PyPI's torch wheel for x86_64 is the CUDA build (GBs of CUDA libraries): a CPU image
+# takes torch and torchvision from PyTorch's CPU index first, as the KServe image does.
+TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+# Ray's images run as user `ray` (uid 1000, group users): a root-owned source folder
+# fails setuptools' build there ("could not create 'build': Permission denied").
+IMAGE_USER = "ray:users"
+
+
+def torch_pins() -> list[str]:
+    """The project's torch and torchvision requirements (pyproject.toml's pins, so the
+    project's install keeps the CPU wheels); unpinned when pyproject.toml is not there."""
+    import tomllib
+
+    try:
+        deps = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]
+    except (OSError, ValueError, KeyError):
+        return ["torch", "torchvision"]
+    pins = {re.split(r"[=<>!~; ]", d, maxsplit=1)[0]: d for d in deps["dependencies"]}
+    return [pins.get(name, name) for name in ("torch", "torchvision")]
+
+
 def dockerfile(config: RayDeployConfig) -> str:
     kind = "with CUDA, for GPU pods" if config.gpu else "CPU"
+    torch = " ".join(f'"{p}"' for p in torch_pins())
+    # The GPU image keeps PyPI's wheel: its CUDA build is the one it needs.
+    cpu_torch = (
+        ""
+        if config.gpu
+        else f"""ARG TORCH_INDEX={TORCH_INDEX}
+RUN pip install --no-cache-dir --index-url "$TORCH_INDEX" {torch}
+"""
+    )
     return f"""\
 # The Ray runtime's image for KubeRay: Ray {RAY_VERSION} (Python 3.11, {kind}), the project
 # and the export. Build: docker build -t {config.image} .
 FROM {GPU_BASE_IMAGE if config.gpu else BASE_IMAGE}
-COPY src/ /opt/pipeline/src/
+{cpu_torch}COPY --chown={IMAGE_USER} src/ /opt/pipeline/src/
 RUN pip install --no-cache-dir "/opt/pipeline/src[ray]"
 COPY export/ {EXPORT_IN_IMAGE}/
 """
