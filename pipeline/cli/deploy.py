@@ -155,9 +155,19 @@ def refuse_other_runtimes(args: argparse.Namespace) -> None:
             if a not in mine and getattr(args, a.dest) != a.default
         ]
         if given:
+            # The runtime's own option of the same meaning, by its name's ending (--format
+            # → --ray-format): the refusal said only whose option it was.
+            own = [
+                o
+                for g in given
+                for a in mine
+                for o in a.option_strings[:1]
+                if o != g and o.endswith("-" + g.lstrip("-"))
+            ]
+            instead = f"; with --runtime {args.runtime} use {', '.join(own)}" if own else ""
             raise PipelineError(
                 f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for --runtime {name}, "
-                f"not {args.runtime}; see `pipeline serve --help`."
+                f"not {args.runtime}{instead}; see `pipeline serve --help`."
             )
 
 

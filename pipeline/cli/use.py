@@ -28,8 +28,9 @@ def add_client_commands(sub: argparse._SubParsersAction, formats: list[str]) -> 
         help="send an image or tensors to a served model and print the answer",
         description="Send a file to a served model with the inference token and print the "
         "answer: a .png/.jpg image, a .json body, a .npy/.npz array file or a torch.save'd .pt "
-        "of tensors. TorchServe gets it at /predictions/<model>; the KServe runtime gets it as "
-        "an Open Inference Protocol request (/v2/models/<model>/infer; tensors only, no images).",
+        "of tensors. TorchServe gets it at /predictions/<model>; the KServe and Ray Serve "
+        "runtimes get it as an Open Inference Protocol request (/v2/models/<model>/infer, "
+        "under the run's route prefix on a joined Ray cluster; tensors only, no images).",
     )
     p.add_argument(
         "--model",

@@ -141,9 +141,30 @@ class Nodes(abc.ABC):
         "a runtime that declares it does; lose a node under load with --kill-node-after"
     )
 
+    # Why `loadtest --serve --kill-node-after` is refused before its private server starts
+    # (one without worker nodes to lose), with what to do instead; None: it may be asked.
+    private_kill_refused: str | None = None
+
     @abc.abstractmethod
     def serving(self, server: Server, name: str) -> list[str]:
         """The ids of the nodes whose replicas serve `name` now."""
+
+    @abc.abstractmethod
+    def worker_nodes(self, server: Server, name: str) -> list[str]:
+        """The ids of the live worker nodes (never the head) whose replicas serve `name`."""
+
+    # What refuse_kill advises when too few worker nodes serve a model.
+    more_nodes: str = "serve it on at least two worker nodes"
+
+    def refuse_kill(self, server: Server, name: str) -> None:
+        """ValueError unless at least two worker nodes serve `name`: killing the only one
+        leaves nothing to answer, which tests no recovery and fails every request after."""
+        count = len(self.worker_nodes(server, name))
+        if count < 2:
+            raise ValueError(
+                f"{count} worker node(s) serve {name}, and a node is killed only while at "
+                f"least two do (losing the last one leaves no replica to answer): {self.more_nodes}"
+            )
 
     @abc.abstractmethod
     def kill_node(self, server: Server, name: str) -> str:

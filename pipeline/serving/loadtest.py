@@ -29,7 +29,7 @@ import signal
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,12 @@ from pipeline.core.errors import PipelineError
 from pipeline.export.opened import ExportedModel, open_export
 from pipeline.serving import client, runtime, served, wire
 from pipeline.serving.loadjudge import ByVersion, UncheckedVersionError, pooled_for
+from pipeline.serving.loadkills import (
+    NodeKill,
+    kill_refusal,
+    node_kill_refusal,
+    private_kill_refusal,
+)
 from pipeline.serving.loadreport import LoadReport
 from pipeline.serving.server import Server, default_run_dir
 
@@ -166,24 +172,6 @@ async def _watch_recovery(
     return None
 
 
-@dataclass
-class _NodeKill:
-    """When the node was killed, the last failure after it, and the answers since."""
-
-    at: float | None = None  # time.monotonic() of the kill
-    at_perf: float = 0.0  # the same moment on the requests' clock
-    last_failure: float | None = None
-    answered_at: list[float] = field(default_factory=list)
-
-    def recovery_s(self) -> float | None:
-        """Kill → the first answer after the last failure (the kill itself when none failed)."""
-        if self.at is None:
-            return None
-        since = self.last_failure or self.at
-        after = [t for t in self.answered_at if t >= since]
-        return min(after) - self.at if after else None
-
-
 async def _run(
     config: LoadConfig, server: Server, name: str, report: LoadReport, exported: ExportedModel
 ) -> None:
@@ -195,7 +183,7 @@ async def _run(
     latencies: list[float] = []
     next_index = 0
     recovery: asyncio.Task | None = None
-    node_kill = _NodeKill()
+    node_kill = NodeKill()
 
     async def one(http: client.AsyncClient, i: int) -> None:
         nonlocal recovery
@@ -319,27 +307,9 @@ async def _run(
 
 
 def _refuse_kills(config: LoadConfig, rt: runtime.Runtime) -> None:
-    """A kill `rt` does not offer (or an encoding it does not read), refused before the
-    run with what it does instead."""
-    readable = rt.protocol.encodings
-    unread = [e for e in config.encodings if readable is not None and e not in readable]
-    if unread:
-        raise LoadTestError(
-            f"{rt.title} reads the encodings {', '.join(readable or ())}, not {', '.join(unread)}."
-        )
-    if config.kill_worker_after is not None and not rt.replaces_workers:
-        # A cluster runtime replaces a killed replica itself: say so (its own wording).
-        why = (
-            rt.nodes.worker_kill_refused
-            if rt.nodes is not None
-            else "it does not declare that it replaces a killed worker itself"
-        )
-        raise LoadTestError(f"--kill-worker-after is not offered on {rt.title}: {why}.")
-    if config.kill_node_after is not None and rt.nodes is None:
-        raise LoadTestError(
-            f"--kill-node-after needs a runtime spread over a cluster's nodes; {rt.title} runs "
-            "on one machine (serve with --runtime ray --ray-nodes 2 --ray-replicas 2)."
-        )
+    refused = kill_refusal(config.encodings, config.kill_worker_after, config.kill_node_after, rt)
+    if refused:
+        raise LoadTestError(refused)
 
 
 def run(
@@ -362,6 +332,11 @@ def run(
     _refuse_kills(config, rt)
     exported = exported or open_export(config.export_dir)
     name = config.served or client.resolve_model(server, exported.name, config.format)
+    # Before any load: a kill that would take the last node serving the model fails
+    # every request after it (a second run after one node was lost killed the other).
+    refused = node_kill_refusal(rt, server, name) if config.kill_node_after is not None else None
+    if refused:
+        raise LoadTestError(refused)
     # Every answer would be checked against another model's outputs: say why, not "wrong".
     # By version, each answer is checked against the version it names, whatever was served
     # at start (a rollout since changes what the server's record says).
@@ -388,6 +363,9 @@ def run_served(
     rt = runtime.get(config.runtime or runtime.default())
     config.validate()  # before a server is started for it: --requests 0 took 8 s to refuse
     _refuse_kills(config, rt)
+    refused = private_kill_refusal(config.kill_node_after, rt)
+    if refused:  # before the private server, not after its start
+        raise LoadTestError(refused)
     exported = open_export(config.export_dir)
     fmt = config.format or served.export_format(exported.manifest)
     say(f"starting a private server ({rt.title}) for {exported.name} ({fmt}) ...")

@@ -29,7 +29,7 @@ import tritonclient.http as thttp
 from pipeline.export import ExportResult
 from pipeline.export.opened import open_export
 from pipeline.serving.launcher import free_port
-from pipeline.serving.loadtest import LoadConfig, run
+from pipeline.serving.loadtest import LoadConfig, LoadTestError, run
 from pipeline.serving.server import INFERENCE_KEY_FILE, Server
 from pipeline.serving.wire import oip_json
 from tests.conftest import run_cli
@@ -346,6 +346,33 @@ def test_a_worker_node_lost_under_load_costs_no_wrong_answer(
     assert report.node_recovery_s is not None and report.node_recovery_s < 30, report.summary()
     left = {r["node_id"] for r in _state(server)["replicas"]["digits_lenet"]}
     assert report.killed_node not in left and left, (report.killed_node, left)
+
+
+def test_after_the_node_loss_it_is_reaped_marked_and_the_last_node_is_not_killed(
+    cluster, exported: ExportResult
+) -> None:
+    """A user's trial (2026-11-29): the lost node's processes stayed <defunct> under the
+    host until stop, ray_state.json still listed the node, and a second node kill took
+    the last node serving the model. Reuses the module's cluster, after the node loss."""
+    server, _ = cluster
+    host = psutil.Process(server.pid)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        defunct = [c.pid for c in host.children() if c.status() == psutil.STATUS_ZOMBIE]
+        lost = [n for n in _state(server)["nodes"] if n.get("dead")]
+        if not defunct and lost:
+            break
+        time.sleep(0.5)
+    assert defunct == [], defunct  # reaped while serving, not only at stop
+    assert len(lost) == 1 and not lost[0]["head"], _state(server)["nodes"]
+    with pytest.raises(LoadTestError, match=r"1 worker node\(s\) serve digits_lenet"):
+        run(
+            LoadConfig(export_dir=exported.out_dir, run_dir=Path(server.run_dir),
+                       requests=100, concurrency=2, pool=4, kill_node_after=10)
+        )  # fmt: skip
+    auth = {"Authorization": f"Bearer {_key(server)}"}
+    ready = httpx.get(f"{server.inference_url}/v2/models/digits_lenet/ready", headers=auth)
+    assert ready.status_code == 200, ready.text  # the surviving node was not killed
 
 
 def test_stop_leaves_no_ray_process_it_started(cluster) -> None:

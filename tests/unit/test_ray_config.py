@@ -11,7 +11,8 @@ import pytest
 
 from pipeline.runtimes.ray import RayServe
 from pipeline.runtimes.ray.launch import RayConfig, replica_cpus
-from pipeline.serving.loadtest import LoadConfig, LoadTestError, _NodeKill
+from pipeline.serving.loadkills import NodeKill as _NodeKill
+from pipeline.serving.loadtest import LoadConfig, LoadTestError
 
 
 def _own(**kw: object) -> argparse.Namespace:

@@ -117,3 +117,63 @@ def test_a_rayservice_that_could_never_be_ready_is_refused(kw: dict, said: str) 
     with pytest.raises(d.DeployError, match=re.escape(said)):
         d.check_sizes(_config(**kw))
     d.check_sizes(_config(replicas=4, workers=2, max_workers=4, cpu="2"))  # room for all four
+
+
+def test_the_image_builds_as_rays_user_with_cpu_torch_on_cpu() -> None:
+    # A user's trial (2026-11-29): Ray's image runs as `ray` (uid 1000), and setuptools
+    # failed in the root-owned source folder ("could not create 'build'"); and the CPU
+    # image pulled PyPI's CUDA build of torch.
+    lines = d.dockerfile(_config()).splitlines()
+    copy = next(i for i, line in enumerate(lines) if "src/ /opt/pipeline/src/" in line)
+    assert lines[copy].startswith("COPY --chown=ray:users src/ "), lines[copy]
+    index = next(i for i, line in enumerate(lines) if '--index-url "$TORCH_INDEX"' in line)
+    assert index < copy  # torch before the project, whose pins then keep it
+    assert "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu" in lines
+    pinned = {w.strip('"') for w in lines[index].split()}
+    assert {"torch==2.14.1", "torchvision==0.29.1"} <= pinned  # pyproject.toml's pins
+    gpu = d.dockerfile(_config(gpu=True))
+    assert "COPY --chown=ray:users src/ " in gpu and "TORCH_INDEX" not in gpu
+
+
+def test_the_dashboard_is_kept_to_the_operators_namespace_by_a_network_policy() -> None:
+    # rayservice.yaml opens the head's dashboard (8265) on every interface, for KubeRay's
+    # operator; Ray's Jobs API there runs any code sent to it, unauthenticated.
+    from pipeline.runtimes.ray.netpolicy import network_policy
+
+    config = _config(namespace="serving", operator_namespace="kuberay")
+    manifest = d.rayservice(config, MODEL)
+    cluster = manifest["spec"]["rayClusterConfig"]
+    head = cluster["headGroupSpec"]["template"]
+    (worker,) = [g["template"] for g in cluster["workerGroupSpecs"]]
+    assert d.errors(manifest) == []  # the pods' labels are valid RayService fields
+    policy = network_policy(config.name, config.namespace, config.operator_namespace, 8000)
+    assert (policy["apiVersion"], policy["kind"]) == ("networking.k8s.io/v1", "NetworkPolicy")
+    assert policy["metadata"] == {"name": "digits-lenet-head", "namespace": "serving"}
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    # It selects the head pod: its template's labels and KubeRay's node type, not a worker.
+    selector = spec["podSelector"]["matchLabels"]
+    on_head = head["metadata"]["labels"] | {"ray.io/node-type": "head"}
+    on_worker = worker["metadata"]["labels"] | {"ray.io/node-type": "worker"}
+    assert selector.items() <= on_head.items() and not selector.items() <= on_worker.items()
+    rules = spec["ingress"]
+    ports = [{p["port"] for p in r.get("ports", [])} for r in rules]
+    # 8265 only from the operator's namespace; no rule opens it (or every port) to all.
+    dashboard = [r for r, p in zip(rules, ports, strict=True) if 8265 in p]
+    assert dashboard == [
+        {
+            "from": [
+                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kuberay"}}}
+            ],
+            "ports": [{"protocol": "TCP", "port": 8265}],
+        }
+    ]
+    for rule, open_ports in zip(rules, ports, strict=True):
+        if "from" not in rule:
+            assert open_ports == {8000}, rule  # Serve, behind the token
+        elif not open_ports:  # every port: the RayService's own pods only
+            (peer,) = rule["from"]
+            own = peer["podSelector"]["matchLabels"]
+            assert own.items() <= head["metadata"]["labels"].items()
+            assert own.items() <= worker["metadata"]["labels"].items()
+    assert {8000, 8265} <= set().union(*ports)

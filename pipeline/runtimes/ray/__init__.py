@@ -46,10 +46,35 @@ __all__ = ["NAME", "RayServe"]
 
 
 class _Nodes(Nodes):
+    more_nodes = (
+        "serve with `pipeline serve --runtime ray --ray-nodes 2 --ray-replicas 2` (or more) "
+        "and run loadtest against it"
+    )
+    # loadtest has no --ray-nodes: its private server is a head-only cluster.
+    private_kill_refused = (
+        "the private server is a Ray cluster without worker nodes, so there is none to lose; "
+        "start `pipeline serve --runtime ray --ray-nodes 2 --ray-replicas 2` and run "
+        "`pipeline loadtest --kill-node-after N` (without --serve) against it"
+    )
+
     def serving(self, server: Server, name: str) -> list[str]:
         from pipeline.runtimes.ray.status import replicas_now
 
         return sorted({r["node_id"] for r in replicas_now(server, name)})
+
+    @staticmethod
+    def _workers(known: dict[str, Any], name: str) -> list[dict[str, Any]]:
+        from pipeline.runtimes.ray.status import node_alive
+
+        serving = {r["node_id"] for r in known["replicas"].get(name, [])}
+        return [
+            n for n in known["nodes"] if not n["head"] and n["node_id"] in serving and node_alive(n)
+        ]
+
+    def worker_nodes(self, server: Server, name: str) -> list[str]:
+        from pipeline.runtimes.ray.status import read
+
+        return [str(n["node_id"]) for n in self._workers(read(server), name)]
 
     def kill_node(self, server: Server, name: str) -> str:
         import psutil
@@ -62,13 +87,9 @@ class _Nodes(Nodes):
                 f"{TITLE} did not start the cluster it serves on ({known.get('address')}): "
                 "it kills no node of someone else's cluster"
             )
-        serving = {r["node_id"] for r in known["replicas"].get(name, [])}
-        nodes = [n for n in known["nodes"] if not n["head"] and n["node_id"] in serving]
-        if not nodes:
-            raise ValueError(
-                f"no worker node serves {name}: start the runtime with --ray-nodes 2 or more "
-                "so the replicas run on worker nodes"
-            )
+        # Checked again at the kill, not only before the run: a node may have gone since.
+        self.refuse_kill(server, name)
+        nodes = self._workers(known, name)
         node = nodes[0]
         # A lost machine: every process of the node at once, its raylet's workers too.
         procs = []

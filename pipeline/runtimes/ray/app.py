@@ -191,7 +191,12 @@ class Ingress:
             {m["name"]: deployment_name(m["name"]) for m in config["models"]}
         )
         self.keys = guard.Keys(Path(config["token_file"]))
-        self.limit = guard.BodyLimit(int(config["max_request_size"]))
+        # A deadline on the body: a request slot (max_ongoing_requests) is held per
+        # connection while its body is read, and Serve's proxy sets none.
+        self.limit = guard.BodyLimit(
+            int(config["max_request_size"]),
+            float(config.get("body_timeout_s", guard.BODY_TIMEOUT_S)),
+        )
         self.models: dict[str, dict[str, Any]] = {}
         for served in config["models"]:
             manifest = read_manifest(Path(served["export_dir"]))

@@ -19,6 +19,8 @@ writes into --out:
   Dockerfile, export/, src/   Ray's image with the project and the export
   serve_config.yaml           the Serve application (OIP ingress + the model's deployment)
   rayservice.yaml             KubeRay RayService: that Serve config and its Ray cluster
+  networkpolicy.yaml          the head's dashboard (8265, Ray's Jobs API: no auth) to the
+                              KubeRay operator's namespace only
   README.md                   the commands to build, create the token Secret and apply
 
 The RayService is validated against KubeRay's CRD schema (v1.7.0, unknown fields refused
@@ -65,6 +67,13 @@ def add_deploy_target(targets: argparse._SubParsersAction) -> None:
         help="one GPU per worker pod (nvidia.com/gpu: 1), which its replica runs on; the "
         "image starts from Ray's CUDA image",
     )
+    p.add_argument(
+        "--kuberay-namespace",
+        default="default",
+        metavar="NS",
+        help="the namespace KubeRay's operator runs in: the only one networkpolicy.yaml "
+        "lets reach the head's dashboard (default: default)",
+    )
     p.add_argument("--force", action="store_true", help="replace --out if it is not empty")
     p.set_defaults(func=_cmd_deploy_ray)
 
@@ -90,6 +99,7 @@ def _cmd_deploy_ray(args: argparse.Namespace) -> int:
         cpu=args.cpu,
         memory=args.memory,
         gpu=args.gpu,
+        operator_namespace=args.kuberay_namespace,
     )
     files = deploy_ray(config, force=args.force)
     print(f"wrote {args.out}")
@@ -97,6 +107,6 @@ def _cmd_deploy_ray(args: argparse.Namespace) -> int:
         print(f"  {f.relative_to(args.out)}")
     print(
         f"next: docker build -t {config.image} {args.out} && kubectl apply -f "
-        f"{args.out / 'rayservice.yaml'}  (see {args.out / 'README.md'})"
+        f"{args.out / 'rayservice.yaml'} -f {args.out / 'networkpolicy.yaml'}  (see {args.out / 'README.md'})"
     )
     return 0

@@ -5,6 +5,7 @@
     <out>/src/                the project's source the image installs
     <out>/serve_config.yaml   the Serve application (also inside the RayService)
     <out>/rayservice.yaml     the RayService: its Serve config and its Ray cluster
+    <out>/networkpolicy.yaml  the head pod's dashboard (8265) to KubeRay's operator only
     <out>/README.md           the commands to build, create the token and apply
 
 The application is the one `pipeline serve --runtime ray` runs (app.app_builder reads
@@ -29,6 +30,7 @@ from pipeline.core import signing
 from pipeline.core.errors import PipelineError
 from pipeline.core.fileio import readable_tree
 from pipeline.runtimes.ray.launch import RayConfig, served_model
+from pipeline.runtimes.ray.netpolicy import DASHBOARD_PORT, network_policy, pod_labels
 from pipeline.serving import crd
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
@@ -65,6 +67,9 @@ class RayDeployConfig:
     memory: str = "2Gi"
     max_request_size: int = 4 * 1024 * 1024
     gpu: bool = False  # one GPU per worker pod, which its replica reserves and runs on
+    # Where KubeRay's operator runs: the only namespace networkpolicy.yaml lets reach the
+    # dashboard (Helm installs it in the current namespace, by default `default`).
+    operator_namespace: str = "default"
 
 
 def service_name(model: str) -> str:
@@ -112,7 +117,8 @@ def _container(name: str, config: RayDeployConfig, head: bool) -> dict[str, Any]
     if head:
         container["ports"] = [
             {"containerPort": 6379, "name": "gcs-server"},
-            {"containerPort": 8265, "name": "dashboard"},
+            # KubeRay's operator needs it; networkpolicy.yaml keeps everyone else out.
+            {"containerPort": DASHBOARD_PORT, "name": "dashboard"},
             {"containerPort": SERVE_PORT, "name": "serve"},
         ]
     return container
@@ -128,7 +134,8 @@ def _pod(name: str, config: RayDeployConfig, head: bool) -> dict[str, Any]:
         spec["tolerations"] = [
             {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
         ]
-    return {"spec": spec}
+    # The labels networkpolicy.yaml selects the RayService's pods by.
+    return {"metadata": {"labels": pod_labels(config.name)}, "spec": spec}
 
 
 def rayservice(config: RayDeployConfig, model: dict[str, Any]) -> dict[str, Any]:
@@ -210,13 +217,43 @@ def check(manifest: dict[str, Any], what: str = "rayservice.yaml") -> None:
         raise DeployError(f"{what} is not a valid KubeRay {KIND}:\n  {crd.listed(found)}")
 
 
+# PyPI's torch wheel for x86_64 is the CUDA build (GBs of CUDA libraries): a CPU image
+# takes torch and torchvision from PyTorch's CPU index first, as the KServe image does.
+TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+# Ray's images run as user `ray` (uid 1000, group users): a root-owned source folder
+# fails setuptools' build there ("could not create 'build': Permission denied").
+IMAGE_USER = "ray:users"
+
+
+def torch_pins() -> list[str]:
+    """The project's torch and torchvision requirements (pyproject.toml's pins, so the
+    project's install keeps the CPU wheels); unpinned when pyproject.toml is not there."""
+    import tomllib
+
+    try:
+        deps = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]
+    except (OSError, ValueError, KeyError):
+        return ["torch", "torchvision"]
+    pins = {re.split(r"[=<>!~; ]", d, maxsplit=1)[0]: d for d in deps["dependencies"]}
+    return [pins.get(name, name) for name in ("torch", "torchvision")]
+
+
 def dockerfile(config: RayDeployConfig) -> str:
     kind = "with CUDA, for GPU pods" if config.gpu else "CPU"
+    torch = " ".join(f'"{p}"' for p in torch_pins())
+    # The GPU image keeps PyPI's wheel: its CUDA build is the one it needs.
+    cpu_torch = (
+        ""
+        if config.gpu
+        else f"""ARG TORCH_INDEX={TORCH_INDEX}
+RUN pip install --no-cache-dir --index-url "$TORCH_INDEX" {torch}
+"""
+    )
     return f"""\
 # The Ray runtime's image for KubeRay: Ray {RAY_VERSION} (Python 3.11, {kind}), the project
 # and the export. Build: docker build -t {config.image} .
 FROM {GPU_BASE_IMAGE if config.gpu else BASE_IMAGE}
-COPY src/ /opt/pipeline/src/
+{cpu_torch}COPY --chown={IMAGE_USER} src/ /opt/pipeline/src/
 RUN pip install --no-cache-dir "/opt/pipeline/src[ray]"
 COPY export/ {EXPORT_IN_IMAGE}/
 """
@@ -231,7 +268,11 @@ def readme(config: RayDeployConfig) -> str:
 2. Create the inference token (clients send `Authorization: Bearer <key>`):
    `kubectl create secret generic {config.name}-inference-key --from-file=inference_key.json`
    with `{{"inference": {{"key": "<a long random string>"}}}}` in inference_key.json.
-3. Apply: `kubectl apply -f rayservice.yaml` (KubeRay's operator must be installed).
+3. Apply: `kubectl apply -f rayservice.yaml -f networkpolicy.yaml` (KubeRay's operator
+   must be installed). The head's dashboard (8265) must stay reachable by the operator,
+   and its Jobs API runs any code it is sent, without authentication: networkpolicy.yaml
+   lets only the namespace `{config.operator_namespace}` (the operator's; change it if
+   yours runs elsewhere) reach it, where the network plugin enforces NetworkPolicy.
 4. Ask: `kubectl port-forward svc/{config.name}-serve-svc {SERVE_PORT}` and
    `curl -H "Authorization: Bearer <key>" localhost:{SERVE_PORT}/v2/models/<model>`.
 
@@ -277,6 +318,12 @@ def deploy_ray(config: RayDeployConfig, *, force: bool = False) -> list[Path]:
             "Dockerfile": dockerfile(config),
             "serve_config.yaml": yaml.safe_dump(serve_config(config, model), sort_keys=False),
             "rayservice.yaml": yaml.safe_dump(manifest, sort_keys=False),
+            "networkpolicy.yaml": yaml.safe_dump(
+                network_policy(
+                    config.name, config.namespace, config.operator_namespace, SERVE_PORT
+                ),
+                sort_keys=False,
+            ),
             "README.md": readme(config),
         }
         for name, text in files.items():

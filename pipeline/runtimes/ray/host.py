@@ -72,6 +72,8 @@ def _start_cluster(config: dict[str, Any]) -> Any:
 
 
 def _node_record(node: Any, head: bool) -> dict[str, Any]:
+    from pipeline.runtimes.ray.reaper import raylet_alive
+
     procs = node.all_processes
     pids = {k: [p.process.pid for p in v] for k, v in procs.items()}
     return {
@@ -79,6 +81,8 @@ def _node_record(node: Any, head: bool) -> dict[str, Any]:
         "head": head,
         "raylet_pid": pids.get("raylet", [None])[0],
         "pids": pids,
+        # A lost node stays listed, marked: loadtest counts only the live ones.
+        "dead": not raylet_alive(node),
     }
 
 
@@ -123,13 +127,9 @@ def _end_descendants(timeout_s: float) -> None:
     SIGKILL what is left after `timeout_s`, and reap them all."""
     import psutil
 
+    from pipeline.runtimes.ray.reaper import reap
+
     me = psutil.Process()
-
-    def reap() -> None:
-        with contextlib.suppress(ChildProcessError):
-            while os.waitpid(-1, os.WNOHANG)[0]:
-                pass
-
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for child in me.children(recursive=True):
             with contextlib.suppress(psutil.Error):
@@ -175,8 +175,16 @@ def write_state(run_dir: Path, config: dict[str, Any], cluster: Any, app: str, u
 
 
 def _refresh(run_dir: Path, config: dict[str, Any], cluster: Any, app: str, url: str) -> None:
+    from pipeline.runtimes.ray.reaper import Orphans, tend
+
+    orphans = Orphans()
     while True:
         time.sleep(0.5)
+        if cluster is not None:  # a lost node's processes: reaped, and its orphans ended
+            try:
+                tend([cluster.head_node, *cluster.worker_nodes], orphans)
+            except Exception as err:  # noqa: BLE001 - never let it stop the refresh
+                log.warning("lost nodes' processes not tended: %s", err)
         try:
             write_state(run_dir, config, cluster, app, url)
         except Exception as err:  # noqa: BLE001 - a GCS busy with a lost node: try again

@@ -19,6 +19,22 @@ def read(server: Server) -> dict[str, Any]:
         return {"nodes": [], "replicas": {}}
 
 
+def node_alive(node: dict[str, Any]) -> bool:
+    """Whether a recorded node still runs: not marked lost by the host, and its raylet's
+    process alive (a node killed since the host's last refresh is not yet marked)."""
+    import psutil
+
+    if node.get("dead"):
+        return False
+    pid = node.get("raylet_pid")
+    if pid is None:
+        return True  # a record without it (a joined cluster's): not known to be dead
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def replicas_now(server: Server, name: str) -> list[dict[str, Any]]:
     """`name`'s live replicas: {"pid", "node_id"} each."""
     return list(read(server).get("replicas", {}).get(name, []))
