@@ -10,13 +10,14 @@ of them opened an export its own way.
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pipeline.core.checkpoint import load_checkpoint
+from pipeline.core.checkpoint import load_checkpoint, sidecar_path
 from pipeline.core.errors import ArtifactError
 from pipeline.core.manifest import GOLDEN_KEY, PROBES_KEY, Manifest, artifact_path, read_manifest
 from pipeline.formats import base as registry
@@ -175,3 +176,21 @@ def open_export(
     eager = entry.build(**loaded.model_kwargs)
     eager.load_state_dict(loaded.state_dict)
     return ExportedModel(export_dir, manifest, entry, eager.eval(), ckpt_path)
+
+
+def carry_checkpoint(export_dir: Path, manifest: Manifest, dest: Path) -> None:
+    """The export's checkpoint as `dest`/checkpoint.pt, where open_export finds it (a deploy
+    folder's copy of the export): an image's runtime opens a TorchScript or .pt2 export with its eager model, and a deploy
+    folder holds no `../checkpoint.pt` (every such image stopped at start, a user's trial)."""
+    there = export_dir / manifest.checkpoint.path
+    found = there if there.is_file() else export_dir / OWN_CHECKPOINT
+    if not found.is_file():
+        raise ArtifactError(
+            f"{export_dir} was exported from the checkpoint {manifest.checkpoint.path!r}, which "
+            f"is not at {there.resolve()}: the image's runtime needs it to open a "
+            f"{manifest.model.name} export. Deploy the export folder where it was made, or a "
+            "published version (it carries its checkpoint)."
+        )
+    if found.resolve() != (dest / OWN_CHECKPOINT).resolve():
+        shutil.copy2(found, dest / OWN_CHECKPOINT)
+        shutil.copy2(sidecar_path(found), sidecar_path(dest / OWN_CHECKPOINT))  # its metadata

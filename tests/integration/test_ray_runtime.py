@@ -80,6 +80,11 @@ def test_deploy_ray_writes_a_rayservice_kuberay_would_take(
     assert errors(manifest) == []
     assert (out / "export" / "manifest.json").is_file() and (out / "src" / "pipeline").is_dir()
     assert "COPY export/ /opt/pipeline/export/" in (out / "Dockerfile").read_text()
+    # Replicas open the TorchScript export with its eager model: the checkpoint is carried
+    # (without it every replica failed to start three times, then the deployment).
+    from pipeline.export.opened import open_export
+
+    assert open_export(out / "export").checkpoint == out / "export" / "checkpoint.pt"
     again = run_cli("deploy", "ray", "--export-dir", exported.out_dir, "--out", out)
     assert again.returncode == 1 and "is not empty; pass --force" in again.stderr
 

@@ -35,7 +35,6 @@ from pipeline.runtimes.kserve.validate import check
 from pipeline.serving import runtime, served
 from pipeline.serving.capabilities import Packaging
 from pipeline.serving.server import ServeError
-from pipeline_runtime.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +118,9 @@ def deploy_kserve(config: m.DeployConfig, *, force: bool = False) -> DeployResul
         (staging / "Dockerfile").write_text(m.dockerfile(config, torch_free=torch_free))
         shutil.copytree(export_dir, staging / "export", ignore=_ignored)
         if not torch_free:  # torch's loaders open the export, eager model and all
-            copy_checkpoint(export_dir, manifest, staging / "export")
+            from pipeline.export.opened import carry_checkpoint
+
+            carry_checkpoint(export_dir, manifest, staging / "export")
         _copy_source(staging / "src")
         for copied in ("export", "src"):  # COPY keeps modes; the image runs as uid 1000
             readable_tree(staging / copied)
@@ -153,27 +154,6 @@ def deploy_kserve(config: m.DeployConfig, *, force: bool = False) -> DeployResul
         torchserve_name=ts_name,
         torch_free=torch_free,
     )
-
-
-def copy_checkpoint(export_dir: Path, manifest: Manifest, dest: Path) -> None:
-    """The export's checkpoint as `dest`/checkpoint.pt, where open_export finds it: an
-    image's runtime opens a TorchScript or .pt2 export with its eager model, and a deploy
-    folder holds no `../checkpoint.pt` (every such image stopped at start, a user's trial)."""
-    from pipeline.core.checkpoint import sidecar_path
-    from pipeline.export.opened import OWN_CHECKPOINT
-
-    there = export_dir / manifest.checkpoint.path
-    found = there if there.is_file() else export_dir / OWN_CHECKPOINT
-    if not found.is_file():
-        raise DeployError(
-            f"{export_dir} was exported from the checkpoint {manifest.checkpoint.path!r}, which "
-            f"is not at {there.resolve()}: the image's runtime needs it to open a "
-            f"{manifest.model.name} export. Deploy the export folder where it was made, or a "
-            "published version (it carries its checkpoint)."
-        )
-    if found.resolve() != (dest / OWN_CHECKPOINT).resolve():
-        shutil.copy2(found, dest / OWN_CHECKPOINT)
-        shutil.copy2(sidecar_path(found), sidecar_path(dest / OWN_CHECKPOINT))  # its metadata
 
 
 def _pytorch_runtime() -> Packaging | None:

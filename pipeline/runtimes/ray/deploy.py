@@ -306,6 +306,12 @@ def deploy_ray(config: RayDeployConfig, *, force: bool = False) -> list[Path]:
         staging = Path(tmp) / "out"
         staging.mkdir()
         shutil.copytree(export_dir, staging / "export", ignore=skip)
+        # Replicas open a TorchScript or .pt2 export with its eager model (and the shadow
+        # check needs it for every format): the folder carries the checkpoint.
+        from pipeline.core.manifest import read_manifest
+        from pipeline.export.opened import carry_checkpoint
+
+        carry_checkpoint(export_dir, read_manifest(export_dir), staging / "export")
         readable_tree(staging / "export")  # COPY keeps modes; the image runs as another user
         for item in SOURCE_ITEMS:
             src, dest = PROJECT_ROOT / item, staging / "src" / item
