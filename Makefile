@@ -116,7 +116,7 @@ bench: | $(STAMP)  ## every backend side by side: artifacts/bench/{bench.json,be
 # One model for make bench: trained (or, for torchvision, random weights) and
 # exported in every registered format, unless its export already holds them all.
 # Paths come from the pipeline (`pipeline where`), formats from its registry.
-bench-export: | $(STAMP)
+bench-export: | $(STAMP)  ## one model for make bench (BENCH_MODEL=NAME): trained, exported in every format
 	@set -e; ckpt=$$($(PIPELINE) where --model $(BENCH_MODEL) --what checkpoint); \
 	init=; case "$(BENCH_MODEL)" in \
 		torchvision:*) test -f $$ckpt || init=--random-init ;; \

@@ -369,6 +369,10 @@ int main(int argc, char** argv) {
   if (model.empty() || inputs.empty()) return Fail(kArgsError, "--model and --inputs are required");
 
   const auto load_start = std::chrono::steady_clock::now();
+  // The runtime says only "AccessFailed" of a path that is no file, and logs nothing.
+  if (!std::filesystem::is_regular_file(model))
+    return Fail(kModelError, model + (std::filesystem::exists(model) ? " is not a file"
+                                                                     : " does not exist"));
   Module module(model, Module::LoadMode::MmapUseMlockIgnoreErrors);
   if (const auto err = module.load_forward(); err != executorch::runtime::Error::Ok) {
     return Fail(kModelError, model + " does not load: " + executorch::runtime::to_string(err) +

@@ -107,8 +107,11 @@ def choose(
         reason = f"bench's fastest format ({fastest.get('format')}) is not archived here"
     else:
         reason = "no bench result to choose by"
+    passed = [f for f in held[: held.index(fmt)] if registry.get(f).needs_jit]
+    over = f", {' and '.join(passed)} passed over: this torch refuses torch.jit" if passed else ""
     return fmt, (
-        f"{reason}: the first format held in registry order ({fmt}, {registry.precision_of(fmt)})"
+        f"{reason}: the first format held in registry order ({fmt}, "
+        f"{registry.precision_of(fmt)}{over})"
     )
 
 

@@ -69,6 +69,16 @@ def test_the_runner_names_a_bad_flag(runner: Path, extra: list[str], said: str) 
     assert proc.returncode == 2 and said in proc.stderr, proc.stderr
 
 
+def test_the_runner_says_a_missing_program_is_missing(runner: Path, tmp_path: Path) -> None:
+    """It said "does not load: Error::AccessFailed (the runtime's log above names what is
+    missing)", and no log named anything."""
+    for model, said in ((tmp_path / "nope.pte", "does not exist"), (tmp_path, "is not a file")):
+        proc = subprocess.run(
+            [runner, "--model", model, "--inputs", tmp_path], capture_output=True, text=True
+        )
+        assert proc.returncode == 3 and f"{model} {said}" in proc.stderr, proc.stderr
+
+
 def test_digits_pte_verifies_in_python_and_in_the_cpp_runner(
     exported: ExportResult, binary: Path, runner: Path, tmp_path: Path
 ) -> None:
