@@ -353,6 +353,7 @@ def encode_outputs(
     topk: int = 0,
     per_sample: Sequence[str] = (),
     asked: Sequence[str] | None = None,
+    model_version: str | None = None,
 ) -> dict[str, Any]:
     """Raw outputs (and top-k classes for classifiers) as a JSON-able dict; `asked`: the
     outputs an OIP request named, in its order (Decoded.asked; None: every one)."""
@@ -364,7 +365,8 @@ def encode_outputs(
         names, outputs = list(asked), [by_name[n] for n in asked]
     if protocol == "v2":
         tensors = tuple(oip.Tensor.from_array(n, o) for n, o in zip(names, outputs, strict=True))
-        body: dict[str, Any] = oip.Response(tensors, model_name=model_name).to_json()
+        answer = oip.Response(tensors, model_name=model_name, model_version=model_version)
+        body: dict[str, Any] = answer.to_json()
     else:
         body = {"outputs": {n: o.tolist() for n, o in zip(names, outputs, strict=True)}}
     if topk:

@@ -115,6 +115,8 @@ class PipelineHandler(BaseHandler):
         props = context.system_properties
         self.model_dir = Path(props["model_dir"])
         self.model_name = context.model_name or "model"
+        # The archive's version, which OIP answers name (the KServe and Ray runtimes' do).
+        self.model_version = (context.manifest or {}).get("model", {}).get("modelVersion")
         # Not `self.manifest`: BaseHandler keeps TorchServe's MANIFEST.json dict there.
         self.contract = Manifest.loads((self.model_dir / MANIFEST_NAME).read_bytes())
         record = self.contract.artifact(self.format_key)
@@ -372,6 +374,7 @@ class PipelineHandler(BaseHandler):
                     self.topk,
                     self.contract.per_sample,
                     decoded.asked,
+                    self.model_version,
                 )
             )
         return answers

@@ -343,6 +343,8 @@ def test_an_oip_request_gets_the_outputs_it_asked_for_or_a_400(served: tuple[Any
     assert [status for status, _ in answers] == [200] + [400] * 7, answers
     (ok,) = answers[0][1]["outputs"]
     assert ok["name"] == "logits"
+    # As the other runtimes' OIP answers: the version that answered (the archive's).
+    assert answers[0][1]["model_version"] == "1.0", answers[0][1]
     torch.testing.assert_close(
         torch.tensor(ok["data"]).reshape(ok["shape"]), _expected(export_dir, xs)
     )
