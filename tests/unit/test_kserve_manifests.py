@@ -232,3 +232,21 @@ def test_cli_registers_deploy_kserve(tmp_path: Path) -> None:
     )
     with pytest.raises(SystemExit):
         parser.parse_args(["deploy", "kserve", "--model", "digits_lenet"])  # --out is required
+
+
+def test_a_storage_uri_without_a_scheme_is_refused_and_the_readme_names_the_namespace(
+    tmp_path: Path,
+) -> None:
+    """`deploy kserve --storage-uri notauri` wrote a manifest KServe's storage initializer
+    cannot read; with --namespace, the README's `kubectl get` looked in the current one."""
+    from pipeline.core.errors import PipelineError
+    from pipeline.runtimes.kserve.deploy import _readme
+
+    with pytest.raises(PipelineError, match="--storage-uri 'notauri' is no URI"):
+        m.DeployConfig(
+            model="digits_lenet", export_dir=tmp_path, out=tmp_path, storage_uri="notauri"
+        )
+    config = m.DeployConfig(model="digits_lenet", export_dir=tmp_path, out=tmp_path, namespace="ml")
+    text = _readme(config, "digits_lenet_ts")
+    assert "kubectl get inferenceservice -n ml digits-lenet   #" in text
+    assert "kubectl get inferenceservice -n ml digits-lenet-torchserve   #" in text

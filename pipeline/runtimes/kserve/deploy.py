@@ -193,6 +193,7 @@ def _copy_source(dest: Path) -> None:
 
 def _readme(config: m.DeployConfig, ts_name: str | None) -> str:
     name, served = config.name, m.served_name(config.model)
+    ns = f" -n {config.namespace}" if config.namespace else ""  # it is not the current one
     own = f"""\
 # Deploying {config.model} on KServe
 
@@ -204,7 +205,7 @@ InferenceService CRD schema of KServe v0.20.0 (strict about unknown fields).
     docker build -t {config.image} .
     docker push {config.image}            # to a registry the cluster can pull from
     kubectl apply -f inferenceservice.yaml
-    kubectl get inferenceservice {name}   # READY True
+    kubectl get inferenceservice{ns} {name}   # READY True
     # REST: POST http://<host>/v2/models/{served}/infer ; gRPC on port {m.GRPC_PORT}
 
 GPU nodes: build `{config.gpu_image}` (see the Dockerfile's header) and apply
@@ -222,6 +223,7 @@ Copy `torchserve/config/` and `torchserve/model-store/` to the storage behind
 model-store/{ts_name}.mar), then
 
     kubectl apply -f torchserve/inferenceservice.yaml
+    kubectl get inferenceservice{ns} {name}-torchserve   # READY True
     # POST http://<host>/v2/models/{ts_name}/infer
 
 The manifest pins the runtime image tag to {config.torchserve_image_tag} (`runtimeVersion`):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.errors import PipelineError
 from pipeline.runtimes.kserve.validate import API_VERSION, KIND
 
 # Inside a pod the container must listen on 0.0.0.0: the kubelet's readiness probe
@@ -74,6 +75,11 @@ class DeployConfig:
         self.image = self.image or f"pipeline-{self.name}:latest"
         self.gpu_image = self.gpu_image or _tag_suffix(self.image, "-gpu")
         self.storage_uri = self.storage_uri or f"pvc://models/{self.name}"
+        if "://" not in self.storage_uri:  # KServe's storage initializer needs a scheme
+            raise PipelineError(
+                f"--storage-uri {self.storage_uri!r} is no URI: give one KServe's storage "
+                "initializer reads, e.g. pvc://models/NAME, s3://bucket/path or gs://bucket/path."
+            )
 
 
 def isvc_name(model: str) -> str:
