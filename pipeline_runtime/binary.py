@@ -72,7 +72,9 @@ def _header(fp: IO[bytes], what: str) -> tuple[tuple[int, ...], np.dtype]:
 
 
 def _check_dtype(spec: InputSpec, dtype: np.dtype) -> None:
-    if dtype != np.dtype(spec.dtype):
+    # Either byte order (a big-endian machine's or an explicit '>f4' .npy): _read makes it
+    # this machine's; "must be float32, got >f4" refused the right numbers.
+    if dtype.newbyteorder("=") != np.dtype(spec.dtype):
         raise RequestError(
             f"Input {spec.name!r} must be {spec.dtype}, got {dtype}.", expected=spec.describe()
         )
@@ -82,7 +84,8 @@ def _read(fp: IO[bytes], what: str) -> np.ndarray:
     """The array, once its header passed the checks (it allocates what the header declared)."""
     try:
         # allow_pickle=False: an object array would unpickle, i.e. run code.
-        return np.lib.format.read_array(fp, allow_pickle=False)
+        array = np.lib.format.read_array(fp, allow_pickle=False)
+        return array.astype(array.dtype.newbyteorder("="), copy=False)
     except Exception as err:  # noqa: BLE001 - truncated data, a header that lies about its size
         raise RequestError(f"{what} is not a readable .npy array: {err}") from None
 

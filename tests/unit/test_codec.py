@@ -180,6 +180,10 @@ def test_numpy_binary_bodies() -> None:
     np.testing.assert_array_equal(d.arrays["h"], h)
     one = pl_codec.decode_request(_npy(x[0]), CELL[:1], False)
     assert one.unbatched and one.arrays["x"].shape == (1, 4)
+    # Big-endian float32 ('>f4') was refused, "must be float32, got >f4": the same numbers.
+    swapped = pl_codec.decode_request(_npy(image.astype(">f4")), IMAGE, accepts_images=True)
+    assert swapped.arrays["image"].dtype == np.dtype("float32")  # this machine's order
+    np.testing.assert_array_equal(swapped.arrays["image"], image)
 
 
 @pytest.mark.parametrize(
