@@ -104,7 +104,7 @@ def check_shapes(
     out: dict[str, tuple[int, ...]] = {}
     axis_sizes: dict[str, tuple[str, int]] = {}
     for spec in specs:
-        shape = tuple(shapes[spec.name])
+        shape = sent = tuple(shapes[spec.name])
         size = math.prod(shape)
         if size > MAX_ELEMENTS:
             raise RequestError(
@@ -121,11 +121,7 @@ def check_shapes(
             or any(isinstance(d, int) and d != n for d, n in zip(spec.shape, shape, strict=False))
             or any(n < 1 for n in shape)  # a header may declare 0 or negative sizes
         ):
-            raise RequestError(
-                f"Input {spec.name!r} must have shape {list(spec.shape)} (named axes are free), "
-                f"got {list(shape)}.",
-                expected=spec.describe(),
-            )
+            raise RequestError(_shape_error(spec, sent, shape), expected=spec.describe())
         for dim, n in zip(spec.shape, shape, strict=True):
             if isinstance(dim, str):
                 first, seen = axis_sizes.setdefault(dim, (spec.name, n))
@@ -193,3 +189,16 @@ def _itemsize(dtype: str) -> int:
         return np.dtype(dtype).itemsize
     except TypeError:  # a dtype numpy has no name for (bfloat16): count it at the widest
         return 8
+
+
+def _shape_error(spec: Any, sent: tuple[int, ...], read: tuple[int, ...]) -> str:
+    """What is wrong with a shape, in the client's terms: the shape as sent (not with the
+    batch axis added), which axes may take any size, and an empty axis named as such."""
+    free = [d for d in spec.shape if isinstance(d, str)]
+    any_size = f" ({', '.join(free)}: any size)" if free else ""
+    said = f"Input {spec.name!r} must have shape {list(spec.shape)}{any_size}, got {list(sent)}"
+    if read != sent:
+        said += f" (read as {list(read)}, with a batch axis of 1)"
+    if any(n < 1 for n in sent):
+        said += "; every axis needs at least one element"
+    return said + "."

@@ -265,3 +265,22 @@ def test_any_declared_header_is_within_limits_or_a_4xx(
             assert array.shape[spec.batch_axis or 0] <= 4
             total += array.nbytes
         assert total <= 4096
+
+
+def test_a_wrong_shape_is_said_as_sent_and_an_empty_axis_is_named() -> None:
+    """A fixed-shape input was said to have "named axes" that are "free"; an unbatched
+    request's shape was reported with the batch axis added ("got [1, 1, 1, 2]" for
+    [[[1, 2]]]); an empty sequence got the bare "must have shape" (users' trials)."""
+    fixed = [pl_codec.InputSpec("images", (1, 3, 4, 4), "float32")]
+    with pytest.raises(pl_codec.RequestError) as err:
+        check_shapes({"images": (1, 1, 2)}, fixed)
+    assert str(err.value) == "Input 'images' must have shape [1, 3, 4, 4], got [1, 1, 2]."
+    with pytest.raises(pl_codec.RequestError) as err:
+        check_shapes({"image": (1, 1, 2)}, IMAGE)
+    assert str(err.value) == (
+        "Input 'image' must have shape ['batch', 1, 28, 28] (batch: any size), got [1, 1, 2] "
+        "(read as [1, 1, 1, 2], with a batch axis of 1)."
+    )
+    tokens = [pl_codec.InputSpec("ids", ("batch", "seq"), "int64")]
+    with pytest.raises(pl_codec.RequestError, match=r"got \[1, 0\]; every axis needs at least"):
+        check_shapes({"ids": (1, 0)}, tokens)
