@@ -158,12 +158,18 @@ def test_the_dashboard_is_kept_to_the_operators_namespace_by_a_network_policy() 
     assert selector.items() <= on_head.items() and not selector.items() <= on_worker.items()
     rules = spec["ingress"]
     ports = [{p["port"] for p in r.get("ports", [])} for r in rules]
-    # 8265 only from the operator's namespace; no rule opens it (or every port) to all.
+    # 8265 only from the operator's pods in its namespace (both in one peer: the namespace
+    # alone let every pod there in); no rule opens it (or every port) to all.
     dashboard = [r for r, p in zip(rules, ports, strict=True) if 8265 in p]
     assert dashboard == [
         {
             "from": [
-                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kuberay"}}}
+                {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": "kuberay"}
+                    },
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kuberay-operator"}},
+                }
             ],
             "ports": [{"protocol": "TCP", "port": 8265}],
         }

@@ -20,7 +20,7 @@ writes into --out:
   serve_config.yaml           the Serve application (OIP ingress + the model's deployment)
   rayservice.yaml             KubeRay RayService: that Serve config and its Ray cluster
   networkpolicy.yaml          the head's dashboard (8265, Ray's Jobs API: no auth) to the
-                              KubeRay operator's namespace only
+                              KubeRay operator's pods only
   README.md                   the commands to build, create the token Secret and apply
 
 The RayService is validated against KubeRay's CRD schema (v1.7.0, unknown fields refused

@@ -3,7 +3,7 @@
 KubeRay needs the head's dashboard (8265) reachable from its operator, which sends the
 Serve config through it, so the RayService sets `dashboard-host: 0.0.0.0`. But the
 dashboard's Jobs API runs any code it is sent, with no authentication: anyone who can
-reach 8265 runs code in the cluster. The policy keeps 8265 to the operator's namespace,
+reach 8265 runs code in the cluster. The policy keeps 8265 to the operator's pods,
 the head's every port to the RayService's own pods (workers reach the GCS and the
 head's raylet), and Serve's port (8000, the inference token's to guard) to everyone.
 It holds only where the cluster's network plugin enforces NetworkPolicy.
@@ -19,6 +19,9 @@ DASHBOARD_PORT = 8265
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 NODE_TYPE_LABEL = "ray.io/node-type"  # KubeRay's, on every Ray pod: head or worker
 NAMESPACE_LABEL = "kubernetes.io/metadata.name"  # set by Kubernetes on every namespace
+# The label KubeRay's Helm chart gives the operator's pods: with the namespace alone, every
+# pod of the operator's namespace (often `default`, the RayService's own) reached 8265.
+OPERATOR_LABELS = {"app.kubernetes.io/name": "kuberay-operator"}
 
 
 def pod_labels(name: str) -> dict[str, str]:
@@ -47,10 +50,11 @@ def network_policy(
                 # The dashboard, whose Jobs API runs code: the KubeRay operator only.
                 {
                     "from": [
-                        {
+                        {  # both in one entry: the operator's pods in its namespace
                             "namespaceSelector": {
                                 "matchLabels": {NAMESPACE_LABEL: operator_namespace}
-                            }
+                            },
+                            "podSelector": {"matchLabels": OPERATOR_LABELS},
                         }
                     ],
                     "ports": [{"protocol": tcp, "port": DASHBOARD_PORT}],
