@@ -93,13 +93,13 @@ Case BindByName(const Case& one, const std::vector<std::string>& keys,
     return std::find(names.begin(), names.end(), name) != names.end();
   };
   for (const auto& wanted : namings) {
-    if (wanted.empty() || wanted.size() != keys.size() || keys.size() != one.size()) continue;
+    if (wanted.empty() || keys.size() != one.size()) continue;
     if (!std::all_of(keys.begin(), keys.end(), [&](const auto& k) { return holds(wanted, k); }))
       continue;
-    Case bound;
+    Case bound;  // in forward()'s order; an argument left out keeps its default
     for (const auto& name : wanted) {
       const auto at = std::find(keys.begin(), keys.end(), name);
-      bound.push_back(one[static_cast<size_t>(at - keys.begin())]);
+      if (at != keys.end()) bound.push_back(one[static_cast<size_t>(at - keys.begin())]);
     }
     return bound;
   }

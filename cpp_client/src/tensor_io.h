@@ -18,7 +18,8 @@ using Case = std::vector<at::Tensor>;  // the inputs (or outputs) of one forward
 std::vector<Case> LoadCases(const std::string& path, std::vector<std::string>* names = nullptr);
 
 // A dict case in the order of the first of `namings` (forward()'s argument names, then
-// golden.pt's, the manifest's names in forward() order) whose names its keys are. Keys
+// golden.pt's, the manifest's names in forward() order) that holds all its keys (some may
+// be left out: forward()'s defaulted arguments). Keys
 // none of them holds are taken in the file's order (a golden file of another export);
 // keys some of which are known names and others not throw std::runtime_error naming both
 // (they were taken in the file's order: inputs swapped, exit 0).

@@ -28,6 +28,7 @@ from pipeline.bench import pt2profile, pt2settings
 from pipeline.bench.config import DEFAULT_MODELS as DEFAULT_MODELS
 from pipeline.bench.config import SERVED_MODELS as SERVED_MODELS
 from pipeline.bench.config import BenchConfig, BenchResult
+from pipeline.core import paths
 from pipeline.core.errors import PipelineError
 from pipeline.core.fileio import write_json
 from pipeline.serving import runtime
@@ -62,7 +63,7 @@ def _verified(exported: ExportedModel, cpp_binary: Path | None) -> set[str]:
             model=exported.name,
             export_dir=exported.dir,
             backends=(*(f.backend for f in formats), *((CPP,) if runs_cpp else ())),
-            report=exported.dir.parent / "parity.json",  # where `pipeline verify` puts it
+            report=paths.report_path(exported.name, export=exported.dir),  # as verify's
             cpp_binary=cpp_binary,
         ),
         exported=exported,

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import math
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,7 +221,7 @@ def as_recorded(
     settings = [f"--input {_flag(spec)}" for spec in inputs]
     if kwargs is None and manifest.model.kwargs:
         kwargs = dict(manifest.model.kwargs)
-        settings.append(f"--model-kwargs '{json.dumps(kwargs)}'")
+        settings.append(f"--model-kwargs {shlex.quote(json.dumps(kwargs))}")
     if not outputs:
         outputs = manifest.output_names
         settings += [f"--output {name}" for name in outputs]
@@ -235,7 +236,12 @@ def as_recorded(
 def _flag(spec: TensorSpec) -> str:
     """SPEC as its --input value (NAME:DTYPE:SHAPE, and LOW:HIGH for a declared id range)."""
     text = f"{spec.name}:{str(spec.dtype).removeprefix('torch.')}:{','.join(map(str, spec.shape))}"
-    return f"{text}:{spec.low:g}:{spec.high:g}" if spec.bounded else text
+    # A range given for a float input is recorded (random inputs are drawn from it) but
+    # not `bounded` (that is integer ids only): said whenever it is not the default.
+    from pipeline.zoo.user import _default_range  # what --input draws from unless told
+
+    ranged = spec.bounded or (spec.low, spec.high) != _default_range(spec.dtype)
+    return f"{text}:{spec.low:g}:{spec.high:g}" if ranged else text
 
 
 def _pt2_settings(artifacts_dir: Path | None) -> dict[str, Any]:

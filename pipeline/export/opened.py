@@ -9,6 +9,7 @@ of them opened an export its own way.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -180,16 +181,25 @@ def open_export(
 
 def carry_checkpoint(export_dir: Path, manifest: Manifest, dest: Path) -> None:
     """The export's checkpoint as `dest`/checkpoint.pt, where open_export finds it (a deploy
-    folder's copy of the export): an image's runtime opens a TorchScript or .pt2 export with its eager model, and a deploy
-    folder holds no `../checkpoint.pt` (every such image stopped at start, a user's trial)."""
+    folder's copy of the export): an image's runtime opens a TorchScript or .pt2 export with
+    its eager model, and a deploy folder holds no `../checkpoint.pt` (every such image
+    stopped at start, a user's trial). The one whose sha256 the manifest records, or none:
+    a checkpoint trained again since would stop the image the same way."""
+    wanted = manifest.checkpoint.sha256
     there = export_dir / manifest.checkpoint.path
-    found = there if there.is_file() else export_dir / OWN_CHECKPOINT
-    if not found.is_file():
+    for found in (export_dir / OWN_CHECKPOINT, there):
+        try:
+            meta = json.loads(sidecar_path(found).read_text())
+        except (OSError, ValueError):
+            continue
+        if found.is_file() and isinstance(meta, dict) and meta.get("weights_sha256") == wanted:
+            break
+    else:
         raise ArtifactError(
-            f"{export_dir} was exported from the checkpoint {manifest.checkpoint.path!r}, which "
-            f"is not at {there.resolve()}: the image's runtime needs it to open a "
-            f"{manifest.model.name} export. Deploy the export folder where it was made, or a "
-            "published version (it carries its checkpoint)."
+            f"{export_dir} was exported from the checkpoint {manifest.checkpoint.path!r} "
+            f"(sha256 {wanted[:12]}…), which is not at {os.path.normpath(there)}: the image's "
+            f"runtime needs it to open the export. Deploy the export folder where it was made "
+            "(export again after training again), or a published version, which carries its own."
         )
     if found.resolve() != (dest / OWN_CHECKPOINT).resolve():
         shutil.copy2(found, dest / OWN_CHECKPOINT)

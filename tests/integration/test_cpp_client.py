@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 import torch
@@ -122,6 +122,11 @@ class _Difference(torch.nn.Module):
         return x - h
 
 
+class _Masked(torch.nn.Module):
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:  # noqa: UP045 - TorchScript
+        return x if mask is None else x * mask
+
+
 def test_a_dict_of_inputs_binds_by_forward_s_argument_names(binary: Path, tmp_path: Path) -> None:
     """cpp-client.md takes {name: tensor}; a dict saved in another order than forward()'s
     arguments was bound by insertion order (x - h gave -4 for 4). Keys that are not the
@@ -141,6 +146,13 @@ def test_a_dict_of_inputs_binds_by_forward_s_argument_names(binary: Path, tmp_pa
     proc = _client(binary, "--model", model, "--inputs", inputs, "--outputs", outputs)
     assert proc.returncode == 4, proc.stderr
     assert "the inputs are named [h, X], not as the model's [x, h]" in proc.stderr
+    # Some of forward()'s names, the others defaulted: bound by name, the rest left out.
+    masked = tmp_path / "masked.pt"
+    torch.jit.script(_Masked()).save(str(masked))
+    torch.save({"x": 3 * torch.ones(2, 3)}, inputs)
+    proc = _client(binary, "--model", masked, "--inputs", inputs, "--outputs", outputs)
+    assert proc.returncode == 0, proc.stderr
+    torch.testing.assert_close(torch.load(outputs)[0][0], 3 * torch.ones(2, 3))
     proc = _client(binary, "--model", model, "--inputs", tmp_path)  # a folder, not a file
     assert proc.returncode == 4 and f"inputs file {tmp_path} is a directory" in proc.stderr
 

@@ -116,8 +116,8 @@ def _local_properties(text: str, port: int, model_store: Path) -> str:
     props["grpc_management_port"] = str(free_port())
     props["grpc_inference_address"] = props["grpc_management_address"] = "127.0.0.1"
     props["model_store"] = str(model_store)
-    assert props["allowed_urls"] == "file:///mnt/models/model-store/.*"
-    props["allowed_urls"] = f"file://{model_store}/.*"
+    assert props["allowed_urls"] == "file:///mnt/models/model-store/[^/]+[.]mar"
+    props["allowed_urls"] = f"file://{model_store}/[^/]+[.]mar"
     return "".join(f"{k}={v}\n" for k, v in props.items())
 
 

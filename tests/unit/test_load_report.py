@@ -101,3 +101,21 @@ def test_the_runs_start_is_said_only_once_its_options_and_server_are_checked(
     with pytest.raises(ServeError, match="No server is running"):
         run_served(LoadConfig(export_dir=tmp_path, requests=10, run_dir=tmp_path), say=said.append)
     assert said == []
+
+
+def test_a_json_null_for_eager_s_inf_is_no_wrong_answer() -> None:
+    """The servers write NaN and Inf as JSON null (JSON has no Infinity), read back as NaN:
+    loadtest counted an output that overflows in eager too as a wrong answer."""
+    import httpx
+    import torch
+
+    from pipeline.serving.loadtest import _json_infinities
+
+    eager = {"y": torch.tensor([[float("inf"), -float("inf"), 1.0]])}
+    got = {"y": torch.tensor([[float("nan"), float("nan"), 1.0]])}
+    json_answer = httpx.Response(200, json={})
+    assert torch.equal(_json_infinities(json_answer, eager, got)["y"], eager["y"])
+    binary = httpx.Response(200, headers={"Inference-Header-Content-Length": "10"})
+    assert _json_infinities(binary, eager, got)["y"].isnan().sum() == 2  # it carries Inf
+    wrong = {"y": torch.tensor([[float("nan"), 0.0, 1.0]])}  # a finite value for -Inf stays
+    assert _json_infinities(json_answer, eager, wrong)["y"][0, 1] == 0.0

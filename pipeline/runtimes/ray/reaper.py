@@ -55,7 +55,10 @@ class Orphans:
             kids = psutil.Process(raylet_pid).children(recursive=True)
         except psutil.Error:
             return
-        self.seen.setdefault(node_id, set()).update(k.pid for k in kids)
+        # Added to, not replaced (a raylet being killed has handed its children on before
+        # it is gone), less those that have exited: a pid ever seen may be reused.
+        before = {p for p in self.seen.get(node_id, set()) if psutil.pid_exists(p)}
+        self.seen[node_id] = before | {k.pid for k in kids}
 
     def end(self, node_id: str) -> list[int]:
         """SIGKILL the lost node's processes this one adopted; their pids. A recorded pid

@@ -17,6 +17,8 @@ import logging
 import tempfile
 from pathlib import Path
 
+import httpx
+
 from pipeline.core.manifest import read_manifest
 from pipeline.runtimes.torchserve.archive import ArchiveConfig, archive
 from pipeline.runtimes.torchserve.management import management
@@ -138,20 +140,24 @@ def apply_live(server: Server, state: live.LiveState, timeout_s: float) -> None:
                 )
             # The archive's model-config.yaml (minWorkers/maxWorkers 1) caps initial_workers:
             # scaled as `serve` scales the default, or a canary ran on one worker of its two.
-            scaled = management(
-                server,
-                "PUT",
-                f"/models/{name}/{number}",
-                timeout=REGISTER_TIMEOUT_S,
-                params={"min_worker": workers, "max_worker": workers, "synchronous": "true"},
-            )
-            if not scaled.is_success:
+            try:  # registered already: a failed scale is a warning, never a half rollout
+                scaled = management(
+                    server,
+                    "PUT",
+                    f"/models/{name}/{number}",
+                    timeout=REGISTER_TIMEOUT_S,
+                    params={"min_worker": workers, "max_worker": workers, "synchronous": "true"},
+                )
+                why = None if scaled.is_success else scaled.text[:200]
+            except httpx.HTTPError as err:
+                why = f"{type(err).__name__}: {err}"
+            if why is not None:
                 log.warning(
                     "%s version %d runs on fewer workers than the default's %d: %s",
                     name,
                     number,
                     workers,
-                    scaled.text[:200],
+                    why,
                 )
     run_dir = Path(server.run_dir)
     live.write(run_dir, state)

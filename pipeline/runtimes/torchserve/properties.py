@@ -77,7 +77,7 @@ def on_kserve(mar_name: str, *, host: str = POD_HOST, envelope: bool = False) ->
         # The management API listens beside inference on the pod's address (the wrapper's
         # layout) with no token: TorchServe's default allowed_urls took any http(s) URL, so
         # whoever reached the pod could register a remote archive and run its code.
-        "allowed_urls": "file:///mnt/models/model-store/.*",
+        "allowed_urls": "file:///mnt/models/model-store/[^/]+[.]mar",  # no "../" way out
         "model_snapshot": json.dumps(model_snapshot(mar_name), separators=(",", ":")),
     }
 
