@@ -97,7 +97,7 @@ def parse_body(body: Any) -> tuple[Any, str]:
             ) from None
     if isinstance(body, str):
         text = body.strip()
-        if not text.startswith(("{", "[")):
+        if not text.startswith(("{", "[")) and not _json_scalar(text):
             raise RequestError(
                 'The body is not JSON (it does not start with "{" or "["), nor a NumPy .npy/.npz '
                 'or a PNG/JPEG image. Send JSON like {"inputs": [...]}; its Content-Type does '
@@ -111,6 +111,15 @@ def parse_body(body: Any) -> tuple[Any, str]:
         except ValueError as err:
             raise RequestError(f"Malformed JSON: {err}") from None
     raise RequestError(f"Unsupported body type {type(body).__name__}.", status=415)
+
+
+def _json_scalar(text: str) -> bool:
+    """`null`, `3`, `"x"`: JSON, but no request (a 400 saying what is wanted, not "not
+    JSON"). Short texts only: a scalar body is a few characters."""
+    try:
+        return len(text) <= 64 and not isinstance(json.loads(text), dict | list)
+    except ValueError:
+        return False
 
 
 def _reject_constant(name: str) -> float:

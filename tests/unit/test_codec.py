@@ -76,6 +76,9 @@ def test_image_bytes() -> None:
         (None, 400, "Empty request body"),
         (b"\xff\xfe\x00garbage", 415, "neither UTF-8 JSON"),
         (b"hello", 415, 'not JSON (it does not start with "{" or "["), nor a NumPy'),
+        (b"null", 400, "'inputs' field"),  # JSON (it said "not JSON", 415), no request
+        (b" 3 ", 400, "'inputs' field"),
+        (b'"inputs"', 400, "'inputs' field"),
         (b'{"inputs": [1, 2', 400, "Malformed JSON"),
         (b'{"inputs": [NaN]}', 400, "Malformed JSON"),
         ({"instances": []}, 400, "'inputs' field"),
