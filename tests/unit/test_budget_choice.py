@@ -11,14 +11,8 @@ from pipeline.core import paths
 from pipeline.serving.provenance import ServedInfo
 from pipeline.serving.served import choice_lines, choose, quality_holds, within_budget
 from pipeline.serving.server import Server
-from pipeline_runtime.manifest import (
-    ArtifactRecord,
-    CheckpointRef,
-    Manifest,
-    ModelRecord,
-    TensorRecord,
-    Tolerance,
-)
+from pipeline_runtime.manifest import ArtifactRecord, Manifest
+from tests.manifests import digits_manifest
 
 
 def _quality(value: float, bound: float = 0.5, rule: str = "accuracy") -> dict[str, Any]:
@@ -34,14 +28,7 @@ def _manifest(**quality: dict[str, Any]) -> Manifest:
         artifacts[key] = ArtifactRecord(
             f"{key}.onnx", key, "b", details={"precision": "int8", "quality": q}
         )
-    return Manifest(
-        model=ModelRecord("digits_lenet"),
-        inputs=(TensorRecord("image", ("batch", 1, 28, 28), "float32"),),
-        outputs=(TensorRecord("logits", ("batch", 10), "float32"),),
-        tolerance=Tolerance(1e-5, 1e-4),
-        checkpoint=CheckpointRef("../checkpoint.pt", "c"),
-        artifacts=artifacts,
-    )
+    return digits_manifest(artifacts, checkpoint_sha="c")
 
 
 def _cell(backend: str, fmt: str, ms: float, verified: bool = True) -> dict[str, Any]:

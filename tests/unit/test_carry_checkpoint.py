@@ -11,7 +11,7 @@ import pytest
 from pipeline.core.checkpoint import sidecar_path
 from pipeline.core.errors import ArtifactError
 from pipeline.export.opened import carry_checkpoint
-from pipeline_runtime.manifest import CheckpointRef, Manifest, ModelRecord, TensorRecord, Tolerance
+from tests.manifests import digits_manifest
 
 
 def _checkpoint(path: Path, sha: str) -> None:
@@ -23,14 +23,7 @@ def _checkpoint(path: Path, sha: str) -> None:
 def test_the_recorded_checkpoint_is_carried_and_a_retrained_one_refused(tmp_path: Path) -> None:
     export_dir = tmp_path / "m" / "export"
     export_dir.mkdir(parents=True)
-    manifest = Manifest(
-        model=ModelRecord("digits_lenet"),
-        inputs=(TensorRecord("image", ("batch", 1, 28, 28), "float32"),),
-        outputs=(TensorRecord("logits", ("batch", 10), "float32"),),
-        tolerance=Tolerance(1e-5, 1e-4),
-        checkpoint=CheckpointRef("../checkpoint.pt", "a" * 64),
-        artifacts={},
-    )
+    manifest = digits_manifest(checkpoint_sha="a" * 64)
     dest = tmp_path / "deploy" / "export"
     dest.mkdir(parents=True)
     _checkpoint(tmp_path / "m" / "checkpoint.pt", "a" * 64)

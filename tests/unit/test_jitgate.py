@@ -16,14 +16,8 @@ from pipeline.formats.explain import COND_HINT, COND_SCRIPT_HINT, cond_hint
 from pipeline.formats.torchscript import to_torchscript
 from pipeline.serving.served import choose, preferred_format
 from pipeline_runtime import jitgate, runners
-from pipeline_runtime.manifest import (
-    ArtifactRecord,
-    CheckpointRef,
-    Manifest,
-    ModelRecord,
-    TensorRecord,
-    Tolerance,
-)
+from pipeline_runtime.manifest import ArtifactRecord
+from tests.manifests import digits_manifest
 
 REFUSAL = "`torch.jit.load` is deprecated. Please switch to `torch.export`."
 
@@ -76,15 +70,7 @@ def test_serve_load_and_export_under_the_refusal(caplog: pytest.LogCaptureFixtur
     # serve's reason said "the first format held in registry order (onnx, float32)" of an
     # export holding TorchScript first: now it says why TorchScript was passed over.
     held = {k: ArtifactRecord(f"model.{k}", k, "a") for k in ("torchscript", "onnx")}
-    manifest = Manifest(
-        model=ModelRecord("digits_lenet"),
-        inputs=(TensorRecord("image", ("batch", 1, 28, 28), "float32"),),
-        outputs=(TensorRecord("logits", ("batch", 10), "float32"),),
-        tolerance=Tolerance(1e-5, 1e-4),
-        checkpoint=CheckpointRef("../checkpoint.pt", "c"),
-        artifacts=held,
-    )
-    assert choose(manifest, None)[1].endswith(
+    assert choose(digits_manifest(held), None)[1].endswith(
         "(onnx, float32, torchscript passed over: this torch refuses torch.jit)"
     )
     assert cond_hint() == COND_HINT  # scripting is no way out any more

@@ -9,14 +9,8 @@ import pytest
 
 from pipeline.serving.provenance import ServedInfo
 from pipeline.serving.served import _why_served
-from pipeline_runtime.manifest import (
-    ArtifactRecord,
-    CheckpointRef,
-    Manifest,
-    ModelRecord,
-    TensorRecord,
-    Tolerance,
-)
+from pipeline_runtime.manifest import ArtifactRecord, Manifest
+from tests.manifests import digits_manifest
 
 
 def test_a_served_format_without_a_recorded_reason_is_not_given_one(tmp_path: Path) -> None:
@@ -43,13 +37,9 @@ def test_a_kept_archive_of_an_unsigned_version_is_not_called_signed(
 
 
 def _manifest_with(folder: Path, onnx_sha: str, created: str) -> Manifest:
-    manifest = Manifest(
-        model=ModelRecord("digits_lenet"),
-        inputs=(TensorRecord("image", ("batch", 1, 28, 28), "float32"),),
-        outputs=(TensorRecord("logits", ("batch", 10), "float32"),),
-        tolerance=Tolerance(1e-5, 1e-4),
-        checkpoint=CheckpointRef("checkpoint.pt", "c" * 64),
-        artifacts={"onnx": ArtifactRecord("model.onnx", "onnx", onnx_sha)},
+    manifest = digits_manifest(
+        {"onnx": ArtifactRecord("model.onnx", "onnx", onnx_sha)},
+        checkpoint="checkpoint.pt",
         created=created,
     )
     folder.mkdir(parents=True)
