@@ -127,7 +127,7 @@ class TorchScriptRunner final : public Runner {
 
 class Pt2Runner final : public Runner {
  public:
-  Pt2Runner(const std::string& path, const c10::Device& device) : path_(path) {
+  Pt2Runner(const std::string& path, const c10::Device& device) {
     const std::string what = "cannot load AOTInductor package " + path + ": ";
     if (!std::ifstream(path)) throw std::runtime_error(what + "no such file, or it cannot be read");
     std::string error;
@@ -171,10 +171,6 @@ class Pt2Runner final : public Runner {
     }
   }
 
-  // A package records its inputs by position only; the export folder it sits in names them:
-  // golden.pt's inputs, in forward() order. Without it a {name: tensor} file was bound in
-  // its own insertion order, silently swapping inputs TorchScript binds by name.
-  std::vector<std::string> InputNames() const override { return GoldenNames(path_); }
 
   Case Run(const Case& inputs) override {
     // Compiled kernels assume the contiguous strides they were traced with;
@@ -197,7 +193,6 @@ class Pt2Runner final : public Runner {
   }
 
  private:
-  std::string path_;
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
 };
 

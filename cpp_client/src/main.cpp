@@ -99,7 +99,9 @@ int main(int argc, char** argv) {
   }
   std::vector<client::Case> cases;
   try {
-    std::vector<std::string> keys;  // a {name: tensor} file's names: bound to forward()'s
+    // A {name: tensor} file's names: bound to forward()'s (a TorchScript file names them), or
+    // to the golden.pt beside the model (a .pt2 package records its inputs by position only).
+    std::vector<std::string> keys;
     cases = client::LoadCases(args->inputs, &keys);
     if (!keys.empty())
       cases.front() = client::BindByName(cases.front(), keys,

@@ -29,6 +29,7 @@ import yaml
 from pipeline.core import signing
 from pipeline.core.errors import PipelineError
 from pipeline.core.fileio import readable_tree
+from pipeline.core.manifest import read_manifest
 from pipeline.runtimes.ray.launch import RayConfig, served_model
 from pipeline.runtimes.ray.netpolicy import DASHBOARD_PORT, network_policy, pod_labels
 from pipeline.serving import crd
@@ -286,7 +287,8 @@ def deploy_ray(config: RayDeployConfig, *, force: bool = False) -> list[Path]:
     """Write the folder; return the files written (outside export/)."""
     export_dir = Path(config.export_dir)
     signing.require(export_dir)  # a store's version: the trust policy, when there is one
-    model, _ = served_model(export_dir, config.format)
+    manifest_read = read_manifest(export_dir)
+    model, _ = served_model(export_dir, config.format, manifest_read)
     config.name = config.name or service_name(config.model)
     config.image = config.image or f"pipeline-ray-{config.name}:latest"
     check_sizes(config)
@@ -308,10 +310,9 @@ def deploy_ray(config: RayDeployConfig, *, force: bool = False) -> list[Path]:
         shutil.copytree(export_dir, staging / "export", ignore=skip)
         # Replicas open a TorchScript or .pt2 export with its eager model (and the shadow
         # check needs it for every format): the folder carries the checkpoint.
-        from pipeline.core.manifest import read_manifest
         from pipeline.export.opened import carry_checkpoint
 
-        carry_checkpoint(export_dir, read_manifest(export_dir), staging / "export")
+        carry_checkpoint(export_dir, manifest_read, staging / "export")
         readable_tree(staging / "export")  # COPY keeps modes; the image runs as another user
         for item in SOURCE_ITEMS:
             src, dest = PROJECT_ROOT / item, staging / "src" / item
